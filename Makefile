@@ -1,0 +1,28 @@
+# Two commands for a fresh machine; each does its own (idempotent) setup.
+#   make demo   the CPU demo: async RL of a tiny model (ARGS="mode=sync" etc. to override)
+#   make test   ruff + the whole test suite (unit, integration with real Redis/vLLM, e2e)
+VENV ?= .venv
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint format clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/asyncrl run $(ARGS)
+
+test: setup lint
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,171 @@
+"""One actor process: lease a slot -> next prompt -> n samples -> rewards -> commit a group.
+
+    control task:  weights_init -> join the weight collective;  update v -> receive weights
+    producer:      [admission: weights fresh enough? sync quota left?] -> lease (blocks while
+                   the buffer is full) -> prompt index from the cursor -> spawn a group task
+    group task:    vLLM generate (n, logprobs, per-token versions) -> reward -> commit
+
+Many prompts are in flight at once (``actor.max_inflight``); groups are committed as they
+finish, not in lockstep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from asyncrl.config import Config
+from asyncrl.types import Group, Sample
+
+
+@dataclass
+class ActorState:
+    actor_id: int
+    version: int = 0
+    """Version of the weights the engine holds now."""
+    stop: bool = False
+    committed: int = 0
+    duplicates: int = 0
+    reward_errors: int = 0
+
+
+class Actor:
+    def __init__(
+        self, cfg: Config, actor_id: int, model_dir: str, buffer, engine, prompts, reward_fn
+    ):
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.state = ActorState(actor_id)
+        self.buffer = buffer
+        self.engine = engine
+        self.prompts = prompts
+        self.reward_fn = reward_fn
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._tasks: set[asyncio.Task] = set()
+        self._version_changed = asyncio.Event()
+
+    # ---- control plane -------------------------------------------------------------------
+    async def control_loop(self, client) -> None:
+        await client.send({"type": "register"})
+        while not self.state.stop:
+            msg = await client.recv(0.5)
+            if msg is None:
+                continue
+            if msg["type"] == "weights_init":
+                await self.engine.join_weight_sync(msg)
+            elif msg["type"] == "update":
+                await self.engine.update_weights(int(msg["version"]), self.cfg.actor.update_mode)
+                self.state.version = int(msg["version"])
+                self._version_changed.set()
+                await client.send({"type": "updated", "version": self.state.version})
+            elif msg["type"] == "stop":
+                self.state.stop = True
+        self._version_changed.set()
+
+    # ---- production ------------------------------------------------------------------------
+    async def produce(self) -> None:
+        limit = asyncio.Semaphore(self.cfg.actor.max_inflight)
+        while not self.state.stop:
+            if not await self._admitted():
+                continue
+            await limit.acquire()
+            lease = await asyncio.to_thread(self.buffer.lease, self.state.actor_id, 1.0)
+            if lease is None:  # buffer full: backpressure, try again
+                limit.release()
+                continue
+            index = await asyncio.to_thread(self._next_index)
+            task = asyncio.create_task(self._group_task(index, lease, limit))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        for t in list(self._tasks):
+            t.cancel()
+
+    async def _admitted(self) -> bool:
+        """Weights fresh enough for the staleness bound, and (sync) the version's quota left."""
+        learner_v = await asyncio.to_thread(self.buffer.learner_version)
+        fresh = learner_v - self.state.version <= self.cfg.buffer.max_staleness
+        quota_ok = fresh and (
+            self.cfg.mode.name != "sync" or await asyncio.to_thread(self._take_quota)
+        )
+        if fresh and quota_ok:
+            return True
+        self._version_changed.clear()
+        try:
+            await asyncio.wait_for(self._version_changed.wait(), timeout=0.2)
+        except asyncio.TimeoutError:
+            pass
+        return False
+
+    def _take_quota(self) -> bool:
+        """Sync barrier: at most ``batch_groups`` groups generated per weight version."""
+        key = f"{self.cfg.buffer.name}:quota:{self.state.version}"
+        taken = self.buffer.client.incr(key)
+        if taken > self.cfg.learner.batch_groups:
+            return False
+        return True
+
+    def _next_index(self) -> int:
+        """Deterministic cursor: actor i takes prompts i, i+K, i+2K, ... (K actors)."""
+        key = f"{self.cfg.buffer.name}:cursor:{self.state.actor_id}"
+        k = self.buffer.client.incr(key) - 1
+        return self.state.actor_id + k * self.cfg.actor.num_actors
+
+    async def _group_task(self, index: int, lease: str, limit: asyncio.Semaphore) -> None:
+        try:
+            group = await self.make_group(index)
+            fresh = await asyncio.to_thread(self.buffer.commit, lease, group)
+            self.state.committed += int(fresh)
+            self.state.duplicates += int(not fresh)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(self.buffer.release, lease)
+            raise
+        except Exception:
+            await asyncio.to_thread(self.buffer.release, lease)
+            raise
+        finally:
+            limit.release()
+
+    async def make_group(self, index: int) -> Group:
+        from actors.rewards import score
+
+        a = self.cfg.actor
+        prompt = self.prompts.get(index)
+        prompt_ids = self.tokenizer.encode(prompt.text)
+        seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
+        completions = await self.engine.generate(
+            prompt_ids, a.n_samples, a.max_tokens, a.temperature, seed
+        )
+        samples = []
+        for c in completions:
+            text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            reward, error = score(self.reward_fn, prompt.text, text, prompt.fields)
+            self.state.reward_errors += int(bool(error))
+            samples.append(
+                Sample(
+                    list(prompt_ids),
+                    list(c.token_ids),
+                    list(c.logprobs),
+                    list(c.token_versions),
+                    float(reward),
+                    c.finish_reason,
+                    error,
+                )
+            )
+        return Group(f"{self.cfg.task.seed}:{index}", index, self.state.actor_id, samples)
+
+
+async def wait_for_learner(buffer, timeout_s: float) -> str:
+    """The learner publishes its control address in the buffer's meta; wait for it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        addr = (await asyncio.to_thread(buffer.meta)).get("control_addr")
+        if addr:
+            return addr
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"no learner announced itself in the buffer within {timeout_s:.0f}s; start "
+                "`asyncrl launch learner` with the same buffer.url and buffer.name"
+            )
+        await asyncio.sleep(0.5)

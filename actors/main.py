@@ -1,0 +1,89 @@
+"""Actor process entry point: ``python -m actors.main --run-dir RUN --model-dir M --actor-id I``.
+
+The buffer URL comes from ``ASYNCRL_REDIS_URL`` (kept out of argv: it carries a password).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+_LEARNER_WAIT_S = 900.0  # the learner may still be building the demo model / starting ranks
+
+
+async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
+    from actors.actor import Actor, wait_for_learner
+    from actors.engine import ActorEngine
+    from actors.rewards import load_reward_fn
+    from actors.tasks import PromptSource
+    from asyncrl.control import ControlClient
+    from buffer.connection import connect
+    from buffer.redis_buffer import ReplayBuffer
+
+    b, a = cfg.buffer, cfg.actor
+    reward_fn = load_reward_fn(cfg.task.reward_fn)
+    buffer = ReplayBuffer(connect(url), b.name, b.capacity, b.lease_ttl_s)
+    engine = await ActorEngine.start(
+        model_dir,
+        dtype=cfg.model.dtype,
+        max_model_len=_max_model_len(cfg),
+        kv_cache_gib=a.kv_cache_gib,
+        seed=cfg.seed + actor_id,
+        cpu_threads=a.cpu_threads,
+        cpu_bind=a.cpu_bind,
+    )
+    actor = Actor(
+        cfg,
+        actor_id,
+        model_dir,
+        buffer,
+        engine,
+        PromptSource(cfg.task.seed, split="train"),
+        reward_fn,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: setattr(actor.state, "stop", True))
+    addr = await wait_for_learner(buffer, _LEARNER_WAIT_S)
+    print(f"[actor {actor_id}] engine ready; learner control plane at {addr}", flush=True)
+    client = ControlClient(addr, actor_id)
+    try:
+        await asyncio.gather(actor.control_loop(client), actor.produce())
+    finally:
+        client.close()
+        await engine.shutdown()
+    s = actor.state
+    print(
+        f"[actor {actor_id}] done: committed {s.committed} groups, duplicates {s.duplicates}, "
+        f"reward errors {s.reward_errors}, final weights v{s.version}",
+        flush=True,
+    )
+    return 0
+
+
+def _max_model_len(cfg) -> int:
+    return 64 + cfg.actor.max_tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="actors.main")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--actor-id", type=int, required=True)
+    args = p.parse_args(argv)
+    url = os.environ.get("ASYNCRL_REDIS_URL")
+    if not url:
+        print("actor: ASYNCRL_REDIS_URL is not set (the buffer's Redis URL)", file=sys.stderr)
+        return 2
+    from asyncrl.configload import config_from_json
+
+    cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
+    return asyncio.run(run(cfg, args.actor_id, args.model_dir, url))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

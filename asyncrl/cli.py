@@ -1,0 +1,62 @@
+"""``asyncrl`` command line. Heavy imports (torch, vLLM) happen after argument parsing.
+
+asyncrl run [overrides]                      everything on this machine (the CPU demo)
+asyncrl launch buffer|learner|actors [ovr]   one role on this node group
+asyncrl status [overrides]                   buffer counters of a running job
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+_OVERRIDES_HELP = (
+    "Hydra overrides: key=value (learner.steps=50, buffer.max_staleness=2) or group=option "
+    "(mode=sync, algorithm=grpo, experiment=tiny). Groups and options: see configs/."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asyncrl", description="Asynchronous off-policy RL for LLMs.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run buffer, learner and actors on this machine")
+    run.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    launch = sub.add_parser("launch", help="run one role against a shared buffer.url")
+    launch.add_argument("role", choices=["learner", "actors", "buffer"])
+    launch.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    status = sub.add_parser("status", help="print the buffer counters of a job")
+    status.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from asyncrl.configload import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.overrides)
+    except ConfigError as e:
+        print(f"asyncrl: config error: {e}", file=sys.stderr)
+        return 2
+    # SIGTERM behaves like Ctrl-C so roles are stopped cleanly either way
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        if args.command == "run":
+            from asyncrl.jobs import run_local
+
+            return run_local(cfg)
+        if args.command == "launch":
+            from asyncrl.jobs import launch_role
+
+            return launch_role(cfg, args.role)
+        from asyncrl.status import print_status
+
+        return print_status(cfg)
+    except (FileNotFoundError, ValueError, ConnectionError, TimeoutError, RuntimeError) as e:
+        print(f"asyncrl: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

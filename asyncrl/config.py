@@ -1,0 +1,202 @@
+"""Config schema: one dataclass per Hydra group, every field documented and validated.
+
+Mirrored by ``configs/<group>/*.yaml``; ``configs/config.yaml`` picks the defaults (the CPU demo).
+Overrides are ``key=value`` (``learner.steps=50``) or group choices (``mode=sync``,
+``algorithm=grpo``). Dotted paths stay at most two levels deep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_LOSSES = ("decoupled_ppo", "bypass_ppo", "tis", "masked_is", "gspo", "cispo")
+_UPDATE_MODES = ("keep", "abort")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid config: {message}")
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train."""
+
+    path: str = "demo"
+    """A local Hugging Face model directory, or ``demo`` for the project's own tiny model
+    (built, warm-started and cached under ``model.cache_dir``; nothing is downloaded)."""
+    cache_dir: str = ".cache/asyncrl"
+    """Where the demo model is built and cached."""
+    sft_steps: int = 300
+    """Demo only: supervised warm-start steps so RL starts from a weak, non-trivial policy."""
+    dtype: str = "float32"
+    """float32 on CPU; bfloat16 on GPU."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.path), "model.path is empty; give a local HF model dir or 'demo'")
+        _require(self.sft_steps >= 0, f"model.sft_steps must be >= 0, got {self.sft_steps}")
+        _require(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={self.dtype!r}")
+
+
+@dataclass
+class TaskConfig:
+    """Where prompts and rewards come from."""
+
+    name: str = "addition"
+    """Prompt source (``addition``: the demo task in actors/tasks.py)."""
+    reward_fn: str = "actors.rewards:addition_reward"
+    """``module:function`` or ``path/to/file.py:function``; the only code a config can name."""
+    seed: int = 0
+    """Seed of the deterministic prompt stream."""
+
+    def __post_init__(self) -> None:
+        _require(
+            ":" in self.reward_fn, f"task.reward_fn={self.reward_fn!r} must be 'module:function'"
+        )
+
+
+@dataclass
+class ActorConfig:
+    """vLLM actor processes."""
+
+    num_actors: int = 1
+    """Actor processes (each one vLLM engine)."""
+    n_samples: int = 8
+    """Completions per prompt (the group size)."""
+    max_tokens: int = 12
+    """Longest completion, in tokens."""
+    temperature: float = 1.0
+    max_inflight: int = 16
+    """Prompts generating at once per actor (continuous batching)."""
+    update_mode: str = "keep"
+    """On a weight update, ``keep`` finishes in-flight requests on the new weights (mixed
+    versions, tagged per token); ``abort`` drops and resubmits them."""
+    kv_cache_gib: float = 0.25
+    """KV cache size (host memory on CPU)."""
+    cpu_threads: int = 1
+    """Torch/OMP threads per actor."""
+    cpu_bind: str = ""
+    """vLLM CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``0`` or ``nobind``; '' = auto."""
+
+    def __post_init__(self) -> None:
+        _require(self.num_actors >= 1, "actor.num_actors must be >= 1")
+        _require(self.n_samples >= 2, "actor.n_samples must be >= 2 (group baselines need 2+)")
+        _require(self.max_tokens >= 1, "actor.max_tokens must be >= 1")
+        _require(self.temperature > 0, "actor.temperature must be > 0")
+        _require(self.max_inflight >= 1, "actor.max_inflight must be >= 1")
+        _require(self.update_mode in _UPDATE_MODES, f"actor.update_mode in {_UPDATE_MODES}")
+
+
+@dataclass
+class LearnerConfig:
+    """The FSDP2 learner (torchrun ranks)."""
+
+    nproc: int = 2
+    """Learner ranks (torchrun --nproc_per_node)."""
+    steps: int = 300
+    """Optimizer steps to run."""
+    batch_groups: int = 16
+    """Groups per optimizer step."""
+    lr: float = 5e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    sync_every: int = 1
+    """Send weights to the actors every this many steps."""
+    checkpoint_every: int = 100
+    """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
+    cpu_threads: int = 1
+    """Torch threads per learner rank."""
+    max_wall_s: float = 0.0
+    """Stop after this many seconds (0 = no limit)."""
+    data_timeout_s: float = 300.0
+    """Fail with a clear error if no fresh group arrives for this long."""
+
+    def __post_init__(self) -> None:
+        _require(self.nproc >= 1, "learner.nproc must be >= 1")
+        _require(self.steps >= 1, "learner.steps must be >= 1")
+        _require(self.batch_groups >= 1, "learner.batch_groups must be >= 1")
+        _require(self.lr > 0, "learner.lr must be > 0")
+        _require(self.sync_every >= 1, "learner.sync_every must be >= 1")
+        _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Loss and advantage estimator (see docs/algorithms.md)."""
+
+    name: str = "grpo"
+    policy_loss: str = "decoupled_ppo"
+    advantage: str = "grpo"
+    std_normalize: bool = True
+    """GRPO: divide by the group's reward std."""
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    clip_c: float | None = None
+    """Dual-clip constant (> 1) or null."""
+    is_cap: float | None = 2.0
+    """Truncate importance weights pi_prox/pi_behave at this value (null = no cap)."""
+    aggregation: str = "token_mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1
+    minibatches: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.policy_loss in _LOSSES, f"algorithm.policy_loss in {_LOSSES}")
+        _require(self.eps_low >= 0 and self.eps_high >= 0, "algorithm.eps_* must be >= 0")
+        _require(self.clip_c is None or self.clip_c > 1, "algorithm.clip_c must be > 1 or null")
+        _require(self.is_cap is None or self.is_cap > 0, "algorithm.is_cap must be > 0 or null")
+        _require(self.ppo_epochs >= 1 and self.minibatches >= 1, "epochs/minibatches >= 1")
+
+
+@dataclass
+class BufferConfig:
+    """The Redis Streams replay buffer."""
+
+    url: str | None = None
+    """Existing Redis (``redis://:PASSWORD@host:port/0``); null = start a private redis-server."""
+    name: str = "asyncrl"
+    """Stream key prefix; one job per name."""
+    capacity: int = 64
+    """Leased + unread groups at most (admission control; a full buffer blocks actors)."""
+    max_staleness: int = 1
+    """Train a group at version V only if V - version_min <= max_staleness."""
+    lease_ttl_s: float = 120.0
+    """A slot leased by an actor that died comes back after this long."""
+
+    def __post_init__(self) -> None:
+        _require(self.capacity >= 1, "buffer.capacity must be >= 1")
+        _require(self.max_staleness >= 0, "buffer.max_staleness must be >= 0")
+
+
+@dataclass
+class ModeConfig:
+    """``async`` (decoupled) or ``sync`` (strictly on-policy with a per-version barrier)."""
+
+    name: str = "async"
+
+    def __post_init__(self) -> None:
+        _require(self.name in ("async", "sync"), f"mode must be async or sync, got {self.name!r}")
+
+
+@dataclass
+class Config:
+    """The whole job."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    mode: ModeConfig = field(default_factory=ModeConfig)
+    run_dir: str = ""
+    """Where metrics, checkpoints, logs and the private Redis live ( = runs/<timestamp>)."""
+    seed: int = 0
+    metrics_port: int = 0
+    """Base port for Prometheus endpoints on loopback (0 = off)."""
+
+    def __post_init__(self) -> None:
+        if self.mode.name == "sync":
+            _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")

@@ -1,0 +1,69 @@
+"""Compose the Hydra config (``configs/`` + overrides) into a validated ``Config``.
+
+No ``_target_`` instantiation and no ``eval``: YAML values become dataclass fields, and the
+only code a config can name is ``task.reward_fn`` (loaded by ``actors.rewards``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from asyncrl.config import Config
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config could not be composed or failed validation; the message says how to fix it."""
+
+
+def _register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="asyncrl_schema", node=Config)
+
+
+def load_config(overrides: list[str] | None = None, config_dir: Path | None = None) -> Config:
+    """Compose ``config.yaml`` with ``overrides`` (``key=value`` / ``group=option``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    _register_schema()
+    GlobalHydra.instance().clear()
+    cdir = str((config_dir or CONFIG_DIR).resolve())
+    try:
+        with initialize_config_dir(config_dir=cdir, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides or []))
+        return OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"{_first_line(e)}\n  (see `asyncrl run --help` and configs/)") from e
+    except ValueError as e:  # dataclass __post_init__ validation
+        raise ConfigError(str(e)) from e
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    if "Could not override" in text or "Key '" in text:
+        return text.replace("\n", " ")
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def config_to_json(cfg: Config) -> str:
+    """The resolved config as JSON (written to ``<run_dir>/config.json``)."""
+    return json.dumps(asdict(cfg), indent=2, sort_keys=True)
+
+
+def config_from_json(text: str) -> Config:
+    """Inverse of ``config_to_json`` (roles started by the launcher read the run's config)."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.structured(Config)
+    merged = OmegaConf.merge(base, OmegaConf.create(json.loads(text)))
+    return OmegaConf.to_object(merged)

@@ -1,0 +1,182 @@
+"""What ``asyncrl run`` and ``asyncrl launch <role>`` do, top to bottom."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from asyncrl.config import Config
+from asyncrl.configload import config_to_json
+from asyncrl.launcher import (
+    actor_cmd,
+    learner_cmd,
+    role_env,
+    show_progress,
+    spawn,
+    stop_roles,
+    supervise,
+)
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    run_dir = Path(cfg.run_dir or time.strftime("runs/%Y%m%d-%H%M%S")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.run_dir = str(run_dir)
+    (run_dir / "config.json").write_text(config_to_json(cfg))
+    return run_dir
+
+
+def resolve_model(cfg: Config) -> str:
+    """``demo`` -> build (or reuse) the cached tiny model; else check the local directory."""
+    if cfg.model.path == "demo":
+        from asyncrl.demo.warmstart import prepare_demo_model
+
+        return str(
+            prepare_demo_model(cfg.model.cache_dir, seed=cfg.seed, sft_steps=cfg.model.sft_steps)
+        )
+    path = Path(cfg.model.path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={cfg.model.path!r} is not a Hugging Face model directory (no config.json "
+            "there); give a local model directory, or model.path=demo for the built-in tiny model"
+        )
+    return str(path.resolve())
+
+
+def start_buffer(cfg: Config, run_dir: Path):
+    """(url, server or None): the configured Redis, or a private one in ``run_dir/redis``."""
+    from buffer.connection import connect
+    from buffer.server import RedisServer
+
+    if cfg.buffer.url:
+        connect(cfg.buffer.url).close()  # fail now, with the URL in the message
+        return cfg.buffer.url, None
+    server = RedisServer(run_dir / "redis").start()
+    return server.url, server
+
+
+def core_split(cfg: Config) -> str:
+    cores = os.cpu_count() or 1
+    lt, at = cfg.learner.cpu_threads, cfg.actor.cpu_threads
+    return (
+        f"cores: {cores} available; learner {cfg.learner.nproc} rank(s) x {lt} thread(s), "
+        f"{cfg.actor.num_actors} actor(s) x {at} thread(s)"
+        f" ({cfg.learner.nproc * lt + cfg.actor.num_actors * at} threads in all)"
+    )
+
+
+def run_local(cfg: Config) -> int:
+    """Everything on this machine: buffer, learner (torchrun) and actors; returns an exit code."""
+    run_dir = prepare_run_dir(cfg)
+    print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
+    model_dir = resolve_model(cfg)
+    url, server = start_buffer(cfg, run_dir)
+    roles = []
+    try:
+        roles.append(
+            spawn(
+                "learner",
+                learner_cmd(cfg, run_dir, model_dir),
+                role_env(cfg, url, cfg.learner.cpu_threads),
+                run_dir,
+                show_progress,
+            )
+        )
+        for i in range(cfg.actor.num_actors):
+            roles.append(
+                spawn(
+                    f"actor{i}",
+                    actor_cmd(run_dir, model_dir, i),
+                    role_env(cfg, url, cfg.actor.cpu_threads),
+                    run_dir,
+                    show_progress,
+                )
+            )
+        code, reason = supervise(roles, "learner")
+    except KeyboardInterrupt:
+        code, reason = 130, "interrupted (Ctrl-C); all roles stopped"
+    finally:
+        stop_roles(roles)
+        if server:
+            server.stop()
+    return _report(run_dir, code, reason)
+
+
+def _report(run_dir: Path, code: int, reason: str) -> int:
+    if code:
+        print(f"[asyncrl] FAILED: {reason}", flush=True)
+        return code
+    print(
+        f"[asyncrl] done. summary: {run_dir / 'summary.json'}\n"
+        f"[asyncrl] metrics: {run_dir / 'metrics.jsonl'}\n"
+        f"[asyncrl] reward curve: {run_dir / 'reward.png'}",
+        flush=True,
+    )
+    return 0
+
+
+def launch_role(cfg: Config, role: str) -> int:
+    """One role on this node group, against ``buffer.url`` (``buffer``: start that server)."""
+    run_dir = prepare_run_dir(cfg)
+    if role == "buffer":
+        return _serve_buffer(cfg, run_dir)
+    if not cfg.buffer.url:
+        raise ValueError(
+            f"`asyncrl launch {role}` needs buffer.url=redis://:PASSWORD@HOST:PORT/0 "
+            "(start one with `asyncrl launch buffer`, which prints it)"
+        )
+    start_buffer(cfg, run_dir)  # checks that the URL answers
+    model_dir = resolve_model(cfg)
+    if role == "learner":
+        roles = [
+            spawn(
+                "learner",
+                learner_cmd(cfg, run_dir, model_dir),
+                role_env(cfg, cfg.buffer.url, cfg.learner.cpu_threads),
+                run_dir,
+                show_progress,
+            )
+        ]
+    else:
+        roles = [
+            spawn(
+                f"actor{i}",
+                actor_cmd(run_dir, model_dir, i),
+                role_env(cfg, cfg.buffer.url, cfg.actor.cpu_threads),
+                run_dir,
+                show_progress,
+            )
+            for i in range(cfg.actor.num_actors)
+        ]
+    try:
+        code, reason = supervise(roles, roles[0].name)
+    except KeyboardInterrupt:
+        code, reason = 130, "interrupted (Ctrl-C)"
+    finally:
+        stop_roles(roles)
+    return (
+        _report(run_dir, code, reason)
+        if role == "learner"
+        else (print(reason) if code else 0) or code
+    )
+
+
+def _serve_buffer(cfg: Config, run_dir: Path) -> int:
+    from buffer.server import RedisServer
+
+    server = RedisServer(run_dir / "redis").start()
+    url_file = run_dir / "redis_url"
+    url_file.write_text(server.url)
+    url_file.chmod(0o600)
+    print(f"[buffer] redis-server ready; URL written to {url_file} (mode 0600)", flush=True)
+    print(f"[buffer] pass it to the other roles: buffer.url=$(cat {url_file})", flush=True)
+    try:
+        while server.running():
+            time.sleep(1.0)
+        print("[buffer] redis-server exited", flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()

