@@ -101,10 +101,7 @@ class Actor:
     def _take_quota(self) -> bool:
         """Sync barrier: at most ``batch_groups`` groups generated per weight version."""
         key = f"{self.cfg.buffer.name}:quota:{self.state.version}"
-        taken = self.buffer.client.incr(key)
-        if taken > self.cfg.learner.batch_groups:
-            return False
-        return True
+        return self.buffer.client.incr(key) <= self.cfg.learner.batch_groups
 
     def _next_index(self) -> int:
         """Deterministic cursor: actor i takes prompts i, i+K, i+2K, ... (K actors)."""
