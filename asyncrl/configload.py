@@ -7,6 +7,7 @@ only code a config can name is ``task.reward_fn`` (loaded by ``actors.rewards``)
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -39,7 +40,9 @@ def load_config(overrides: list[str] | None = None, config_dir: Path | None = No
     try:
         with initialize_config_dir(config_dir=cdir, version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides or []))
-        return OmegaConf.to_object(cfg)
+        # re-merge into the schema: `+key=value` appends bypass struct mode, this catches them
+        checked = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg))
+        return OmegaConf.to_object(checked)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"{_first_line(e)}\n  (see `asyncrl run --help` and configs/)") from e
     except ValueError as e:  # dataclass __post_init__ validation
@@ -50,8 +53,9 @@ def load_config(overrides: list[str] | None = None, config_dir: Path | None = No
 
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
-    if "Could not override" in text or "Key '" in text:
-        return text.replace("\n", " ")
+    m = re.search(r"Could not override '([^']+)'", text) or re.search(r"full_key: (\S+)", text)
+    if m and ("Could not override" in text or "not in" in text):
+        return f"unknown config key '{m.group(1)}' (not in the schema; valid keys: asyncrl/config.py, configs/)"
     return text.splitlines()[0] if text else type(e).__name__
 
 

@@ -1,0 +1,63 @@
+"""Every YAML under configs/ composes into a validated Config; bad input names the problem."""
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.configload import (
+    CONFIG_DIR,
+    ConfigError,
+    config_from_json,
+    config_to_json,
+    load_config,
+)
+
+GROUP_OPTIONS = sorted((p.parent.name, p.stem) for p in Path(CONFIG_DIR).glob("*/*.yaml"))
+_NEEDS_VALUE = {
+    ("model", "local"): ["model.path=/tmp/m"],
+    ("buffer", "remote"): ["buffer.url=redis://x"],
+}
+
+
+@pytest.mark.parametrize(
+    ("group", "option"), GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS]
+)
+def test_every_yaml_composes(group, option):
+    cfg = load_config([f"{group}={option}", *_NEEDS_VALUE.get((group, option), [])])
+    assert cfg is not None
+
+
+def test_default_is_the_cpu_demo():
+    cfg = load_config()
+    assert cfg.model.path == "demo"
+    assert cfg.mode.name == "async"
+    assert cfg.learner.nproc == 2
+
+
+def test_sync_mode_is_strictly_on_policy():
+    cfg = load_config(["mode=sync"])
+    assert cfg.mode.name == "sync" and cfg.buffer.max_staleness == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["learner.nope=1"], "learner.nope"),
+        (["+learner.nope=1"], "learner.nope"),
+        (["learner.lr=-1"], "learner.lr must be > 0"),
+        (["algorithm=nope"], "algorithm/nope"),
+        (["mode=sync", "buffer.max_staleness=2"], "mode=sync requires"),
+        (["actor.n_samples=1"], "actor.n_samples"),
+        (["algorithm.policy_loss=foo"], "algorithm.policy_loss"),
+        (["buffer.capacity=zero"], "buffer.capacity"),
+    ],
+)
+def test_bad_config_names_the_problem(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config(overrides)
+
+
+def test_json_round_trip():
+    cfg = load_config(["learner.steps=7", "mode=sync"])
+    back = config_from_json(config_to_json(cfg))
+    assert back == cfg
