@@ -47,35 +47,49 @@ def sequence_advantages(rewards: torch.Tensor, algo: AlgorithmConfig) -> torch.T
     return fn(rewards, **kwargs).reshape(-1)
 
 
-def _proximal(ctx: StepContext, local: Batch, needed: bool) -> torch.Tensor | None:
+def _proximal(ctx: StepContext, shards: list[Batch], needed: bool) -> list[torch.Tensor | None]:
+    """pi_prox: the weights at the start of the step, for every minibatch shard (no grad)."""
     if not needed:
-        return None
+        return [None] * len(shards)
     with torch.no_grad():
-        logprobs, _ = token_logprobs(ctx.model, local.input_ids, local.attention_mask)
-    return logprobs
+        return [token_logprobs(ctx.model, b.input_ids, b.attention_mask)[0] for b in shards]
+
+
+def minibatch_slices(num_rows: int, minibatches: int, world: int) -> list[slice]:
+    """Full-batch row ranges of each minibatch; the same on every rank and for every world
+    size, so a 2-rank run updates on exactly the rows a 1-rank run does."""
+    size = num_rows // minibatches
+    if size * minibatches != num_rows or size % world:
+        raise ValueError(
+            f"{num_rows} rows do not split into {minibatches} minibatches of a multiple of "
+            f"{world} ranks; change learner.batch_groups or algorithm.minibatches"
+        )
+    return [slice(m * size, (m + 1) * size) for m in range(minibatches)]
 
 
 def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
     """Run ``ppo_epochs x minibatches`` optimizer updates on ``batch`` (same on all ranks).
 
-    Returns rank-local metrics of the last update plus the grad norm.
+    Each minibatch is a slice of the full batch; each rank trains on its shard of it, with
+    aggregation denominators from the whole minibatch. Returns the last update's metrics.
     """
     algo = ctx.algo
     adv_rows = sequence_advantages(batch.rewards, algo)  # [B]
-    local = shard_rows(batch, ctx.rank, ctx.world)
-    per = local.num_rows
-    local_adv = adv_rows[ctx.rank * per : (ctx.rank + 1) * per]
-    updates = algo.ppo_epochs * algo.minibatches
-    prox_all = _proximal(ctx, local, needed=updates > 1)
-    mb_size = max(1, per // algo.minibatches)
+    slices = minibatch_slices(batch.num_rows, algo.minibatches, ctx.world)
+    shards = [shard_rows(batch.rows(s), ctx.rank, ctx.world) for s in slices]
+    advs = [_shard(adv_rows[s], ctx.rank, ctx.world) for s in slices]
+    masks = [batch.loss_mask[s] for s in slices]
+    prox = _proximal(ctx, shards, needed=algo.ppo_epochs * algo.minibatches > 1)
     metrics: dict[str, float] = {}
     for _ in range(algo.ppo_epochs):
-        for m in range(algo.minibatches):
-            idx = slice(m * mb_size, per if m == algo.minibatches - 1 else (m + 1) * mb_size)
-            prox = None if prox_all is None else prox_all[idx]
-            agg_mask = batch.loss_mask[_rows_of_all_ranks(idx, per, ctx.world)]
-            metrics = _update(ctx, local.rows(idx), local_adv[idx], prox, agg_mask)
+        for m in range(len(slices)):
+            metrics = _update(ctx, shards[m], advs[m], prox[m], masks[m])
     return metrics
+
+
+def _shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    per = t.shape[0] // world
+    return t[rank * per : (rank + 1) * per]
 
 
 def _update(
@@ -108,8 +122,3 @@ def _update(
     metrics.update(loss=float(loss.detach()), entropy=float(ent.detach()))
     metrics["grad_norm"] = float(grad_norm)
     return metrics
-
-
-def _rows_of_all_ranks(idx: slice, per: int, world: int) -> torch.Tensor:
-    """Row indices (in the full batch) of minibatch ``idx`` on every rank."""
-    return torch.cat([torch.arange(r * per + idx.start, r * per + idx.stop) for r in range(world)])

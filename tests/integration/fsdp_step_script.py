@@ -1,0 +1,61 @@
+"""Run under torchrun: one learner update with FSDP2; writes the loss and new weights.
+
+torchrun --nproc_per_node=2 tests/integration/fsdp_step_script.py MODEL_DIR GROUPS_JSON OUT_DIR
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.config import AlgorithmConfig
+from asyncrl.types import Group, Sample
+from learner.batch import broadcast_batch, collate
+from learner.model import build_policy, full_named_tensors
+from learner.step import StepContext, train_on_batch
+from learner.trainer import init_distributed
+
+
+def load_groups(path):
+    raw = json.loads(Path(path).read_text())
+    return [Group(g["id"], i, 0, [Sample(**s) for s in g["samples"]]) for i, g in enumerate(raw)]
+
+
+def one_update(model_dir, groups, algo, lr):
+    """(loss summed over ranks, full weights) after one SGD update on ``groups``."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    torch.manual_seed(0)
+    model = build_policy(model_dir)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    ctx = StepContext(model, opt, algo, rank, world, grad_clip=1e9)
+    batch = collate(groups) if rank == 0 else None
+    if dist.is_initialized():
+        batch = broadcast_batch(batch)
+    metrics = train_on_batch(ctx, batch)
+    loss = torch.tensor([metrics["loss"]], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(loss)
+    weights = {k: v.clone() for k, v in full_named_tensors(model)}
+    return float(loss), weights
+
+
+def main():
+    model_dir, groups_json, out = sys.argv[1:4]
+    init_distributed()
+    torch.set_num_threads(1)
+    algo = AlgorithmConfig(**json.loads(Path(out, "algo.json").read_text()))
+    loss, weights = one_update(model_dir, load_groups(groups_json), algo, lr=0.5)
+    if dist.get_rank() == 0:
+        from safetensors.torch import save_file
+
+        save_file(
+            {k: v.contiguous() for k, v in weights.items()}, str(Path(out, "weights.safetensors"))
+        )
+        Path(out, "loss.json").write_text(json.dumps({"loss": loss}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
