@@ -1,0 +1,114 @@
+"""Connecting to Redis, masking secrets in messages, and bounded retries on dropped connections.
+
+Every error a user sees names the server (password replaced by ``***``) and says what to do.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.connection import parse_url
+from redis.retry import Retry
+
+T = TypeVar("T")
+
+_FIX = (
+    "start one with `asyncrl launch buffer` (needs redis-server: apt-get install -y "
+    "redis-server) or point buffer.url at a reachable server"
+)
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError)
+
+
+class BufferUnavailable(RuntimeError):
+    """Redis could not be reached (or refused us) within the allowed time."""
+
+
+def mask_url(url: str) -> str:
+    """``redis://:secret@host:1/0`` -> ``redis://:***@host:1/0`` (also for ``unix://``)."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def describe(client: redis.Redis) -> str:
+    """A password-free URL-like description of where ``client`` connects."""
+    kw = client.connection_pool.connection_kwargs
+    auth = ":***@" if kw.get("password") else ""
+    if kw.get("path"):
+        return f"unix://{auth}{kw['path']}?db={kw.get('db', 0)}"
+    return f"redis://{auth}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+def connect(url: str, timeout_s: float = 10.0, socket_timeout_s: float = 30.0) -> redis.Redis:
+    """A binary-safe client for ``url`` that has answered PING, retrying until ``timeout_s``.
+
+    ``socket_timeout_s`` bounds every reply wait, so a dead server raises instead of hanging;
+    ``ReplayBuffer.read`` keeps its BLOCK time below it. Raises ``BufferUnavailable``.
+    """
+    client = redis.Redis.from_url(
+        url,
+        socket_connect_timeout=min(timeout_s, 5.0),
+        socket_timeout=socket_timeout_s,
+        # We retry ourselves (``call_with_retries``) so the backoff is bounded and visible.
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=False,
+    )
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            client.ping()
+            return client
+        except redis.AuthenticationError as e:
+            raise _auth_error(url, e) from None
+        except redis.ResponseError as e:
+            if "NOAUTH" not in str(e):
+                raise
+            raise _auth_error(url, e) from None
+        except _TRANSIENT as e:
+            if time.monotonic() + delay > deadline:
+                raise BufferUnavailable(
+                    f"cannot reach Redis at {mask_url(url)} after {timeout_s:.1f}s ({e}); {_FIX}"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def _auth_error(url: str, err: Exception) -> BufferUnavailable:
+    if not parse_url(url).get("password"):
+        return BufferUnavailable(
+            f"Redis at {mask_url(url)} requires a password; put it in the URL "
+            f"(redis://:PASSWORD@host:port/0) ({err})"
+        )
+    return BufferUnavailable(
+        f"Redis at {mask_url(url)} refused the password ({err}); use the URL that "
+        "RedisServer wrote to <run_dir>/redis.url"
+    )
+
+
+def call_with_retries(fn: Callable[[], T], where: str, budget_s: float = 5.0) -> T:
+    """Run ``fn``; on a dropped connection retry with doubling sleeps (50 ms .. 1 s) for up
+    to ``budget_s`` seconds, then raise ``BufferUnavailable`` naming ``where`` (a masked URL).
+
+    Only connection-level errors are retried; Redis replies such as WRONGTYPE propagate at
+    once. A retried call may have run on the server before the connection dropped, so only
+    use it for idempotent or guarded operations (see ``ReplayBuffer``).
+    """
+    deadline = time.monotonic() + budget_s
+    delay = 0.05
+    while True:
+        try:
+            return fn()
+        except redis.AuthenticationError:
+            raise  # a subclass of ConnectionError, but retrying a wrong password cannot help
+        except _TRANSIENT as e:
+            if time.monotonic() + delay > deadline:
+                raise BufferUnavailable(
+                    f"lost connection to Redis at {where} and could not reconnect within "
+                    f"{budget_s:.1f}s ({e}); {_FIX}"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)

@@ -1,0 +1,334 @@
+"""Replay buffer on Redis Streams: one stream entry = one complete group (Arrow IPC payload).
+
+::
+
+    actor:   lease() --slot--> generate --> commit(lease, group) --XADD--> [ stream N ]
+                (blocks while leased + unread == capacity)                     |
+    learner: read(consumer) <--XREADGROUP-- unread ---> pending ---ack()---> trained |
+                 |  invalid payload: dead-letter to N:dead (dropped_invalid)   dropped_stale
+                 '-- read_pending(consumer) after a restart re-reads pending
+
+Every multi-key change is one Lua script (``buffer/scripts.py``), so no reader ever sees a
+half-applied state and ``stats()`` is a consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+
+from asyncrl.types import Group
+from buffer import scripts
+from buffer.codec import DEFAULT_MAX_BYTES, PayloadError, decode_group, encode_group
+from buffer.connection import call_with_retries, describe
+
+log = logging.getLogger(__name__)
+
+ACK_STATES = ("trained", "dropped_stale")
+_ENTRY_ID = re.compile(r"[0-9]+-[0-9]+")
+_RESERVED_META = ("capacity", "consumer_group", "learner_version")
+
+
+class LeaseExpired(RuntimeError):
+    """A commit came after its lease expired and the buffer had no free slot: not stored."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One delivered group. ``deliveries``: times Redis has handed this entry to a consumer."""
+
+    entry_id: str
+    group: Group
+    deliveries: int
+
+
+class ReplayBuffer:
+    """Bounded FIFO of complete groups shared by actors (writers) and one learner job (reader).
+
+    Capacity invariant, exact at every instant (each change is one atomic script)::
+
+        leased + unread <= capacity
+
+    ``leased`` = live (unexpired) leases; ``unread`` = committed entries not yet delivered to
+    the learner. A lease is granted only if a slot is free; commit turns the lease's slot into
+    an unread entry; the learner's read() frees the slot. Delivered-but-unacked (``pending``)
+    entries hold no slot, so ack-on-checkpoint cannot deadlock the actors; the learner bounds
+    ``pending`` itself (it reads only what it trains before the next checkpoint).
+
+    Conservation, for entries that came through commit(), also exact at every instant::
+
+        committed == trained + dropped_stale + dropped_invalid + unread + pending
+
+    Nothing is ever trimmed or evicted: a full buffer blocks ``lease`` (backpressure).
+    One consumer group (learner job) per buffer ``name``; acked entries are deleted.
+
+    ``client`` must return bytes (``decode_responses=False``), e.g. ``buffer.connect(url)``.
+    A dropped connection is retried for up to ``reconnect_s`` seconds, then every method
+    raises ``BufferUnavailable``. Retries are safe: commit dedupes by group_id, ack and
+    dead-lettering act only on still-pending entries, and a lease granted on a lost reply
+    simply expires after ``lease_ttl_s``.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        name: str,
+        capacity: int,
+        lease_ttl_s: float = 60.0,
+        consumer_group: str = "learner",
+        max_payload_bytes: int = DEFAULT_MAX_BYTES,
+        reconnect_s: float = 5.0,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        if not name or not consumer_group:
+            raise ValueError("name and consumer_group must be non-empty")
+        if client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("ReplayBuffer needs a client with decode_responses=False (payloads)")
+        self.client, self.name, self.capacity = client, name, capacity
+        self.lease_ttl_s, self.consumer_group = lease_ttl_s, consumer_group
+        self.max_payload_bytes, self.reconnect_s = max_payload_bytes, reconnect_s
+        self._where = describe(client)
+        self._k = {s: f"{name}:{s}" for s in ("dead", "leases", "stats", "meta", "group_ids")}
+        self._k["stream"] = name
+        self._s = {
+            n: client.register_script(getattr(scripts, n))
+            for n in ("LEASE", "COMMIT", "RENEW", "ACK", "DEAD_LETTER", "STATS")
+        }
+        self._group_ready = False
+        old = self._call(lambda: client.hget(self._k["meta"], "capacity"))
+        if old is not None and int(old) != capacity:
+            log.warning("buffer %s: capacity changed from %s to %d", name, int(old), capacity)
+        self._call(lambda: client.hset(self._k["meta"], "capacity", capacity))
+
+    # -- actors --------------------------------------------------------------------------------
+
+    def lease(self, actor_id: int, timeout_s: float) -> str | None:
+        """Reserve one slot, waiting up to ``timeout_s`` while the buffer is full.
+
+        Returns a lease id (valid ``lease_ttl_s``; see ``renew``) or None on timeout.
+        """
+        lease_id = f"{actor_id}:{secrets.token_hex(8)}"
+        keys = [self._k["leases"], self._k["stream"], self._k["meta"]]
+        args = [lease_id, int(self.lease_ttl_s * 1000)]
+        deadline = time.monotonic() + timeout_s
+        delay = 0.002
+        while True:
+            if self._call(lambda: self._s["LEASE"](keys, args)) == 1:
+                return lease_id
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            # Poll with a short, growing sleep: a freed slot is picked up within ~50 ms.
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.05)
+
+    def commit(self, lease_id: str, group: Group) -> bool:
+        """Store ``group`` and release ``lease_id`` atomically.
+
+        Returns True if stored, False if ``group.group_id`` was committed before (nothing is
+        stored; the lease is still released). Raises ``LeaseExpired`` if the lease expired and
+        no slot is free (the group is not stored), ``ValueError`` for a malformed group.
+        """
+        payload = encode_group(group)
+        keys = [self._k[k] for k in ("leases", "stream", "meta", "stats", "group_ids")]
+        args = [lease_id, group.group_id, payload]
+        result = self._call(lambda: self._s["COMMIT"](keys, args))
+        if result == -1:
+            raise LeaseExpired(
+                f"lease {lease_id} expired (lease_ttl_s={self.lease_ttl_s}) and the buffer is "
+                f"full; group {group.group_id!r} was not stored. Renew leases during long "
+                "generations or raise lease_ttl_s."
+            )
+        return result == 1
+
+    def release(self, lease_id: str) -> bool:
+        """Give a slot back without committing. Returns False if the lease was already gone."""
+        return bool(self._call(lambda: self.client.zrem(self._k["leases"], lease_id)))
+
+    def renew(self, lease_id: str) -> bool:
+        """Extend a live lease by ``lease_ttl_s`` from now; False if it had already expired."""
+        args = [lease_id, int(self.lease_ttl_s * 1000)]
+        return self._call(lambda: self._s["RENEW"]([self._k["leases"]], args)) == 1
+
+    # -- learner -------------------------------------------------------------------------------
+
+    def read(
+        self, consumer: str, count: int, block_ms: int, vocab_size: int | None = None
+    ) -> list[Entry]:
+        """Up to ``count`` new valid groups, waiting up to ``block_ms`` (0 = do not wait).
+
+        Malformed entries are dead-lettered and skipped; reading continues until a valid
+        entry arrives or the wait is over. Returned entries stay pending until ``ack``.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        self._ensure_group()
+        block_ms = self._clamp_block(block_ms)
+        deadline = time.monotonic() + block_ms / 1000
+        while True:
+            wait_ms = int((deadline - time.monotonic()) * 1000)
+            raw = self._xreadgroup(consumer, ">", count, wait_ms if wait_ms > 0 else None)
+            valid = [e for e in (self._decode(eid, f, 1, vocab_size) for eid, f in raw) if e]
+            if valid or not raw:
+                return valid
+
+    def read_pending(self, consumer: str, vocab_size: int | None = None) -> list[Entry]:
+        """All entries delivered to ``consumer`` but not acked (to resume after a restart)."""
+        self._ensure_group()
+        raw, last = [], "0"
+        while page := self._xreadgroup(consumer, last, 1000, None):
+            raw += page
+            last = page[-1][0]
+        if not raw:
+            return []
+        rows = self._call(
+            lambda: self.client.xpending_range(
+                self._k["stream"], self.consumer_group, "-", "+", len(raw), consumer
+            )
+        )
+        times = {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
+        entries = (self._decode(eid, f, times.get(eid, 1), vocab_size) for eid, f in raw)
+        return [e for e in entries if e]
+
+    def ack(self, entry_ids: Iterable[str], state: str) -> int:
+        """XACK + XDEL ``entry_ids`` and count them as ``state`` ("trained"|"dropped_stale").
+
+        Idempotent per entry: only entries still pending are counted. Returns that number.
+        """
+        if state not in ACK_STATES:
+            raise ValueError(f"state must be one of {ACK_STATES}, got {state!r}")
+        ids = list(entry_ids)
+        bad = [i for i in ids if not _ENTRY_ID.fullmatch(i)]
+        if bad:
+            raise ValueError(
+                f"not stream entry ids: {bad[:3]}"
+            )  # checked here: Lua has no rollback
+        if not ids:
+            return 0
+        self._ensure_group()
+        keys = [self._k["stream"], self._k["stats"]]
+        return int(self._call(lambda: self._s["ACK"](keys, [self.consumer_group, state, *ids])))
+
+    def dead_letters(self, count: int = 100) -> list[tuple[str, str]]:
+        """The oldest ``count`` dead letters as (original entry id, reason)."""
+        rows = self._call(lambda: self.client.xrange(self._k["dead"], count=count))
+        return [(_s(f[b"entry_id"]), _s(f[b"reason"])) for _, f in rows]
+
+    # -- versions, meta, stats -----------------------------------------------------------------
+
+    def set_learner_version(self, version: int) -> None:
+        self._call(lambda: self.client.hset(self._k["meta"], "learner_version", int(version)))
+
+    def learner_version(self) -> int:
+        """The learner's published policy version, -1 before the first publish."""
+        v = self._call(lambda: self.client.hget(self._k["meta"], "learner_version"))
+        return -1 if v is None else int(v)
+
+    def set_meta(self, **kv: str | int | float) -> None:
+        """Publish run-wide settings (e.g. ``max_staleness=4``); values are stored as strings."""
+        bad = [k for k in kv if k in _RESERVED_META]
+        if bad:
+            raise ValueError(f"{bad} are managed by ReplayBuffer; use its methods")
+        if kv:
+            self._call(lambda: self.client.hset(self._k["meta"], mapping=kv))
+
+    def meta(self) -> dict[str, str]:
+        """All meta fields (including capacity, consumer_group, learner_version) as strings."""
+        raw = self._call(lambda: self.client.hgetall(self._k["meta"]))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def stats(self) -> dict[str, int]:
+        """One atomic snapshot; see the class docstring for the invariants it satisfies."""
+        keys = [self._k[k] for k in ("stream", "leases", "stats", "meta")]
+        values = self._call(lambda: self._s["STATS"](keys, []))
+        return dict(zip(scripts.STATS_FIELDS, (int(v) for v in values), strict=True))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _call(self, fn):
+        return call_with_retries(fn, self._where, self.reconnect_s)
+
+    def _ensure_group(self) -> None:
+        """Register this buffer's single consumer group and create it (MKSTREAM) once."""
+        if self._group_ready:
+            return
+        meta, group = self._k["meta"], self.consumer_group
+        self._call(lambda: self.client.hsetnx(meta, "consumer_group", group))
+        owner = _s(self._call(lambda: self.client.hget(meta, "consumer_group")))
+        if owner != group:
+            raise ValueError(
+                f"buffer {self.name!r} is consumed by group {owner!r}, not {group!r}: one "
+                "learner job per buffer name (use a new buffer name for a new job)"
+            )
+        try:
+            self._call(lambda: self.client.xgroup_create(self.name, group, id="0", mkstream=True))
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+        self._group_ready = True
+
+    def _clamp_block(self, block_ms: int) -> int:
+        # A BLOCK longer than the socket timeout would surface as a spurious TimeoutError.
+        timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")
+        if timeout:
+            block_ms = min(block_ms, max(0, int(timeout * 1000) - 1000))
+        return max(0, block_ms)
+
+    def _xreadgroup(self, consumer: str, start: str, count: int, block_ms: int | None) -> list:
+        """[(entry_id, fields | None)] for ``start`` ('>' new, or an id for pending history)."""
+
+        def go():
+            try:
+                return self.client.xreadgroup(
+                    self.consumer_group, consumer, {self.name: start}, count=count, block=block_ms
+                )
+            except redis.ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                self._group_ready = False  # server lost the group (e.g. flushed): recreate
+                self._ensure_group()
+                return []
+
+        reply = self._call(go) or []
+        streams = reply.items() if isinstance(reply, dict) else reply  # RESP3 | RESP2
+        return [(_s(eid), fields) for _, rows in streams for eid, fields in rows or []]
+
+    def _decode(self, entry_id: str, fields, deliveries: int, vocab_size) -> Entry | None:
+        """The entry's group, or None after dead-lettering it with the reason."""
+        fields = fields or {}
+        payload = fields.get(b"payload", b"")
+        try:
+            if not fields:
+                raise PayloadError("entry was deleted from the stream while pending")
+            if b"payload" not in fields:
+                raise PayloadError("entry has no payload field")
+            group = decode_group(payload, vocab_size, self.max_payload_bytes)
+            if b"seq" not in fields:
+                raise PayloadError("entry was not added by ReplayBuffer.commit (no seq field)")
+            if _s(fields.get(b"group_id", b"")) != group.group_id:
+                raise PayloadError(
+                    f"entry group_id {_s(fields.get(b'group_id', b''))!r} != payload "
+                    f"{group.group_id!r}"
+                )
+            return Entry(entry_id, group, deliveries)
+        except PayloadError as e:
+            # Only an entry with fields but no commit marker bypassed commit()'s counting.
+            foreign = "1" if fields and b"seq" not in fields else "0"
+            keys = [self._k["stream"], self._k["dead"], self._k["stats"]]
+            args = [self.consumer_group, entry_id, e.reason, payload, foreign]
+            self._call(lambda: self._s["DEAD_LETTER"](keys, args))
+            log.warning("buffer %s: dead-lettered %s: %s", self.name, entry_id, e.reason)
+            return None
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

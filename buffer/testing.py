@@ -1,0 +1,50 @@
+"""Seeded fake data for tests and benchmarks of the buffer (no Redis, no model needed)."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+from asyncrl.types import FINISH_REASONS, Group, Sample
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to the nearest float32, so it survives the codec bit-exactly."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def random_group(
+    rng: random.Random,
+    group_id: str | None = None,
+    *,
+    n: int | None = None,
+    vocab_size: int = 100,
+    versions: tuple[int, int] = (0, 5),
+    max_len: int = 16,
+) -> Group:
+    """A valid group: ``n`` samples (1..8 if None) sharing one prompt, completions of
+    1..``max_len`` tokens in ``[0, vocab_size)``, per-token versions in ``versions`` (inclusive,
+    non-decreasing along a completion as in vLLM), float32-exact logprobs <= 0 and rewards.
+    """
+    n = n if n is not None else rng.randint(1, 8)
+    prompt_index = rng.randrange(10**6)
+    actor_id = rng.randrange(64)
+    prompt = [rng.randrange(vocab_size) for _ in range(rng.randint(1, max_len))]
+    samples = []
+    for _ in range(n):
+        length = rng.randint(1, max_len)
+        start = rng.randint(*versions)
+        token_versions = sorted(rng.randint(start, versions[1]) for _ in range(length))
+        samples.append(
+            Sample(
+                prompt_ids=list(prompt),
+                completion_ids=[rng.randrange(vocab_size) for _ in range(length)],
+                behavior_logprobs=[f32(-rng.expovariate(1.0)) for _ in range(length)],
+                token_versions=token_versions,
+                reward=f32(rng.uniform(-1.0, 1.0)),
+                finish_reason=rng.choice(FINISH_REASONS),
+                reward_error=rng.choice(["", "timeout", "bad answer: ∑ ≠ 4"]),
+            )
+        )
+    gid = group_id if group_id is not None else f"{actor_id}:{prompt_index}"
+    return Group(group_id=gid, prompt_index=prompt_index, actor_id=actor_id, samples=samples)

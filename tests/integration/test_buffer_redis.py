@@ -1,0 +1,389 @@
+"""ReplayBuffer and RedisServer against a real redis-server (no mocks of Redis)."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from buffer.codec import encode_group
+from buffer.connection import BufferUnavailable, connect
+from buffer.redis_buffer import LeaseExpired, ReplayBuffer
+from buffer.server import RedisServer, RedisServerError
+from buffer.testing import random_group
+
+pytestmark = pytest.mark.redis
+
+_COUNTED = ("trained", "dropped_stale", "dropped_invalid", "unread", "pending")
+
+
+def _group(gid: str, seed: int = 0, versions=(0, 3)):
+    return random_group(random.Random(seed), gid, vocab_size=100, versions=versions)
+
+
+def _conserved(s: dict) -> bool:
+    return (
+        s["committed"] == sum(s[k] for k in _COUNTED) and s["leased"] + s["unread"] <= s["capacity"]
+    )
+
+
+def _fill(buf: ReplayBuffer, gids: list[str]) -> None:
+    for gid in gids:
+        lease = buf.lease(0, timeout_s=1.0)
+        assert lease is not None
+        assert buf.commit(lease, _group(gid, seed=hash(gid) % 1000)) is True
+
+
+# -- buffer semantics ------------------------------------------------------------------------
+
+
+def test_commit_read_ack_round_trip(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    groups = [_group(f"0:{i}", seed=i) for i in range(3)]
+    for g in groups:
+        assert buf.commit(buf.lease(0, 1.0), g) is True
+    assert buf.stats() == {
+        "committed": 3, "trained": 0, "dropped_stale": 0, "dropped_invalid": 0,
+        "unread": 3, "pending": 0, "leased": 0, "capacity": 4,
+    }  # fmt: skip
+    entries = buf.read("c0", count=10, block_ms=100, vocab_size=100)
+    assert [e.group for e in entries] == groups  # FIFO, all fields equal
+    assert all(e.deliveries == 1 for e in entries)
+    assert buf.stats()["pending"] == 3 and buf.stats()["unread"] == 0
+    assert buf.ack([entries[0].entry_id], "trained") == 1
+    assert buf.ack([e.entry_id for e in entries[1:]], "dropped_stale") == 2
+    s = buf.stats()
+    assert (s["trained"], s["dropped_stale"], s["pending"], s["unread"]) == (1, 2, 0, 0)
+    assert redis_client.xlen(buffer_name) == 0  # acked entries are deleted, not kept around
+    assert buf.read("c0", count=10, block_ms=0) == []
+
+
+def test_commit_is_idempotent_by_group_id(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=2)
+    first, second = buf.lease(0, 1.0), buf.lease(1, 1.0)
+    assert buf.commit(first, _group("7:1")) is True
+    assert buf.commit(second, _group("7:1", seed=99)) is False  # same id, different content
+    s = buf.stats()
+    assert (s["committed"], s["unread"], s["leased"]) == (1, 1, 0)  # second lease released
+    # still a duplicate after the first copy has been trained and deleted
+    buf.ack([e.entry_id for e in buf.read("c", 5, 0)], "trained")
+    assert buf.commit(buf.lease(0, 1.0), _group("7:1")) is False
+    assert buf.stats()["committed"] == 1
+
+
+def test_backpressure_blocks_until_learner_reads(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=2)
+    _fill(buf, ["0:1", "0:2"])
+    t0 = time.monotonic()
+    assert buf.lease(0, timeout_s=0.2) is None  # full: blocks, then times out
+    assert 0.2 <= time.monotonic() - t0 < 2.0
+    assert buf.stats()["unread"] == 2  # nothing dropped or trimmed
+
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(buf.lease(1, timeout_s=5.0)))
+    waiter.start()
+    time.sleep(0.1)
+    assert not got  # still blocked
+    assert len(buf.read("c", count=1, block_ms=0)) == 1  # delivered, not acked: frees a slot
+    waiter.join(timeout=5.0)
+    assert got and got[0] is not None
+    assert buf.lease(2, timeout_s=0.05) is None  # 1 leased + 1 unread == capacity
+
+
+def test_release_and_renew(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=1, lease_ttl_s=0.5)
+    lease = buf.lease(0, 1.0)
+    assert buf.lease(1, 0.0) is None
+    assert buf.release(lease) is True and buf.release(lease) is False
+    lease = buf.lease(1, 0.0)
+    time.sleep(0.3)
+    assert buf.renew(lease) is True
+    time.sleep(0.3)  # 0.6 s after the lease, but only 0.3 s after the renewal
+    assert buf.stats()["leased"] == 1 and buf.lease(2, 0.0) is None
+    time.sleep(0.3)
+    assert buf.renew(lease) is False  # expired
+
+
+def test_lease_expiry_reclaims_slots(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=0.2)
+    dead_a, dead_b = buf.lease(0, 1.0), buf.lease(1, 1.0)  # two actors that will "die"
+    assert buf.lease(2, timeout_s=0.0) is None
+    time.sleep(0.25)
+    assert buf.stats()["leased"] == 0
+    patient = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=30.0)
+    live = patient.lease(2, timeout_s=0.0)  # must not expire during the rest of the test
+    assert live is not None
+    # A late commit on an expired lease is stored only while a slot is free...
+    assert buf.commit(dead_a, _group("0:1")) is True
+    s = buf.stats()
+    assert (s["committed"], s["unread"], s["leased"]) == (1, 1, 1)
+    # ...and refused, not over-filled, when the buffer is full.
+    with pytest.raises(LeaseExpired, match="expired"):
+        buf.commit(dead_b, _group("1:1"))
+    assert buf.commit(live, _group("2:1")) is True
+    assert _conserved(buf.stats()) and buf.stats()["unread"] == 2
+
+
+def test_dead_letters_bad_payload_and_keeps_reading(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
+    _fill(buf, ["0:1"])
+    bad_id = redis_client.xadd(buffer_name, {"payload": b"\x00not arrow"}).decode()
+    _fill(buf, ["0:2"])
+    too_big = random_group(random.Random(5), "0:3", vocab_size=1000)  # ids beyond vocab 100
+    assert buf.commit(buf.lease(0, 1.0), too_big)
+    _fill(buf, ["0:4"])
+
+    entries = buf.read("c", count=10, block_ms=100, vocab_size=100)
+    assert [e.group.group_id for e in entries] == ["0:1", "0:2", "0:4"]
+    dead = dict(buf.dead_letters())
+    assert set(dead) == {bad_id, next(i for i in dead if i != bad_id)}
+    assert dead[bad_id].startswith("not an Arrow IPC stream")
+    assert any("vocab_size 100" in reason for reason in dead.values())
+    fields = redis_client.xrange(f"{buffer_name}:dead")[0][1]
+    assert fields[b"payload"] == b"\x00not arrow"  # kept for a post-mortem
+    s = buf.stats()
+    assert (s["dropped_invalid"], s["pending"], s["unread"]) == (2, 3, 0)
+    assert _conserved(s)  # the foreign entry is counted as committed once it is read
+
+
+def test_only_invalid_entries_returns_empty(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
+    redis_client.xadd(buffer_name, {"group_id": b"x", "payload": b"junk"})
+    redis_client.xadd(buffer_name, {"nothing": b"here"})
+    redis_client.xadd(buffer_name, {"group_id": b"\xff\xfe", "seq": b"1", "payload": b"x"})
+    assert buf.read("c", count=1, block_ms=50) == []
+    assert buf.stats()["dropped_invalid"] == 3 and redis_client.xlen(buffer_name) == 0
+
+
+def test_read_pending_after_restart(redis_client, buffer_name, redis_server):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
+    _fill(buf, [f"0:{i}" for i in range(5)])
+    entries = buf.read("learner-0", count=3, block_ms=100)
+    buf.ack([entries[0].entry_id], "trained")
+
+    # "restart": a new process with a new connection and a new ReplayBuffer object
+    restarted = ReplayBuffer(connect(redis_server.url), buffer_name, capacity=8)
+    pending = restarted.read_pending("learner-0")
+    assert [e.entry_id for e in pending] == [e.entry_id for e in entries[1:]]
+    assert [e.group for e in pending] == [e.group for e in entries[1:]]
+    assert all(e.deliveries == 2 for e in pending)
+    assert restarted.read_pending("someone-else") == []
+    assert [e.group.group_id for e in restarted.read("learner-0", 10, 0)] == ["0:3", "0:4"]
+    assert _conserved(restarted.stats())
+
+
+def test_ack_is_idempotent_and_checked(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    _fill(buf, ["0:1", "0:2"])
+    ids = [e.entry_id for e in buf.read("c", 2, 0)]
+    assert buf.ack(ids, "trained") == 2
+    assert buf.ack(ids, "trained") == 0 and buf.ack(ids, "dropped_stale") == 0
+    assert buf.stats()["trained"] == 2 and buf.stats()["dropped_stale"] == 0
+    with pytest.raises(ValueError, match="state must be one of"):
+        buf.ack(ids, "dropped_invalid")
+    assert buf.ack([], "trained") == 0
+    with pytest.raises(ValueError, match="not stream entry ids"):
+        buf.ack([ids[0], "nope"], "trained")
+
+
+def test_conservation_invariant_under_random_operations(redis_client, buffer_name):
+    rng = random.Random(7)
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=5)
+    leases, delivered = [], []
+    for step in range(150):
+        op = rng.choice(["lease", "commit", "dup", "release", "read", "ack", "junk"])
+        if op == "lease" and (lease := buf.lease(0, 0.0)):
+            leases.append(lease)
+        elif op in ("commit", "dup") and leases:
+            gid = f"0:{step if op == 'commit' else 0}"
+            buf.commit(leases.pop(rng.randrange(len(leases))), _group(gid, seed=step))
+        elif op == "release" and leases:
+            buf.release(leases.pop())
+        elif op == "read":
+            delivered += buf.read("c", rng.randint(1, 3), 0, vocab_size=100)
+        elif op == "ack" and delivered:
+            k = rng.randint(1, len(delivered))
+            buf.ack([e.entry_id for e in delivered[:k]], rng.choice(["trained", "dropped_stale"]))
+            delivered = delivered[k:]
+        elif op == "junk":
+            # A foreign XADD bypasses commit(): it is reconciled (counted committed and
+            # dropped_invalid) when read, so drain the stream before checking.
+            redis_client.xadd(buffer_name, {"group_id": b"j", "payload": b"junk"})
+            delivered += buf.read("c", 100, 0)
+        s = buf.stats()
+        assert _conserved(s), (step, op, s)
+        assert s["leased"] == len(leases)
+    assert buf.stats()["committed"] > 10
+
+
+def test_concurrent_leases_never_exceed_capacity(redis_server, buffer_name):
+    capacity, actors, per_actor = 3, 6, 6
+    learner = ReplayBuffer(connect(redis_server.url), buffer_name, capacity)
+    held, max_held, lock, done = [0], [0], threading.Lock(), threading.Event()
+    snapshots: list[dict] = []
+
+    def actor(i: int) -> None:
+        buf = ReplayBuffer(connect(redis_server.url), buffer_name, capacity)
+        for k in range(per_actor):
+            lease = buf.lease(i, timeout_s=10.0)
+            assert lease is not None
+            with lock:
+                held[0] += 1
+                max_held[0] = max(max_held[0], held[0])
+            time.sleep(0.002)
+            with lock:
+                held[0] -= 1  # before commit: afterwards the slot is an unread entry
+            assert buf.commit(lease, _group(f"{i}:{k}", seed=k))
+
+    def monitor() -> None:
+        while not done.is_set():
+            snapshots.append(learner.stats())
+
+    def consume() -> None:
+        trained = 0
+        while trained < actors * per_actor:
+            entries = learner.read("c", 1, 200)
+            time.sleep(0.003)  # slower than the actors, so they hit backpressure
+            trained += learner.ack([e.entry_id for e in entries], "trained")
+
+    with ThreadPoolExecutor(actors + 2) as pool:
+        watch, eat = pool.submit(monitor), pool.submit(consume)
+        for f in [pool.submit(actor, i) for i in range(actors)]:
+            f.result(timeout=30)
+        eat.result(timeout=30)
+        done.set()
+        watch.result(timeout=5)
+    assert max_held[0] <= capacity
+    assert snapshots and all(_conserved(s) for s in snapshots)
+    assert any(s["leased"] + s["unread"] == capacity for s in snapshots)  # it did fill up
+    final = learner.stats()
+    assert final["committed"] == final["trained"] == actors * per_actor
+
+
+def test_versions_and_meta(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=3)
+    assert buf.learner_version() == -1
+    buf.set_learner_version(4)
+    buf.set_meta(max_staleness=2, mode="async")
+    assert buf.learner_version() == 4
+    assert buf.meta()["max_staleness"] == "2" and buf.meta()["mode"] == "async"
+    assert buf.meta()["capacity"] == "3" and buf.meta()["learner_version"] == "4"
+    with pytest.raises(ValueError, match="managed by ReplayBuffer"):
+        buf.set_meta(capacity=10)
+
+
+def test_one_consumer_group_per_buffer(redis_client, buffer_name):
+    ReplayBuffer(redis_client, buffer_name, 2, consumer_group="job-a").read("c", 1, 0)
+    other = ReplayBuffer(redis_client, buffer_name, 2, consumer_group="job-b")
+    with pytest.raises(ValueError, match="consumed by group 'job-a'"):
+        other.read("c", 1, 0)
+
+
+# -- server and connection ------------------------------------------------------------------
+
+
+def test_password_required(redis_server):
+    anonymous = redis.Redis(
+        host="127.0.0.1", port=redis_server.port, socket_timeout=2, retry=Retry(NoBackoff(), 0)
+    )
+    with pytest.raises((redis.AuthenticationError, redis.ResponseError), match="NOAUTH|auth"):
+        anonymous.ping()
+    url = redis_server.url
+    no_password = url.replace(f":{redis_server.password}@", "")
+    with pytest.raises(BufferUnavailable, match="requires a password"):
+        connect(no_password, timeout_s=1.0)
+    wrong = url.replace(redis_server.password, "wrong-password")
+    with pytest.raises(BufferUnavailable, match="refused the password") as err:
+        connect(wrong, timeout_s=1.0)
+    assert "wrong-password" not in str(err.value) and ":***@" in str(err.value)
+
+
+def _non_loopback_ip() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # UDP connect sends nothing; it picks a route
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+def test_server_binds_loopback_only(redis_server, redis_client):
+    assert redis_client.config_get("bind")["bind"] == "127.0.0.1"
+    assert redis_client.config_get("protected-mode")["protected-mode"] == "yes"
+    assert redis_client.config_get("appendonly")["appendonly"] == "yes"
+    assert redis_client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+    for path in (redis_server.conf_path, redis_server.run_dir / "redis.url"):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    ip = _non_loopback_ip()
+    if ip is not None:  # no other interface on this machine: the config check above stands
+        with pytest.raises(OSError):
+            socket.create_connection((ip, redis_server.port), timeout=1.0).close()
+
+
+def test_unreachable_url_names_masked_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket closes
+    with pytest.raises(BufferUnavailable, match=rf"redis://:\*\*\*@127.0.0.1:{port}/0") as err:
+        connect(f"redis://:hunter2@127.0.0.1:{port}/0", timeout_s=0.3)
+    assert "hunter2" not in str(err.value) and "apt-get install -y redis-server" in str(err.value)
+
+
+def test_missing_binary_says_how_to_install(tmp_path):
+    with pytest.raises(RedisServerError, match="apt-get install -y redis-server"):
+        RedisServer(tmp_path, executable="redis-server-not-installed").start()
+
+
+def test_unix_socket_server(tmp_path, redis_binary):
+    with RedisServer(tmp_path, unix_socket=True) as server:
+        assert server.url.startswith("unix://:") and server.url.endswith("redis.sock?db=0")
+        client = connect(server.url)
+        assert client.config_get("port")["port"] == "0"  # no TCP listener at all
+        buf = ReplayBuffer(client, "u", capacity=1)
+        assert buf.commit(buf.lease(0, 1.0), _group("0:1"))
+
+
+def test_restart_keeps_data_and_clients_reconnect(tmp_path, redis_binary):
+    server = RedisServer(tmp_path).start()
+    url = server.url
+    buf = ReplayBuffer(connect(url), "r", capacity=4)
+    _fill(buf, ["0:1", "0:2"])
+    server.stop()
+    restarted = RedisServer(tmp_path)
+    threading.Timer(0.3, restarted.start).start()
+    assert buf.stats()["unread"] == 2  # retried through the outage; AOF kept the entries
+    assert restarted.url == url  # same password and port: clients' URL stays valid
+    assert [e.group.group_id for e in buf.read("c", 5, 0)] == ["0:1", "0:2"]
+    restarted.stop()
+    with pytest.raises(BufferUnavailable, match=r"redis://:\*\*\*@127.0.0.1") as err:
+        ReplayBuffer(buf.client, "r", capacity=4, reconnect_s=0.3)  # contacts Redis at once
+    assert restarted.password not in str(err.value)
+
+
+def test_corrupt_aof_stops_startup(tmp_path, redis_binary):
+    with RedisServer(tmp_path) as server:
+        buf = ReplayBuffer(connect(server.url), "a", capacity=4)
+        _fill(buf, ["0:1"])
+    incr = next((tmp_path / "appendonlydir").glob("*.incr.aof"))
+    data = incr.read_bytes()
+    incr.write_bytes(data[:20] + b"garbage\r\n" + data[20:])
+    with pytest.raises(RedisServerError, match="Bad file format reading the append only file"):
+        RedisServer(tmp_path).start()
+
+
+def test_encoded_payload_is_what_is_stored(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=1)
+    g = _group("5:5")
+    buf.commit(buf.lease(5, 1.0), g)
+    [(_, fields)] = redis_client.xrange(buffer_name)
+    assert fields == {b"group_id": b"5:5", b"seq": b"1", b"payload": encode_group(g)}

@@ -1,0 +1,225 @@
+"""The Arrow codec against the Group record: exact round trips, and every rejection reason."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from asyncrl.types import FINISH_REASONS, Group, Sample
+from buffer.codec import SCHEMA, PayloadError, decode_group, encode_group
+from buffer.testing import random_group
+
+VOCAB = 50
+
+
+def _group() -> Group:
+    return Group(
+        group_id="3:17",
+        prompt_index=17,
+        actor_id=3,
+        samples=[
+            Sample([1, 2, 3], [4, 5, 6], [-0.5, -0.25, -1.0], [2, 2, 3], 1.0),
+            Sample([1, 2, 3], [7], [-2.0], [2], 0.0, "length", "reward timed out"),
+        ],
+    )
+
+
+def _columns(group: Group) -> dict[str, list]:
+    ss = group.samples
+    return {
+        "prompt_ids": [s.prompt_ids for s in ss],
+        "completion_ids": [s.completion_ids for s in ss],
+        "behavior_logprobs": [s.behavior_logprobs for s in ss],
+        "token_versions": [s.token_versions for s in ss],
+        "reward": [s.reward for s in ss],
+        "finish_reason": [FINISH_REASONS.index(s.finish_reason) for s in ss],
+        "reward_error": [s.reward_error for s in ss],
+    }
+
+
+def _meta(group: Group) -> dict[str, str]:
+    return {
+        "asyncrl.schema_version": "1",
+        "asyncrl.group_id": group.group_id,
+        "asyncrl.prompt_index": str(group.prompt_index),
+        "asyncrl.actor_id": str(group.actor_id),
+        "asyncrl.version_min": str(group.version_min),
+        "asyncrl.version_max": str(group.version_max),
+    }
+
+
+def _payload(columns: dict, meta: dict, types: dict | None = None, batches: int = 1) -> bytes:
+    """Hand-built IPC bytes, bypassing encode_group's checks (the wire may carry anything)."""
+    types = {f.name: f.type for f in SCHEMA} | (types or {})
+    arrays = {k: pa.array(v, type=types[k]) for k, v in columns.items()}
+    batch = pa.RecordBatch.from_pydict(arrays).replace_schema_metadata(meta)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        for _ in range(batches):
+            w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def test_hand_built_payload_matches_encoder() -> None:
+    g = _group()
+    assert _payload(_columns(g), _meta(g)) == encode_group(g)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_round_trip_random_groups(seed: int) -> None:
+    g = random_group(random.Random(seed), vocab_size=VOCAB)
+    assert decode_group(encode_group(g), vocab_size=VOCAB) == g
+
+
+def _set(col: str, row: int, value):
+    def edit(c: dict, m: dict) -> None:
+        c[col][row] = value
+
+    return edit
+
+
+def _set_meta(key: str, value):
+    def edit(c: dict, m: dict) -> None:
+        if value is None:
+            del m[key]
+        else:
+            m[key] = value
+
+    return edit
+
+
+def _drop(col: str):
+    return lambda c, m: c.pop(col)
+
+
+def _empty_rows(c: dict, m: dict) -> None:
+    for v in c.values():
+        v.clear()
+
+
+REJECTIONS = {
+    "wrong schema version": (_set_meta("asyncrl.schema_version", "2"), "schema version is '2'"),
+    "no schema version": (_set_meta("asyncrl.schema_version", None), "schema version is None"),
+    "missing column": (_drop("token_versions"), "missing column(s) ['token_versions']"),
+    "token id >= vocab": (_set("completion_ids", 0, [4, VOCAB, 6]), f"token id {VOCAB} >= vocab"),
+    "prompt id >= vocab": (_set("prompt_ids", 1, [1, 2, 99]), "prompt_ids: token id 99"),
+    "negative token id": (_set("completion_ids", 1, [-3]), "negative token id -3"),
+    "logprobs shorter": (
+        _set("behavior_logprobs", 0, [-0.5, -0.25]),
+        "row 0: completion_ids has 3 tokens but behavior_logprobs has 2",
+    ),
+    "versions longer": (
+        _set("token_versions", 1, [2, 2]),
+        "row 1: completion_ids has 1 tokens but token_versions has 2",
+    ),
+    "NaN logprob": (_set("behavior_logprobs", 0, [-0.5, float("nan"), -1.0]), "NaN or infinite"),
+    "inf logprob": (_set("behavior_logprobs", 1, [float("-inf")]), "NaN or infinite"),
+    "positive logprob": (_set("behavior_logprobs", 1, [0.5]), "positive log-prob 0.5"),
+    "NaN reward": (_set("reward", 0, float("nan")), "reward: NaN or infinite"),
+    "empty completion": (
+        lambda c, m: [c[k].__setitem__(1, []) for k in list(c)[1:4]],
+        "empty completion",
+    ),
+    "empty prompt": (
+        lambda c, m: [c["prompt_ids"].__setitem__(i, []) for i in (0, 1)],
+        "empty prompt",
+    ),
+    "prompts differ": (_set("prompt_ids", 1, [1, 2, 4]), "prompt_ids differ"),
+    "finish_reason code": (_set("finish_reason", 0, 7), "finish_reason code out of range"),
+    "null reward": (_set("reward", 1, None), "column reward contains nulls"),
+    "null token": (_set("completion_ids", 1, [None]), "column completion_ids contains nulls"),
+    "no rows": (_empty_rows, "no samples (0 rows)"),
+    "version_min wrong": (_set_meta("asyncrl.version_min", "1"), "disagree with token_versions"),
+    "version_max wrong": (_set_meta("asyncrl.version_max", "9"), "disagree with token_versions"),
+    "negative version": (_set("token_versions", 1, [-1]), "negative version -1"),
+    "no group_id": (_set_meta("asyncrl.group_id", None), "asyncrl.group_id is missing"),
+    "bad actor_id": (_set_meta("asyncrl.actor_id", "x1"), "asyncrl.actor_id is 'x1'"),
+    "negative prompt_index": (_set_meta("asyncrl.prompt_index", "-4"), "prompt_index is -4"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTIONS))
+def test_rejects_with_specific_reason(case: str) -> None:
+    edit, expected = REJECTIONS[case]
+    g = _group()
+    columns, meta = _columns(g), _meta(g)
+    edit(columns, meta)
+    with pytest.raises(PayloadError) as err:
+        decode_group(_payload(columns, meta), vocab_size=VOCAB)
+    assert expected in err.value.reason
+    assert isinstance(err.value, ValueError)
+
+
+def test_rejects_wrong_column_type() -> None:
+    g = _group()
+    payload = _payload(_columns(g), _meta(g), types={"completion_ids": pa.list_(pa.int64())})
+    with pytest.raises(PayloadError, match="schema mismatch"):
+        decode_group(payload)
+
+
+def test_rejects_two_batches() -> None:
+    g = _group()
+    with pytest.raises(PayloadError, match="expected exactly 1 record batch, got 2"):
+        decode_group(_payload(_columns(g), _meta(g), batches=2))
+
+
+def test_rejects_oversized_payload() -> None:
+    payload = encode_group(_group())
+    with pytest.raises(PayloadError, match=f"{len(payload)} bytes, over the 100-byte limit"):
+        decode_group(payload, max_bytes=100)
+    assert decode_group(payload, max_bytes=len(payload)) == _group()
+
+
+def test_vocab_check_is_optional() -> None:
+    assert decode_group(encode_group(_group()), vocab_size=None) == _group()
+    with pytest.raises(PayloadError, match="token id 7 >= vocab_size 7"):
+        decode_group(encode_group(_group()), vocab_size=7)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_rejects_random_bytes(seed: int) -> None:
+    rng = random.Random(seed)
+    with pytest.raises(PayloadError, match="not an Arrow IPC stream"):
+        decode_group(rng.randbytes(rng.randrange(0, 4000)))
+
+
+@pytest.mark.parametrize("cut", [8, 200, 600, -120, -40])
+def test_rejects_truncated_stream(cut: int) -> None:
+    payload = encode_group(_group())
+    with pytest.raises(PayloadError, match="Arrow IPC stream"):
+        decode_group(payload[:cut])
+
+
+def test_truncated_body_says_truncated() -> None:
+    with pytest.raises(PayloadError, match="truncated or corrupt Arrow IPC stream"):
+        decode_group(encode_group(_group())[:-40])
+
+
+def test_random_corruption_never_escapes_as_another_error() -> None:
+    """Flipped bytes either still decode to a valid group or raise PayloadError, nothing else."""
+    rng = random.Random(1234)
+    base = encode_group(random_group(rng, vocab_size=VOCAB))
+    outcomes = {"ok": 0, "rejected": 0}
+    for _ in range(400):
+        mutated = bytearray(base)
+        for _ in range(rng.randint(1, 4)):
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        try:
+            g = decode_group(bytes(mutated), vocab_size=VOCAB)
+        except PayloadError:
+            outcomes["rejected"] += 1
+        else:
+            outcomes["ok"] += 1
+            assert decode_group(encode_group(g), vocab_size=VOCAB) == g
+    assert outcomes["rejected"] > 300, outcomes
+
+
+def test_encode_rejects_malformed_group() -> None:
+    bad = Group("0:1", 1, 0, [Sample([1], [2, 3], [-1.0], [0, 0], 0.0)])
+    with pytest.raises(ValueError, match="same length"):
+        encode_group(bad)
+    odd = Group("0:1", 1, 0, [Sample([1], [2], [-1.0], [0], 0.0, finish_reason="eos")])
+    with pytest.raises(ValueError, match="finish_reason 'eos'"):
+        encode_group(odd)
