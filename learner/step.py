@@ -36,7 +36,13 @@ class StepContext:
 def loss_params(algo: AlgorithmConfig) -> LossParams:
     """Map config keys to the loss knobs (names as in docs/algorithms.md)."""
     return LossParams(
-        eps_low=algo.eps_low, eps_high=algo.eps_high, clip_c=algo.clip_c, is_cap=algo.is_cap
+        eps_low=algo.eps_low,
+        eps_high=algo.eps_high,
+        clip_c=algo.clip_c,
+        is_cap=algo.is_cap,
+        kl_coef=algo.kl_coef,
+        kl_estimator=algo.kl_estimator,
+        entropy_coef=algo.entropy_coef,
     )
 
 
@@ -106,12 +112,10 @@ def _update(
     agg = make_aggregation(algo.aggregation, agg_mask, agg_mask.shape[1])
     advantages = adv.unsqueeze(1) * mb.loss_mask
     out = POLICY_LOSSES[algo.policy_loss](
-        logprobs, proximal, mb.behavior_logprobs, advantages, mb.loss_mask, agg, loss_params(algo)
-    )
+        logprobs, proximal, mb.behavior_logprobs, advantages, mb.loss_mask, agg, loss_params(algo),
+        entropy=entropy if algo.entropy_coef else entropy.detach(),
+    )  # fmt: skip
     loss = out.loss
-    ent = (entropy * mb.loss_mask).sum() / mb.loss_mask.sum().clamp(min=1)
-    if algo.entropy_coef:
-        loss = loss - algo.entropy_coef * ent
     ctx.optimizer.zero_grad(set_to_none=True)
     (loss * ctx.world).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
@@ -119,6 +123,5 @@ def _update(
         grad_norm = grad_norm.full_tensor()
     ctx.optimizer.step()
     metrics = dict(out.metrics)
-    metrics.update(loss=float(loss.detach()), entropy=float(ent.detach()))
     metrics["grad_norm"] = float(grad_norm)
     return metrics
