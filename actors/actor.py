@@ -45,6 +45,7 @@ class Actor:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self._tasks: set[asyncio.Task] = set()
         self._version_changed = asyncio.Event()
+        self.error: Exception | None = None
 
     # ---- control plane -------------------------------------------------------------------
     async def control_loop(self, client) -> None:
@@ -68,6 +69,8 @@ class Actor:
     async def produce(self) -> None:
         limit = asyncio.Semaphore(self.cfg.actor.max_inflight)
         while not self.state.stop:
+            if self.error is not None:
+                raise self.error
             if not await self._admitted():
                 continue
             await limit.acquire()
@@ -112,17 +115,33 @@ class Actor:
     async def _group_task(self, index: int, lease: str, limit: asyncio.Semaphore) -> None:
         try:
             group = await self.make_group(index)
-            fresh = await asyncio.to_thread(self.buffer.commit, lease, group)
+            fresh = await asyncio.to_thread(self._commit, lease, group)
             self.state.committed += int(fresh)
             self.state.duplicates += int(not fresh)
         except asyncio.CancelledError:
             await asyncio.to_thread(self.buffer.release, lease)
             raise
-        except Exception:
+        except Exception as e:  # surfaced by produce(): the actor exits non-zero with it
             await asyncio.to_thread(self.buffer.release, lease)
-            raise
+            self.error = self.error or e
         finally:
             limit.release()
+
+    def _commit(self, lease: str, group: Group) -> bool:
+        """Commit; if the lease expired meanwhile and the buffer is full, wait for a new slot."""
+        from buffer.redis_buffer import LeaseExpired
+
+        try:
+            return self.buffer.commit(lease, group)
+        except LeaseExpired:
+            while not self.state.stop:
+                again = self.buffer.lease(self.state.actor_id, 1.0)
+                if again is not None:
+                    return self.buffer.commit(again, group)
+            return False
+
+    async def _generate(self, prompt_ids: list[int], seed: int) -> list:
+        return await _generate_whole(self.engine, prompt_ids, self.cfg.actor, seed)
 
     async def make_group(self, index: int) -> Group:
         from actors.rewards import score
@@ -151,6 +170,20 @@ class Actor:
                 )
             )
         return Group(f"{self.cfg.task.seed}:{index}", index, self.state.actor_id, samples)
+
+
+_MAX_RESUBMITS = 10  # update_mode=abort: a request cut by more syncs than this is an error
+
+
+async def _generate_whole(engine, prompt_ids: list[int], a, seed: int) -> list:
+    """n completions, none of them aborted (``abort`` updates cut requests: resubmit them)."""
+    for _ in range(_MAX_RESUBMITS):
+        completions = await engine.generate(
+            prompt_ids, a.n_samples, a.max_tokens, a.temperature, seed
+        )
+        if all(c.finish_reason != "abort" for c in completions):
+            return completions
+    raise RuntimeError(f"a request was aborted by {_MAX_RESUBMITS} weight updates in a row")
 
 
 async def wait_for_learner(buffer, timeout_s: float) -> str:

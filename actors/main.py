@@ -31,10 +31,11 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         model_dir,
         dtype=cfg.model.dtype,
         max_model_len=_max_model_len(cfg),
-        kv_cache_gib=a.kv_cache_gib,
+        kv_cache_bytes=int(a.kv_cache_gib * 2**30),
         seed=cfg.seed + actor_id,
-        cpu_threads=a.cpu_threads,
-        cpu_bind=a.cpu_bind,
+        cpu_bind=a.cpu_bind or None,
+        torch_threads=a.cpu_threads,
+        max_num_seqs=a.max_inflight * a.n_samples,
     )
     actor = Actor(
         cfg,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -25,6 +26,13 @@ def prepare_run_dir(cfg: Config) -> Path:
     cfg.run_dir = str(run_dir)
     (run_dir / "config.json").write_text(config_to_json(cfg))
     return run_dir
+
+
+def write_run_info(run_dir: Path, **info) -> None:
+    """``run.json``: what this run resolved (model directory, core split); no secrets."""
+    path = run_dir / "run.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**old, **info}, indent=2))
 
 
 def resolve_model(cfg: Config) -> str:
@@ -71,6 +79,7 @@ def run_local(cfg: Config) -> int:
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
     model_dir = resolve_model(cfg)
+    write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
     url, server = start_buffer(cfg, run_dir)
     roles = []
     try:
@@ -128,6 +137,7 @@ def launch_role(cfg: Config, role: str) -> int:
         )
     start_buffer(cfg, run_dir)  # checks that the URL answers
     model_dir = resolve_model(cfg)
+    write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
     if role == "learner":
         roles = [
             spawn(
@@ -166,10 +176,8 @@ def _serve_buffer(cfg: Config, run_dir: Path) -> int:
     from buffer.server import RedisServer
 
     server = RedisServer(run_dir / "redis").start()
-    url_file = run_dir / "redis_url"
-    url_file.write_text(server.url)
-    url_file.chmod(0o600)
-    print(f"[buffer] redis-server ready; URL written to {url_file} (mode 0600)", flush=True)
+    url_file = server.run_dir / "redis.url"
+    print(f"[buffer] redis-server ready; its URL (with password) is in {url_file} (mode 0600)", flush=True)
     print(f"[buffer] pass it to the other roles: buffer.url=$(cat {url_file})", flush=True)
     try:
         while server.running():

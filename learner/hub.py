@@ -16,7 +16,8 @@ from asyncrl.control import ControlServer
 from asyncrl.runlog import RunLog
 from learner.data import GroupSource
 
-_ACTOR_WAIT_S = 600.0  # actors build/load the model and start vLLM (~30 s each on CPU)
+_ACTOR_WAIT_S = 600.0
+_SYNC_TIMEOUT_S = 120.0  # deadline of the weight rendezvous and of every weight collective  # actors build/load the model and start vLLM (~30 s each on CPU)
 
 
 class Hub:
@@ -142,11 +143,18 @@ class Hub:
 
 
 def _open_weight_channel(control: ControlServer, cfg: Config):
-    """Tell every actor where to join the weight collective, then join it as rank 0."""
+    """Tell every actor where to join the weight collective, then host it as rank 0.
+
+    One receiver rank per actor (one vLLM worker each on CPU; tensor-parallel actors would
+    report more workers when they register)."""
+    from learner.trainer import _free_port
     from learner.weight_sender import WeightSender
 
-    sender = WeightSender.create(num_receivers=len(control.actors))
+    sender = WeightSender(timeout_s=_SYNC_TIMEOUT_S)
+    port, world = _free_port(), 1 + len(control.actors)
     for i, actor_id in enumerate(sorted(control.actors)):
-        control.send(actor_id, {"type": "weights_init", **sender.init_info(actor_index=i)})
-    sender.connect()
+        info = WeightSender.worker_init_info("127.0.0.1", port, world, rank_offset=1 + i,
+                                             timeout_s=_SYNC_TIMEOUT_S)  # fmt: skip
+        control.send(actor_id, {"type": "weights_init", **info})
+    sender.connect(port, world)
     return sender
