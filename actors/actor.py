@@ -55,7 +55,7 @@ class Actor:
             if msg is None:
                 continue
             if msg["type"] == "weights_init":
-                await self.engine.join_weight_sync(msg)
+                await self.engine.join_weight_sync({k: v for k, v in msg.items() if k != "type"})
             elif msg["type"] == "update":
                 await self.engine.update_weights(int(msg["version"]), self.cfg.actor.update_mode)
                 self.state.version = int(msg["version"])

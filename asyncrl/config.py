@@ -158,15 +158,17 @@ class BufferConfig:
     """Existing Redis (``redis://:PASSWORD@host:port/0``); null = start a private redis-server."""
     name: str = "asyncrl"
     """Stream key prefix; one job per name."""
-    capacity: int = 64
-    """Leased + unread groups at most (admission control; a full buffer blocks actors)."""
+    capacity: int = 0
+    """Leased + unread groups at most (admission control; a full buffer blocks actors).
+    0 = auto: ``learner.batch_groups * (max_staleness + 1)``, so what is buffered can still be
+    trained within the staleness bound when actors outpace the learner."""
     max_staleness: int = 1
     """Train a group at version V only if V - version_min <= max_staleness."""
     lease_ttl_s: float = 120.0
     """A slot leased by an actor that died comes back after this long."""
 
     def __post_init__(self) -> None:
-        _require(self.capacity >= 1, "buffer.capacity must be >= 1")
+        _require(self.capacity >= 0, "buffer.capacity must be >= 1, or 0 for auto")
         _require(self.max_staleness >= 0, "buffer.max_staleness must be >= 0")
 
 
@@ -198,5 +200,13 @@ class Config:
     """Base port for Prometheus endpoints on loopback (0 = off)."""
 
     def __post_init__(self) -> None:
+        if self.buffer.capacity == 0:
+            self.buffer.capacity = self.learner.batch_groups * (self.buffer.max_staleness + 1)
+        rows = self.learner.batch_groups * self.actor.n_samples
+        _require(
+            rows % (self.learner.nproc * self.algorithm.minibatches) == 0,
+            f"batch_groups*n_samples={rows} must split evenly over learner.nproc="
+            f"{self.learner.nproc} ranks x algorithm.minibatches={self.algorithm.minibatches}",
+        )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")

@@ -50,6 +50,8 @@ def test_sync_mode_is_strictly_on_policy():
         (["actor.n_samples=1"], "actor.n_samples"),
         (["algorithm.policy_loss=foo"], "algorithm.policy_loss"),
         (["buffer.capacity=zero"], "buffer.capacity"),
+        (["buffer.capacity=-1"], "buffer.capacity"),
+        (["learner.batch_groups=3", "actor.n_samples=3"], "split evenly"),
     ],
 )
 def test_bad_config_names_the_problem(overrides, message):
