@@ -60,3 +60,30 @@ def test_learner_parameters_changed(tiny_run):
     trained = load_file(str(final / "hf" / "model.safetensors"))
     changed = [k for k in initial if k in trained and not torch.equal(initial[k], trained[k])]
     assert len(changed) >= len(initial) // 2, f"only {changed} changed"
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    needs_full_stack()
+    run_dir = tmp_path_factory.mktemp("sync")
+    reward = Path(__file__).with_name("flaky_reward.py")
+    args = ["run", "experiment=tiny", "mode=sync", f"task.reward_fn={reward}:compute_score"]
+    proc = run_cli([*args, f"run_dir={run_dir}"], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return run_dir
+
+
+def test_sync_mode_is_strictly_on_policy(sync_run):
+    s = read_summary(sync_run)
+    assert s["mode"] == "sync" and s["max_staleness"] == 0
+    assert s["max_trained_staleness"] == 0
+    assert s["groups_dropped_stale"] == 0, (
+        "the sync barrier should generate exactly one batch per version"
+    )
+    assert s["groups_trained"] == 16 and s["final_version"] == 4
+
+
+def test_reward_function_errors_are_counted_and_training_goes_on(sync_run):
+    records = read_metrics(sync_run)
+    assert sum(r["reward_errors"] for r in records) > 0
+    assert len(records) == 4

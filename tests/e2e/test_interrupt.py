@@ -1,0 +1,59 @@
+"""Ctrl-C on `asyncrl run` stops every role (learner ranks, actor + vLLM processes, Redis)."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import REPO, asyncrl_cmd, needs_full_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Processes whose command line or environment contains ``text`` (vLLM's spawned engine
+    and worker processes do not name the run dir in argv, but inherit ASYNCRL_REDIS_URL)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (proc / "environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd or text in env:
+            found.append(f"{proc.name}: {cmd[:160]}")
+    return found
+
+
+def test_ctrl_c_stops_everything(tmp_path):
+    needs_full_stack()
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        asyncrl_cmd("run", "experiment=tiny", "learner.steps=100000", f"run_dir={run_dir}"),
+        cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines = []
+    deadline = time.monotonic() + 600
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step ") or time.monotonic() > deadline:
+            break
+    assert any(x.startswith("step ") for x in lines), "".join(lines[-40:])
+    url = (run_dir / "redis" / "redis.url").read_text().strip()
+    assert _processes_mentioning(url), "the check below would be vacuous: no role has the URL"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, rest[-3000:]
+    assert "interrupted" in rest
+    assert time.monotonic() - t0 < 60
+    time.sleep(1.0)
+    url = (run_dir / "redis" / "redis.url").read_text().strip()
+    leftovers = _processes_mentioning(str(run_dir)) + _processes_mentioning(url)
+    assert not leftovers, leftovers
