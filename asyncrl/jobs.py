@@ -177,7 +177,10 @@ def _serve_buffer(cfg: Config, run_dir: Path) -> int:
 
     server = RedisServer(run_dir / "redis").start()
     url_file = server.run_dir / "redis.url"
-    print(f"[buffer] redis-server ready; its URL (with password) is in {url_file} (mode 0600)", flush=True)
+    print(
+        f"[buffer] redis-server ready; its URL (with password) is in {url_file} (mode 0600)",
+        flush=True,
+    )
     print(f"[buffer] pass it to the other roles: buffer.url=$(cat {url_file})", flush=True)
     try:
         while server.running():
