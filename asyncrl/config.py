@@ -98,6 +98,8 @@ class LearnerConfig:
     batch_groups: int = 16
     """Groups per optimizer step."""
     lr: float = 5e-4
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     sync_every: int = 1
@@ -116,6 +118,7 @@ class LearnerConfig:
         _require(self.steps >= 1, "learner.steps must be >= 1")
         _require(self.batch_groups >= 1, "learner.batch_groups must be >= 1")
         _require(self.lr > 0, "learner.lr must be > 0")
+        _require(self.warmup_steps >= 0, "learner.warmup_steps must be >= 0")
         _require(self.sync_every >= 1, "learner.sync_every must be >= 1")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
 

@@ -72,6 +72,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
     )
+    warmup = cfg.learner.warmup_steps
     state = _maybe_resume(run_dir, model, optimizer, hub)
     ctx = StepContext(model, optimizer, cfg.algorithm, rank, world, cfg.learner.grad_clip)
     start = time.monotonic() - state.wall_s
@@ -85,7 +86,9 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
             break
         groups = hub.next_groups(state.version) if hub else None
         batch = broadcast_batch(collate(groups) if hub else None)
+        _set_lr(optimizer, cfg.learner.lr * min(1.0, (state.version + 1) / max(1, warmup)))
         metrics = train_on_batch(ctx, batch)
+        metrics["lr"] = optimizer.param_groups[0]["lr"]
         state.version += 1
         state.groups_trained += batch.rewards.shape[0]
         state.wall_s = time.monotonic() - start
@@ -98,6 +101,11 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
             _checkpoint(run_dir, model, optimizer, state, model_dir, hub)
     _checkpoint(run_dir, model, optimizer, state, model_dir, hub)
     return state
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def _sync_weights(model, hub, version: int) -> None:
