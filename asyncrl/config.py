@@ -163,8 +163,9 @@ class BufferConfig:
     """Stream key prefix; one job per name."""
     capacity: int = 0
     """Leased + unread groups at most (admission control; a full buffer blocks actors).
-    0 = auto: ``learner.batch_groups * (max_staleness + 1)``, so what is buffered can still be
-    trained within the staleness bound when actors outpace the learner."""
+    0 = auto: ``learner.batch_groups * max(1, max_staleness)``: the learner drains one batch
+    per version, so a queue of k batches is trained within k versions of being committed;
+    a deeper queue only produces groups that will be dropped as stale."""
     max_staleness: int = 1
     """Train a group at version V only if V - version_min <= max_staleness."""
     lease_ttl_s: float = 120.0
@@ -204,7 +205,7 @@ class Config:
 
     def __post_init__(self) -> None:
         if self.buffer.capacity == 0:
-            self.buffer.capacity = self.learner.batch_groups * (self.buffer.max_staleness + 1)
+            self.buffer.capacity = self.learner.batch_groups * max(1, self.buffer.max_staleness)
         rows = self.learner.batch_groups * self.actor.n_samples
         _require(
             rows % (self.learner.nproc * self.algorithm.minibatches) == 0,
