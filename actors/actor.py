@@ -7,6 +7,16 @@
 
 Many prompts are in flight at once (``actor.max_inflight``); groups are committed as they
 finish, not in lockstep.
+
+Where the actor's time goes (``asyncrl.metrics.StateClock``, exported as
+``asyncrl_actor_time_seconds_total{state}``), in priority order::
+
+    paused           a weight update holds the engine (pause -> receive -> resume)
+    generating       at least one group is generating, scoring or committing
+    waiting_weights  nothing in flight; admission refused (weights too stale, or the sync
+                     quota of this version is used up)
+    waiting_buffer   nothing in flight; no free slot in the buffer (backpressure)
+    idle             nothing in flight, nothing blocking (between loop iterations)
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from asyncrl.config import Config
+from asyncrl.metrics import ACTOR_STATES, ActorMetrics, StateClock
 from asyncrl.types import Group, Sample
 
 
@@ -28,6 +39,12 @@ class ActorState:
     committed: int = 0
     duplicates: int = 0
     reward_errors: int = 0
+    groups_generated: int = 0
+    samples_generated: int = 0
+    tokens_generated: int = 0
+    """Completion tokens."""
+    weight_syncs: int = 0
+    weight_sync_s: float = 0.0
 
 
 class Actor:
@@ -46,6 +63,26 @@ class Actor:
         self._tasks: set[asyncio.Task] = set()
         self._version_changed = asyncio.Event()
         self.error: Exception | None = None
+        self.clock = StateClock(ACTOR_STATES, "starting")
+        self.metrics = ActorMetrics({"job": cfg.buffer.name, "actor_id": actor_id}, self.clock)
+        self._inflight = 0
+        self._paused = False
+        self._blocked = "idle"
+
+    def _refresh_state(self) -> None:
+        """Derive the clock's state from (paused, in-flight groups, what blocks admission)."""
+        if self._paused:
+            state = "paused"
+        elif self._inflight:
+            state = "generating"
+        else:
+            state = self._blocked
+        if state != self.clock.state:
+            self.clock.set(state)
+
+    def _block(self, reason: str) -> None:
+        self._blocked = reason
+        self._refresh_state()
 
     # ---- control plane -------------------------------------------------------------------
     async def control_loop(self, client) -> None:
@@ -57,27 +94,45 @@ class Actor:
             if msg["type"] == "weights_init":
                 await self.engine.join_weight_sync({k: v for k, v in msg.items() if k != "type"})
             elif msg["type"] == "update":
-                await self.engine.update_weights(int(msg["version"]), self.cfg.actor.update_mode)
-                self.state.version = int(msg["version"])
+                await self._update_weights(int(msg["version"]))
                 self._version_changed.set()
                 await client.send({"type": "updated", "version": self.state.version})
             elif msg["type"] == "stop":
                 self.state.stop = True
         self._version_changed.set()
 
+    async def _update_weights(self, version: int) -> None:
+        t0 = time.monotonic()
+        self._paused = True
+        self._refresh_state()
+        try:
+            await self.engine.update_weights(version, self.cfg.actor.update_mode)
+        finally:
+            self._paused = False
+            self._refresh_state()
+        seconds = time.monotonic() - t0
+        self.state.version = version
+        self.state.weight_syncs += 1
+        self.state.weight_sync_s += seconds
+        self.metrics.version.set(version)
+        self.metrics.sync_seconds.observe(seconds)
+
     # ---- production ------------------------------------------------------------------------
     async def produce(self) -> None:
         limit = asyncio.Semaphore(self.cfg.actor.max_inflight)
+        self._block("idle")
         while not self.state.stop:
             if self.error is not None:
                 raise self.error
             if not await self._admitted():
                 continue
             await limit.acquire()
+            self._block("waiting_buffer")  # lease() waits while the buffer is full
             lease = await asyncio.to_thread(self.buffer.lease, self.state.actor_id, 1.0)
             if lease is None:  # buffer full: backpressure, try again
                 limit.release()
                 continue
+            self._block("idle")
             index = await asyncio.to_thread(self._next_index)
             task = asyncio.create_task(self._group_task(index, lease, limit))
             self._tasks.add(task)
@@ -94,6 +149,7 @@ class Actor:
         )
         if fresh and quota_ok:
             return True
+        self._block("waiting_weights")
         self._version_changed.clear()
         try:
             await asyncio.wait_for(self._version_changed.wait(), timeout=0.2)
@@ -113,11 +169,17 @@ class Actor:
         return self.state.actor_id + k * self.cfg.actor.num_actors
 
     async def _group_task(self, index: int, lease: str, limit: asyncio.Semaphore) -> None:
+        self._inflight += 1
+        self.metrics.inflight.inc()
+        self._refresh_state()
+        t0 = time.monotonic()
         try:
             group = await self.make_group(index)
+            self._count_generated(group, time.monotonic() - t0)
             fresh = await asyncio.to_thread(self._commit, lease, group)
             self.state.committed += int(fresh)
             self.state.duplicates += int(not fresh)
+            (self.metrics.committed if fresh else self.metrics.duplicates).inc()
         except asyncio.CancelledError:
             await asyncio.to_thread(self.buffer.release, lease)
             raise
@@ -126,6 +188,28 @@ class Actor:
             self.error = self.error or e
         finally:
             limit.release()
+            self._inflight -= 1
+            self.metrics.inflight.dec()
+            self._refresh_state()
+
+    def _count_generated(self, group: Group, seconds: float) -> None:
+        tokens = sum(len(s.completion_ids) for s in group.samples)
+        errors = sum(1 for s in group.samples if s.reward_error)
+        st, m = self.state, self.metrics
+        st.groups_generated += 1
+        st.samples_generated += len(group.samples)
+        st.tokens_generated += tokens
+        m.groups.inc()
+        m.samples.inc(len(group.samples))
+        m.tokens.inc(tokens)
+        m.reward_errors.inc(errors)
+        m.group_seconds.observe(seconds)
+
+    def stats(self) -> dict:
+        """What this actor did, for ``<run_dir>/actor<i>.json`` (benchmarks read it)."""
+        from dataclasses import asdict
+
+        return {**asdict(self.state), "time_s": self.clock.totals()}
 
     def _commit(self, lease: str, group: Group) -> bool:
         """Commit; if the lease expired meanwhile and the buffer is full, wait for a new slot."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -46,6 +47,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         PromptSource(cfg.task.seed, split="train"),
         reward_fn,
     )
+    _serve_metrics(cfg, actor, buffer)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(actor.state, "stop", True))
@@ -58,12 +60,26 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         client.close()
         await engine.shutdown()
     s = actor.state
+    stats_path = Path(cfg.run_dir) / f"actor{actor_id}.json"
+    stats_path.write_text(json.dumps(actor.stats(), indent=2))
     print(
         f"[actor {actor_id}] done: committed {s.committed} groups, duplicates {s.duplicates}, "
         f"reward errors {s.reward_errors}, final weights v{s.version}",
         flush=True,
     )
     return 0
+
+
+def _serve_metrics(cfg, actor, buffer) -> None:
+    from asyncrl.metrics import register_endpoint, role_port, serve
+
+    aid = actor.state.actor_id
+    port = serve(
+        actor.metrics.registry, role_port(cfg.metrics_port, "actor", aid), cfg.metrics_host
+    )
+    if port:
+        register_endpoint(buffer.client, cfg.buffer.name, f"actor{aid}", cfg.metrics_host, port)
+        print(f"[actor {aid}] metrics on http://{cfg.metrics_host}:{port}/metrics", flush=True)
 
 
 def _max_model_len(cfg) -> int:

@@ -18,6 +18,25 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(f"invalid config: {message}")
 
 
+def parse_cores(spec: str) -> list[int]:
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]`` (Linux cpu-list syntax); ``""`` -> ``[]``."""
+    cores: set[int] = set()
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad core range {part!r} in {spec!r}")
+        cores.update(range(first, last + 1))
+    return sorted(cores)
+
+
+def _is_core_list(spec: str) -> bool:
+    try:
+        return not spec or bool(parse_cores(spec))
+    except ValueError:
+        return False
+
+
 @dataclass
 class ModelConfig:
     """Which policy to train."""
@@ -76,7 +95,11 @@ class ActorConfig:
     cpu_threads: int = 1
     """Torch/OMP threads per actor."""
     cpu_bind: str = ""
-    """vLLM CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``0`` or ``nobind``; '' = auto."""
+    """vLLM CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``0`` or ``nobind``; '' =
+    ``actor.cpu_affinity`` when that is set, else vLLM's ``auto``."""
+    cpu_affinity: str = ""
+    """Cores the actor processes (and their vLLM engine processes) may run on, e.g. ``1`` or
+    ``2-3,6``; '' = unpinned. Applied by the launcher with ``sched_setaffinity``."""
 
     def __post_init__(self) -> None:
         _require(self.num_actors >= 1, "actor.num_actors must be >= 1")
@@ -85,6 +108,9 @@ class ActorConfig:
         _require(self.temperature > 0, "actor.temperature must be > 0")
         _require(self.max_inflight >= 1, "actor.max_inflight must be >= 1")
         _require(self.update_mode in _UPDATE_MODES, f"actor.update_mode in {_UPDATE_MODES}")
+        _require(_is_core_list(self.cpu_affinity), f"actor.cpu_affinity={self.cpu_affinity!r}")
+        if self.cpu_affinity and not self.cpu_bind:
+            self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
 
 
 @dataclass
@@ -108,6 +134,8 @@ class LearnerConfig:
     """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
     cpu_threads: int = 1
     """Torch threads per learner rank."""
+    cpu_affinity: str = ""
+    """Cores the learner ranks may run on, e.g. ``0`` or ``0-3``; '' = unpinned."""
     max_wall_s: float = 0.0
     """Stop after this many seconds (0 = no limit)."""
     data_timeout_s: float = 300.0
@@ -121,6 +149,7 @@ class LearnerConfig:
         _require(self.warmup_steps >= 0, "learner.warmup_steps must be >= 0")
         _require(self.sync_every >= 1, "learner.sync_every must be >= 1")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
+        _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
 
 
 @dataclass
@@ -200,10 +229,14 @@ class Config:
     run_dir: str = ""
     """Where metrics, checkpoints, logs and the private Redis live ( = runs/<timestamp>)."""
     seed: int = 0
-    metrics_port: int = 0
-    """Base port for Prometheus endpoints on loopback (0 = off)."""
+    metrics_port: int = 9490
+    """Prometheus ``/metrics`` base port (0 = off): launcher P, learner P+1, actor i P+2+i; a
+    port in use falls back to a free one (see docs/metrics.md)."""
+    metrics_host: str = "127.0.0.1"
+    """Address the metrics endpoints bind to; loopback unless you mean to expose them."""
 
     def __post_init__(self) -> None:
+        _require(0 <= self.metrics_port < 65536, f"metrics_port={self.metrics_port} (0 = off)")
         if self.buffer.capacity == 0:
             self.buffer.capacity = self.learner.batch_groups * max(1, self.buffer.max_staleness)
         rows = self.learner.batch_groups * self.actor.n_samples

@@ -10,8 +10,10 @@ from pathlib import Path
 from asyncrl.config import Config
 from asyncrl.configload import config_to_json
 from asyncrl.launcher import (
+    Role,
     actor_cmd,
     learner_cmd,
+    pinned,
     role_env,
     show_progress,
     spawn,
@@ -67,11 +69,48 @@ def start_buffer(cfg: Config, run_dir: Path):
 def core_split(cfg: Config) -> str:
     cores = os.cpu_count() or 1
     lt, at = cfg.learner.cpu_threads, cfg.actor.cpu_threads
+    la = cfg.learner.cpu_affinity or "any"
+    aa = cfg.actor.cpu_affinity or "any"
     return (
-        f"cores: {cores} available; learner {cfg.learner.nproc} rank(s) x {lt} thread(s), "
-        f"{cfg.actor.num_actors} actor(s) x {at} thread(s)"
-        f" ({cfg.learner.nproc * lt + cfg.actor.num_actors * at} threads in all)"
+        f"cores: {cores} available; learner {cfg.learner.nproc} rank(s) x {lt} thread(s) "
+        f"on cores {la}, {cfg.actor.num_actors} actor(s) x {at} thread(s) on cores {aa} "
+        f"(vLLM bind {cfg.actor.cpu_bind or 'auto'})"
     )
+
+
+def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
+    cmd = pinned(learner_cmd(cfg, run_dir, model_dir), cfg.learner.cpu_affinity)
+    env = role_env(cfg, url, cfg.learner.cpu_threads)
+    return spawn("learner", cmd, env, run_dir, show_progress)
+
+
+def spawn_actors(cfg: Config, run_dir: Path, model_dir: str, url: str) -> list[Role]:
+    env = role_env(cfg, url, cfg.actor.cpu_threads)
+    return [
+        spawn(
+            f"actor{i}",
+            pinned(actor_cmd(run_dir, model_dir, i), cfg.actor.cpu_affinity),
+            env,
+            run_dir,
+            show_progress,
+        )
+        for i in range(cfg.actor.num_actors)
+    ]
+
+
+def serve_launcher_metrics(cfg: Config, url: str, name: str, roles: list[Role]) -> None:
+    """This process's /metrics (which roles are up), recorded in the buffer's endpoints."""
+    from asyncrl.metrics import LauncherMetrics, register_endpoint, role_port, serve
+    from buffer.connection import connect
+
+    info = {"job": cfg.buffer.name, "mode": cfg.mode.name}
+    metrics = LauncherMetrics(info, lambda: list(roles))
+    port = serve(metrics.registry, role_port(cfg.metrics_port, "launcher"), cfg.metrics_host)
+    if port:
+        client = connect(url)
+        register_endpoint(client, cfg.buffer.name, name, cfg.metrics_host, port)
+        client.close()
+        print(f"[asyncrl] metrics: http://{cfg.metrics_host}:{port}/metrics", flush=True)
 
 
 def run_local(cfg: Config) -> int:
@@ -81,27 +120,11 @@ def run_local(cfg: Config) -> int:
     model_dir = resolve_model(cfg)
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
     url, server = start_buffer(cfg, run_dir)
-    roles = []
+    roles: list[Role] = []
     try:
-        roles.append(
-            spawn(
-                "learner",
-                learner_cmd(cfg, run_dir, model_dir),
-                role_env(cfg, url, cfg.learner.cpu_threads),
-                run_dir,
-                show_progress,
-            )
-        )
-        for i in range(cfg.actor.num_actors):
-            roles.append(
-                spawn(
-                    f"actor{i}",
-                    actor_cmd(run_dir, model_dir, i),
-                    role_env(cfg, url, cfg.actor.cpu_threads),
-                    run_dir,
-                    show_progress,
-                )
-            )
+        serve_launcher_metrics(cfg, url, "launcher", roles)
+        roles.append(spawn_learner(cfg, run_dir, model_dir, url))
+        roles.extend(spawn_actors(cfg, run_dir, model_dir, url))
         code, reason = supervise(roles, "learner")
     except KeyboardInterrupt:
         code, reason = 130, "interrupted (Ctrl-C); all roles stopped"
@@ -138,27 +161,12 @@ def launch_role(cfg: Config, role: str) -> int:
     start_buffer(cfg, run_dir)  # checks that the URL answers
     model_dir = resolve_model(cfg)
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
+    url = cfg.buffer.url
     if role == "learner":
-        roles = [
-            spawn(
-                "learner",
-                learner_cmd(cfg, run_dir, model_dir),
-                role_env(cfg, cfg.buffer.url, cfg.learner.cpu_threads),
-                run_dir,
-                show_progress,
-            )
-        ]
+        roles = [spawn_learner(cfg, run_dir, model_dir, url)]
     else:
-        roles = [
-            spawn(
-                f"actor{i}",
-                actor_cmd(run_dir, model_dir, i),
-                role_env(cfg, cfg.buffer.url, cfg.actor.cpu_threads),
-                run_dir,
-                show_progress,
-            )
-            for i in range(cfg.actor.num_actors)
-        ]
+        roles = spawn_actors(cfg, run_dir, model_dir, url)
+    serve_launcher_metrics(cfg, url, f"launcher-{role}", roles)
     try:
         code, reason = supervise(roles, roles[0].name)
     except KeyboardInterrupt:

@@ -9,6 +9,12 @@
 
 A role that exits non-zero stops the whole job, and ``asyncrl run`` exits non-zero with the
 role and the tail of its log. Ctrl-C (SIGINT) or SIGTERM stops every role cleanly.
+
+Core pinning (``learner.cpu_affinity``, ``actor.cpu_affinity``): the role's command is wrapped
+in ``python -m asyncrl.launcher pin CORES -- CMD``, which calls ``sched_setaffinity`` and
+``exec``s the command, so the role and every process it starts (torchrun ranks, vLLM engine
+core and workers) inherit the core set. ``preexec_fn`` would do the same but is unsafe in a
+process with threads (the log pumps).
 """
 
 from __future__ import annotations
@@ -68,15 +74,28 @@ def spawn(name: str, cmd: list[str], env: dict, run_dir: Path, show) -> Role:
     return Role(name, proc, log_path)
 
 
-def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
-    from learner.trainer import _free_port
+def _free_port() -> int:
+    import socket
 
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc_per_node={cfg.learner.nproc}", f"--master_port={_free_port()}",
         "--master_addr=127.0.0.1", "-m", "learner.main",
         "--run-dir", str(run_dir), "--model-dir", model_dir,
     ]  # fmt: skip
+
+
+def pinned(cmd: list[str], cores: str) -> list[str]:
+    """``cmd`` restricted to the cores in ``cores`` (cpu-list syntax); '' = unchanged."""
+    if not cores:
+        return cmd
+    return [sys.executable, "-m", "asyncrl.launcher", "pin", cores, "--", *cmd]
 
 
 def actor_cmd(run_dir: Path, model_dir: str, actor_id: int) -> list[str]:
@@ -151,3 +170,17 @@ def _wait_all(roles: list[Role], timeout_s: float) -> None:
         except subprocess.TimeoutExpired:
             pass
     stop_roles(roles)
+
+
+def _pin_main(argv: list[str]) -> None:
+    """``python -m asyncrl.launcher pin CORES -- CMD...``: exec CMD on CORES only."""
+    from asyncrl.config import parse_cores
+
+    if len(argv) < 4 or argv[0] != "pin" or argv[2] != "--":
+        sys.exit("usage: python -m asyncrl.launcher pin CORES -- CMD [ARGS...]")
+    os.sched_setaffinity(0, parse_cores(argv[1]))
+    os.execvp(argv[3], argv[3:])
+
+
+if __name__ == "__main__":
+    _pin_main(sys.argv[1:])

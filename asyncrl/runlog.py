@@ -3,7 +3,13 @@
 ``summary.json`` fields: ``steps``, ``reward_initial`` (mean reward over the first 10% of
 steps), ``reward_final`` (mean over the last 20%), ``max_trained_staleness``,
 ``groups_committed``, ``groups_trained``, ``groups_dropped_stale``,
-``groups_dropped_invalid``, ``groups_still_buffered``, ``wall_s``, ``mode``, ``max_staleness``.
+``groups_dropped_invalid``, ``groups_still_buffered``, ``wall_s``, ``mode``, ``max_staleness``,
+and (learner/hub.py) ``train_wall_s`` (from the moment every actor was connected),
+``learner_time_s`` (seconds per state: starting, busy, waiting_data, weight_sync,
+checkpoint), ``trained_staleness_histogram`` ({staleness: groups}), ``trained_totals``
+(groups, samples, completion tokens), ``dropped_by_reason``, ``weight_sync`` (count, bytes,
+seconds). ``metrics.jsonl`` records add per-step ``elapsed_s``, ``step_s``, ``busy_s``,
+``waiting_data_s``, ``weight_sync_s``, ``checkpoint_s``. See docs/metrics.md.
 """
 
 from __future__ import annotations

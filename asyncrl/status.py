@@ -1,30 +1,172 @@
-"""``asyncrl status``: one screen about a job, read from its buffer."""
+"""``asyncrl status``: one screen about a running job, from its buffer and metrics endpoints.
+
+    asyncrl status buffer.url=redis://:PASSWORD@HOST:PORT/0 [buffer.name=NAME]
+    asyncrl status run_dir=runs/<timestamp>        (a job started by `asyncrl run`)
+
+Buffer counters come from Redis; every process's ``/metrics`` endpoint is listed in the
+buffer's ``<name>:endpoints`` hash. Each endpoint is scraped twice, ``_WINDOW_S`` apart, so
+rates (groups/s, tokens/s) and time fractions (busy, waiting, paused) are over that window.
+"""
 
 from __future__ import annotations
 
+import time
+import urllib.request
+from pathlib import Path
+
 from asyncrl.config import Config
+
+_WINDOW_S = 2.0
+_TIMEOUT_S = 2.0
+
+Sample = dict[tuple[str, tuple], float]  # (name, sorted label items) -> value
+
+
+def scrape(address: str, timeout_s: float = _TIMEOUT_S) -> Sample | None:
+    """All samples of ``http://address/metrics``; None if it does not answer."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout_s) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    out: Sample = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def job_url(cfg: Config) -> str:
+    """``buffer.url``, or the private Redis URL a local ``asyncrl run`` wrote in its run dir."""
+    if cfg.buffer.url:
+        return cfg.buffer.url
+    path = Path(cfg.run_dir or ".") / "redis" / "redis.url"
+    if cfg.run_dir and path.is_file():
+        return path.read_text().strip()
+    raise ValueError(
+        "asyncrl status needs buffer.url=redis://:PASSWORD@HOST:PORT/0 of the job, or "
+        "run_dir=<the run directory of a local `asyncrl run`>"
+    )
 
 
 def print_status(cfg: Config) -> int:
+    print(render_status(cfg))
+    return 0
+
+
+def render_status(cfg: Config, window_s: float = _WINDOW_S) -> str:
     from buffer.connection import connect, mask_url
     from buffer.redis_buffer import ReplayBuffer
 
-    if not cfg.buffer.url:
-        raise ValueError("asyncrl status needs buffer.url=redis://:PASSWORD@HOST:PORT/0 of the job")
-    b = cfg.buffer
-    buf = ReplayBuffer(connect(b.url), b.name, b.capacity, b.lease_ttl_s)
-    stats = buf.stats()
-    print(f"buffer {b.name!r} at {mask_url(b.url)}")
-    print(f"  learner version {buf.learner_version()}   meta {buf.meta()}")
-    for key in (
-        "committed",
-        "trained",
-        "dropped_stale",
-        "dropped_invalid",
-        "unread",
-        "pending",
-        "leased",
-        "capacity",
-    ):
-        print(f"  {key:16s} {stats[key]}")
-    return 0
+    url, name = job_url(cfg), cfg.buffer.name
+    client = connect(url)
+    # the job's own capacity: constructing ReplayBuffer with ours would overwrite it
+    capacity = int(client.hget(f"{name}:meta", "capacity") or cfg.buffer.capacity)
+    buf = ReplayBuffer(client, name, capacity, cfg.buffer.lease_ttl_s)
+    stats, meta = buf.stats(), buf.meta()
+    raw = {k.decode(): v.decode() for k, v in client.hgetall(f"{name}:endpoints").items()}
+    endpoints = dict(sorted(raw.items(), key=lambda kv: _role_order(kv[0])))
+    first = {role: scrape(addr) for role, addr in endpoints.items()}
+    time.sleep(window_s)
+    second = {role: scrape(addr) for role, addr in endpoints.items()}
+    lines = [
+        f"job {name!r} at {mask_url(url)}: mode {meta.get('mode', '?')}, max_staleness "
+        f"{meta.get('max_staleness', '?')}, learner version {meta.get('learner_version', '?')}",
+        f"buffer    unread {stats['unread']}/{stats['capacity']}  leased {stats['leased']}  "
+        f"pending {stats['pending']}  committed {stats['committed']}  trained "
+        f"{stats['trained']}  dropped stale {stats['dropped_stale']} invalid "
+        f"{stats['dropped_invalid']}",
+    ]
+    for role, addr in endpoints.items():
+        a, b = first[role], second[role]
+        if a is None or b is None:
+            lines.append(f"{role:9s} [{addr}] not answering (finished or unreachable)")
+            continue
+        kind = _label(b, "asyncrl_process_info", "role")
+        render = {"learner": _learner, "actor": _actor}.get(kind, _launcher)
+        lines += render(role, addr, a, b, window_s)
+    if not endpoints:
+        lines.append("no metrics endpoints registered (metrics_port=0?)")
+    return "\n".join(lines)
+
+
+def _role_order(role: str) -> tuple:
+    """launcher(s), learner, then actors by number."""
+    digits = role.lstrip("abcdefghijklmnopqrstuvwxyz-")
+    kind = 0 if role.startswith("launcher") else 1 if role == "learner" else 2
+    return (kind, int(digits) if digits.isdigit() else 0, role)
+
+
+def _v(s: Sample, name: str, **labels) -> float:
+    return s.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _label(s: Sample, name: str, label: str) -> str:
+    for (n, labels), _ in s.items():
+        if n == name:
+            return dict(labels).get(label, "")
+    return ""
+
+
+def _rate(a: Sample, b: Sample, name: str, dt: float) -> float:
+    return (_v(b, name) - _v(a, name)) / dt
+
+
+def _by_label(s: Sample, name: str, label: str) -> dict[str, float]:
+    return {dict(lb)[label]: v for (n, lb), v in s.items() if n == name and label in dict(lb)}
+
+
+def _fractions(a: Sample, b: Sample, name: str) -> str:
+    """``state pct%`` over the window, from a ``..._time_seconds_total{state}`` counter."""
+    before, after = _by_label(a, name, "state"), _by_label(b, name, "state")
+    delta = {k: after[k] - before.get(k, 0.0) for k in after if k != "starting"}
+    total = sum(delta.values()) or 1.0
+    return "  ".join(f"{k} {100 * d / total:.0f}%" for k, d in delta.items())
+
+
+def _learner(role: str, addr: str, a: Sample, b: Sample, dt: float) -> list[str]:
+    steps = _rate(a, b, "asyncrl_learner_steps_total", dt)
+    groups = _rate(a, b, "asyncrl_learner_groups_trained_total", dt)
+    tokens = _rate(a, b, "asyncrl_learner_tokens_trained_total", dt)
+    hist = _by_label(b, "asyncrl_learner_trained_staleness_versions_bucket", "le")
+    cum, prev, parts = sorted((float(k), v) for k, v in hist.items()), 0.0, []
+    for le, count in cum:
+        if count > prev and le != float("inf"):
+            parts.append(f"{le:g}: {count - prev:.0f}")
+        prev = count
+    drops = _by_label(b, "asyncrl_learner_groups_dropped_total", "reason")
+    syncs = _v(b, "asyncrl_weight_sync_seconds_count") or 1.0
+    sync_s = _v(b, "asyncrl_weight_sync_seconds_sum") / syncs
+    sync_mb = _v(b, "asyncrl_weight_sync_bytes_total") / syncs / 1e6
+    return [
+        f"{role:9s} [{addr}] v{_v(b, 'asyncrl_learner_version'):.0f}  {steps:.2f} steps/s  "
+        f"trained {groups:.1f} groups/s {tokens:.0f} tok/s  reward "
+        f"{_v(b, 'asyncrl_learner_reward'):.3f}",
+        f"{'':9s} time: {_fractions(a, b, 'asyncrl_learner_time_seconds_total')}",
+        f"{'':9s} trained staleness {{{', '.join(parts)}}}  dropped "
+        + " ".join(f"{k} {v:.0f}" for k, v in sorted(drops.items())),
+        f"{'':9s} IS weight mean {_v(b, 'asyncrl_learner_is_weight_mean'):.3f} max "
+        f"{_v(b, 'asyncrl_learner_is_weight_max'):.3f} ess "
+        f"{_v(b, 'asyncrl_learner_is_ess_ratio'):.3f}  approx KL(behave) "
+        f"{_v(b, 'asyncrl_learner_approx_kl_behave'):.4f}  weight sync {sync_s:.3f} s, "
+        f"{sync_mb:.1f} MB each",
+    ]
+
+
+def _actor(role: str, addr: str, a: Sample, b: Sample, dt: float) -> list[str]:
+    groups = _rate(a, b, "asyncrl_actor_groups_generated_total", dt)
+    tokens = _rate(a, b, "asyncrl_actor_tokens_generated_total", dt)
+    return [
+        f"{role:9s} [{addr}] weights v{_v(b, 'asyncrl_actor_weight_version'):.0f}  generated "
+        f"{groups:.1f} groups/s {tokens:.0f} tok/s  in flight "
+        f"{_v(b, 'asyncrl_actor_inflight_groups'):.0f}",
+        f"{'':9s} time: {_fractions(a, b, 'asyncrl_actor_time_seconds_total')}",
+    ]
+
+
+def _launcher(role: str, addr: str, a: Sample, b: Sample, dt: float) -> list[str]:
+    up = _by_label(b, "asyncrl_launcher_role_up", "role")
+    roles = ", ".join(f"{r} {'up' if v else 'exited'}" for r, v in up.items())
+    return [f"{role:9s} [{addr}] roles: {roles or 'none'}"]

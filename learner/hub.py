@@ -3,6 +3,15 @@
 The loop in ``learner/trainer.py`` calls, in order: ``start`` once, then per step
 ``next_groups`` -> (train) -> ``send_weights`` (every sync_every) -> ``after_step``, and at a
 checkpoint ``trained_ids`` -> (save) -> ``ack_trained``; ``finish`` at the end.
+
+Where the learner's time goes is read off those calls (``asyncrl.metrics.StateClock``)::
+
+    starting      until every actor registered and the weight channel is open
+    waiting_data  inside next_groups (reading, validating, dropping stale groups)
+    weight_sync   inside send_weights (broadcast + every actor's ack; the FSDP gather
+                  before it is not visible here and counts as busy)
+    checkpoint    from trained_ids to ack_trained (the save between them)
+    busy          everything else: collate/scatter, forward/backward/step, gather
 """
 
 from __future__ import annotations
@@ -13,11 +22,19 @@ from pathlib import Path
 
 from asyncrl.config import Config
 from asyncrl.control import ControlServer
+from asyncrl.metrics import (
+    LEARNER_STATES,
+    LearnerMetrics,
+    StateClock,
+    register_endpoint,
+    role_port,
+    serve,
+)
 from asyncrl.runlog import RunLog
 from learner.data import GroupSource
 
-_ACTOR_WAIT_S = 600.0
-_SYNC_TIMEOUT_S = 120.0  # deadline of the weight rendezvous and of every weight collective  # actors build/load the model and start vLLM (~30 s each on CPU)
+_ACTOR_WAIT_S = 600.0  # actors build/load the model and start vLLM (~30 s each on CPU)
+_SYNC_TIMEOUT_S = 120.0  # deadline of the weight rendezvous and of every weight collective
 
 
 class Hub:
@@ -39,8 +56,32 @@ class Hub:
         self._step_entries: list = []
         self._last_t = time.monotonic()
         self._stop = False
+        self.clock = StateClock(LEARNER_STATES, "starting")
+        self._serve_metrics(cfg)
+        self._ready_t = time.monotonic()
+        self._last_totals = self.clock.totals()
+        self._staleness_hist: dict[int, int] = {}
+        self._sync = {"count": 0, "bytes": 0, "seconds": 0.0}
+        self._trained_totals = {"groups": 0, "samples": 0, "tokens": 0}
+        self._dropped_seen: dict[str, int] = {}
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+
+    def _serve_metrics(self, cfg: Config) -> None:
+        info = {
+            "job": cfg.buffer.name,
+            "mode": cfg.mode.name,
+            "max_staleness": cfg.buffer.max_staleness,
+        }
+        self.metrics = LearnerMetrics(info, self.clock, self.buffer)
+        port = serve(
+            self.metrics.registry, role_port(cfg.metrics_port, "learner"), cfg.metrics_host
+        )
+        if port:
+            register_endpoint(
+                self.buffer.client, cfg.buffer.name, "learner", cfg.metrics_host, port
+            )
+            self.say(f"metrics on http://{cfg.metrics_host}:{port}/metrics")
 
     def _on_signal(self, *_):
         self._stop = True
@@ -69,18 +110,34 @@ class Hub:
         )
         self.control.wait_for_actors(cfg.actor.num_actors, _ACTOR_WAIT_S)
         self.sender = _open_weight_channel(self.control, cfg)
-        self._last_t = time.monotonic()
+        self._last_t = self._ready_t = time.monotonic()
+        self.clock.set("busy")
+        self._last_totals = self.clock.totals()
 
     def next_groups(self, version: int) -> list:
-        entries = self.source.next_batch(version, self.cfg.learner.batch_groups)
+        self.clock.set("waiting_data")
+        try:
+            entries = self.source.next_batch(version, self.cfg.learner.batch_groups)
+        finally:
+            self.clock.set("busy")
         self._step_entries = entries
         self._step_version = version
         return [e.group for e in entries]
 
     def send_weights(self, named, version: int) -> None:
-        self.control.broadcast({"type": "update", "version": version})
-        stats = self.sender.send(named, version)
-        self._last_sync = stats
+        self.clock.set("weight_sync")
+        t0 = time.monotonic()
+        try:
+            self.control.broadcast({"type": "update", "version": version})
+            stats = self.sender.send(named, version)
+        finally:
+            self.clock.set("busy")
+        seconds = time.monotonic() - t0
+        self.metrics.sync_seconds.observe(seconds)
+        self.metrics.sync_bytes.inc(stats.bytes)
+        self._sync["count"] += 1
+        self._sync["bytes"] += stats.bytes
+        self._sync["seconds"] += seconds
 
     def after_step(self, state, metrics: dict) -> None:
         self.buffer.set_learner_version(state.version)
@@ -91,10 +148,11 @@ class Hub:
         stale = [v - e.group.version_min for e in entries]
         groups = [e.group for e in entries]
         stats = self.buffer.stats()
+        reward = sum(sum(g.rewards) for g in groups) / sum(len(g.samples) for g in groups)
         record = {
             "step": state.version - 1,
             "version": state.version,
-            "reward": sum(sum(g.rewards) for g in groups) / sum(len(g.samples) for g in groups),
+            "reward": reward,
             "staleness_max": max(stale),
             "staleness_mean": sum(stale) / len(stale),
             "groups_per_s": len(groups) / dt,
@@ -103,16 +161,54 @@ class Hub:
             "dropped_invalid": stats["dropped_invalid"],
             "reward_errors": sum(1 for g in groups for s in g.samples if s.reward_error),
             "wall_s": state.wall_s,
+            **self._step_timing(now),
             **{k: float(x) for k, x in metrics.items()},
         }
+        self._count_trained(groups, stale, stats["dropped_invalid"])
+        loss_metrics = {k: float(x) for k, x in metrics.items() if not k.startswith("dropped_")}
+        self.metrics.observe_step(state.version, groups, stale, reward, dt, loss_metrics)
         self.log.log(record)
 
+    def _step_timing(self, now: float) -> dict:
+        """This step's seconds per learner state (a checkpoint lands in the step after it)."""
+        totals = self.clock.totals()
+        delta = {k: totals[k] - self._last_totals[k] for k in totals}
+        self._last_totals = totals
+        return {
+            "elapsed_s": now - self._ready_t,
+            "step_s": sum(delta.values()),
+            **{f"{k}_s": delta[k] for k in ("busy", "waiting_data", "weight_sync", "checkpoint")},
+        }
+
+    def _count_trained(self, groups: list, stale: list[int], dropped_invalid: int) -> None:
+        for s in stale:
+            self._staleness_hist[s] = self._staleness_hist.get(s, 0) + 1
+        t = self._trained_totals
+        t["groups"] += len(groups)
+        t["samples"] += sum(len(g.samples) for g in groups)
+        t["tokens"] += sum(g.num_tokens for g in groups)
+        for reason, count in self._dropped_counts(dropped_invalid).items():
+            seen = self._dropped_seen.get(reason, 0)
+            self.metrics.dropped.labels(reason).inc(max(0, count - seen))
+            self._dropped_seen[reason] = max(seen, count)
+
+    def _dropped_counts(self, dropped_invalid: int) -> dict[str, int]:
+        """Dropped groups by reason: the source's ``dropped_<reason>`` counters + invalid."""
+        src = self.source
+        out = {k[8:]: int(getattr(src, k)) for k in vars(src) if k.startswith("dropped_")}
+        out["invalid"] = dropped_invalid
+        return out
+
     def trained_ids(self) -> list[str]:
+        """Called right before a checkpoint is saved: the clock counts the save from here."""
+        self.clock.set("checkpoint")
         return list(self._trained)
 
     def ack_trained(self) -> None:
+        """Called right after the checkpoint is durable."""
         self.ack_ids(self._trained)
         self._trained = []
+        self.clock.set("busy")
 
     def ack_ids(self, ids: list[str]) -> None:
         if ids:
@@ -133,6 +229,14 @@ class Hub:
             "max_staleness": self.cfg.buffer.max_staleness,
             "final_version": state.version,
             "title": f"{self.cfg.mode.name}, max_staleness={self.cfg.buffer.max_staleness}",
+            "train_wall_s": time.monotonic() - self._ready_t,
+            "learner_time_s": self.clock.totals(),
+            "trained_staleness_histogram": {
+                str(k): n for k, n in sorted(self._staleness_hist.items())
+            },
+            "trained_totals": dict(self._trained_totals),
+            "dropped_by_reason": self._dropped_counts(stats["dropped_invalid"]),
+            "weight_sync": dict(self._sync),
         }
         summary = self.log.write_summary(extra)
         self.log.close()

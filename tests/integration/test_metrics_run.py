@@ -1,0 +1,149 @@
+"""Scrape the endpoints of a real ``asyncrl run`` (tiny model, pinned cores) mid-run, check
+every documented name, ``asyncrl status`` and the core pinning, then stop it with Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl.status import scrape
+from tests.e2e.conftest import REPO, asyncrl_cmd, needs_full_stack, run_cli
+from tests.integration.test_metrics_endpoints import free_port, missing_names
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
+
+PINNED = os.cpu_count() >= 2  # learner on core 0, actor on core 1
+
+
+def _endpoints(run_dir: Path) -> dict[str, str]:
+    from buffer.connection import connect
+
+    url_file = run_dir / "redis" / "redis.url"
+    if not url_file.is_file():
+        return {}
+    client = connect(url_file.read_text().strip())
+    try:
+        raw = client.hgetall("asyncrl:endpoints")
+    finally:
+        client.close()
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory):
+    needs_full_stack()
+    run_dir = tmp_path_factory.mktemp("metrics_run")
+    base = free_port()
+    args = ["run", "experiment=tiny", "learner.steps=1000", "learner.checkpoint_every=0",
+            f"metrics_port={base}", f"run_dir={run_dir}"]  # fmt: skip
+    if PINNED:
+        args += ["learner.nproc=1", "learner.cpu_affinity=0", "actor.cpu_affinity=1"]
+    proc = subprocess.Popen(
+        asyncrl_cmd(*args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            eps = _endpoints(run_dir)
+            learner = scrape(eps["learner"]) if "learner" in eps else None
+            if learner and learner.get(("asyncrl_learner_version", ()), 0) >= 3 and len(eps) >= 3:
+                break
+            time.sleep(2)
+        else:
+            out = proc.stdout.read() if proc.poll() is not None else ""
+            pytest.fail(f"run never reached version 3 with 3 endpoints: {out[-3000:]}")
+        yield proc, run_dir, eps
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_every_process_serves_its_documented_metrics_on_loopback(live_run):
+    _, _, eps = live_run
+    assert set(eps) == {"launcher", "learner", "actor0"}
+    for role, addr in eps.items():
+        assert addr.startswith("127.0.0.1:"), (role, addr)
+        samples = scrape(addr)
+        assert samples is not None, role
+        assert missing_names(samples, role.rstrip("0123456789")) == [], role
+    learner = scrape(eps["learner"])
+    assert learner[("asyncrl_learner_steps_total", ())] >= 3
+    assert learner[("asyncrl_weight_sync_bytes_total", ())] > 0
+    actor = scrape(eps["actor0"])
+    assert actor[("asyncrl_actor_tokens_generated_total", ())] > 0
+    busy = actor[("asyncrl_actor_time_seconds_total", (("state", "generating"),))]
+    assert busy > 0
+
+
+def test_status_prints_one_screen_about_the_job(live_run):
+    _, run_dir, _ = live_run
+    proc = run_cli(["status", f"run_dir={run_dir}"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for word in ("buffer", "learner", "actor0", "launcher", "steps/s", "tok/s", "waiting_data"):
+        assert word in out, out
+    assert len(out.splitlines()) <= 25
+
+
+@pytest.mark.skipif(not PINNED, reason="core pinning needs 2+ cores")
+def test_roles_run_on_their_configured_cores(live_run):
+    proc, _, _ = live_run
+    pids = _descendants(proc.pid)
+    learners = [p for p in pids if "learner.main" in _cmdline(p)]
+    actors = [p for p in pids if "actors.main" in _cmdline(p)]
+    assert learners and actors
+    for p in learners:
+        assert os.sched_getaffinity(p) == {0}
+    for p in pids:  # the actor and every process below it (vLLM engine core, worker)
+        if p in actors or any(a in _ancestors(p) for a in actors):
+            assert os.sched_getaffinity(p) == {1}, _cmdline(p)
+
+
+def _ancestors(pid: int) -> list[int]:
+    out = []
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+        out.append(pid)
+    return out
+
+
+def test_ctrl_c_stops_the_run(live_run):
+    proc, _, _ = live_run
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(120) == 130
