@@ -64,7 +64,9 @@ class Actor:
         self._version_changed = asyncio.Event()
         self.error: Exception | None = None
         self.clock = StateClock(ACTOR_STATES, "starting")
-        self.metrics = ActorMetrics({"job": cfg.buffer.name, "actor_id": actor_id}, self.clock)
+        self.metrics = ActorMetrics(
+            {"buffer_name": cfg.buffer.name, "actor_id": actor_id}, self.clock
+        )
         self._inflight = 0
         self._paused = False
         self._blocked = "idle"

@@ -103,7 +103,7 @@ def serve_launcher_metrics(cfg: Config, url: str, name: str, roles: list[Role]) 
     from asyncrl.metrics import LauncherMetrics, register_endpoint, role_port, serve
     from buffer.connection import connect
 
-    info = {"job": cfg.buffer.name, "mode": cfg.mode.name}
+    info = {"buffer_name": cfg.buffer.name, "mode": cfg.mode.name}
     metrics = LauncherMetrics(info, lambda: list(roles))
     port = serve(metrics.registry, role_port(cfg.metrics_port, "launcher"), cfg.metrics_host)
     if port:

@@ -69,7 +69,7 @@ class Hub:
 
     def _serve_metrics(self, cfg: Config) -> None:
         info = {
-            "job": cfg.buffer.name,
+            "buffer_name": cfg.buffer.name,
             "mode": cfg.mode.name,
             "max_staleness": cfg.buffer.max_staleness,
         }

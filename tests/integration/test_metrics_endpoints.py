@@ -74,7 +74,7 @@ def test_learner_endpoint_exports_documented_names(redis_client, buffer_name):
 
     buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
     clock = StateClock(LEARNER_STATES, "starting")
-    m = LearnerMetrics({"job": buffer_name, "mode": "async"}, clock, buf)
+    m = LearnerMetrics({"buffer_name": buffer_name, "mode": "async"}, clock, buf)
     port = serve(m.registry, free_port())
     rng = random.Random(0)
     groups = [random_group(rng, versions=(3, 4)) for _ in range(3)]
@@ -108,7 +108,7 @@ def test_learner_endpoint_exports_documented_names(redis_client, buffer_name):
 
 def test_actor_and_launcher_endpoints_export_documented_names():
     clock = StateClock(ACTOR_STATES, "starting")
-    actor = ActorMetrics({"job": "j", "actor_id": 3}, clock)
+    actor = ActorMetrics({"buffer_name": "j", "actor_id": 3}, clock)
     actor.tokens.inc(17)
     actor.sync_seconds.observe(0.1)
     actor.group_seconds.observe(0.2)
@@ -130,7 +130,7 @@ def test_actor_and_launcher_endpoints_export_documented_names():
             self.name, self.proc = name, _Proc(code)
 
     roles = [_Role("learner", None), _Role("actor0", 0)]
-    launcher = LauncherMetrics({"job": "j"}, lambda: roles)
+    launcher = LauncherMetrics({"buffer_name": "j"}, lambda: roles)
     s = scrape(f"127.0.0.1:{serve(launcher.registry, free_port())}")
     assert missing_names(s, "launcher") == []
     assert s[("asyncrl_launcher_role_up", (("role", "learner"),))] == 1
