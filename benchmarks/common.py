@@ -1,0 +1,127 @@
+"""Shared pieces of the benchmarks: machine description, commit, JSON output, timing.
+
+Every benchmark writes ``benchmarks/results/<name>.json`` with ``machine``, ``commit``,
+``command`` and ``config`` next to its figures, so a number can always be traced to what
+produced it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def machine() -> dict:
+    """CPU model, cores (and which this process may use), memory, library versions."""
+    info = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": sorted(os.sched_getaffinity(0)),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
+    }
+    for mod in ("torch", "vllm", "pyarrow", "redis"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # not installed, or fails to import: record that, do not fail
+            info[mod] = None
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str:
+    """HEAD, with ``-dirty`` when tracked files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO, capture_output=True
+        ).returncode
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
+    """``<out_dir>/<name>.json`` with ``machine``, ``commit`` and ``command`` added."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "name": name,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "commit": git_commit(),
+        "machine": machine(),
+        **payload,
+    }
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2, default=_jsonable))
+    return path
+
+
+def _jsonable(x):
+    if isinstance(x, float) and x != x:
+        return None
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def timed(fn: Callable[[], object], repeat: int, warmup: int = 1) -> dict:
+    """Run ``fn`` ``warmup`` times untimed, then ``repeat`` times; seconds per call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "mean_s": statistics.fmean(times),
+        "repeat": repeat,
+    }
+
+
+def mean_std(values: list[float]) -> dict:
+    vals = [v for v in values if v is not None and v == v]
+    if not vals:
+        return {"mean": None, "std": None, "n": 0}
+    return {
+        "mean": statistics.fmean(vals),
+        "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+        "n": len(vals),
+    }
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    def cell(x):
+        if isinstance(x, float):
+            return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+        return "-" if x is None else str(x)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

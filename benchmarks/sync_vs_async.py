@@ -1,0 +1,207 @@
+"""Synchronous vs asynchronous RL on the same task, model, seeds and CPU cores.
+
+    python -m benchmarks.sync_vs_async --quick     # 2 seeds x 80 steps, < 30 min on 2 cores
+    python -m benchmarks.sync_vs_async             # 3 seeds x 300 steps (the demo's length)
+
+Arms (C = the cores this process may use; "split" = learner ranks on the first half of
+them, the actor on the second half, each pinned with sched_setaffinity):
+
+    sync_colocated  mode=sync; learner ranks on all C cores and vLLM bound to all C cores.
+                    Generation and training alternate, each with every core (the classic
+                    synchronous trainer; verl's hybrid engine).
+    sync_split      mode=sync (max_staleness=0 + one batch per version); split cores.
+    async_s<k>      mode=async, buffer.max_staleness=k for k in --staleness; split cores.
+
+Every run is a real ``asyncrl run`` (demo model, addition task); seeds vary the prompt
+stream (``task.seed``) while the warm-started model stays the same. Checkpoints are only
+written at the end (``learner.checkpoint_every=0``) so disk I/O is not part of the race.
+
+From each run: wall-clock time to a target reward (``--target``; default: a level every
+run reaches, see ``sva_report.auto_target``), trained samples/s and tokens/s, actor and
+learner idle fractions, weight-sync pause, staleness histogram, dropped-stale count, final
+reward (mean and spread over seeds). From ``sync_split``: per-step generation time G and
+training time T, and the ideal overlap bound (G+T)/max(G,T) next to the speedup each async
+arm achieved. Output: ``benchmarks/results/<name>.json``, ``<name>_*.png``, ``<name>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import REPO, RESULTS, write_result
+from benchmarks.sva_report import analyse, markdown, plot_all
+
+PRESETS = {
+    "full": {"steps": 300, "seeds": [0, 1, 2], "overrides": []},
+    "quick": {"steps": 80, "seeds": [0, 1], "overrides": []},
+    # schema tests: a few steps of the tiny preset (not a measurement)
+    "tiny": {"steps": 6, "seeds": [0], "overrides": ["experiment=tiny"]},
+}
+
+
+def cpulist(cores: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (Linux cpu-list syntax)."""
+    parts, i = [], 0
+    while i < len(cores):
+        j = i
+        while j + 1 < len(cores) and cores[j + 1] == cores[j] + 1:
+            j += 1
+        parts.append(str(cores[i]) if i == j else f"{cores[i]}-{cores[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _cores_override(key: str, cores: list[int]) -> str:
+    return f"{key}='{cpulist(cores)}'"  # quoted: Hydra reads a bare "0,2" as a list
+
+
+def core_split(cores: list[int]) -> dict[str, list[int]]:
+    """Learner on the first half of ``cores``, actor on the rest (at least one each)."""
+    if len(cores) < 2:
+        raise SystemExit(f"sync_vs_async needs at least 2 usable cores, have {cores}")
+    half = len(cores) // 2
+    return {"learner": cores[:half], "actor": cores[half:]}
+
+
+def arm_overrides(cores: list[int], staleness: list[int]) -> dict[str, list[str]]:
+    split = core_split(cores)
+    pinned = [
+        f"learner.nproc={len(split['learner'])}",
+        _cores_override("learner.cpu_affinity", split["learner"]),
+        _cores_override("actor.cpu_affinity", split["actor"]),
+    ]
+    arms = {
+        "sync_colocated": [
+            "mode=sync",
+            f"learner.nproc={len(cores)}",
+            _cores_override("learner.cpu_affinity", cores),
+            _cores_override("actor.cpu_affinity", cores),
+        ],
+        "sync_split": ["mode=sync", *pinned],
+    }
+    for k in staleness:
+        arms[f"async_s{k}"] = ["mode=async", f"buffer.max_staleness={k}", *pinned]
+    return arms
+
+
+def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> dict:
+    """One ``asyncrl run``; returns what it wrote (or the error and the log's tail)."""
+    if run_dir.exists():
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    run_dir.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "asyncrl.cli", "run", *overrides, f"run_dir={run_dir}"]
+    log = run_dir.parent / f"{run_dir.name}.log"
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        try:
+            code = subprocess.run(
+                cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            ).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            code = -1
+    result = {"arm": arm, "overrides": overrides, "run_dir": str(run_dir), "log": str(log),
+              "returncode": code, "process_s": time.monotonic() - t0}  # fmt: skip
+    if code != 0:
+        result["error"] = log.read_text(errors="replace")[-3000:]
+        return result
+    result["summary"] = json.loads((run_dir / "summary.json").read_text())
+    result["records"] = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    result["actors"] = [json.loads(p.read_text()) for p in sorted(run_dir.glob("actor*.json"))]
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sync_vs_async", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="2 seeds x 80 steps (< 30 min here)")
+    p.add_argument("--tiny", action="store_true", help="schema check only: experiment=tiny")
+    p.add_argument("--steps", type=int, help="learner steps per run (overrides the preset)")
+    p.add_argument("--seeds", type=int, nargs="+", help="task seeds (overrides the preset)")
+    p.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4],
+                   help="max_staleness of the async arms (default 1 2 4)")  # fmt: skip
+    p.add_argument("--arms", help="comma-separated subset of arms to run (default: all)")
+    p.add_argument("--target", type=float, help="target reward (default: auto, every run reaches it)")  # fmt: skip
+    p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra asyncrl override for every arm (repeatable)")  # fmt: skip
+    p.add_argument("--name", help="result name (default sync_vs_async[_quick|_tiny])")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where the JSON/PNG/MD go")
+    p.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "benchmarks",
+                   help="where the runs' directories go (not committed)")  # fmt: skip
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    preset_name = "tiny" if args.tiny else "quick" if args.quick else "full"
+    preset = PRESETS[preset_name]
+    steps, seeds = args.steps or preset["steps"], args.seeds or preset["seeds"]
+    name = args.name or ("sync_vs_async" + ("" if preset_name == "full" else f"_{preset_name}"))
+    cores = sorted(os.sched_getaffinity(0))
+    arms = arm_overrides(cores, args.staleness)
+    if args.arms:
+        wanted = args.arms.split(",")
+        unknown = [a for a in wanted if a not in arms]
+        if unknown:
+            raise SystemExit(f"unknown arms {unknown}; arms are {list(arms)}")
+        arms = {a: arms[a] for a in wanted}
+    common = [*preset["overrides"], f"learner.steps={steps}", "learner.checkpoint_every=0",
+              *args.extra]  # fmt: skip
+    split = core_split(cores)
+    print(f"[bench] cores {cpulist(cores)}: split arms learner on {cpulist(split['learner'])}, "
+          f"actor on {cpulist(split['actor'])}; sync_colocated uses all of them", flush=True)  # fmt: skip
+    runs = []
+    for seed in seeds:
+        for arm, ovr in arms.items():
+            overrides = [*common, *ovr, f"task.seed={seed}"]
+            print(f"[bench] {arm} seed {seed}: asyncrl run {' '.join(overrides)}", flush=True)
+            r = run_arm(arm, overrides, args.runs_dir / name / f"{arm}-seed{seed}",
+                        timeout_s=600 + 30 * steps)  # fmt: skip
+            r["seed"] = seed
+            _say_done(r)
+            runs.append(r)
+    report = analyse(runs, list(arms), args.target)
+    config = {"preset": preset_name, "steps": steps, "seeds": seeds, "staleness": args.staleness,
+              "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
+              "seed_meaning": "task.seed (prompt stream); model seed=0 in every run"}  # fmt: skip
+    plots = plot_all(runs, report, args.out, name)
+    table = markdown(report)
+    path = write_result(name, {"config": config, **report, "plots": plots,
+                               "table_markdown": table, "runs": _slim(runs)}, args.out)  # fmt: skip
+    (args.out / f"{name}.md").write_text(table + "\n")
+    print("\n" + table + f"\n\n[bench] wrote {path}", flush=True)
+    return 0 if all(r["returncode"] == 0 for r in runs) else 1
+
+
+def _say_done(r: dict) -> None:
+    if r["returncode"]:
+        print(f"[bench]   FAILED (code {r['returncode']}); log: {r['log']}", flush=True)
+        return
+    s = r["summary"]
+    print(f"[bench]   done in {r['process_s']:.0f}s: train {s.get('train_wall_s', 0):.0f}s, "
+          f"reward {s['reward_initial']:.3f} -> {s['reward_final']:.3f}, dropped stale "
+          f"{s['groups_dropped_stale']}", flush=True)  # fmt: skip
+
+
+def _slim(runs: list[dict]) -> list[dict]:
+    """Runs for the JSON: per-step curves kept short (step, elapsed, reward, timings)."""
+    keep = ("step", "elapsed_s", "reward", "step_s", "waiting_data_s", "busy_s",
+            "weight_sync_s", "staleness_mean")  # fmt: skip
+    out = []
+    for r in runs:
+        r = dict(r)
+        r["records"] = [{k: rec.get(k) for k in keep} for rec in r.get("records", [])]
+        out.append(r)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

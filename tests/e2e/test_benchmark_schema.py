@@ -1,0 +1,89 @@
+"""``benchmarks/sync_vs_async.py --tiny``: every figure the issue asks for is in the JSON.
+
+A schema check on a few steps of the tiny preset, not a measurement: no number is asserted
+beyond being present and well-formed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.conftest import REPO, needs_full_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
+
+ARMS = ["sync_colocated", "sync_split", "async_s1"]
+PER_RUN = {
+    "time_to_target_s", "train_wall_s", "step_s_median", "trained_samples_per_s",
+    "trained_tokens_per_s", "generated_tokens_per_s", "learner_idle_frac", "actor_idle_frac",
+    "actor_time_s", "learner_time_s", "weight_sync_pause_learner_s",
+    "weight_sync_pause_actor_s", "staleness_histogram", "dropped_stale", "groups_committed",
+    "groups_trained", "reward_initial", "reward_final", "G_s", "T_s",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    needs_full_stack()
+    out = tmp_path_factory.mktemp("bench")
+    cmd = [sys.executable, "-m", "benchmarks.sync_vs_async", "--tiny", "--arms", ",".join(ARMS),
+           "--out", str(out), "--runs-dir", str(out / "runs"), "--name", "schema"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out, json.loads((out / "schema.json").read_text()), proc.stdout
+
+
+def test_provenance_and_config(result):
+    _, doc, _ = result
+    for key in ("name", "created", "command", "commit", "machine", "config"):
+        assert doc[key], key
+    m = doc["machine"]
+    assert m["cores"] >= 2 and m["cpu"] and m["torch"] and m["vllm"]
+    cfg = doc["config"]
+    assert set(cfg["arms"]) == set(ARMS)
+    assert cfg["core_split"]["learner"] and cfg["core_split"]["actor"]
+    assert not set(cfg["core_split"]["learner"]) & set(cfg["core_split"]["actor"])
+
+
+def test_every_arm_has_every_figure(result):
+    _, doc, _ = result
+    assert set(doc["arms"]) == set(ARMS)
+    for arm, a in doc["arms"].items():
+        assert a["failed_seeds"] == [], arm
+        assert len(a["per_seed"]) == 1
+        run = a["per_seed"][0]
+        assert not PER_RUN - set(run), arm
+        assert 0 <= run["actor_idle_frac"] <= 1 and 0 <= run["learner_idle_frac"] <= 1
+        assert sum(run["staleness_histogram"].values()) == run["groups_trained"]
+        for key in ("trained_samples_per_s", "reward_final", "step_s_median"):
+            assert set(a["mean"][key]) == {"mean", "std", "n"}
+    sync = doc["arms"]["sync_split"]["staleness_histogram"]
+    assert set(sync) == {"0"}, "max_staleness=0 trained a stale group"
+
+
+def test_overlap_bound_and_verdicts(result):
+    _, doc, _ = result
+    ov = doc["overlap"]
+    assert ov["G_s"] > 0 and ov["T_s"] > 0
+    assert 1.0 <= ov["bound"] <= 2.0
+    assert ov["speedup_vs_sync_split"]["sync_split"]["throughput"] == pytest.approx(1.0)
+    assert "async_s1" in ov["speedup_vs_sync_split"]
+    assert doc["target_reward"] is not None
+    assert any("async_s1" in v and "sync_colocated" in v for v in doc["verdicts"])
+
+
+def test_plots_table_and_markdown_are_written(result):
+    out, doc, stdout = result
+    assert len(doc["plots"]) == 3
+    for p in doc["plots"]:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    table = (out / "schema.md").read_text()
+    assert table == doc["table_markdown"] + "\n"
+    for arm in ARMS:
+        assert f"| {arm} |" in table and arm in stdout
+    assert "(G+T)/max(G,T)" in table
