@@ -1,0 +1,178 @@
+"""Reward functions: loading by spec, calling safely, and the built-ins.
+
+A reward function has the signature ``compute_score(prompt: str, completion: str, **fields)``
+and returns a float or a dict with a ``"score"`` key. ``fields`` are the prompt's extra fields
+(``Prompt.fields``, e.g. ``answer``). ``completion`` is the decoded text without the EOS token.
+
+Specs: ``"package.module:function"`` (imported) or ``"path/to/file.py:function"`` (loaded from
+the file with importlib; nothing is ``eval``-ed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+RewardFn = Callable[..., "float | dict"]
+
+ADDITION_PARTIAL_WEIGHT = 0.5
+"""Most a wrong addition answer can earn: ``weight * correct_digits / max(len)``; exact is 1.0."""
+_DIGITS = re.compile(r"[0-9]+")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def load_reward_fn(spec: str) -> RewardFn:
+    """Load the reward function named by ``spec`` (``"module:function"`` or ``"file.py:function"``).
+
+    Raises ``ValueError`` naming the spec and the fix when the spec is malformed, the module or
+    file cannot be found or imported, the attribute is missing, or it is not callable.
+    """
+    target, sep, attr = (spec or "").rpartition(":")
+    if not sep or not target or not attr.isidentifier():
+        raise ValueError(
+            f"reward spec {spec!r} is malformed: expected 'package.module:function' or "
+            f"'path/to/file.py:function'"
+        )
+    if target.endswith(".py"):
+        module = _load_file(spec, Path(target))
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ValueError(
+                f"reward spec {spec!r}: cannot import module {target!r} ({exc}); check the name "
+                f"and that it is on PYTHONPATH, or give a file path ending in .py"
+            ) from exc
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise ValueError(
+            f"reward spec {spec!r}: {target!r} has no attribute {attr!r}; define "
+            f"'def {attr}(prompt, completion, **fields)' there or fix the name after ':'"
+        )
+    if not callable(fn):
+        raise ValueError(
+            f"reward spec {spec!r}: {target}:{attr} is a {type(fn).__name__}, not callable; "
+            f"point the spec at a function"
+        )
+    return fn
+
+
+def _load_file(spec: str, path: Path):
+    """Import the Python file ``path`` as a fresh module (for ``file.py:function`` specs)."""
+    if not path.is_file():
+        raise ValueError(
+            f"reward spec {spec!r}: file {str(path)!r} not found (relative paths are resolved "
+            f"from {Path.cwd()}); fix the path or use 'package.module:function'"
+        )
+    name = f"asyncrl_reward_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"reward spec {spec!r}: cannot load {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ValueError(
+            f"reward spec {spec!r}: importing {str(path)!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    return module
+
+
+def score(
+    fn: RewardFn, prompt: str, completion: str, fields: dict | None = None
+) -> tuple[float, str]:
+    """Call ``fn`` and return ``(reward, "")``, or ``(0.0, reason)`` if it failed. Never raises.
+
+    Failure means: ``fn`` raised, returned something that is not a real number (bool counts as
+    invalid) or a dict without a numeric ``"score"``, or returned a non-finite value.
+    """
+    try:
+        out = fn(prompt, completion, **(fields or {}))
+    except Exception as exc:  # a user's reward function must not kill the actor
+        return 0.0, f"reward function raised {type(exc).__name__}: {exc}"
+    value = out.get("score") if isinstance(out, dict) else out
+    if isinstance(out, dict) and "score" not in out:
+        return 0.0, f"reward dict has no 'score' key (keys: {sorted(map(str, out))})"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0, f"reward is {type(value).__name__}, expected a float or a dict with 'score'"
+    value = float(value)
+    if not math.isfinite(value):
+        return 0.0, f"reward is not finite: {value}"
+    return value, ""
+
+
+def addition_reward(prompt: str, completion: str, answer: str | None = None, **fields) -> float:
+    """Demo-task reward on [0, 1]: 1.0 for the exact sum, else partial credit per digit.
+
+    The completion (surrounding whitespace ignored) must be digits only, otherwise 0.0 (this is
+    what teaches the model to stop: a rambling completion that hits ``max_tokens`` earns
+    nothing). Digits are compared aligned on the right (units with units) and the score is
+    ``ADDITION_PARTIAL_WEIGHT * matching / max(len(pred), len(answer))``, so too-long or
+    too-short answers lose credit. ``answer`` defaults to the sum parsed from ``"a+b="``.
+    """
+    target = answer if answer is not None else _sum_from_prompt(prompt)
+    pred = completion.strip()
+    if pred == target:
+        return 1.0
+    if not _DIGITS.fullmatch(pred):
+        return 0.0
+    hits = sum(p == t for p, t in zip(reversed(pred), reversed(target), strict=False))
+    return ADDITION_PARTIAL_WEIGHT * hits / max(len(pred), len(target))
+
+
+def _sum_from_prompt(prompt: str) -> str:
+    """``"12+30="`` -> ``"42"``; raises ``ValueError`` for anything else."""
+    m = re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*=\s*", prompt)
+    if not m:
+        raise ValueError(f"not an addition prompt and no 'answer' field: {prompt!r}")
+    return str(int(m.group(1)) + int(m.group(2)))
+
+
+def math_answer_reward(
+    prompt: str, completion: str, answer: str | float | None = None, **fields
+) -> float:
+    """Generic math reward: 1.0 if the final answer equals ``answer``, else 0.0.
+
+    The final answer is the content of the last ``\\boxed{...}`` if there is one, else the last
+    number in the completion. Numbers compare numerically (``"1,000"`` == ``"1000.0"``);
+    anything else compares as whitespace-stripped text.
+    """
+    if answer is None:
+        raise ValueError("math_answer_reward needs an 'answer' field")
+    pred = extract_final_answer(completion)
+    if pred is None:
+        return 0.0
+    a, b = _as_number(pred), _as_number(str(answer))
+    if a is not None and b is not None:
+        return float(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9))
+    return float(_normalize(pred) == _normalize(str(answer)))
+
+
+def extract_final_answer(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (braces balanced), else the last number, else None."""
+    start = text.rfind("\\boxed{")
+    if start >= 0:
+        depth, i = 1, start + len("\\boxed{")
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                return text[i:j].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def _as_number(s: str) -> float | None:
+    """Parse ``s`` as a number after dropping ``$``, ``,`` and spaces; None if it is not one."""
+    try:
+        return float(s.replace(",", "").replace("$", "").replace(" ", ""))
+    except ValueError:
+        return None
+
+
+def _normalize(s: str) -> str:
+    """Whitespace-free text for non-numeric answer comparison."""
+    return "".join(s.split())
