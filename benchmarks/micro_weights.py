@@ -1,0 +1,155 @@
+"""Weight-transfer micro-benchmark: the gloo engine vs a plain memory copy of the same bytes.
+
+    python -m benchmarks.micro_weights           # -> benchmarks/results/micro_weights.json
+
+Sender: ``learner.weight_sender.WeightSender`` (what learner rank 0 runs). Receivers:
+``--receivers`` processes joining the same private gloo group on loopback and running
+``asyncrl.weights.receive_stream`` (what the vLLM worker plugin runs), loading every tensor
+by copying it into a preallocated tensor of its shape (what a model load costs at least).
+A sync returns after every receiver verified the checksums and acknowledged.
+
+Models: the demo model (its safetensors file) and a random GPT-2-small-shaped float32
+model (~124M parameters). Baseline: ``dst.copy_(src)`` of every tensor on this machine, the
+fastest a same-host transfer of these bytes could be; and the sender's packing + CRC32 alone
+(no network), to show how much of a sync is CPU work rather than the wire. Timings are
+medians over --repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+
+import torch
+
+from benchmarks.common import timed, write_result
+
+
+def random_model(layers: int = 12, hidden: int = 768, vocab: int = 50257) -> dict:
+    """GPT-2-small shapes in float32: 12 x (attn 4h^2 + mlp 8h^2) + embeddings ~ 124M."""
+    g = torch.Generator().manual_seed(0)
+    t = {"embed.weight": torch.randn(vocab, hidden, generator=g)}
+    for i in range(layers):
+        for name, shape in (("qkv", (3 * hidden, hidden)), ("o", (hidden, hidden)),
+                            ("up", (4 * hidden, hidden)), ("down", (hidden, 4 * hidden))):  # fmt: skip
+            t[f"layers.{i}.{name}.weight"] = torch.randn(*shape, generator=g)
+        t[f"layers.{i}.norm.weight"] = torch.ones(hidden)
+    return t
+
+
+def demo_model() -> dict:
+    from safetensors.torch import load_file
+
+    from asyncrl.configload import load_config
+    from asyncrl.jobs import resolve_model
+
+    model_dir = resolve_model(load_config([]))
+    return load_file(f"{model_dir}/model.safetensors")
+
+
+def _receiver(port: int, world: int, rank: int, repeat: int, shapes: dict, q) -> None:
+    torch.set_num_threads(1)
+    from asyncrl.weights import GlooGroup, receive_stream
+
+    dst = {n: torch.empty(s, dtype=d) for n, (s, d) in shapes.items()}
+
+    def load(tensors):
+        for name, t in tensors:
+            dst[name].copy_(t)
+
+    group = GlooGroup("127.0.0.1", port, rank, world, 300.0)
+    for v in range(repeat + 1):
+        receive_stream(group, v, load)
+    q.put(rank)
+
+
+def transfer(tensors: dict, receivers: int, repeat: int, bucket_mb: int) -> dict:
+    from asyncrl.launcher import _free_port
+    from learner.weight_sender import WeightSender
+
+    port, world = _free_port(), 1 + receivers
+    shapes = {n: (tuple(t.shape), t.dtype) for n, t in tensors.items()}
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_receiver, args=(port, world, r, repeat, shapes, q))
+             for r in range(1, world)]  # fmt: skip
+    for pr in procs:
+        pr.start()
+    sender = WeightSender(bucket_bytes=bucket_mb << 20, timeout_s=300.0)
+    sender.connect(port, world)
+    times = []
+    for v in range(repeat + 1):  # version 0 warms up the connections
+        stats = sender.send(tensors.items(), v)
+        if v:
+            times.append(stats.seconds)
+    for pr in procs:
+        pr.join(60)
+    sender.close()
+    nbytes = stats.bytes
+    med = statistics.median(times)
+    return {"bytes": nbytes, "seconds_median": med, "seconds_min": min(times),
+            "GB_per_s": nbytes / med / 1e9, "receivers": receivers, "bucket_MB": bucket_mb}  # fmt: skip
+
+
+def pack_only(tensors: dict, repeat: int, bucket_mb: int) -> dict:
+    """The sender's CPU work without the network: bucket packing, payload concat and CRC32
+    (the receiver repeats the CRC), to show how much of a sync is not the wire."""
+    from asyncrl.weights import crc32, pack_bucket, plan_buckets
+
+    def pack():
+        for bucket in plan_buckets(tensors.items(), bucket_mb << 20):
+            meta, data = pack_bucket(bucket)
+            torch.cat([torch.frombuffer(bytearray(meta), dtype=torch.uint8), data])
+            crc32(data)
+
+    t = timed(pack, repeat)
+    return {"seconds_median": t["median_s"]}
+
+
+def memcopy(tensors: dict, repeat: int) -> dict:
+    dst = {n: torch.empty_like(t) for n, t in tensors.items()}
+
+    def copy():
+        for n, t in tensors.items():
+            dst[n].copy_(t)
+
+    t = timed(copy, repeat)
+    nbytes = sum(x.numel() * x.element_size() for x in tensors.values())
+    return {"bytes": nbytes, "seconds_median": t["median_s"], "GB_per_s": nbytes / t["median_s"] / 1e9}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.micro_weights")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--receivers", type=int, default=1, help="receiving processes (actors)")
+    p.add_argument("--bucket-mb", type=int, default=64, help="WeightSender bucket size")
+    p.add_argument("--name", default="micro_weights")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    results = {}
+    for label, build in (("demo", demo_model), ("random_124m", random_model)):
+        tensors = build()
+        params = sum(t.numel() for t in tensors.values())
+        t0 = time.perf_counter()
+        gloo = transfer(tensors, args.receivers, args.repeat, args.bucket_mb)
+        copy = memcopy(tensors, args.repeat)
+        packing = pack_only(tensors, args.repeat, args.bucket_mb)
+        results[label] = {"parameters": params, "gloo": gloo, "memcpy": copy,
+                          "sender_pack_crc": packing,
+                          "gloo_vs_memcpy_slowdown": gloo["seconds_median"] / copy["seconds_median"],
+                          "wall_s": time.perf_counter() - t0}  # fmt: skip
+        print(f"{label}: {params / 1e6:.1f}M params, {gloo['bytes'] / 1e6:.1f} MB: gloo "
+              f"{gloo['seconds_median']:.3f} s ({gloo['GB_per_s']:.2f} GB/s, {args.receivers} "
+              f"receiver(s)); memcpy {copy['seconds_median']:.4f} s ({copy['GB_per_s']:.2f} GB/s); "
+              f"sender pack+crc alone {packing['seconds_median']:.3f} s",
+              flush=True)  # fmt: skip
+        del tensors
+    path = write_result(args.name, {"config": vars(args), "results": results})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
