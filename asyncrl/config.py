@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# registry keys, repeated here so the CLI validates a config without importing torch;
+# tests/unit/test_step_registry.py checks they match learner.losses / learner.advantages
 _LOSSES = ("decoupled_ppo", "bypass_ppo", "tis", "masked_is", "gspo", "cispo")
+_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
+_AGGREGATIONS = (
+    "token_mean",
+    "seq_mean_token_sum",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum_norm",
+)
+_KL_ESTIMATORS = ("k1", "k2", "k3")
 _UPDATE_MODES = ("keep", "abort")
 
 
@@ -154,32 +164,113 @@ class LearnerConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Loss and advantage estimator (see docs/algorithms.md)."""
+    """Loss, advantage estimator, reward shaping and the optional critic / reference model.
+
+    Every field is a key ``algorithm.<field>``; ``configs/algorithm/<preset>.yaml`` sets the
+    ones a recipe changes. Formulas and when to use each: docs/algorithms.md. The learner
+    looks the loss and estimator up by name (``POLICY_LOSSES``, ``ADVANTAGE_ESTIMATORS``) and
+    passes each estimator the fields named like its keyword arguments.
+    """
 
     name: str = "grpo"
+    """Preset name (informational)."""
     policy_loss: str = "decoupled_ppo"
+    """A ``learner.losses.POLICY_LOSSES`` key."""
     advantage: str = "grpo"
+    """A ``learner.advantages.ADVANTAGE_ESTIMATORS`` key; ``gae`` trains a critic."""
+    aggregation: str = "token_mean"
+    """How token losses become one loss (``learner.aggregation.AGGREGATION_MODES``)."""
+    # -- advantage estimator arguments (passed by name to the estimator that takes them)
     std_normalize: bool = True
-    """GRPO: divide by the group's reward std."""
+    """grpo: divide by the group's reward std."""
+    group_baseline: bool = False
+    """reinforce_pp: subtract the group mean before whitening (REINFORCE++-baseline)."""
+    gamma: float = 1.0
+    """gae: discount per token."""
+    lam: float = 1.0
+    """gae: lambda of GAE (1 = Monte-Carlo return minus V)."""
+    whiten: bool = False
+    """gae: normalise advantages over the batch's tokens."""
+    # -- policy loss (learner.losses.LossParams: same names)
     eps_low: float = 0.2
+    """PPO clip lower bound ``1 - eps_low``."""
     eps_high: float = 0.2
+    """PPO clip upper bound ``1 + eps_high`` (> eps_low = DAPO clip-higher)."""
     clip_c: float | None = None
     """Dual-clip constant (> 1) or null."""
     is_cap: float | None = 2.0
     """Truncate importance weights pi_prox/pi_behave at this value (null = no cap)."""
-    aggregation: str = "token_mean"
+    is_level: str = "token"
+    """Importance weights per ``token`` or per ``sequence`` (geometric mean)."""
+    mask_low: float = 0.5
+    """masked_is: keep units with ``mask_low <= weight <= mask_high``."""
+    mask_high: float = 2.0
+    is_objective: str = "ppo"
+    """tis / masked_is: ``ppo`` (clipped, recomputes pi_prox) or ``pg`` (REINFORCE)."""
+    cispo_eps_low: float | None = None
+    """cispo: weight >= 1 - this (null = no lower bound)."""
+    cispo_eps_high: float = 4.0
+    """cispo: weight <= 1 + this."""
+    # -- KL to the reference policy and entropy bonus
     kl_coef: float = 0.0
+    """Weight of KL(pi || pi_ref); > 0 loads the reference model (the initial policy)."""
     kl_estimator: str = "k3"
+    """``k1``, ``k2`` or ``k3``."""
+    kl_mode: str = "loss"
+    """``loss``: add kl_coef*KL to the loss; ``reward``: subtract it from the rewards."""
     entropy_coef: float = 0.0
+    """Entropy bonus: loss -= entropy_coef * entropy."""
+    # -- critic (advantage estimators that take values, i.e. gae)
+    critic_lr: float | None = None
+    """Critic learning rate (null = learner.lr; same warm-up)."""
+    value_clip: float | None = 0.2
+    """Clip the new value to old +- this in the value loss (null = no clipping)."""
+    # -- DAPO data and reward shaping
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal (no signal) and read more to fill the batch."""
+    overlong_frac: float = 0.0
+    """Soft overlong penalty over the last ``overlong_frac * actor.max_tokens`` tokens (0 = off)."""
+    overlong_penalty: float = 1.0
+    """Reward penalty at (and beyond) ``actor.max_tokens``."""
+    # -- updates per step
     ppo_epochs: int = 1
+    """Passes over the batch per step."""
     minibatches: int = 1
+    """Optimizer updates per pass (slices of the batch)."""
 
     def __post_init__(self) -> None:
-        _require(self.policy_loss in _LOSSES, f"algorithm.policy_loss in {_LOSSES}")
-        _require(self.eps_low >= 0 and self.eps_high >= 0, "algorithm.eps_* must be >= 0")
-        _require(self.clip_c is None or self.clip_c > 1, "algorithm.clip_c must be > 1 or null")
-        _require(self.is_cap is None or self.is_cap > 0, "algorithm.is_cap must be > 0 or null")
-        _require(self.ppo_epochs >= 1 and self.minibatches >= 1, "epochs/minibatches >= 1")
+        a, name = self, "algorithm"
+        _require(a.policy_loss in _LOSSES, f"{name}.policy_loss={a.policy_loss!r} not in {_LOSSES}")
+        _require(
+            a.advantage in _ADVANTAGES, f"{name}.advantage={a.advantage!r} not in {_ADVANTAGES}"
+        )
+        _require(a.aggregation in _AGGREGATIONS, f"{name}.aggregation not in {_AGGREGATIONS}")
+        _require(
+            0 <= a.eps_low < 1 and a.eps_high >= 0, "need 0 <= algorithm.eps_low < 1, eps_high >= 0"
+        )
+        _require(a.clip_c is None or a.clip_c > 1, "algorithm.clip_c must be > 1 or null")
+        _require(a.is_cap is None or a.is_cap > 0, "algorithm.is_cap must be > 0 or null")
+        _require(a.is_level in ("token", "sequence"), "algorithm.is_level in (token, sequence)")
+        _require(0 <= a.mask_low < a.mask_high, "need 0 <= algorithm.mask_low < mask_high")
+        _require(a.is_objective in ("ppo", "pg"), "algorithm.is_objective in (ppo, pg)")
+        _require(a.kl_coef >= 0, "algorithm.kl_coef must be >= 0")
+        _require(a.kl_estimator in _KL_ESTIMATORS, f"algorithm.kl_estimator in {_KL_ESTIMATORS}")
+        _require(a.kl_mode in ("loss", "reward"), "algorithm.kl_mode in (loss, reward)")
+        _require(
+            not (a.kl_coef > 0 and a.kl_mode == "loss" and a.kl_estimator == "k1"),
+            "algorithm.kl_estimator=k1 as a loss term has zero expected gradient; "
+            "use kl_mode=reward, or k2/k3",
+        )
+        _require(
+            0 < a.gamma <= 1 and 0 <= a.lam <= 1, "need 0 < algorithm.gamma <= 1, 0 <= lam <= 1"
+        )
+        _require(a.critic_lr is None or a.critic_lr > 0, "algorithm.critic_lr must be > 0 or null")
+        _require(
+            a.value_clip is None or a.value_clip > 0, "algorithm.value_clip must be > 0 or null"
+        )
+        _require(0 <= a.overlong_frac <= 1, "algorithm.overlong_frac must be in [0, 1]")
+        _require(a.overlong_penalty >= 0, "algorithm.overlong_penalty must be >= 0")
+        _require(a.ppo_epochs >= 1 and a.minibatches >= 1, "algorithm.ppo_epochs/minibatches >= 1")
 
 
 @dataclass
@@ -247,3 +338,9 @@ class Config:
         )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
+            # actors make exactly batch_groups groups per version there: nothing could refill
+            _require(
+                not self.algorithm.dynamic_sampling,
+                "mode=sync cannot refill groups dropped by algorithm.dynamic_sampling; "
+                "use mode=async or algorithm.dynamic_sampling=false",
+            )
