@@ -46,10 +46,13 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     state: dict,
     source_model_dir: str | Path,
+    extra: dict[str, tuple[nn.Module, torch.optim.Optimizer]] | None = None,
 ) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint directory."""
+    """Collective: every rank calls it. Returns the final checkpoint directory.
+
+    ``extra``: more (model, optimizer) pairs saved in the same DCP checkpoint under their
+    name (e.g. ``{"critic": ...}``); only the policy is exported to ``hf/``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{version:06d}"
@@ -58,8 +61,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
+    dcp.save(_state_dicts(model, optimizer, extra), checkpoint_id=str(tmp / "dcp"))
     export_hf(model, tmp / "hf", source_model_dir)
     if _rank() == 0:
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
@@ -88,16 +90,34 @@ def export_hf(model: nn.Module, out_dir: Path, source_model_dir: str | Path) -> 
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Collective: restore model and optimizer shards; returns state.json."""
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, tuple[nn.Module, torch.optim.Optimizer]] | None = None,
+) -> dict:
+    """Collective: restore model and optimizer shards (and ``extra``'s); returns state.json."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    sd = {"model": model_sd, "optim": optim_sd}
+    sd = _state_dicts(model, optimizer, extra)
     dcp.load(sd, checkpoint_id=str(path / "dcp"))
-    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
+    for prefix, (m, o) in pairs.items():
+        set_state_dict(m, o, model_state_dict=sd[f"{prefix}model"],
+                       optim_state_dict=sd[f"{prefix}optim"])  # fmt: skip
     return json.loads((path / "state.json").read_text())
+
+
+def _state_dicts(model, optimizer, extra) -> dict:
+    """``{"model", "optim"}`` for the policy and ``{"<name>_model", "<name>_optim"}`` per extra."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
+    out = {}
+    for prefix, (m, o) in pairs.items():
+        out[f"{prefix}model"], out[f"{prefix}optim"] = get_state_dict(m, o)
+    return out
 
 
 def _fsync_tree(root: Path) -> None:

@@ -1,0 +1,114 @@
+"""The critic for PPO with GAE: the policy's architecture with a scalar value head.
+
+``ValueModel`` = the policy's transformer body (``AutoModel``, loaded from the same HF
+directory, so it starts from the policy's features) + ``Linear(hidden, 1)`` initialised to
+zero (every value starts at exactly 0, on every rank). It is sharded with FSDP2 like the
+policy and has its own AdamW. Values are on the shifted grid of ``learner.model.token_logprobs``:
+position t is V(s_t), the value of the prefix ``input_ids[:, :t+1]`` before token t+1.
+
+The loss is ``learner.advantages.value_loss`` (clipped around the values at the start of the
+step) aggregated with ``token_mean``: every token's value error weighs the same, whatever
+aggregation the policy loss uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from learner.advantages import value_loss
+from learner.losses import make_aggregation
+from learner.model import _DTYPES
+
+_VALUE_AGGREGATION = "token_mean"
+
+
+class ValueModel(nn.Module):
+    """``forward(input_ids [B, L], attention_mask [B, L]) -> values [B, L-1]`` (float32)."""
+
+    def __init__(self, body: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(hidden_size, 1, dtype=next(body.parameters()).dtype)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(hidden[:, :-1]).squeeze(-1).float()
+
+
+@dataclass
+class Critic:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    value_clip: float | None
+    grad_clip: float
+
+    @torch.no_grad()
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, L-1] values, no gradient (the step's V_old)."""
+        return self.model(input_ids, attention_mask)
+
+    def update(
+        self,
+        mb,
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        agg_mask: torch.Tensor,
+        world: int,
+    ) -> dict[str, float]:
+        """One optimizer update on this rank's rows ``mb`` (a ``Batch``); ``agg_mask`` is the
+        loss mask of the whole minibatch on all ranks. Collective under FSDP2."""
+        agg = make_aggregation(_VALUE_AGGREGATION, agg_mask)
+        values = self.model(mb.input_ids, mb.attention_mask)
+        out = value_loss(values, old_values, returns, mb.loss_mask, agg, clip_range=self.value_clip)
+        self.optimizer.zero_grad(set_to_none=True)
+        (out.loss * world).backward()  # FSDP2 averages over ranks; the denominators are global
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        metrics = {k: v for k, v in out.metrics.items() if k != "tokens"}  # the policy's count
+        metrics["critic_grad_norm"] = float(grad_norm)
+        return metrics
+
+
+def load_value_model(model_dir: str | Path, dtype: str = "float32") -> ValueModel:
+    """The policy's body from ``model_dir`` (its LM head is not loaded) + a zero value head."""
+    from transformers import AutoModel
+
+    body = AutoModel.from_pretrained(Path(model_dir), dtype=_DTYPES[dtype])
+    body.config.use_cache = False
+    return ValueModel(body, body.config.hidden_size)
+
+
+def shard_value_model(model: ValueModel) -> ValueModel:
+    """FSDP2: each decoder layer, then the root (embeddings, norm, head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in getattr(model.body, "layers", []):
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def build_critic(
+    model_dir: str | Path,
+    dtype: str,
+    lr: float,
+    weight_decay: float,
+    value_clip: float | None,
+    grad_clip: float,
+) -> Critic:
+    """Load, shard (when a process group exists), and give the critic its own AdamW."""
+    model = load_value_model(model_dir, dtype)
+    if dist.is_initialized():
+        model = shard_value_model(model)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    return Critic(model, optimizer, value_clip, grad_clip)

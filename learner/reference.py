@@ -1,0 +1,32 @@
+"""The frozen reference policy for the KL term: the initial policy, sharded like the learner.
+
+Loaded only when ``algorithm.kl_coef > 0``. It is the model the run started from
+(``model_dir``), also after a resume: the KL anchors the policy to where training began.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from learner.model import load_hf_model, shard_model, token_logprobs
+
+
+def build_reference(model_dir: str | Path, dtype: str = "float32") -> nn.Module:
+    """Load ``model_dir`` frozen (no gradients, eval mode); FSDP2-sharded under a process group."""
+    model = load_hf_model(model_dir, dtype)
+    model.requires_grad_(False)
+    if dist.is_initialized():
+        model = shard_model(model)
+    return model.eval()
+
+
+@torch.no_grad()
+def reference_logprobs(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """[B, L-1] log pi_ref of each next token (collective under FSDP2: every rank calls it)."""
+    return token_logprobs(model, input_ids, attention_mask)[0]
