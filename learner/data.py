@@ -3,6 +3,10 @@
 The staleness bound is enforced here, right before the step that would use a group: a group
 read at learner version V is trained only if ``V - version_min <= max_staleness``; every
 other group is acknowledged as ``dropped_stale`` at once (a terminal state, counted once).
+
+DAPO dynamic sampling (``drop_uniform``): a fresh group whose rewards are all equal has zero
+advantage under every group baseline, so it carries no signal; it is dropped (counted in
+``dropped_uniform``) and more groups are read until the batch is full.
 """
 
 from __future__ import annotations
@@ -10,7 +14,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from buffer.staleness import split_by_staleness
+from learner.advantages import all_equal_groups
+
+# The buffer has no terminal state for "read, but dropped for carrying no signal": these groups
+# are consumed by the learner (their gradient would be exactly 0), so they count as trained;
+# ``dropped_uniform`` tells them apart. Switch to a dedicated state once the buffer has one.
+_UNIFORM_ACK_STATE = "trained"
+_UNIFORM_ATOL = 1e-6  # rewards closer than this are "equal" (float noise of reward functions)
 
 
 class DataTimeout(RuntimeError):
@@ -26,7 +39,10 @@ class GroupSource:
     vocab_size: int | None
     max_staleness: int
     timeout_s: float
+    drop_uniform: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal."""
     dropped_stale: int = 0
+    dropped_uniform: int = 0
     _pending: list = field(default_factory=list)
 
     def resume(self) -> int:
@@ -47,13 +63,29 @@ class GroupSource:
             if stale:
                 self.buffer.ack([e.entry_id for e in stale], "dropped_stale")
                 self.dropped_stale += len(stale)
+            if self.drop_uniform:
+                ok = self._drop_uniform(ok)
             fresh.extend(ok)
             if ok:
                 deadline = time.monotonic() + self.timeout_s
             elif time.monotonic() > deadline:
                 raise DataTimeout(
                     f"no fresh group for {self.timeout_s:.0f}s at version {version} "
-                    f"(have {len(fresh)}/{count}); are the actors running and pointed at the "
-                    "same buffer.url and buffer.name?"
+                    f"(have {len(fresh)}/{count}; dropped so far: {self.dropped_stale} stale, "
+                    f"{self.dropped_uniform} with all-equal rewards); are the actors running "
+                    "and pointed at the same buffer.url and buffer.name? (if only all-equal "
+                    "groups arrive, the task is saturated: set algorithm.dynamic_sampling=false)"
                 )
         return fresh
+
+    def _drop_uniform(self, entries: list) -> list:
+        """Ack and count the entries whose group rewards are all equal; return the others."""
+        if not entries:
+            return entries
+        rewards = torch.tensor([e.group.rewards for e in entries], dtype=torch.float64)
+        uniform = all_equal_groups(rewards, atol=_UNIFORM_ATOL).tolist()
+        drop = [e for e, u in zip(entries, uniform, strict=True) if u]
+        if drop:
+            self.buffer.ack([e.entry_id for e in drop], _UNIFORM_ACK_STATE)
+            self.dropped_uniform += len(drop)
+        return [e for e, u in zip(entries, uniform, strict=True) if not u]

@@ -1,4 +1,9 @@
-"""One learner step on this rank's rows: advantages -> (proximal log-probs) -> PPO updates.
+"""One learner step on this rank's rows: no-grad forwards -> advantages -> PPO updates.
+
+    batch (same on every rank) -> minibatch slices -> this rank's rows of each
+      no grad:  pi_prox (if several updates), pi_ref (if kl_coef > 0), V_old (if a critic)
+      targets:  gather V_old / KL rows from all ranks -> learner.targets.compute_targets
+      updates:  ppo_epochs x minibatches: POLICY_LOSSES[algorithm.policy_loss] (+ critic)
 
 The loss and advantage functions are looked up by name in the registries
 (``learner.losses.POLICY_LOSSES``, ``learner.advantages.ADVANTAGE_ESTIMATORS``); this file
@@ -11,16 +16,19 @@ the averaged gradient equals the gradient of the full-batch loss.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from asyncrl.config import AlgorithmConfig
-from learner.advantages import ADVANTAGE_ESTIMATORS
 from learner.batch import Batch, shard_rows
-from learner.losses import POLICY_LOSSES, LossParams, make_aggregation
+from learner.critic import Critic
+from learner.losses import POLICY_LOSSES, LossParams, kl_penalty, make_aggregation, merge_metrics
 from learner.model import token_logprobs
+from learner.reference import reference_logprobs
+from learner.targets import compute_targets
 
 
 @dataclass
@@ -31,34 +39,30 @@ class StepContext:
     rank: int
     world: int
     grad_clip: float
+    critic: Critic | None = None
+    """Value model + optimizer (critic estimators, e.g. gae)."""
+    reference: nn.Module | None = None
+    """Frozen reference policy (kl_coef > 0)."""
+    max_tokens: int | None = None
+    """Generation limit: the constant of seq_mean_token_sum_norm and the overlong penalty."""
+
+
+@dataclass
+class _Shard:
+    """This rank's rows of one minibatch and what the no-grad forwards gave for them."""
+
+    rows: Batch
+    agg_mask: torch.Tensor  # [b_all, T] loss mask of the whole minibatch (all ranks)
+    proximal: torch.Tensor | None = None  # [b, T] pi_prox (None: single update, = pi_theta)
+    ref: torch.Tensor | None = None  # [b, T] pi_ref
+    old_values: torch.Tensor | None = None  # [b, T] V at the start of the step
+    advantages: torch.Tensor | None = None  # [b, T]
+    returns: torch.Tensor | None = None  # [b, T]
 
 
 def loss_params(algo: AlgorithmConfig) -> LossParams:
-    """Map config keys to the loss knobs (names as in docs/algorithms.md)."""
-    return LossParams(
-        eps_low=algo.eps_low,
-        eps_high=algo.eps_high,
-        clip_c=algo.clip_c,
-        is_cap=algo.is_cap,
-        kl_coef=algo.kl_coef,
-        kl_estimator=algo.kl_estimator,
-        entropy_coef=algo.entropy_coef,
-    )
-
-
-def sequence_advantages(rewards: torch.Tensor, algo: AlgorithmConfig) -> torch.Tensor:
-    """[G, n] rewards -> [G*n] advantages in row order."""
-    fn = ADVANTAGE_ESTIMATORS[algo.advantage]
-    kwargs = {"std_normalize": algo.std_normalize} if algo.advantage == "grpo" else {}
-    return fn(rewards, **kwargs).reshape(-1)
-
-
-def _proximal(ctx: StepContext, shards: list[Batch], needed: bool) -> list[torch.Tensor | None]:
-    """pi_prox: the weights at the start of the step, for every minibatch shard (no grad)."""
-    if not needed:
-        return [None] * len(shards)
-    with torch.no_grad():
-        return [token_logprobs(ctx.model, b.input_ids, b.attention_mask)[0] for b in shards]
+    """The loss knobs: every ``LossParams`` field is the config key of the same name."""
+    return LossParams(**{f.name: getattr(algo, f.name) for f in fields(LossParams)})
 
 
 def minibatch_slices(num_rows: int, minibatches: int, world: int) -> list[slice]:
@@ -77,47 +81,71 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
     """Run ``ppo_epochs x minibatches`` optimizer updates on ``batch`` (same on all ranks).
 
     Each minibatch is a slice of the full batch; each rank trains on its shard of it, with
-    aggregation denominators from the whole minibatch. Returns the last update's metrics.
+    aggregation denominators from the whole minibatch. Returns this rank's metrics of the
+    last update plus the step's shaping metrics (combine ranks with ``reduce_metrics``).
     """
     algo = ctx.algo
-    adv_rows = sequence_advantages(batch.rewards, algo)  # [B]
     slices = minibatch_slices(batch.num_rows, algo.minibatches, ctx.world)
-    shards = [shard_rows(batch.rows(s), ctx.rank, ctx.world) for s in slices]
-    advs = [_shard(adv_rows[s], ctx.rank, ctx.world) for s in slices]
-    masks = [batch.loss_mask[s] for s in slices]
-    prox = _proximal(ctx, shards, needed=algo.ppo_epochs * algo.minibatches > 1)
+    shards = [_forward_no_grad(ctx, batch, s) for s in slices]
+    targets = _targets(ctx, batch, shards)
+    for s, sh in zip(slices, shards, strict=True):
+        sh.advantages = _rank_rows(targets.advantages[s], ctx.rank, ctx.world)
+        if targets.returns is not None:
+            sh.returns = _rank_rows(targets.returns[s], ctx.rank, ctx.world)
     metrics: dict[str, float] = {}
     for _ in range(algo.ppo_epochs):
-        for m in range(len(slices)):
-            metrics = _update(ctx, shards[m], advs[m], prox[m], masks[m])
-    return metrics
+        for sh in shards:
+            metrics = _update(ctx, sh)
+            if ctx.critic is not None:
+                metrics |= ctx.critic.update(sh.rows, sh.old_values, sh.returns, sh.agg_mask,
+                                             ctx.world)  # fmt: skip
+    return {**targets.metrics, **metrics}
 
 
-def _shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    per = t.shape[0] // world
-    return t[rank * per : (rank + 1) * per]
+def _forward_no_grad(ctx: StepContext, batch: Batch, rows: slice) -> _Shard:
+    """This rank's rows of minibatch ``rows`` and their pi_prox / pi_ref / V_old."""
+    mb = shard_rows(batch.rows(rows), ctx.rank, ctx.world)
+    sh = _Shard(mb, batch.loss_mask[rows])
+    ids, attn = mb.input_ids, mb.attention_mask
+    if ctx.algo.ppo_epochs * ctx.algo.minibatches > 1:  # else pi_prox = pi_theta (one update)
+        with torch.no_grad():
+            sh.proximal = token_logprobs(ctx.model, ids, attn)[0]
+    if ctx.reference is not None:
+        sh.ref = reference_logprobs(ctx.reference, ids, attn)
+    if ctx.critic is not None:
+        sh.old_values = ctx.critic.values(ids, attn)
+    return sh
 
 
-def _update(
-    ctx: StepContext,
-    mb: Batch,
-    adv: torch.Tensor,
-    prox: torch.Tensor | None,
-    agg_mask: torch.Tensor,
-) -> dict[str, float]:
-    """One optimizer update; ``agg_mask`` is the loss mask of this minibatch on all ranks."""
+def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
+    """Advantages of the whole batch on every rank (critic values / KL gathered first)."""
     algo = ctx.algo
+    values = kl = None
+    if ctx.critic is not None:
+        values = _gather_rows([sh.old_values for sh in shards], ctx.world)
+    if ctx.reference is not None and algo.kl_mode == "reward":
+        # the penalty of the sampled sequence under the policy that sampled it
+        per_shard = [kl_penalty(sh.rows.behavior_logprobs, sh.ref, algo.kl_estimator)
+                     for sh in shards]  # fmt: skip
+        kl = _gather_rows(per_shard, ctx.world)
+    return compute_targets(algo, batch.rewards, batch.loss_mask, values=values, kl=kl,
+                           max_tokens=ctx.max_tokens)  # fmt: skip
+
+
+def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
+    """One policy optimizer update on this rank's rows of one minibatch."""
+    algo, mb = ctx.algo, sh.rows
     logprobs, entropy = token_logprobs(ctx.model, mb.input_ids, mb.attention_mask)
-    proximal = logprobs.detach() if prox is None else prox
-    agg = make_aggregation(algo.aggregation, agg_mask, agg_mask.shape[1])
-    advantages = adv.unsqueeze(1) * mb.loss_mask
+    proximal = logprobs.detach() if sh.proximal is None else sh.proximal
+    max_len = ctx.max_tokens or sh.agg_mask.shape[1]
+    agg = make_aggregation(algo.aggregation, sh.agg_mask, max_len)
     out = POLICY_LOSSES[algo.policy_loss](
-        logprobs, proximal, mb.behavior_logprobs, advantages, mb.loss_mask, agg, loss_params(algo),
+        logprobs, proximal, mb.behavior_logprobs, sh.advantages, mb.loss_mask, agg,
+        loss_params(algo), ref_logprobs=sh.ref,
         entropy=entropy if algo.entropy_coef else entropy.detach(),
     )  # fmt: skip
-    loss = out.loss
     ctx.optimizer.zero_grad(set_to_none=True)
-    (loss * ctx.world).backward()
+    (out.loss * ctx.world).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
@@ -125,3 +153,46 @@ def _update(
     metrics = dict(out.metrics)
     metrics["grad_norm"] = float(grad_norm)
     return metrics
+
+
+def _rank_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    per = t.shape[0] // world
+    return t[rank * per : (rank + 1) * per]
+
+
+def _gather_rows(per_minibatch: list[torch.Tensor], world: int) -> torch.Tensor:
+    """Inverse of the sharding: this rank's [b, T] rows of each minibatch -> [B, T] in batch
+    order (collective)."""
+    if world == 1:
+        return torch.cat(per_minibatch)
+    out = []
+    for t in per_minibatch:
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t.contiguous())
+        out.extend(parts)
+    return torch.cat(out)
+
+
+def batch_metrics(batch: Batch, version: int) -> dict[str, float]:
+    """Per-batch data statistics: groups, token staleness (``version`` - the version that
+    sampled each completion token) and completion lengths."""
+    m = batch.loss_mask != 0
+    tokens = m.sum().clamp(min=1)
+    stale = torch.where(m, version - batch.token_versions, 0)
+    lengths = m.sum(-1).float()
+    return {
+        "groups": float(batch.rewards.shape[0]),
+        "staleness_token_mean": float(stale.sum() / tokens),
+        "response_len_mean": float(lengths.mean()),
+        "response_len_max": float(lengths.max()),
+    }
+
+
+def reduce_metrics(metrics: dict[str, float], world: int) -> dict[str, float]:
+    """Combine every rank's metrics (collective): loss shares and token counts summed, maxima
+    and p99 as the max, the rest token-weighted means (``learner.losses.merge_metrics``)."""
+    if world == 1 or not dist.is_initialized():
+        return dict(metrics)
+    parts: list = [None] * world
+    dist.all_gather_object(parts, metrics)
+    return merge_metrics(parts)

@@ -1,7 +1,7 @@
 """The learner loop (every rank runs it under torchrun).
 
-rank 0: buffer.read -> drop stale -> collate --broadcast--> all ranks
-all:    advantages -> PPO update(s) (FSDP2) -> V += 1
+rank 0: buffer.read -> drop stale (and, DAPO, all-equal-reward groups) -> collate --broadcast-->
+all:    [pi_prox, pi_ref, V_old] -> advantages -> PPO update(s) [+ critic] (FSDP2) -> V += 1
 all:    every sync_every: gather full weights; rank 0 -> "update v" -> actors (collective)
 all:    every checkpoint_every: DCP + HF export (atomic); rank 0 acks the trained groups
 """
@@ -19,8 +19,11 @@ import torch.distributed as dist
 from asyncrl.config import Config
 from learner.batch import broadcast_batch, collate
 from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from learner.critic import build_critic
 from learner.model import build_policy
-from learner.step import StepContext, train_on_batch
+from learner.reference import build_reference
+from learner.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
+from learner.targets import uses_critic
 
 
 @dataclass
@@ -59,6 +62,23 @@ def _stop_flag(rank: int, stop: bool) -> bool:
     return bool(t.item())
 
 
+def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> StepContext:
+    """Policy + optimizer, and only what the algorithm needs: a critic for an estimator that
+    takes values (gae), the frozen reference policy when ``kl_coef > 0``."""
+    algo, lc = cfg.algorithm, cfg.learner
+    model = build_policy(model_dir, cfg.model.dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
+    critic = reference = None
+    if uses_critic(algo.advantage):
+        lr = algo.critic_lr or lc.lr
+        critic = build_critic(model_dir, cfg.model.dtype, lr, lc.weight_decay, algo.value_clip,
+                              lc.grad_clip)  # fmt: skip
+    if algo.kl_coef > 0:
+        reference = build_reference(model_dir, cfg.model.dtype)
+    return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
+                       reference=reference, max_tokens=cfg.actor.max_tokens)  # fmt: skip
+
+
 def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     """Train until ``learner.steps`` (or ``max_wall_s``); ``hub`` is rank 0's I/O (else None).
 
@@ -68,39 +88,46 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     rank, world = init_distributed()
     torch.set_num_threads(cfg.learner.cpu_threads)
     torch.manual_seed(cfg.seed)
-    model = build_policy(model_dir, cfg.model.dtype)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
-    )
-    warmup = cfg.learner.warmup_steps
-    state = _maybe_resume(run_dir, model, optimizer, hub)
-    ctx = StepContext(model, optimizer, cfg.algorithm, rank, world, cfg.learner.grad_clip)
+    ctx = build_step_context(cfg, model_dir, rank, world)
+    if hub:  # DAPO dynamic sampling happens where groups are read
+        hub.source.drop_uniform = cfg.algorithm.dynamic_sampling
+    state = _maybe_resume(run_dir, ctx, hub)
     start = time.monotonic() - state.wall_s
     if hub:
         hub.start(state.version)
     if state.version > 0:  # the resumed policy differs from the actors' initial weights
-        _sync_weights(model, hub, state.version)
+        _sync_weights(ctx.model, hub, state.version)
     while state.version < cfg.learner.steps:
         over = cfg.learner.max_wall_s and time.monotonic() - start > cfg.learner.max_wall_s
         if _stop_flag(rank, bool(over) or (hub is not None and hub.stop_requested())):
             break
         groups = hub.next_groups(state.version) if hub else None
         batch = broadcast_batch(collate(groups) if hub else None)
-        _set_lr(optimizer, cfg.learner.lr * min(1.0, (state.version + 1) / max(1, warmup)))
-        metrics = train_on_batch(ctx, batch)
-        metrics["lr"] = optimizer.param_groups[0]["lr"]
+        _warm_up_lr(ctx, cfg, state.version)
+        metrics = reduce_metrics(train_on_batch(ctx, batch), world)
+        metrics |= batch_metrics(batch, state.version)
+        metrics["lr"] = ctx.optimizer.param_groups[0]["lr"]
         state.version += 1
         state.groups_trained += batch.rewards.shape[0]
         state.wall_s = time.monotonic() - start
         if state.version % cfg.learner.sync_every == 0:
-            _sync_weights(model, hub, state.version)
+            _sync_weights(ctx.model, hub, state.version)
         if hub:
+            metrics["dropped_uniform"] = hub.source.dropped_uniform
             hub.after_step(state, metrics)
         every = cfg.learner.checkpoint_every
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
-            _checkpoint(run_dir, model, optimizer, state, model_dir, hub)
-    _checkpoint(run_dir, model, optimizer, state, model_dir, hub)
+            _checkpoint(run_dir, ctx, state, model_dir, hub)
+    _checkpoint(run_dir, ctx, state, model_dir, hub)
     return state
+
+
+def _warm_up_lr(ctx: StepContext, cfg: Config, version: int) -> None:
+    """Linear warm-up over ``learner.warmup_steps`` for the policy and the critic."""
+    scale = min(1.0, (version + 1) / max(1, cfg.learner.warmup_steps))
+    _set_lr(ctx.optimizer, cfg.learner.lr * scale)
+    if ctx.critic is not None:
+        _set_lr(ctx.critic.optimizer, (cfg.algorithm.critic_lr or cfg.learner.lr) * scale)
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -116,7 +143,12 @@ def _sync_weights(model, hub, version: int) -> None:
         hub.send_weights(named, version)
 
 
-def _checkpoint(run_dir, model, optimizer, state: LearnerState, model_dir, hub) -> None:
+def _extra_state(ctx: StepContext) -> dict:
+    """Models checkpointed alongside the policy: name -> (model, optimizer)."""
+    return {"critic": (ctx.critic.model, ctx.critic.optimizer)} if ctx.critic else {}
+
+
+def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) -> None:
     if hub:
         state.unacked = hub.trained_ids()
     # the ids of the groups this checkpoint contains: acked right after it is durable, and
@@ -127,16 +159,17 @@ def _checkpoint(run_dir, model, optimizer, state: LearnerState, model_dir, hub) 
         "groups_trained": state.groups_trained,
         "trained_ids": state.unacked,
     }
-    save_checkpoint(run_dir, state.version, model, optimizer, payload, model_dir)
+    save_checkpoint(run_dir, state.version, ctx.model, ctx.optimizer, payload, model_dir,
+                    extra=_extra_state(ctx))  # fmt: skip
     if hub:
         hub.ack_trained()
 
 
-def _maybe_resume(run_dir: str, model, optimizer, hub) -> LearnerState:
+def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
     path = latest_checkpoint(run_dir)
     if path is None:
         return LearnerState()
-    saved = load_checkpoint(Path(path), model, optimizer)
+    saved = load_checkpoint(Path(path), ctx.model, ctx.optimizer, extra=_extra_state(ctx))
     if hub:
         hub.say(f"resumed from {path} at version {saved['version']}")
         hub.ack_ids(saved.get("trained_ids", []))
