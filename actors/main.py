@@ -18,26 +18,16 @@ _LEARNER_WAIT_S = 900.0  # the learner may still be building the demo model / st
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from actors.actor import Actor, wait_for_learner
-    from actors.engine import ActorEngine
     from actors.rewards import load_reward_fn
     from actors.tasks import PromptSource
     from asyncrl.control import ControlClient
     from buffer.connection import connect
     from buffer.redis_buffer import ReplayBuffer
 
-    b, a = cfg.buffer, cfg.actor
+    b = cfg.buffer
     reward_fn = load_reward_fn(cfg.task.reward_fn)
     buffer = ReplayBuffer(connect(url), b.name, b.capacity, b.lease_ttl_s)
-    engine = await ActorEngine.start(
-        model_dir,
-        dtype=cfg.model.dtype,
-        max_model_len=_max_model_len(cfg),
-        kv_cache_bytes=int(a.kv_cache_gib * 2**30),
-        seed=cfg.seed + actor_id,
-        cpu_bind=a.cpu_bind or None,
-        torch_threads=a.cpu_threads,
-        max_num_seqs=a.max_inflight * a.n_samples,
-    )
+    engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(
         cfg,
         actor_id,
@@ -68,6 +58,28 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         flush=True,
     )
     return 0
+
+
+async def _start_engine(cfg, actor_id: int, model_dir: str):
+    """vLLM (``actor.engine=vllm``) or the model-free simulator (``sim``)."""
+    a = cfg.actor
+    if a.engine == "sim":
+        from actors.sim_engine import SimEngine
+
+        vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+        return SimEngine(vocab, a.sim_tokens_per_s, a.sim_mean_len, seed=cfg.seed + actor_id)
+    from actors.engine import ActorEngine
+
+    return await ActorEngine.start(
+        model_dir,
+        dtype=cfg.model.dtype,
+        max_model_len=_max_model_len(cfg),
+        kv_cache_bytes=int(a.kv_cache_gib * 2**30),
+        seed=cfg.seed + actor_id,
+        cpu_bind=a.cpu_bind or None,
+        torch_threads=a.cpu_threads,
+        max_num_seqs=a.max_inflight * a.n_samples,
+    )
 
 
 def _serve_metrics(cfg, actor, buffer) -> None:

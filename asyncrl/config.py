@@ -110,6 +110,14 @@ class ActorConfig:
     cpu_affinity: str = ""
     """Cores the actor processes (and their vLLM engine processes) may run on, e.g. ``1`` or
     ``2-3,6``; '' = unpinned. Applied by the launcher with ``sched_setaffinity``."""
+    engine: str = "vllm"
+    """``vllm``, or ``sim``: no model, completions of random tokens at ``sim_tokens_per_s``
+    (actors/sim_engine.py; real buffer and weight sync), to drive the learner and buffer with
+    many actors on a small machine."""
+    sim_tokens_per_s: float = 2000.0
+    """sim: tokens per second one simulated engine produces (shared by its requests)."""
+    sim_mean_len: float = 6.0
+    """sim: mean completion length (geometric, truncated at ``max_tokens``)."""
 
     def __post_init__(self) -> None:
         _require(self.num_actors >= 1, "actor.num_actors must be >= 1")
@@ -119,6 +127,8 @@ class ActorConfig:
         _require(self.max_inflight >= 1, "actor.max_inflight must be >= 1")
         _require(self.update_mode in _UPDATE_MODES, f"actor.update_mode in {_UPDATE_MODES}")
         _require(_is_core_list(self.cpu_affinity), f"actor.cpu_affinity={self.cpu_affinity!r}")
+        _require(self.engine in ("vllm", "sim"), f"actor.engine in (vllm, sim): {self.engine!r}")
+        _require(self.sim_tokens_per_s > 0 and self.sim_mean_len >= 1, "actor.sim_* out of range")
         if self.cpu_affinity and not self.cpu_bind:
             self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
 

@@ -30,7 +30,7 @@ def machine() -> dict:
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "load_avg_at_start": os.getloadavg(),
+        "load_avg_1_5_15_min": os.getloadavg(),  # at write time; others share these cores
     }
     for mod in ("torch", "vllm", "pyarrow", "redis"):
         try:

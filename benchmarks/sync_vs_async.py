@@ -1,6 +1,6 @@
 """Synchronous vs asynchronous RL on the same task, model, seeds and CPU cores.
 
-    python -m benchmarks.sync_vs_async --quick     # 2 seeds x 80 steps, < 30 min on 2 cores
+    python -m benchmarks.sync_vs_async --quick     # 2 seeds x 100 steps, < 30 min on 2 cores
     python -m benchmarks.sync_vs_async             # 3 seeds x 300 steps (the demo's length)
 
 Arms (C = the cores this process may use; "split" = learner ranks on the first half of
@@ -39,7 +39,7 @@ from benchmarks.sva_report import analyse, markdown, plot_all
 
 PRESETS = {
     "full": {"steps": 300, "seeds": [0, 1, 2], "overrides": []},
-    "quick": {"steps": 80, "seeds": [0, 1], "overrides": []},
+    "quick": {"steps": 100, "seeds": [0, 1], "overrides": []},
     # schema tests: a few steps of the tiny preset (not a measurement)
     "tiny": {"steps": 6, "seeds": [0], "overrides": ["experiment=tiny"]},
 }
@@ -97,7 +97,7 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> 
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", *overrides, f"run_dir={run_dir}"]
     log = run_dir.parent / f"{run_dir.name}.log"
-    t0 = time.monotonic()
+    t0, load = time.monotonic(), os.getloadavg()[0]
     with open(log, "w") as out:
         try:
             code = subprocess.run(
@@ -107,7 +107,8 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> 
         except subprocess.TimeoutExpired:
             code = -1
     result = {"arm": arm, "overrides": overrides, "run_dir": str(run_dir), "log": str(log),
-              "returncode": code, "process_s": time.monotonic() - t0}  # fmt: skip
+              "returncode": code, "process_s": time.monotonic() - t0,
+              "load_avg_1min_before": load, "load_avg_1min_after": os.getloadavg()[0]}  # fmt: skip
     if code != 0:
         result["error"] = log.read_text(errors="replace")[-3000:]
         return result
@@ -122,7 +123,7 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sync_vs_async", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--quick", action="store_true", help="2 seeds x 80 steps (< 30 min here)")
+    p.add_argument("--quick", action="store_true", help="2 seeds x 100 steps (< 30 min here)")
     p.add_argument("--tiny", action="store_true", help="schema check only: experiment=tiny")
     p.add_argument("--steps", type=int, help="learner steps per run (overrides the preset)")
     p.add_argument("--seeds", type=int, nargs="+", help="task seeds (overrides the preset)")
