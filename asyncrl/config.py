@@ -56,7 +56,7 @@ class ModelConfig:
     (built, warm-started and cached under ``model.cache_dir``; nothing is downloaded)."""
     cache_dir: str = ".cache/asyncrl"
     """Where the demo model is built and cached."""
-    sft_steps: int = 300
+    sft_steps: int = 500
     """Demo only: supervised warm-start steps so RL starts from a weak, non-trivial policy."""
     dtype: str = "float32"
     """float32 on CPU; bfloat16 on GPU."""
@@ -92,7 +92,7 @@ class ActorConfig:
     """Actor processes (each one vLLM engine)."""
     n_samples: int = 8
     """Completions per prompt (the group size)."""
-    max_tokens: int = 12
+    max_tokens: int = 8
     """Longest completion, in tokens."""
     temperature: float = 1.0
     max_inflight: int = 16
@@ -139,12 +139,12 @@ class LearnerConfig:
 
     nproc: int = 2
     """Learner ranks (torchrun --nproc_per_node)."""
-    steps: int = 300
+    steps: int = 400
     """Optimizer steps to run."""
     batch_groups: int = 16
     """Groups per optimizer step."""
-    lr: float = 5e-4
-    warmup_steps: int = 0
+    lr: float = 2e-4
+    warmup_steps: int = 10
     """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
