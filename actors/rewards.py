@@ -19,8 +19,12 @@ from pathlib import Path
 
 RewardFn = Callable[..., "float | dict"]
 
-ADDITION_PARTIAL_WEIGHT = 0.5
-"""Most a wrong addition answer can earn: ``weight * correct_digits / max(len)``; exact is 1.0."""
+ADDITION_PARTIAL_WEIGHT = 1.0
+"""Scale of the per-digit credit of a wrong addition answer (``weight * matching / max(len)``).
+
+1.0 (the reward is the fraction of digits right, exact match 1.0) was picked with
+``asyncrl.demo.bare_grpo``: this dense reward learned ~1.5x faster than 0.5 and far faster than
+exact-match only, because groups rarely tie and advantages rank partial answers."""
 _DIGITS = re.compile(r"[0-9]+")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -106,7 +110,7 @@ def score(
 
 
 def addition_reward(prompt: str, completion: str, answer: str | None = None, **fields) -> float:
-    """Demo-task reward on [0, 1]: 1.0 for the exact sum, else partial credit per digit.
+    """Demo-task reward on [0, 1]: 1.0 for the exact sum, else credit per correct digit.
 
     The completion (surrounding whitespace ignored) must be digits only, otherwise 0.0 (this is
     what teaches the model to stop: a rambling completion that hits ``max_tokens`` earns

@@ -4,7 +4,7 @@ The demo task is integer addition, ``"a+b="`` -> ``"<a+b>"`` then EOS, where eac
 variable number of digits drawn from a skewed distribution (``DIGIT_WEIGHTS``: mostly 1-2
 digits, a tail up to 5). Answers therefore range from 1 to 6 characters with a long tail, so
 groups finish at different times, which is what asynchronous generation is for. The reward is
-``actors.rewards:addition_reward`` (exact match 1.0, partial credit per right-aligned digit).
+``actors.rewards:addition_reward`` (fraction of digits right, aligned on the units; exact = 1.0).
 
 Invariants:
 

@@ -3,10 +3,24 @@
 No actors, buffer or FSDP: one process samples ``n`` completions per prompt from the current
 policy (temperature 1.0), scores them with the task's reward, normalises rewards within each
 group (GRPO advantages), and takes one on-policy PPO-clip step with Adam (token-mean loss).
-If this loop cannot raise the reward, the full system will not either; the settings it found
-are the demo defaults (see ``main``). Usage::
+If this loop cannot raise the reward, the full system will not either. Usage::
 
-    python -m asyncrl.demo.bare_grpo --seed 0 --steps 300
+    python -m asyncrl.demo.bare_grpo --seed 0            # the chosen defaults below
+
+Chosen settings (the defaults): warm start 500 SFT steps, label smoothing 0.5; 16 prompts x 8
+samples, temperature 1.0, max 8 new tokens, Adam lr 2e-4 with 10 warm-up steps, clip 0.2,
+grad-norm clip 1.0, 400 steps; reward = fraction of digits right (exact = 1.0). Measured here
+(2 shared CPU cores, 1 thread; reward_initial = mean of the first 10% of steps, final = last 20%):
+
+    seed  initial  final  rise   RL seconds (machine load 5-12)
+    0     0.138    0.661  +0.52  664
+    1     0.202    0.607  +0.40  664
+    2     0.219    0.631  +0.41  379
+
+What did *not* learn fast enough (so the defaults are not these): lr >= 4e-4 (Adam's per-weight
+noise wrecks the tiny model within ~50 steps, also with warm-up and with 64 prompts per step);
+no label smoothing (the start policy is already calibrated: +0.04..0.15 per 300 steps); half
+credit for partial answers (``weight 0.5``: +0.29..0.38); exact-match only (slower still).
 """
 
 from __future__ import annotations
@@ -146,13 +160,13 @@ def parse_args(argv=None):
     """Command-line settings; the defaults are the demo's chosen hyperparameters."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--prompts", type=int, default=16, help="prompts (groups) per step")
     p.add_argument("--samples", type=int, default=8, help="completions per prompt")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--warmup-steps", type=int, default=0, help="linear lr warmup")
+    p.add_argument("--warmup-steps", type=int, default=10, help="linear lr warmup")
     p.add_argument("--clip-eps", type=float, default=0.2)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--sft-steps", type=int, default=None, help="default: warmstart.SFT_STEPS")

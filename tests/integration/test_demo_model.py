@@ -58,3 +58,19 @@ def test_weights_are_deterministic_per_seed(model_dir, tmp_path):
     assert same.keys() == ref.keys()
     assert all(torch.equal(same[k], ref[k]) for k in ref)
     assert any(not torch.equal(other[k], ref[k]) for k in ref)
+
+
+def test_warm_start_is_cached_by_its_arguments(tmp_path):
+    from asyncrl.demo.warmstart import prepare_demo_model
+
+    lines: list[str] = []
+    kw = dict(sft_steps=2, batch_size=4, num_layers=1, hidden_size=32, log_every=1)
+    first = prepare_demo_model(tmp_path, seed=0, log=lines.append, **kw)
+    assert (first / "model.safetensors").is_file() and (first / "warmstart.json").is_file()
+    assert any("sft step 2/2" in line for line in lines)
+    lines.clear()
+    assert prepare_demo_model(tmp_path, seed=0, log=lines.append, **kw) == first
+    assert lines == []  # cache hit: nothing trained, nothing logged
+    assert prepare_demo_model(tmp_path, seed=1, log=lines.append, **kw) != first
+    assert not list(tmp_path.glob(".tmp-demo-*"))  # temp dirs renamed or removed
+    transformers.AutoModelForCausalLM.from_pretrained(first)

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from actors.rewards import ADDITION_PARTIAL_WEIGHT, addition_reward
+from actors.rewards import addition_reward
 from actors.tasks import REWARD_SPEC, PromptSource
 
 
@@ -68,17 +68,15 @@ def test_reward_spec_names_the_addition_reward():
     assert REWARD_SPEC == "actors.rewards:addition_reward"
 
 
-W = ADDITION_PARTIAL_WEIGHT
-
-
 @pytest.mark.parametrize(
     ("completion", "expected"),
     [
         ("168", 1.0),  # exact
         (" 168\n", 1.0),  # surrounding whitespace ignored
-        ("178", W * 2 / 3),  # tens digit wrong
-        ("68", W * 2 / 3),  # too short: 2 of max(2, 3) digits right
-        ("1168", W * 3 / 4),  # too long: 3 right-aligned digits of 4
+        ("178", 2 / 3),  # tens digit wrong: 2 of 3 digits right
+        ("68", 2 / 3),  # too short: 2 of max(2, 3) digits right
+        ("1168", 3 / 4),  # too long: 3 right-aligned digits of 4
+        ("186", 1 / 3),  # digits compared aligned on the right: only the hundreds match
         ("999", 0.0),  # all digits wrong
         ("", 0.0),  # empty
         ("abc", 0.0),  # garbage
@@ -92,4 +90,4 @@ def test_addition_reward_values(completion, expected):
 
 def test_addition_reward_parses_the_prompt_without_answer_field():
     assert addition_reward("7+5=", "12") == 1.0
-    assert addition_reward("7+5=", "13") == pytest.approx(W * 1 / 2)
+    assert addition_reward("7+5=", "13") == pytest.approx(1 / 2)
