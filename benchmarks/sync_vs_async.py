@@ -90,6 +90,22 @@ def arm_overrides(cores: list[int], staleness: list[int]) -> dict[str, list[str]
     return arms
 
 
+def load_run(arm: str, overrides: list[str], run_dir: Path) -> dict:
+    """What a finished run wrote (summary, per-step records, actor stats)."""
+    return {
+        "arm": arm, "overrides": overrides, "run_dir": str(run_dir), "returncode": 0,
+        "log": str(run_dir.parent / f"{run_dir.name}.log"), "reused": True,
+        "summary": json.loads((run_dir / "summary.json").read_text()),
+        "records": [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()],
+        "actors": [json.loads(p.read_text()) for p in sorted(run_dir.glob("actor*.json"))],
+        **_read_json(run_dir / "bench_run.json"),  # process time and machine load, if recorded
+    }  # fmt: skip
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> dict:
     """One ``asyncrl run``; returns what it wrote (or the error and the log's tail)."""
     if run_dir.exists():
@@ -112,12 +128,9 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> 
     if code != 0:
         result["error"] = log.read_text(errors="replace")[-3000:]
         return result
-    result["summary"] = json.loads((run_dir / "summary.json").read_text())
-    result["records"] = [
-        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
-    result["actors"] = [json.loads(p.read_text()) for p in sorted(run_dir.glob("actor*.json"))]
-    return result
+    keep = ("process_s", "load_avg_1min_before", "load_avg_1min_after")
+    (run_dir / "bench_run.json").write_text(json.dumps({k: result[k] for k in keep}))
+    return {**load_run(arm, overrides, run_dir), **result, "reused": False}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -133,6 +146,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", type=float, help="target reward (default: auto, every run reaches it)")  # fmt: skip
     p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                    help="extra asyncrl override for every arm (repeatable)")  # fmt: skip
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse finished runs found in --runs-dir (resume an interrupted run)")  # fmt: skip
     p.add_argument("--name", help="result name (default sync_vs_async[_quick|_tiny])")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the JSON/PNG/MD go")
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "benchmarks",
@@ -164,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         for arm, ovr in arms.items():
             overrides = [*common, *ovr, f"task.seed={seed}"]
             print(f"[bench] {arm} seed {seed}: asyncrl run {' '.join(overrides)}", flush=True)
-            r = run_arm(arm, overrides, args.runs_dir / name / f"{arm}-seed{seed}",
-                        timeout_s=600 + 30 * steps)  # fmt: skip
+            run_dir = args.runs_dir / name / f"{arm}-seed{seed}"
+            done = (run_dir / "summary.json").is_file() and list(run_dir.glob("actor*.json"))
+            if args.reuse and done:
+                r = load_run(arm, overrides, run_dir)
+            else:
+                r = run_arm(arm, overrides, run_dir, timeout_s=600 + 30 * steps)
             r["seed"] = seed
             _say_done(r)
             runs.append(r)
@@ -187,7 +206,7 @@ def _say_done(r: dict) -> None:
         print(f"[bench]   FAILED (code {r['returncode']}); log: {r['log']}", flush=True)
         return
     s = r["summary"]
-    print(f"[bench]   done in {r['process_s']:.0f}s: train {s.get('train_wall_s', 0):.0f}s, "
+    print(f"[bench]   done in {r.get('process_s', float('nan')):.0f}s: train {s.get('train_wall_s', 0):.0f}s, "
           f"reward {s['reward_initial']:.3f} -> {s['reward_final']:.3f}, dropped stale "
           f"{s['groups_dropped_stale']}", flush=True)  # fmt: skip
 
