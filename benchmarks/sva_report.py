@@ -102,6 +102,13 @@ def run_figures(r: dict, target: float) -> dict:
         "groups_trained": s["groups_trained"],
         "reward_initial": s["reward_initial"],
         "reward_final": s["reward_final"],
+        # rank 0 CPU seconds per second of non-waiting step time; well below 1 = starved by
+        # other processes on the same cores (None: runs from before cpu_s was recorded)
+        "learner_cpu_per_work_s": (
+            sum(x["cpu_s"] for x in recs) / (step_total - sum(x["waiting_data_s"] for x in recs))
+            if all("cpu_s" in x for x in recs)
+            else None
+        ),  # fmt: skip
         "G_s": statistics.median(x["waiting_data_s"] for x in steady),
         "T_s": statistics.median(x["step_s"] - x["waiting_data_s"] for x in steady),
     }

@@ -214,7 +214,7 @@ def _say_done(r: dict) -> None:
 def _slim(runs: list[dict]) -> list[dict]:
     """Runs for the JSON: per-step curves kept short (step, elapsed, reward, timings)."""
     keep = ("step", "elapsed_s", "reward", "step_s", "waiting_data_s", "busy_s",
-            "weight_sync_s", "staleness_mean")  # fmt: skip
+            "weight_sync_s", "staleness_mean", "cpu_s")  # fmt: skip
     out = []
     for r in runs:
         r = dict(r)

@@ -60,6 +60,7 @@ class Hub:
         self._serve_metrics(cfg)
         self._ready_t = time.monotonic()
         self._last_totals = self.clock.totals()
+        self._last_cpu = time.process_time()
         self._staleness_hist: dict[int, int] = {}
         self._sync = {"count": 0, "bytes": 0, "seconds": 0.0}
         self._trained_totals = {"groups": 0, "samples": 0, "tokens": 0}
@@ -113,6 +114,7 @@ class Hub:
         self._last_t = self._ready_t = time.monotonic()
         self.clock.set("busy")
         self._last_totals = self.clock.totals()
+        self._last_cpu = time.process_time()
 
     def next_groups(self, version: int) -> list:
         self.clock.set("waiting_data")
@@ -174,10 +176,15 @@ class Hub:
         totals = self.clock.totals()
         delta = {k: totals[k] - self._last_totals[k] for k in totals}
         self._last_totals = totals
+        cpu = time.process_time()
+        cpu_s, self._last_cpu = cpu - self._last_cpu, cpu
         return {
             "elapsed_s": now - self._ready_t,
             "step_s": sum(delta.values()),
             **{f"{k}_s": delta[k] for k in ("busy", "waiting_data", "weight_sync", "checkpoint")},
+            # rank 0's CPU seconds in the step: busy_s far above it means the process was
+            # starved (cores shared with other processes) or waiting in collectives
+            "cpu_s": cpu_s,
         }
 
     def _count_trained(self, groups: list, stale: list[int], dropped_invalid: int) -> None:

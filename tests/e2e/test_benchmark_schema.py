@@ -22,7 +22,7 @@ PER_RUN = {
     "trained_tokens_per_s", "generated_tokens_per_s", "learner_idle_frac", "actor_idle_frac",
     "actor_time_s", "learner_time_s", "weight_sync_pause_learner_s",
     "weight_sync_pause_actor_s", "staleness_histogram", "dropped_stale", "groups_committed",
-    "groups_trained", "reward_initial", "reward_final", "G_s", "T_s",
+    "groups_trained", "reward_initial", "reward_final", "G_s", "T_s", "learner_cpu_per_work_s",
 }  # fmt: skip
 
 
