@@ -117,23 +117,42 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 def stop_roles(roles: list[Role]) -> None:
-    """SIGTERM every live role's process group, then SIGKILL what is left after a grace."""
+    """SIGTERM every live role and all its descendants, then SIGKILL what is left after a grace.
+
+    Descendants are collected first and signalled one by one: torchrun starts each rank in a
+    session of its own and vLLM spawns engine/worker processes, so signalling the role's
+    process group alone can orphan them.
+    """
+    import psutil
+
+    procs = []
     for r in roles:
-        if r.proc.poll() is None:
-            _signal_group(r.proc, signal.SIGTERM)
-    deadline = time.monotonic() + _GRACE_S
+        procs.extend(_tree(psutil, r.proc.pid))
+    for p in procs:
+        _signal(p, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=_GRACE_S)
+    for p in alive:
+        _signal(p, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=10)
     for r in roles:
         try:
-            r.proc.wait(max(0.1, deadline - time.monotonic()))
+            r.proc.wait(5)
         except subprocess.TimeoutExpired:
-            _signal_group(r.proc, signal.SIGKILL)
-            r.proc.wait()
+            pass
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _tree(psutil, pid: int) -> list:
     try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal(p, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except Exception:  # already gone (psutil.NoSuchProcess) or not ours to signal
         pass
 
 
