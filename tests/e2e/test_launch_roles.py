@@ -37,7 +37,7 @@ def test_three_roles_train_together(tmp_path):
         text=True,
     )
     try:
-        url = _wait_for_file(tmp_path / "buffer" / "redis" / "redis.url", buffer, 60)
+        url = _wait_for_file(tmp_path / "buffer" / "redis" / "redis.url", buffer, 300)
         common = ["experiment=tiny", f"buffer.url={url}", "buffer.name=launchtest"]
         actors = subprocess.Popen(
             asyncrl_cmd("launch", "actors", *common, f"run_dir={tmp_path / 'actors'}"),
