@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2
-    # SIGTERM behaves like Ctrl-C so roles are stopped cleanly either way
+    # Ctrl-C must stop the job even when SIGINT was inherited as ignored (a job started in the
+    # background by a shell, nohup, some CI runners); SIGTERM behaves the same way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         if args.command == "run":
