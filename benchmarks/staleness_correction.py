@@ -102,10 +102,16 @@ def run_one(args, loss: str, seed: int, sync: bool = False) -> dict:
 
 
 def _finished(run_dir: Path, overrides: list[str]) -> bool:
-    """A complete earlier run of exactly these overrides (``--reuse``)."""
+    """A complete earlier run of these overrides that resolved to today's config (``--reuse``;
+    the config's defaults, e.g. the demo's learning rate, may have changed since)."""
+    from asyncrl.configload import config_to_json, load_config
+
     marker = run_dir / "bench_overrides.json"
-    done = (run_dir / "summary.json").is_file() and marker.is_file()
-    return done and json.loads(marker.read_text()) == overrides
+    if not ((run_dir / "summary.json").is_file() and marker.is_file()):
+        return False
+    now = json.loads(config_to_json(load_config(overrides)))
+    then = json.loads((run_dir / "config.json").read_text())
+    return json.loads(marker.read_text()) == overrides and now == then
 
 
 def _mean(xs: list) -> float:
