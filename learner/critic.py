@@ -75,7 +75,21 @@ class Critic:
         self.optimizer.step()
         metrics = {k: v for k, v in out.metrics.items() if k != "tokens"}  # the policy's count
         metrics["critic_grad_norm"] = float(grad_norm)
+        metrics["value_explained_var"] = explained_variance(values.detach(), returns, mb.loss_mask)
         return metrics
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over the masked tokens of these rows: 1 for a perfect critic,
+    0 for one no better than a constant (e.g. the zero-initialised head), negative when worse;
+    0 when the returns are constant. Unlike the raw value loss, it does not grow with the
+    returns' variance (which rises with the reward)."""
+    m = mask != 0
+    r, v = returns[m].double(), values[m].double()
+    var = r.var(unbiased=False) if r.numel() else r.new_zeros(())
+    if var <= 0:
+        return 0.0
+    return float(1 - (r - v).var(unbiased=False) / var)
 
 
 def load_value_model(model_dir: str | Path, dtype: str = "float32") -> ValueModel:

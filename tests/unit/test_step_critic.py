@@ -11,7 +11,7 @@ from asyncrl.configload import load_config
 from asyncrl.types import Group, Sample
 from learner.batch import collate
 from learner.checkpoint import load_checkpoint, save_checkpoint
-from learner.critic import build_critic
+from learner.critic import build_critic, explained_variance
 from learner.model import build_policy
 from learner.reference import build_reference
 from learner.step import StepContext, batch_metrics, train_on_batch
@@ -81,6 +81,17 @@ def test_values_start_at_zero_and_the_value_loss_falls(tiny_model):
         m = critic.update(batch, old, targets.returns, batch.loss_mask, world=1)
         losses.append(m["value_loss"])
     assert losses[-1] < 0.2 * losses[0], losses
+    assert m["value_explained_var"] > 0.5
+
+
+def test_explained_variance_closed_form():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    returns = torch.tensor([[0.0, 1.0, 9.0], [2.0, 3.0, 9.0]])  # masked: 0,1,2,3 (var 1.25)
+    assert explained_variance(torch.full((2, 3), 7.0), returns, mask) == pytest.approx(0.0)
+    assert explained_variance(returns.clone(), returns, mask) == pytest.approx(1.0)
+    # V = 1.5 + (R - 1.5)/2: residual var 1.25/4 -> 1 - 1/4
+    assert explained_variance(0.75 + returns / 2, returns, mask) == pytest.approx(0.75)
+    assert explained_variance(returns, torch.ones(2, 3), mask) == 0.0  # constant returns
 
 
 @pytest.mark.parametrize("preset", PRESETS)
