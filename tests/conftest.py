@@ -1,4 +1,5 @@
-"""Shared fixtures. ``redis_server``: one private redis-server per test session."""
+"""Shared fixtures. ``redis_server``: one private redis-server per test session;
+``tiny_model``: a random 2-layer Qwen2 HF directory (vocab 32) for learner tests."""
 
 from __future__ import annotations
 
@@ -20,3 +21,21 @@ def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
     server.stop()
+
+
+TINY_VOCAB = 32
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A random 2-layer Qwen2 model saved as an HF directory (read-only for tests)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=False)  # fmt: skip
+    path = tmp_path_factory.mktemp("tiny_model")
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    return str(path)

@@ -26,19 +26,6 @@ DIAGNOSTICS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=False)  # fmt: skip
-    path = tmp_path_factory.mktemp("model")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
-
-
 def _batch(n_groups=4, n=4, seed=0):
     rng = random.Random(seed)
     groups = []

@@ -21,7 +21,7 @@ from learner.reference import build_reference
 from learner.step import StepContext, train_on_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_step_critic import VOCAB, _batch  # noqa: E402
+from test_step_critic import _batch  # noqa: E402
 
 
 def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
@@ -42,19 +42,6 @@ def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
     policy = {k: v.clone() for k, v in full_named_tensors(model)}
     values = {k: v.clone() for k, v in full_named_tensors(critic.model)}
     return policy, values
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=False)  # fmt: skip
-    path = tmp_path_factory.mktemp("model")
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
-    return str(path)
 
 
 @pytest.mark.parametrize("preset", ["ppo", "reinforce_pp"])
