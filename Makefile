@@ -5,7 +5,7 @@ VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint format clean
+.PHONY: setup demo test test-faults-full lint format clean
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,10 @@ demo: setup
 
 test: setup lint
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The fault-injection tests at the full counts of docs/reliability.md (long: ~1 hour).
+test-faults-full: setup
+	ASYNCRL_FAULTS_FULL=1 $(VENV)/bin/python -m pytest -m faults tests/faults $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

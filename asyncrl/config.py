@@ -75,8 +75,8 @@ class TaskConfig:
     """Prompt source (``addition``: the demo task in actors/tasks.py)."""
     reward_fn: str = "actors.rewards:addition_reward"
     """``module:function`` or ``path/to/file.py:function``; the only code a config can name."""
-    seed: int = 0
-    """Seed of the deterministic prompt stream."""
+    seed: int | None = None
+    """Seed of the deterministic prompt stream; unset (null) follows the top-level ``seed``."""
 
     def __post_init__(self) -> None:
         _require(
@@ -338,6 +338,8 @@ class Config:
 
     def __post_init__(self) -> None:
         _require(0 <= self.metrics_port < 65536, f"metrics_port={self.metrics_port} (0 = off)")
+        if self.task.seed is None:
+            self.task.seed = self.seed
         if self.buffer.capacity == 0:
             self.buffer.capacity = self.learner.batch_groups * max(1, self.buffer.max_staleness)
         rows = self.learner.batch_groups * self.actor.n_samples
