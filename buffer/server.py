@@ -14,6 +14,7 @@ is still free, the previous port, so the URL other processes hold stays valid.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -27,7 +28,33 @@ import redis
 
 from buffer.connection import BufferUnavailable, call_with_retries, connect, mask_url
 
-__all__ = ["RedisServer", "RedisServerError", "BufferUnavailable", "connect", "call_with_retries"]
+__all__ = [
+    "ROLE_USERS",
+    "RedisServer",
+    "RedisServerError",
+    "BufferUnavailable",
+    "connect",
+    "call_with_retries",
+]
+
+log = logging.getLogger(__name__)
+
+_COMMON = "+ping +hello +auth +select +client|setname +client|id +time"
+_NO_ADMIN = "-@admin -@dangerous -flushdb -flushall"
+_SCRIPTS = "+evalsha +eval +script|load +script|exists"
+ROLE_USERS = {
+    # Actors lease, commit, renew and release slots and read meta/stats. They cannot read
+    # entries through the consumer group, ack, delete, or run admin commands.
+    "actor": (
+        f"-@all {_COMMON} +@read +@write {_SCRIPTS} {_NO_ADMIN} "
+        "-xreadgroup -xack -xdel -xgroup -xclaim -xautoclaim -xtrim -del -unlink -rename "
+        "-renamenx -move -copy -restore -migrate -expire -pexpire -persist"
+    ),
+    # The learner also consumes (XREADGROUP, XACK, XDEL via ACK/DEAD_LETTER scripts, XGROUP
+    # CREATE), but cannot run admin or dangerous commands (FLUSHALL, CONFIG, SHUTDOWN, ...).
+    "learner": f"-@all {_COMMON} +@read +@write +@stream {_SCRIPTS} +xgroup|create {_NO_ADMIN}",
+}
+"""ACL users the server creates besides ``default`` (admin); see ``RedisServer.url_for``."""
 
 _MISSING = (
     "redis-server not found on PATH; install it: apt-get install -y redis-server, or set buffer.url"
@@ -57,20 +84,31 @@ class RedisServer:
         executable: str = "redis-server",
         start_timeout_s: float = 10.0,
         maxmemory: str | None = None,
+        appendfsync: str = "always",
+        key_prefix: str | None = None,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
+        if appendfsync not in ("always", "everysec"):
+            raise ValueError(f"appendfsync must be 'always' or 'everysec', got {appendfsync!r}")
         self.run_dir = Path(run_dir).resolve()
         self.unix_socket = unix_socket
         self.executable = executable
         self.start_timeout_s = start_timeout_s
         self.maxmemory = maxmemory
+        self.appendfsync = appendfsync
+        self.key_prefix = key_prefix
         self._requested_port = port
         self._previous = self._read_previous_conf()
         self.password = password or self._previous.get("requirepass") or secrets.token_urlsafe(24)
+        self.user_passwords = {
+            user: self._previous.get(f"user:{user}") or secrets.token_urlsafe(24)
+            for user in ROLE_USERS
+        }
         self.port: int | None = None
+        self._log_offset = 0
         self._proc: subprocess.Popen | None = None
 
     # -- paths and URL -------------------------------------------------------------------------
@@ -96,12 +134,38 @@ class RedisServer:
             raise RuntimeError("RedisServer.url is known only after start()")
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
+    def url_for(self, user: str) -> str:
+        """The URL of the least-privilege ACL user ``user`` ("actor" or "learner").
+
+        ``url`` (the ``default`` user) is the admin URL: launcher, ``asyncrl status``, tests.
+        """
+        if user not in ROLE_USERS:
+            raise ValueError(f"unknown Redis user {user!r}; one of {sorted(ROLE_USERS)}")
+        pw = self.user_passwords[user]
+        if self.unix_socket:
+            return f"unix://{user}:{pw}@{self.socket_path}?db=0"
+        if self.port is None:
+            raise RuntimeError("RedisServer.url_for is known only after start()")
+        return f"redis://{user}:{pw}@127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """The redis-server process id while started (for fault-injection tests)."""
+        return self._proc.pid if self._proc is not None else None
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> RedisServer:
-        """Start the server and wait (up to ``start_timeout_s``) until it answers PING."""
+        """Start the server and wait (up to ``start_timeout_s``) until it answers PING.
+
+        After the process died (crash, SIGKILL) ``start()`` restarts it in the same run
+        directory: same password, same port if still free, the data replayed from the AOF.
+        Raises ``RedisServerError`` if the AOF is damaged (never starts empty instead).
+        """
         if self._proc is not None:
-            raise RuntimeError("RedisServer already started")
+            if self._proc.poll() is None:
+                raise RuntimeError("RedisServer already started")
+            self._proc = None  # it died: restart from the same directory
         exe = shutil.which(self.executable)
         if exe is None:
             raise RedisServerError(_MISSING)
@@ -115,6 +179,7 @@ class RedisServer:
         for attempt in range(3):
             self.port = None if self.unix_socket else self._choose_port()
             self._write_private(self.conf_path, self._config_text())
+            self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log:
                 self._proc = subprocess.Popen([exe, str(self.conf_path)], stdout=log, stderr=log)
             try:
@@ -126,6 +191,7 @@ class RedisServer:
                 if not (in_use and self._requested_port == 0 and attempt < 2):
                     raise
         self._write_private(self.run_dir / "redis.url", self.url + "\n")
+        self._warn_truncated_aof()
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -164,7 +230,10 @@ class RedisServer:
             f"port {self.port or 0}",
             f"requirepass {self.password}",
             "appendonly yes",
-            "appendfsync everysec",
+            f"appendfsync {self.appendfsync}",
+            # A torn last command (crash mid-write) was never acknowledged: drop it and start.
+            # Damage anywhere else stops startup (see _wait_ready).
+            "aof-load-truncated yes",
             "maxmemory-policy noeviction",
             f'dir "{self.run_dir}"',
             'logfile ""',  # stdout, which start() sends to redis.log
@@ -175,6 +244,7 @@ class RedisServer:
             lines += [f'unixsocket "{self.socket_path}"', "unixsocketperm 700"]
         if self.maxmemory:
             lines.append(f"maxmemory {self.maxmemory}")
+        lines += self._acl_lines()
         return "\n".join(lines) + "\n"
 
     def _choose_port(self) -> int:
@@ -193,12 +263,7 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 tail = self._log_tail()
-                hint = ""
-                if "append only file" in tail:
-                    hint = (
-                        f" The AOF in {self.run_dir / 'appendonlydir'} is damaged: back it up, then "
-                        "run `redis-check-aof --fix <manifest>` or use a fresh run directory."
-                    )
+                hint = self._aof_hint(self._log_since_start())
                 raise RedisServerError(
                     f"redis-server exited with code {self._proc.returncode} during startup "
                     f"(config {self.conf_path}).{hint} Last lines of {self.log_path}:\n{tail}"
@@ -235,7 +300,57 @@ class RedisServer:
             m = re.search(rf"^{key} (\S+)$", text, re.MULTILINE)
             if m:
                 out[key] = m.group(1)
+        for user, pw in re.findall(r"^user (\w+) on >(\S+) ", text, re.MULTILINE):
+            out[f"user:{user}"] = pw
         return out
+
+    def _acl_lines(self) -> list[str]:
+        """``user`` directives: ``default`` (admin, ``requirepass``) and one per role."""
+        if self.key_prefix is None:
+            keys = "~*"
+        else:
+            p = re.sub(r"([*?\[\]\\])", r"\\\1", self.key_prefix)
+            keys = f"~{p} ~{p}:*"
+        return [
+            f"user {user} on >{self.user_passwords[user]} resetkeys {keys} resetchannels {rules}"
+            for user, rules in ROLE_USERS.items()
+        ]
+
+    def _log_since_start(self) -> str:
+        """What redis-server logged since the last ``start()`` ("" if unreadable)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _aof_hint(self, text: str) -> str:
+        """A sentence naming the damaged AOF file and the fix, or "" if ``text`` shows none."""
+        errors = [ln for ln in text.splitlines() if " # " in ln]  # redis' warning level
+        if not any(w in ln for ln in errors for w in ("append only file", "AOF", "manifest")):
+            return ""
+        m = re.search(r"reading the append only file (\S+?):", text)
+        aof_dir = self.run_dir / "appendonlydir"
+        file = aof_dir / m.group(1) if m else aof_dir
+        manifest = aof_dir / "appendonly.aof.manifest"
+        return (
+            f" The AOF is damaged ({file}); the server refused to start rather than start "
+            f"with missing data. Back up {aof_dir}, then run `redis-check-aof --fix {manifest}` "
+            "(it truncates the AOF at the first bad command: what follows is lost) and start "
+            "again, or use a fresh run directory."
+        )
+
+    def _warn_truncated_aof(self) -> None:
+        """Log (warning) when this start dropped a torn AOF tail (``aof-load-truncated``)."""
+        text = self._log_since_start()
+        if "AOF loaded anyway because aof-load-truncated is enabled" in text:
+            log.warning(
+                "redis-server in %s dropped a torn last command of its AOF (a crash during a "
+                "write; that command was never acknowledged). See %s.",
+                self.run_dir,
+                self.log_path,
+            )
 
     @staticmethod
     def _write_private(path: Path, text: str) -> None:
