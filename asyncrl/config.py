@@ -160,6 +160,10 @@ class LearnerConfig:
     """Stop after this many seconds (0 = no limit)."""
     data_timeout_s: float = 300.0
     """Fail with a clear error if no fresh group arrives for this long."""
+    weight_sync: bool = True
+    """Wait for ``actor.num_actors`` actors and send them weights. false = no actor weight
+    channel: train on groups already in (or written to) the buffer by other means, e.g. the
+    learner fault tests (tests/faults/test_learner_kills.py)."""
 
     def __post_init__(self) -> None:
         _require(self.nproc >= 1, "learner.nproc must be >= 1")
@@ -300,9 +304,13 @@ class BufferConfig:
     """Train a group at version V only if V - version_min <= max_staleness."""
     lease_ttl_s: float = 120.0
     """A slot leased by an actor that died comes back after this long."""
+    max_deliveries: int = 3
+    """A group handed to the learner this many times without a completed step (the learner
+    crashed or was stopped each time) is dead-lettered as poison (``dropped_poison``)."""
 
     def __post_init__(self) -> None:
         _require(self.capacity >= 0, "buffer.capacity must be >= 1, or 0 for auto")
+        _require(self.max_deliveries >= 1, "buffer.max_deliveries must be >= 1")
         _require(self.max_staleness >= 0, "buffer.max_staleness must be >= 0")
 
 

@@ -223,7 +223,7 @@ class LearnerMetrics:
         }
         self.clip = _g(r, "asyncrl_learner_clip_ratio", "Clipped token fraction.", ["side"])
         self.other = _g(r, "asyncrl_learner_step_metric", "Other step metrics.", ["name"])
-        for reason in ("stale", "invalid"):
+        for reason in ("stale", "invalid", "poison", "uniform"):
             self.dropped.labels(reason)
         r.register(_ClockCollector("asyncrl_learner_time_seconds", "Time by state.", clock))
         if buffer is not None:

@@ -3,7 +3,8 @@
 ``summary.json`` fields: ``steps``, ``reward_initial`` (mean reward over the first 10% of
 steps), ``reward_final`` (mean over the last 20%), ``max_trained_staleness``,
 ``groups_committed``, ``groups_trained``, ``groups_dropped_stale``,
-``groups_dropped_invalid``, ``groups_still_buffered``, ``wall_s``, ``mode``, ``max_staleness``,
+``groups_dropped_invalid``, ``groups_dropped_poison``, ``groups_dropped_uniform``,
+``groups_still_buffered`` (committed = trained + the four dropped + still buffered), ``wall_s``, ``mode``, ``max_staleness``,
 and (learner/hub.py) ``train_wall_s`` (from the moment every actor was connected),
 ``learner_time_s`` (seconds per state: starting, busy, waiting_data, weight_sync,
 checkpoint), ``trained_staleness_histogram`` ({staleness: groups}), ``trained_totals``

@@ -5,8 +5,11 @@
     actor:   lease() --slot--> generate --> commit(lease, group) --XADD--> [ stream N ]
                 (blocks while leased + unread == capacity)                     |
     learner: read(consumer) <--XREADGROUP-- unread ---> pending ---ack()---> trained |
-                 |  invalid payload: dead-letter to N:dead (dropped_invalid)   dropped_stale
-                 '-- read_pending(consumer) after a restart re-reads pending
+                 |  invalid payload: dead-letter to N:dead (dropped_invalid)   dropped_stale |
+                 |                                                             dropped_uniform
+                 '-- read_pending(consumer) after a restart re-reads pending; an entry
+                     delivered more than max_deliveries times without a completed step is
+                     dead-lettered to N:dead (dropped_poison)
 
 Every multi-key change is one Lua script (``buffer/scripts.py``), so no reader ever sees a
 half-applied state and ``stats()`` is a consistent snapshot.
@@ -30,7 +33,8 @@ from buffer.connection import call_with_retries, describe
 
 log = logging.getLogger(__name__)
 
-ACK_STATES = ("trained", "dropped_stale")
+ACK_STATES = ("trained", "dropped_stale", "dropped_uniform")
+"""States the learner acks with; dropped_invalid/dropped_poison are set by the buffer."""
 _ENTRY_ID = re.compile(r"[0-9]+-[0-9]+")
 _RESERVED_META = ("capacity", "consumer_group", "learner_version")
 
@@ -63,7 +67,8 @@ class ReplayBuffer:
 
     Conservation, for entries that came through commit(), also exact at every instant::
 
-        committed == trained + dropped_stale + dropped_invalid + unread + pending
+        committed == trained + dropped_stale + dropped_invalid + dropped_poison
+                     + dropped_uniform + unread + pending
 
     Nothing is ever trimmed or evicted: a full buffer blocks ``lease`` (backpressure).
     One consumer group (learner job) per buffer ``name``; acked entries are deleted.
@@ -73,6 +78,12 @@ class ReplayBuffer:
     raises ``BufferUnavailable``. Retries are safe: commit dedupes by group_id, ack and
     dead-lettering act only on still-pending entries, and a lease granted on a lost reply
     simply expires after ``lease_ttl_s``.
+
+    Poison: Redis counts every delivery of a pending entry (XREADGROUP of the consumer's
+    history increments XPENDING's times_delivered). ``read_pending`` dead-letters an entry
+    whose count exceeds ``max_deliveries`` as ``dropped_poison`` instead of handing it out
+    again; ``reset_deliveries`` (called once a step with the entries completed) sets the count
+    back to 0, so only entries that never made it through a step accumulate deliveries.
     """
 
     def __init__(
@@ -84,11 +95,14 @@ class ReplayBuffer:
         consumer_group: str = "learner",
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         reconnect_s: float = 5.0,
+        max_deliveries: int = 3,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if lease_ttl_s <= 0:
             raise ValueError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        if max_deliveries < 1:
+            raise ValueError(f"max_deliveries must be >= 1, got {max_deliveries}")
         if not name or not consumer_group:
             raise ValueError("name and consumer_group must be non-empty")
         if client.connection_pool.connection_kwargs.get("decode_responses"):
@@ -96,6 +110,7 @@ class ReplayBuffer:
         self.client, self.name, self.capacity = client, name, capacity
         self.lease_ttl_s, self.consumer_group = lease_ttl_s, consumer_group
         self.max_payload_bytes, self.reconnect_s = max_payload_bytes, reconnect_s
+        self.max_deliveries = max_deliveries
         self._where = describe(client)
         self._k = {s: f"{name}:{s}" for s in ("dead", "leases", "stats", "meta", "group_ids")}
         self._k["stream"] = name
@@ -182,7 +197,12 @@ class ReplayBuffer:
                 return valid
 
     def read_pending(self, consumer: str, vocab_size: int | None = None) -> list[Entry]:
-        """All entries delivered to ``consumer`` but not acked (to resume after a restart)."""
+        """All entries delivered to ``consumer`` but not acked (to resume after a restart).
+
+        This read is itself a delivery. An entry now delivered more than ``max_deliveries``
+        times without a completed step (see ``reset_deliveries``) is poison: it is
+        dead-lettered (``dropped_poison``) instead of being returned.
+        """
         self._ensure_group()
         raw, last = [], "0"
         while page := self._xreadgroup(consumer, last, 1000, None):
@@ -190,14 +210,31 @@ class ReplayBuffer:
             last = page[-1][0]
         if not raw:
             return []
-        rows = self._call(
-            lambda: self.client.xpending_range(
-                self._k["stream"], self.consumer_group, "-", "+", len(raw), consumer
-            )
+        times = self._delivery_counts(consumer, len(raw))
+        entries = []
+        for eid, fields in raw:
+            deliveries = times.get(eid, 1)
+            if deliveries > self.max_deliveries:
+                self._poison(eid, fields, deliveries)
+            elif entry := self._decode(eid, fields, deliveries, vocab_size):
+                entries.append(entry)
+        return entries
+
+    def reset_deliveries(self, consumer: str, entry_ids: Iterable[str]) -> None:
+        """Record that a step with ``entry_ids`` completed: their delivery count goes to 0.
+
+        A redelivery after a later crash then counts from 1 again, so an entry that was
+        trained fine is never mistaken for poison; only the entries of a step that keeps
+        crashing accumulate deliveries. Entries no longer pending are ignored.
+        """
+        ids = self._check_ids(entry_ids)
+        if not ids:
+            return
+        self._ensure_group()
+        stream, group = self._k["stream"], self.consumer_group
+        self._call(
+            lambda: self.client.xclaim(stream, group, consumer, 0, ids, retrycount=0, justid=True)
         )
-        times = {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
-        entries = (self._decode(eid, f, times.get(eid, 1), vocab_size) for eid, f in raw)
-        return [e for e in entries if e]
 
     def ack(self, entry_ids: Iterable[str], state: str) -> int:
         """XACK + XDEL ``entry_ids`` and count them as ``state`` ("trained"|"dropped_stale").
@@ -206,12 +243,7 @@ class ReplayBuffer:
         """
         if state not in ACK_STATES:
             raise ValueError(f"state must be one of {ACK_STATES}, got {state!r}")
-        ids = list(entry_ids)
-        bad = [i for i in ids if not _ENTRY_ID.fullmatch(i)]
-        if bad:
-            raise ValueError(
-                f"not stream entry ids: {bad[:3]}"
-            )  # checked here: Lua has no rollback
+        ids = self._check_ids(entry_ids)
         if not ids:
             return 0
         self._ensure_group()
@@ -253,6 +285,44 @@ class ReplayBuffer:
         return dict(zip(scripts.STATS_FIELDS, (int(v) for v in values), strict=True))
 
     # -- internals -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_ids(entry_ids: Iterable[str]) -> list[str]:
+        """``entry_ids`` as a list; ValueError if one is not a stream id (Lua has no rollback)."""
+        ids = list(entry_ids)
+        bad = [i for i in ids if not _ENTRY_ID.fullmatch(i)]
+        if bad:
+            raise ValueError(f"not stream entry ids: {bad[:3]}")
+        return ids
+
+    def _delivery_counts(self, consumer: str, count: int) -> dict[str, int]:
+        """{entry id: times delivered} for ``consumer``'s pending entries (first ``count``)."""
+        rows = self._call(
+            lambda: self.client.xpending_range(
+                self._k["stream"], self.consumer_group, "-", "+", count, consumer
+            )
+        )
+        return {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
+
+    def _poison(self, entry_id: str, fields, deliveries: int) -> None:
+        """Dead-letter a pending entry that was handed out ``deliveries - 1`` times in vain."""
+        handed_out = deliveries - 1  # this read was one more delivery; it is not handed out
+        reason = (
+            f"poison: delivered {handed_out} times, and no step with it completed (the learner "
+            f"crashed or was stopped each time; buffer.max_deliveries={self.max_deliveries})"
+        )
+        fields = fields or {}
+        foreign = bool(fields) and b"seq" not in fields  # see _decode
+        self._dead_letter(entry_id, reason, fields.get(b"payload", b""), foreign, "dropped_poison")
+
+    def _dead_letter(
+        self, entry_id: str, reason: str, payload: bytes, foreign: bool, counter: str
+    ) -> None:
+        """Move a pending entry to ``N:dead`` with ``reason``, counted as ``counter``."""
+        keys = [self._k["stream"], self._k["dead"], self._k["stats"]]
+        args = [self.consumer_group, entry_id, reason, payload, "1" if foreign else "0", counter]
+        self._call(lambda: self._s["DEAD_LETTER"](keys, args))
+        log.warning("buffer %s: dead-lettered %s: %s", self.name, entry_id, reason)
 
     def _call(self, fn):
         return call_with_retries(fn, self._where, self.reconnect_s)
@@ -322,11 +392,8 @@ class ReplayBuffer:
             return Entry(entry_id, group, deliveries)
         except PayloadError as e:
             # Only an entry with fields but no commit marker bypassed commit()'s counting.
-            foreign = "1" if fields and b"seq" not in fields else "0"
-            keys = [self._k["stream"], self._k["dead"], self._k["stats"]]
-            args = [self.consumer_group, entry_id, e.reason, payload, foreign]
-            self._call(lambda: self._s["DEAD_LETTER"](keys, args))
-            log.warning("buffer %s: dead-lettered %s: %s", self.name, entry_id, e.reason)
+            foreign = bool(fields) and b"seq" not in fields
+            self._dead_letter(entry_id, e.reason, payload, foreign, "dropped_invalid")
             return None
 
 

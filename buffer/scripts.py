@@ -7,7 +7,9 @@ Keys of a buffer named ``N`` (passed in KEYS, never built inside a script)::
     N:dead       stream: dead letters, fields entry_id, reason, payload
     N:leases     zset: lease_id -> expiry (server time, ms); expired members are reclaimed
                  lazily by the scripts below (the server clock is the only clock used)
-    N:stats      hash: committed, trained, dropped_stale, dropped_invalid (monotone counters)
+    N:stats      hash: committed and one counter per terminal state: trained, dropped_stale,
+                 dropped_invalid, dropped_poison, dropped_uniform (monotone; a field missing
+                 in data written by an older version reads as 0)
     N:meta       hash: capacity, consumer_group, learner_version, user keys (set_meta)
     N:group_ids  set: every group_id ever committed (idempotent commit)
 
@@ -106,10 +108,11 @@ end
 return n
 """
 
-# KEYS: stream, dead, stats   ARGV: consumer_group, entry_id, reason, payload, foreign
-# Moves one pending entry to the dead-letter stream and counts it dropped_invalid. An entry
-# that did not come through COMMIT (foreign == '1') is counted as committed here, so the
-# conservation law also covers it once it has been read.
+# KEYS: stream, dead, stats   ARGV: consumer_group, entry_id, reason, payload, foreign, counter
+# Moves one pending entry to the dead-letter stream and counts it as ``counter``
+# ("dropped_invalid" for a malformed payload, "dropped_poison" for one delivered too often).
+# An entry that did not come through COMMIT (foreign == '1') is counted as committed here, so
+# the conservation law also covers it once it has been read.
 DEAD_LETTER = """
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if #p == 0 then return 0 end  -- already handled (a retried call)
@@ -118,7 +121,7 @@ redis.call('XADD', KEYS[2], '*', 'entry_id', ARGV[2], 'reason', ARGV[3], 'payloa
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 if ARGV[5] == '1' then redis.call('HINCRBY', KEYS[3], 'committed', 1) end
-redis.call('HINCRBY', KEYS[3], 'dropped_invalid', 1)
+redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
 return 1
 """
 
@@ -127,13 +130,16 @@ STATS = (
     _PRELUDE
     + """
 local now = now_ms()
-local c = redis.call('HMGET', KEYS[3], 'committed', 'trained', 'dropped_stale', 'dropped_invalid')
+local c = redis.call('HMGET', KEYS[3], 'committed', 'trained', 'dropped_stale', 'dropped_invalid',
+                     'dropped_poison', 'dropped_uniform')
 local pending = pending_count(KEYS[1], KEYS[4])
 local unread = math.max(0, redis.call('XLEN', KEYS[1]) - pending)
 local leased = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 local cap = tonumber(redis.call('HGET', KEYS[4], 'capacity')) or 0
-return {tonumber(c[1]) or 0, tonumber(c[2]) or 0, tonumber(c[3]) or 0, tonumber(c[4]) or 0,
-        unread, pending, leased, cap}
+local out = {}
+for i = 1, 6 do out[i] = tonumber(c[i]) or 0 end  -- missing field (older data) = 0
+for _, v in ipairs({unread, pending, leased, cap}) do out[#out + 1] = v end
+return out
 """
 )
 STATS_FIELDS = (
@@ -141,6 +147,8 @@ STATS_FIELDS = (
     "trained",
     "dropped_stale",
     "dropped_invalid",
+    "dropped_poison",
+    "dropped_uniform",
     "unread",
     "pending",
     "leased",

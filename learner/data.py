@@ -6,7 +6,17 @@ other group is acknowledged as ``dropped_stale`` at once (a terminal state, coun
 
 DAPO dynamic sampling (``drop_uniform``): a fresh group whose rewards are all equal has zero
 advantage under every group baseline, so it carries no signal; it is dropped (counted in
-``dropped_uniform``) and more groups are read until the batch is full.
+``dropped_uniform``, a terminal state of its own) and more groups are read until the batch
+is full.
+
+Poison (a group that crashes the step every time): the buffer counts deliveries and
+``read_pending`` dead-letters a group delivered more than ``buffer.max_deliveries`` times.
+For that count to single out the culprit, ``next_batch`` (i) reports the previous batch's step
+as completed (``reset_deliveries``), so groups trained fine before a crash start from 0 again,
+and (ii) puts at most one redelivered suspect (deliveries > 1) in a batch, so a group that
+merely shared a batch with the culprit is tried next to other groups and cleared. The
+failpoint ``learner.step/<group_id>`` (``asyncrl/faults.py``, tests only) fires right before
+the step for each group of the batch.
 """
 
 from __future__ import annotations
@@ -16,13 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.faults import failpoint
 from buffer.staleness import split_by_staleness
 from learner.advantages import all_equal_groups
 
-# The buffer has no terminal state for "read, but dropped for carrying no signal": these groups
-# are consumed by the learner (their gradient would be exactly 0), so they count as trained;
-# ``dropped_uniform`` tells them apart. Switch to a dedicated state once the buffer has one.
-_UNIFORM_ACK_STATE = "trained"
+_UNIFORM_ACK_STATE = "dropped_uniform"  # terminal state of groups dropped as all-equal
 _UNIFORM_ATOL = 1e-6  # rewards closer than this are "equal" (float noise of reward functions)
 
 
@@ -44,21 +52,34 @@ class GroupSource:
     dropped_stale: int = 0
     dropped_uniform: int = 0
     _pending: list = field(default_factory=list)
+    _last_batch: list = field(default_factory=list)
 
     def resume(self) -> int:
-        """Re-read entries delivered to this consumer before a restart; returns how many."""
-        self._pending = list(self.buffer.read_pending(self.consumer))
+        """Re-read entries delivered to this consumer before a restart; returns how many.
+
+        Entries delivered too often (poison) are dead-lettered by the buffer, not returned.
+        """
+        self._pending = list(self.buffer.read_pending(self.consumer, self.vocab_size))
         return len(self._pending)
 
     def next_batch(self, version: int, count: int) -> list:
-        """Exactly ``count`` fresh entries (blocking); stale ones are dropped on the way."""
+        """Exactly ``count`` fresh entries (blocking); stale ones are dropped on the way.
+
+        Calling it means the step of the previous batch completed (see module docstring).
+        """
+        if self._last_batch:
+            self.buffer.reset_deliveries(self.consumer, [e.entry_id for e in self._last_batch])
+            self._last_batch = []
         fresh: list = []
         deadline = time.monotonic() + self.timeout_s
         while len(fresh) < count:
             want = count - len(fresh)
-            entries, self._pending = self._pending[:want], self._pending[want:]
+            entries = self._take_pending(want, fresh)
             if not entries:
-                entries = self.buffer.read(self.consumer, want, 1000, self.vocab_size)
+                block_ms = 0 if self._pending else 1000
+                entries = self.buffer.read(self.consumer, want, block_ms, self.vocab_size)
+            if not entries and self._pending:  # only suspects left and no new data: mix them
+                entries, self._pending = self._pending[:want], self._pending[want:]
             ok, stale = split_by_staleness(entries, version, self.max_staleness)
             if stale:
                 self.buffer.ack([e.entry_id for e in stale], "dropped_stale")
@@ -76,7 +97,28 @@ class GroupSource:
                     "and pointed at the same buffer.url and buffer.name? (if only all-equal "
                     "groups arrive, the task is saturated: set algorithm.dynamic_sampling=false)"
                 )
+        self._last_batch = fresh
+        for e in fresh:  # test-only fault injection: "this group crashes the step"
+            failpoint(f"learner.step/{e.group.group_id}", version=version)
         return fresh
+
+    def _take_pending(self, want: int, batch: list) -> list:
+        """Up to ``want`` re-read entries for ``batch``, at most one suspect per batch.
+
+        A suspect (delivered more than once) was in a step that did not complete; keeping
+        suspects apart lets the innocent ones complete a step and clear their count.
+        """
+        suspect_in_batch = any(e.deliveries > 1 for e in batch)
+        taken, kept = [], []
+        for e in self._pending:
+            suspect = e.deliveries > 1
+            if len(taken) < want and not (suspect and suspect_in_batch):
+                taken.append(e)
+                suspect_in_batch = suspect_in_batch or suspect
+            else:
+                kept.append(e)
+        self._pending = kept
+        return taken
 
     def _drop_uniform(self, entries: list) -> list:
         """Ack and count the entries whose group rewards are all equal; return the others."""

@@ -45,7 +45,9 @@ class Hub:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         b = cfg.buffer
-        self.buffer = ReplayBuffer(connect(redis_url), b.name, b.capacity, b.lease_ttl_s)
+        self.buffer = ReplayBuffer(
+            connect(redis_url), b.name, b.capacity, b.lease_ttl_s, max_deliveries=b.max_deliveries
+        )
         self.source = GroupSource(
             self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s
         )
@@ -106,11 +108,13 @@ class Hub:
         pending = self.source.resume()
         if pending:
             self.say(f"re-read {pending} groups delivered before a restart")
-        self.say(
-            f"control plane on {self.control.address}; waiting for {cfg.actor.num_actors} actor(s)"
-        )
-        self.control.wait_for_actors(cfg.actor.num_actors, _ACTOR_WAIT_S)
-        self.sender = _open_weight_channel(self.control, cfg)
+        if cfg.learner.weight_sync:
+            self.say(
+                f"control plane on {self.control.address}; "
+                f"waiting for {cfg.actor.num_actors} actor(s)"
+            )
+            self.control.wait_for_actors(cfg.actor.num_actors, _ACTOR_WAIT_S)
+            self.sender = _open_weight_channel(self.control, cfg)
         self._last_t = self._ready_t = time.monotonic()
         self.clock.set("busy")
         self._last_totals = self.clock.totals()
@@ -166,7 +170,7 @@ class Hub:
             **self._step_timing(now),
             **{k: float(x) for k, x in metrics.items()},
         }
-        self._count_trained(groups, stale, stats["dropped_invalid"])
+        self._count_trained(groups, stale, stats)
         loss_metrics = {k: float(x) for k, x in metrics.items() if not k.startswith("dropped_")}
         self.metrics.observe_step(state.version, groups, stale, reward, dt, loss_metrics)
         self.log.log(record)
@@ -187,23 +191,25 @@ class Hub:
             "cpu_s": cpu_s,
         }
 
-    def _count_trained(self, groups: list, stale: list[int], dropped_invalid: int) -> None:
+    def _count_trained(self, groups: list, stale: list[int], stats: dict) -> None:
         for s in stale:
             self._staleness_hist[s] = self._staleness_hist.get(s, 0) + 1
         t = self._trained_totals
         t["groups"] += len(groups)
         t["samples"] += sum(len(g.samples) for g in groups)
         t["tokens"] += sum(g.num_tokens for g in groups)
-        for reason, count in self._dropped_counts(dropped_invalid).items():
+        for reason, count in self._dropped_counts(stats).items():
             seen = self._dropped_seen.get(reason, 0)
             self.metrics.dropped.labels(reason).inc(max(0, count - seen))
             self._dropped_seen[reason] = max(seen, count)
 
-    def _dropped_counts(self, dropped_invalid: int) -> dict[str, int]:
-        """Dropped groups by reason: the source's ``dropped_<reason>`` counters + invalid."""
+    def _dropped_counts(self, stats: dict) -> dict[str, int]:
+        """Dropped groups by reason: the source's ``dropped_<reason>`` counters + the buffer's
+        invalid and poison counts (dead-lettered by the buffer, job-wide)."""
         src = self.source
         out = {k[8:]: int(getattr(src, k)) for k in vars(src) if k.startswith("dropped_")}
-        out["invalid"] = dropped_invalid
+        out["invalid"] = stats["dropped_invalid"]
+        out["poison"] = stats["dropped_poison"]
         return out
 
     def trained_ids(self) -> list[str]:
@@ -230,6 +236,8 @@ class Hub:
             "groups_trained": stats["trained"],
             "groups_dropped_stale": stats["dropped_stale"],
             "groups_dropped_invalid": stats["dropped_invalid"],
+            "groups_dropped_poison": stats["dropped_poison"],
+            "groups_dropped_uniform": stats["dropped_uniform"],
             "groups_still_buffered": stats["unread"] + stats["pending"],
             "wall_s": state.wall_s,
             "mode": self.cfg.mode.name,
@@ -242,7 +250,7 @@ class Hub:
                 str(k): n for k, n in sorted(self._staleness_hist.items())
             },
             "trained_totals": dict(self._trained_totals),
-            "dropped_by_reason": self._dropped_counts(stats["dropped_invalid"]),
+            "dropped_by_reason": self._dropped_counts(stats),
             "weight_sync": dict(self._sync),
         }
         summary = self.log.write_summary(extra)

@@ -47,6 +47,8 @@ def test_groups_are_conserved(tiny_run):
         s["groups_trained"]
         + s["groups_dropped_stale"]
         + s["groups_dropped_invalid"]
+        + s["groups_dropped_poison"]
+        + s["groups_dropped_uniform"]
         + s["groups_still_buffered"]
     )
 

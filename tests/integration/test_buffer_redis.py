@@ -23,7 +23,8 @@ from buffer.testing import random_group
 
 pytestmark = pytest.mark.redis
 
-_COUNTED = ("trained", "dropped_stale", "dropped_invalid", "unread", "pending")
+_COUNTED = ("trained", "dropped_stale", "dropped_invalid", "dropped_poison", "dropped_uniform",
+            "unread", "pending")  # fmt: skip
 
 
 def _group(gid: str, seed: int = 0, versions=(0, 3)):
@@ -53,7 +54,7 @@ def test_commit_read_ack_round_trip(redis_client, buffer_name):
         assert buf.commit(buf.lease(0, 1.0), g) is True
     assert buf.stats() == {
         "committed": 3, "trained": 0, "dropped_stale": 0, "dropped_invalid": 0,
-        "unread": 3, "pending": 0, "leased": 0, "capacity": 4,
+        "dropped_poison": 0, "dropped_uniform": 0, "unread": 3, "pending": 0, "leased": 0, "capacity": 4,
     }  # fmt: skip
     entries = buf.read("c0", count=10, block_ms=100, vocab_size=100)
     assert [e.group for e in entries] == groups  # FIFO, all fields equal
