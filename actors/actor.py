@@ -8,6 +8,14 @@
 Many prompts are in flight at once (``actor.max_inflight``); groups are committed as they
 finish, not in lockstep.
 
+Prompt cursor (survives SIGKILL): actor i takes prompts i, i+K, i+2K, ... (K actors). Claiming
+an index is one Lua script that advances ``<buffer>:cursor:<i>`` and adds the index to the set
+``<buffer>:inflight:<i>``; the index leaves that set only after its group was committed (or
+found already committed). A restarted actor first re-generates the indices left in the set,
+then takes new ones, so no prompt is skipped. A kill between commit and the set removal makes
+the restart generate that prompt again: group ids are deterministic (``task_seed:index``) and
+commit dedupes by group id, so it is stored once (counted as a duplicate by the actor).
+
 Where the actor's time goes (``asyncrl.metrics.StateClock``, exported as
 ``asyncrl_actor_time_seconds_total{state}``), in priority order::
 
@@ -70,6 +78,8 @@ class Actor:
         self._inflight = 0
         self._paused = False
         self._blocked = "idle"
+        self._leftover: list[int] | None = None  # claimed by an earlier run, not committed
+        self._claim = buffer.client.register_script(_CLAIM_INDEX)
 
     def _refresh_state(self) -> None:
         """Derive the clock's state from (paused, in-flight groups, what blocks admission)."""
@@ -164,11 +174,43 @@ class Actor:
         key = f"{self.cfg.buffer.name}:quota:{self.state.version}"
         return self.buffer.client.incr(key) <= self.cfg.learner.batch_groups
 
+    def _key(self, what: str) -> str:
+        return f"{self.cfg.buffer.name}:{what}:{self.state.actor_id}"
+
+    def _redis(self, fn):
+        """``fn()`` with the buffer's reconnect-and-retry policy (a real ``ReplayBuffer``)."""
+        call = getattr(self.buffer, "_call", None)
+        return call(fn) if call is not None else fn()
+
+    def leftover_indices(self) -> list[int]:
+        """Indices an earlier run of this actor claimed but did not commit (ascending)."""
+        raw = self._redis(lambda: self.buffer.client.smembers(self._key("inflight")))
+        return sorted(int(i) for i in raw)
+
     def _next_index(self) -> int:
-        """Deterministic cursor: actor i takes prompts i, i+K, i+2K, ... (K actors)."""
-        key = f"{self.cfg.buffer.name}:cursor:{self.state.actor_id}"
-        k = self.buffer.client.incr(key) - 1
-        return self.state.actor_id + k * self.cfg.actor.num_actors
+        """The next prompt index: an earlier run's leftovers first, then a fresh claim.
+
+        Deterministic cursor: actor i takes prompts i, i+K, i+2K, ... (K actors). The claim
+        advances the cursor and records the index as in flight in one script, so a kill at
+        any point leaves every claimed-but-uncommitted index in ``<buffer>:inflight:<i>``.
+        """
+        if self._leftover is None:
+            self._leftover = self.leftover_indices()
+            if self._leftover:
+                print(
+                    f"[actor {self.state.actor_id}] resuming {len(self._leftover)} prompt(s) "
+                    f"left in flight by an earlier run: {self._leftover[:8]}",
+                    flush=True,
+                )
+        if self._leftover:
+            return self._leftover.pop(0)
+        keys = [self._key("cursor"), self._key("inflight")]
+        args = [self.state.actor_id, self.cfg.actor.num_actors]
+        return int(self._redis(lambda: self._claim(keys, args)))
+
+    def _done_index(self, index: int) -> None:
+        """The group of ``index`` is in the buffer: it is no longer in flight."""
+        self._redis(lambda: self.buffer.client.srem(self._key("inflight"), index))
 
     async def _group_task(self, index: int, lease: str, limit: asyncio.Semaphore) -> None:
         self._inflight += 1
@@ -179,6 +221,9 @@ class Actor:
             group = await self.make_group(index)
             self._count_generated(group, time.monotonic() - t0)
             fresh = await asyncio.to_thread(self._commit, lease, group)
+            if fresh is None:  # stopping with no slot: the index stays in flight for a restart
+                return
+            await asyncio.to_thread(self._done_index, index)
             self.state.committed += int(fresh)
             self.state.duplicates += int(not fresh)
             (self.metrics.committed if fresh else self.metrics.duplicates).inc()
@@ -213,8 +258,11 @@ class Actor:
 
         return {**asdict(self.state), "time_s": self.clock.totals()}
 
-    def _commit(self, lease: str, group: Group) -> bool:
-        """Commit; if the lease expired meanwhile and the buffer is full, wait for a new slot."""
+    def _commit(self, lease: str, group: Group) -> bool | None:
+        """Commit; if the lease expired meanwhile and the buffer is full, wait for a new slot.
+
+        True: stored; False: committed before (duplicate); None: stopped before a slot freed.
+        """
         from buffer.redis_buffer import LeaseExpired
 
         try:
@@ -224,7 +272,7 @@ class Actor:
                 again = self.buffer.lease(self.state.actor_id, 1.0)
                 if again is not None:
                     return self.buffer.commit(again, group)
-            return False
+            return None
 
     async def _generate(self, prompt_ids: list[int], seed: int) -> list:
         return await _generate_whole(self.engine, prompt_ids, self.cfg.actor, seed)
@@ -257,6 +305,15 @@ class Actor:
             )
         return Group(f"{self.cfg.task.seed}:{index}", index, self.state.actor_id, samples)
 
+
+# KEYS: cursor, inflight   ARGV: actor_id, num_actors. Claims the next index of this actor's
+# stride and records it as in flight, atomically (a kill cannot separate the two).
+_CLAIM_INDEX = """
+local k = redis.call('INCR', KEYS[1]) - 1
+local index = tonumber(ARGV[1]) + k * tonumber(ARGV[2])
+redis.call('SADD', KEYS[2], index)
+return index
+"""
 
 _MAX_RESUBMITS = 10  # update_mode=abort: a request cut by more syncs than this is an error
 
