@@ -175,6 +175,7 @@ class RedisServer:
                 f"unix socket path {self.socket_path} is longer than {_SUN_PATH_MAX} bytes; "
                 "use a shorter run directory or TCP (unix_socket=False)"
             )
+        self._previous = self._read_previous_conf()  # a restart reuses the last port
         # An auto-picked port can be taken between our probe and redis binding it: retry.
         for attempt in range(3):
             self.port = None if self.unix_socket else self._choose_port()
@@ -344,7 +345,7 @@ class RedisServer:
     def _warn_truncated_aof(self) -> None:
         """Log (warning) when this start dropped a torn AOF tail (``aof-load-truncated``)."""
         text = self._log_since_start()
-        if "AOF loaded anyway because aof-load-truncated is enabled" in text:
+        if "loaded anyway because aof-load-truncated is enabled" in text:
             log.warning(
                 "redis-server in %s dropped a torn last command of its AOF (a crash during a "
                 "write; that command was never acknowledged). See %s.",

@@ -1,0 +1,278 @@
+"""Guarantee 3: Redis killed with SIGKILL and restarted from its directory loses no
+acknowledged commit; writers and readers reconnect and carry on; a damaged AOF stops startup.
+
+The writer (actor ACL user) and the reader (learner ACL user) are separate processes that
+run this module (``python -m tests.faults.test_redis_restarts writer|reader ...``) and keep
+running across every kill. Each keeps a ledger file; the test checks that every commit that
+returned True (or False: stored by an earlier attempt whose reply the kill swallowed) was
+read and acked exactly once, and the conservation law of the buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "restarts"
+CAPACITY = 100_000
+RECONNECT_S = 30.0
+
+
+@pytest.fixture
+def redis_binary() -> str:
+    """Path of redis-server; skips when it is missing."""
+    import shutil
+
+    path = shutil.which("redis-server")
+    if path is None:
+        pytest.skip("install redis-server (apt-get install -y redis-server) to run Redis tests")
+    return path
+
+
+# -- the two roles (run in child processes) ------------------------------------------------------
+
+
+def _buffer(url: str):
+    """A ReplayBuffer on ``url`` that rides out a restart (retries for ``RECONNECT_S``)."""
+    from buffer.connection import connect
+    from buffer.redis_buffer import ReplayBuffer
+
+    client = connect(url, timeout_s=RECONNECT_S, socket_timeout_s=10.0)
+    return ReplayBuffer(client, NAME, CAPACITY, lease_ttl_s=600, reconnect_s=RECONNECT_S)
+
+
+def writer_main(url: str, ledger: str, stop_file: str, max_groups: int) -> None:
+    """Commit groups g0, g1, ... until ``stop_file`` exists; ledger line per commit result.
+
+    ``C gid``: commit returned True; ``D gid``: False (a retried commit whose first attempt
+    was stored before the kill). Any exception (e.g. BufferUnavailable) fails the process.
+    """
+    from buffer.testing import random_group
+
+    buf, rng = _buffer(url), random.Random(1)
+    with open(ledger, "w") as out:
+        for i in range(max_groups):
+            if os.path.exists(stop_file):
+                break
+            lease = buf.lease(actor_id=0, timeout_s=5.0)
+            if lease is None:
+                raise RuntimeError("buffer full: capacity is sized so this cannot happen")
+            stored = buf.commit(lease, random_group(rng, f"g{i}", n=4, max_len=64))
+            out.write(f"{'C' if stored else 'D'} g{i}\n")
+            out.flush()
+
+
+def reader_main(url: str, ledger: str, done_file: str, deadline_s: float) -> None:
+    """Read and ack (as trained) until the writer is done and nothing is left to read.
+
+    A kill can swallow the reply of an XREADGROUP that Redis already executed: those entries
+    are pending for this consumer but were never seen, so an idle reader also re-reads its
+    pending entries (``read_pending``), as the learner does at start. Ledger: ``R gid``.
+    """
+    buf, end = _buffer(url), time.monotonic() + deadline_s
+    with open(ledger, "w") as out:
+        while time.monotonic() < end:
+            entries, kind = buf.read("reader", count=16, block_ms=200), "R"
+            if not entries:
+                entries, kind = buf.read_pending("reader"), "P"
+            for e in entries:
+                out.write(f"{kind} {e.group.group_id}\n")
+            out.flush()
+            buf.ack([e.entry_id for e in entries], "trained")
+            if not entries and os.path.exists(done_file):
+                s = buf.stats()
+                if s["unread"] == 0 and s["pending"] == 0:
+                    return
+    raise RuntimeError(f"reader did not drain the buffer within {deadline_s}s")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _spawn(role: str, *args: str, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "tests.faults.test_redis_restarts", role, *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def _ledger(path: Path) -> list[tuple[str, str]]:
+    return [tuple(line.split()) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def _wait_progress(watched, log_dir: Path, at_least: int, timeout_s: float = 60.0) -> None:
+    """Wait until each (ledger, process) ledger grew by ``at_least`` lines; fail if a process
+    exited or ``timeout_s`` passed (its log is quoted)."""
+    start = {ledger: _lines(ledger) for ledger, _ in watched}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for ledger, proc in watched:
+            log = log_dir / ledger.name.replace(".ledger", ".log")
+            assert proc.poll() is None, f"{ledger.stem} exited:\n{log.read_text()[-3000:]}"
+        if all(_lines(ledger) >= start[ledger] + at_least for ledger, _ in watched):
+            return
+        assert time.monotonic() < deadline, f"no progress in {timeout_s}s: {start}"
+        time.sleep(0.05)
+
+
+def _sigkill(server) -> None:
+    """SIGKILL redis-server (no SHUTDOWN, no AOF flush) and reap it."""
+    os.kill(server.pid, signal.SIGKILL)
+    server._proc.wait(timeout=10)
+
+
+def conservation(stats: dict[str, int]) -> tuple[int, int]:
+    """(committed, trained + dropped_* + still_buffered) from ``ReplayBuffer.stats()``."""
+    dropped = sum(v for k, v in stats.items() if k.startswith("dropped_"))
+    return stats["committed"], stats["trained"] + dropped + stats["unread"] + stats["pending"]
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(420)
+def test_redis_sigkill_restarts_lose_no_acknowledged_commit(tmp_path, redis_binary, counts):
+    """Kill redis-server with SIGKILL ``kills`` times under load and restart it from its
+    directory; writer and reader processes keep running; nothing acknowledged is lost."""
+    from buffer.connection import connect
+    from buffer.redis_buffer import ReplayBuffer
+    from buffer.server import RedisServer
+
+    kills = counts(5, 20)
+    rng = random.Random(3)
+    server = RedisServer(tmp_path / "redis", key_prefix=NAME).start()
+    port = server.port
+    stop, done = tmp_path / "stop", tmp_path / "writer_done"
+    wled, rled = tmp_path / "writer.ledger", tmp_path / "reader.ledger"
+    writer = _spawn("writer", server.url_for("actor"), str(wled), str(stop), "1000000",
+                    log=tmp_path / "writer.log")  # fmt: skip
+    reader = _spawn("reader", server.url_for("learner"), str(rled), str(done), "300",
+                    log=tmp_path / "reader.log")  # fmt: skip
+    downtimes = []
+    try:
+        for _ in range(kills):
+            # Kill only under load: both roles made progress since the last restart.
+            _wait_progress([(wled, writer), (rled, reader)], tmp_path, at_least=5)
+            time.sleep(rng.uniform(0.0, 0.3))
+            _sigkill(server)
+            t0 = time.monotonic()
+            time.sleep(rng.uniform(0.0, 0.5))  # clients see a dead server for a while
+            server.start()
+            downtimes.append(time.monotonic() - t0)
+            assert server.port == port, "restart must keep the port the clients hold"
+        time.sleep(0.5)
+        stop.touch()
+        assert writer.wait(timeout=60) == 0, (tmp_path / "writer.log").read_text()[-3000:]
+        done.touch()
+        assert reader.wait(timeout=120) == 0, (tmp_path / "reader.log").read_text()[-3000:]
+    finally:
+        for p in (writer, reader):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    written = _ledger(wled)
+    gids = {gid for _, gid in written}
+    read = [gid for _, gid in _ledger(rled)]
+    n_pending = sum(1 for kind, _ in _ledger(rled) if kind == "P")
+    stats = ReplayBuffer(connect(server.url), NAME, CAPACITY).stats()
+    server.stop()
+    n_dup = sum(1 for kind, _ in written if kind == "D")
+    print(f"\nkills={kills} commits={len(written)} retried_dups={n_dup} reads={len(read)} "
+          f"reread_pending={n_pending} "
+          f"max_downtime={max(downtimes):.2f}s stats={stats}")  # fmt: skip
+    assert len(written) >= 5 * kills, "too little traffic to exercise the kills"
+    assert len(gids) == len(written), "a group id was acknowledged twice"
+    assert sorted(read) == sorted(gids), (
+        f"lost: {sorted(gids - set(read))[:10]}, never committed: {sorted(set(read) - gids)[:10]}, "
+        f"read twice: {len(read) - len(set(read))}"
+    )
+    assert stats["committed"] == len(gids) == stats["trained"]
+    assert stats["unread"] == stats["pending"] == 0
+    committed, accounted = conservation(stats)
+    assert committed == accounted, stats
+
+
+def _damaged_dir(tmp_path: Path, n_keys: int = 200):
+    """A run directory whose AOF holds ``n_keys`` SETs (server SIGKILLed), and its incr file."""
+    import redis
+
+    from buffer.server import RedisServer
+
+    server = RedisServer(tmp_path / "redis").start()
+    client = redis.Redis.from_url(server.url)
+    for i in range(n_keys):
+        client.set(f"k{i}", "x" * 100)
+    _sigkill(server)
+    (incr,) = (tmp_path / "redis" / "appendonlydir").glob("*.incr.aof")
+    return tmp_path / "redis", incr
+
+
+@pytest.mark.timeout(60)
+def test_garbled_aof_stops_startup_with_the_fix(tmp_path, redis_binary):
+    """Garbage in the middle of the AOF: start() raises naming the file and
+    `redis-check-aof --fix`, and does not start with missing data; the fix then works."""
+    import redis
+
+    from buffer.server import RedisServer, RedisServerError
+
+    run_dir, incr = _damaged_dir(tmp_path)
+    data = incr.read_bytes()
+    mid = len(data) // 2
+    incr.write_bytes(data[:mid] + b"*garbage\r\n$!!" + data[mid + 14 :])
+    server = RedisServer(run_dir)
+    with pytest.raises(RedisServerError) as err:
+        server.start()
+    msg = str(err.value)
+    assert str(incr) in msg and "redis-check-aof --fix" in msg, msg
+    assert "appendonly.aof.manifest" in msg and "refused to start" in msg, msg
+    assert not server.running()
+    assert incr.read_bytes()[:mid] == data[:mid], "startup must not rewrite the damaged AOF"
+
+    manifest = run_dir / "appendonlydir" / "appendonly.aof.manifest"
+    fix = subprocess.run(["redis-check-aof", "--fix", str(manifest)], input=b"y\n",
+                         capture_output=True, timeout=30)  # fmt: skip
+    assert fix.returncode == 0, fix.stdout + fix.stderr
+    with RedisServer(run_dir) as fixed:
+        kept = redis.Redis.from_url(fixed.url).dbsize()
+    assert 0 < kept < 200, f"the fix keeps the commands before the damage, kept {kept}"
+
+
+@pytest.mark.timeout(60)
+def test_torn_aof_tail_drops_only_the_unacknowledged_command(tmp_path, redis_binary, caplog):
+    """A torn last command (crash mid-write; never acknowledged) is dropped with a warning;
+    every complete command before it is kept."""
+    import redis
+
+    from buffer.server import RedisServer
+
+    run_dir, incr = _damaged_dir(tmp_path)
+    incr.write_bytes(incr.read_bytes()[:-20])  # cut into the last SET
+    with caplog.at_level("WARNING", logger="buffer.server"), RedisServer(run_dir) as server:
+        client = redis.Redis.from_url(server.url)
+        assert client.dbsize() == 199
+        assert client.get("k198") == b"x" * 100 and client.get("k199") is None
+    assert "torn last command" in caplog.text
+
+
+if __name__ == "__main__":
+    role, *argv = sys.argv[1:]
+    if role == "writer":
+        writer_main(argv[0], argv[1], argv[2], int(argv[3]))
+    elif role == "reader":
+        reader_main(argv[0], argv[1], argv[2], float(argv[3]))
+    else:
+        raise SystemExit(f"unknown role {role!r}: writer or reader")
