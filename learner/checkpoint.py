@@ -1,15 +1,23 @@
 """Atomic checkpoints: DCP (sharded, for resume) + an HF safetensors export + state.json.
 
 Layout: ``<run_dir>/checkpoints/step_<V>/{dcp/, hf/, state.json, COMPLETE}``. A checkpoint is
-written under ``.tmp-step_<V>`` and renamed only after every file is on disk and the
-``COMPLETE`` marker is written, so resume never sees a partial checkpoint. Only after that
-are the trained groups acknowledged in the buffer (ack-on-checkpoint).
+written under ``.tmp-step_<V>``; once every file is fsynced, the ``COMPLETE`` marker (holding
+``V``) is written and fsynced, the directory is renamed to ``step_<V>`` (one atomic rename) and
+the parent directory is fsynced. ``latest_checkpoint`` trusts only a ``step_<V>`` whose marker
+says ``V``, so a process killed at any point of a save leaves either the previous checkpoint
+or the new one, never a partial one (tests/faults/test_checkpoint_kills.py kills it at every
+phase). Only after that are the trained groups acknowledged in the buffer (ack-on-checkpoint).
+
+Failpoints (``asyncrl.faults``, test-only) mark the phases: ``checkpoint.begin``,
+``checkpoint.after_dcp``, ``checkpoint.after_hf``, ``checkpoint.before_marker``,
+``checkpoint.before_rename``, ``checkpoint.after_rename``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -17,17 +25,35 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from asyncrl.faults import failpoint
 from learner.model import full_named_tensors
 
 _MARKER = "COMPLETE"
+_STEP = re.compile(r"step_([0-9]+)")
 _WEIGHT_FILES = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"}
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """Newest complete checkpoint under ``run_dir/checkpoints`` (None if there is none)."""
+    """Newest complete checkpoint under ``run_dir/checkpoints`` (None if there is none).
+
+    Complete = named ``step_<V>`` with a ``COMPLETE`` marker that says ``V`` (written last,
+    after every other file is durable). Temporary (``.tmp-*``) and trashed (``.old-*``)
+    directories of interrupted saves are never candidates."""
     root = Path(run_dir) / "checkpoints"
-    done = sorted(p for p in root.glob("step_*") if (p / _MARKER).is_file())
-    return done[-1] if done else None
+    done = [(v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None]
+    return max(done)[1] if done else None
+
+
+def _complete_version(path: Path) -> int | None:
+    """``V`` if ``path`` is ``step_<V>`` with a marker saying ``V``, else None."""
+    m = _STEP.fullmatch(path.name)
+    if m is None:
+        return None
+    try:
+        marker = (path / _MARKER).read_text().strip()
+    except OSError:
+        return None
+    return int(m.group(1)) if marker == str(int(m.group(1))) else None
 
 
 def _rank() -> int:
@@ -58,19 +84,39 @@ def save_checkpoint(
     final = root / f"step_{version:06d}"
     tmp = root / f".tmp-step_{version:06d}"
     if _rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_leftovers(root)
         tmp.mkdir(parents=True)
     _barrier()
+    failpoint("checkpoint.begin", version=version)
     dcp.save(_state_dicts(model, optimizer, extra), checkpoint_id=str(tmp / "dcp"))
+    failpoint("checkpoint.after_dcp", version=version)
     export_hf(model, tmp / "hf", source_model_dir)
+    failpoint("checkpoint.after_hf", version=version)
+    _barrier()  # every rank's files are written before rank 0 seals the checkpoint
     if _rank() == 0:
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
         _fsync_tree(tmp)
-        (tmp / _MARKER).write_text(str(version))
-        shutil.rmtree(final, ignore_errors=True)
+        failpoint("checkpoint.before_marker", version=version)
+        _write_durably(tmp / _MARKER, str(version))
+        failpoint("checkpoint.before_rename", version=version)
+        if final.exists():  # a same-version leftover: move it aside atomically, then delete
+            trash = root / f".old-{final.name}"
+            shutil.rmtree(trash, ignore_errors=True)
+            os.replace(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
         os.replace(tmp, final)
+        _fsync_dir(root)
+        failpoint("checkpoint.after_rename", version=version)
     _barrier()
     return final
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete the ``.tmp-*`` / ``.old-*`` directories of saves that were interrupted."""
+    root.mkdir(parents=True, exist_ok=True)
+    for p in root.iterdir():
+        if p.name.startswith((".tmp-", ".old-")):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def export_hf(model: nn.Module, out_dir: Path, source_model_dir: str | Path) -> None:
@@ -121,7 +167,28 @@ def _state_dicts(model, optimizer, extra) -> dict:
 
 
 def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (and ``root`` itself)."""
     for p in root.rglob("*"):
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+        elif p.is_dir():
+            _fsync_dir(p)
+    _fsync_dir(root)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` and fsync it."""
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a directory, so the names created or renamed in it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import Config
+from asyncrl.faults import failpoint
 from learner.batch import broadcast_batch, collate
 from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from learner.critic import build_critic
@@ -95,13 +96,15 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     start = time.monotonic() - state.wall_s
     if hub:
         hub.start(state.version)
-    if state.version > 0:  # the resumed policy differs from the actors' initial weights
+    sync = cfg.learner.weight_sync
+    if sync and state.version > 0:  # the resumed policy differs from the actors' initial weights
         _sync_weights(ctx.model, hub, state.version)
     while state.version < cfg.learner.steps:
         over = cfg.learner.max_wall_s and time.monotonic() - start > cfg.learner.max_wall_s
         if _stop_flag(rank, bool(over) or (hub is not None and hub.stop_requested())):
             break
         groups = hub.next_groups(state.version) if hub else None
+        failpoint("learner.after_read", version=state.version)
         batch = broadcast_batch(collate(groups) if hub else None)
         _warm_up_lr(ctx, cfg, state.version)
         metrics = reduce_metrics(train_on_batch(ctx, batch), world)
@@ -110,7 +113,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         state.version += 1
         state.groups_trained += batch.rewards.shape[0]
         state.wall_s = time.monotonic() - start
-        if state.version % cfg.learner.sync_every == 0:
+        if sync and state.version % cfg.learner.sync_every == 0:
             _sync_weights(ctx.model, hub, state.version)
         if hub:
             metrics["dropped_uniform"] = hub.source.dropped_uniform
@@ -118,6 +121,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         every = cfg.learner.checkpoint_every
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
             _checkpoint(run_dir, ctx, state, model_dir, hub)
+        failpoint("learner.after_step", version=state.version)
     _checkpoint(run_dir, ctx, state, model_dir, hub)
     return state
 
@@ -161,6 +165,7 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) 
     }
     save_checkpoint(run_dir, state.version, ctx.model, ctx.optimizer, payload, model_dir,
                     extra=_extra_state(ctx))  # fmt: skip
+    failpoint("learner.before_ack", version=state.version)  # durable, groups not yet acked
     if hub:
         hub.ack_trained()
 
