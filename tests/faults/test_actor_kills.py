@@ -17,19 +17,35 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.faults.conftest import fault_count
-from tests.integration.conftest import buffer_name, redis_client  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 N_SAMPLES = 4
 LEASE_TTL_S = 2.0
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    """A binary-safe client of the session's redis-server (as in tests/integration)."""
+    from buffer.connection import connect
+
+    client = connect(redis_server.url, timeout_s=5.0)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def buffer_name() -> str:
+    """A fresh key prefix, so tests sharing one server never see each other's data."""
+    return f"faults-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +68,7 @@ def write_config(run_dir: Path, buffer_name: str, **actor) -> object:
     cfg.run_dir, cfg.metrics_port = str(run_dir), 0
     cfg.buffer.name, cfg.buffer.capacity, cfg.buffer.lease_ttl_s = buffer_name, 4, LEASE_TTL_S
     a = cfg.actor
-    a.engine, a.num_actors, a.n_samples, a.max_tokens = "sim", 2, N_SAMPLES, 8
+    a.engine, a.num_actors, a.n_samples, a.max_tokens = "sim", 3, N_SAMPLES, 8
     a.max_inflight, a.sim_tokens_per_s, a.sim_mean_len = 2, 150.0, 4.0
     for k, v in actor.items():
         setattr(a, k, v)
@@ -136,6 +152,11 @@ def wait_until(pred, timeout_s: float, what: str, poll_s: float = 0.1) -> None:
         time.sleep(poll_s)
 
 
+def dead(procs: dict) -> list[int]:
+    """Actors that exited although nobody killed them."""
+    return [i for i, p in procs.items() if p.poll() is not None]
+
+
 def kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
@@ -168,22 +189,24 @@ def test_actor_sigkill_storm_loses_and_duplicates_nothing(
     reader = Reader(buf, N_SAMPLES)
     reader.start()
     procs = {i: spawn_actor(run_dir, sim_model_dir, i, redis_server.url) for i in range(k)}
+    born = {i: 0 for i in range(k)}  # each actor's cursor when it was (re)started
     rng = random.Random(1234)
     t0 = time.monotonic()
     try:
         for n in range(kills):
-            victim = rng.randrange(k)
-            # kill while producing: after the restarted actor claimed at least one new prompt
-            start = cursor(redis_client, buffer_name, victim)
-            wait_until(
-                lambda v=victim, c=start: cursor(redis_client, buffer_name, v) > c
-                or procs[v].poll() is not None,
-                60,
-                f"actor {victim} to claim a prompt (kill {n})",
-            )
-            assert procs[victim].poll() is None, f"actor {victim} died by itself: see {run_dir}"
-            time.sleep(rng.uniform(0.0, 1.0))
+            # kill an actor while it produces (it claimed a prompt since its restart); the
+            # others keep producing meanwhile, so restarts overlap with work
+            def producing():
+                return [
+                    i for i in range(k) if cursor(redis_client, buffer_name, i) > born[i]
+                ]  # fmt: skip
+
+            wait_until(lambda: producing() or dead(procs), 60, f"a producing actor (kill {n})")
+            assert not dead(procs), f"actor(s) {dead(procs)} died by themselves: see {run_dir}"
+            time.sleep(rng.uniform(0.0, 1.5))
+            victim = rng.choice(producing())
             kill(procs[victim])
+            born[victim] = cursor(redis_client, buffer_name, victim)
             procs[victim] = spawn_actor(run_dir, sim_model_dir, victim, redis_server.url)
         storm_s = time.monotonic() - t0
         # the restarted actors pick up every prompt their dead predecessors left in flight
@@ -214,6 +237,9 @@ def test_actor_sigkill_storm_loses_and_duplicates_nothing(
     assert_conserved(stats)
     assert stats["committed"] == stats["trained"] == len(reader.seen)
     assert buf.dead_letters() == []
+    logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("actor*.log"))
+    resumed = logs.count("left in flight by an earlier run")
+    assert resumed > 0, "no restarted actor had prompts to resume: the kills missed the window"
     print(
         f"\n{kills} SIGKILLs (+{k} final) in {storm_s:.0f}s; {len(reader.seen)} groups, "
         f"0 lost, 0 duplicated; prompts claimed {sum(final.values())}; stats {stats}"
