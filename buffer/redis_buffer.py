@@ -8,7 +8,7 @@
                  |  invalid payload: dead-letter to N:dead (dropped_invalid)   dropped_stale |
                  |                                                             dropped_uniform
                  '-- read_pending(consumer) after a restart re-reads pending; an entry
-                     delivered more than max_deliveries times without a completed step is
+                     delivered max_deliveries times without a completed step is
                      dead-lettered to N:dead (dropped_poison)
 
 Every multi-key change is one Lua script (``buffer/scripts.py``), so no reader ever sees a
@@ -45,7 +45,9 @@ class LeaseExpired(RuntimeError):
 
 @dataclass(frozen=True)
 class Entry:
-    """One delivered group. ``deliveries``: times Redis has handed this entry to a consumer."""
+    """One delivered group. ``deliveries``: Redis's delivery count of the entry (XPENDING
+    times_delivered): 1 for a new read; for a re-read pending entry, the number of steps it
+    was handed to that did not complete (see ``ReplayBuffer.set_deliveries``)."""
 
     entry_id: str
     group: Group
@@ -79,11 +81,13 @@ class ReplayBuffer:
     dead-lettering act only on still-pending entries, and a lease granted on a lost reply
     simply expires after ``lease_ttl_s``.
 
-    Poison: Redis counts every delivery of a pending entry (XREADGROUP of the consumer's
-    history increments XPENDING's times_delivered). ``read_pending`` dead-letters an entry
-    whose count exceeds ``max_deliveries`` as ``dropped_poison`` instead of handing it out
-    again; ``reset_deliveries`` (called once a step with the entries completed) sets the count
-    back to 0, so only entries that never made it through a step accumulate deliveries.
+    Poison: Redis keeps a delivery count per pending entry (XPENDING times_delivered; a new
+    read sets 1). The learner keeps it equal to "steps started with this entry that did not
+    complete": ``set_deliveries`` raises it when it hands a re-read entry to a step and sets
+    it to 0 once the step completed. ``read_pending`` reads history without counting (XRANGE;
+    XREADGROUP of history would count every re-read, also of entries never tried again) and
+    dead-letters an entry whose count reached ``max_deliveries`` as ``dropped_poison``
+    instead of handing it out again.
     """
 
     def __init__(
@@ -199,42 +203,42 @@ class ReplayBuffer:
     def read_pending(self, consumer: str, vocab_size: int | None = None) -> list[Entry]:
         """All entries delivered to ``consumer`` but not acked (to resume after a restart).
 
-        This read is itself a delivery. An entry now delivered more than ``max_deliveries``
-        times without a completed step (see ``reset_deliveries``) is poison: it is
-        dead-lettered (``dropped_poison``) instead of being returned.
+        Re-reading does not count as a delivery. An entry whose delivery count reached
+        ``max_deliveries`` is poison: it is dead-lettered (``dropped_poison``), not returned.
         """
         self._ensure_group()
-        raw, last = [], "0"
-        while page := self._xreadgroup(consumer, last, 1000, None):
-            raw += page
-            last = page[-1][0]
-        if not raw:
+        counts = self._delivery_counts(consumer)
+        if not counts:
             return []
-        times = self._delivery_counts(consumer, len(raw))
+        fields = self._fields(list(counts))
         entries = []
-        for eid, fields in raw:
-            deliveries = times.get(eid, 1)
-            if deliveries > self.max_deliveries:
-                self._poison(eid, fields, deliveries)
-            elif entry := self._decode(eid, fields, deliveries, vocab_size):
+        for eid, deliveries in counts.items():
+            if deliveries >= self.max_deliveries:
+                self._poison(eid, fields.get(eid), deliveries)
+            elif entry := self._decode(eid, fields.get(eid), deliveries, vocab_size):
                 entries.append(entry)
         return entries
 
-    def reset_deliveries(self, consumer: str, entry_ids: Iterable[str]) -> None:
-        """Record that a step with ``entry_ids`` completed: their delivery count goes to 0.
+    def set_deliveries(self, consumer: str, counts: dict[str, int]) -> None:
+        """Set the delivery count of pending entries: {entry id: count}.
 
-        A redelivery after a later crash then counts from 1 again, so an entry that was
-        trained fine is never mistaken for poison; only the entries of a step that keeps
-        crashing accumulate deliveries. Entries no longer pending are ignored.
+        The learner sets ``count + 1`` when it hands a re-read entry to a step and 0 once a
+        step with the entry completed, so a group trained fine is never mistaken for poison;
+        only the entries of a step that keeps crashing reach ``max_deliveries``. Entries no
+        longer pending are ignored.
         """
-        ids = self._check_ids(entry_ids)
-        if not ids:
-            return
+        by_count: dict[int, list[str]] = {}
+        for eid, n in counts.items():
+            by_count.setdefault(int(n), []).append(eid)
         self._ensure_group()
         stream, group = self._k["stream"], self.consumer_group
-        self._call(
-            lambda: self.client.xclaim(stream, group, consumer, 0, ids, retrycount=0, justid=True)
-        )
+        for n, ids in by_count.items():
+            ids = self._check_ids(ids)
+            self._call(
+                lambda ids=ids, n=n: self.client.xclaim(
+                    stream, group, consumer, 0, ids, retrycount=n, justid=True
+                )
+            )
 
     def ack(self, entry_ids: Iterable[str], state: str) -> int:
         """XACK + XDEL ``entry_ids`` and count them as ``state`` ("trained"|"dropped_stale").
@@ -295,20 +299,34 @@ class ReplayBuffer:
             raise ValueError(f"not stream entry ids: {bad[:3]}")
         return ids
 
-    def _delivery_counts(self, consumer: str, count: int) -> dict[str, int]:
-        """{entry id: times delivered} for ``consumer``'s pending entries (first ``count``)."""
-        rows = self._call(
-            lambda: self.client.xpending_range(
-                self._k["stream"], self.consumer_group, "-", "+", count, consumer
+    def _delivery_counts(self, consumer: str) -> dict[str, int]:
+        """{entry id: delivery count} of every entry pending for ``consumer``, oldest first."""
+        counts: dict[str, int] = {}
+        start = "-"
+        while rows := self._call(
+            lambda start=start: self.client.xpending_range(
+                self._k["stream"], self.consumer_group, start, "+", 1000, consumer
             )
-        )
-        return {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
+        ):
+            counts.update((_s(r["message_id"]), int(r["times_delivered"])) for r in rows)
+            start = "(" + _s(rows[-1]["message_id"])
+        return counts
+
+    def _fields(self, ids: list[str]) -> dict[str, dict]:
+        """{entry id: fields} for the still-existing ``ids`` (XRANGE, counts no delivery)."""
+        wanted, out = set(ids), {}
+        lo, hi = min(ids, key=_id_key), max(ids, key=_id_key)
+        while rows := self._call(
+            lambda lo=lo: self.client.xrange(self._k["stream"], lo, hi, count=1000)
+        ):
+            out.update((eid, f) for eid, f in ((_s(i), f) for i, f in rows) if eid in wanted)
+            lo = "(" + _s(rows[-1][0])
+        return out
 
     def _poison(self, entry_id: str, fields, deliveries: int) -> None:
-        """Dead-letter a pending entry that was handed out ``deliveries - 1`` times in vain."""
-        handed_out = deliveries - 1  # this read was one more delivery; it is not handed out
+        """Dead-letter a pending entry that was handed to ``deliveries`` steps in vain."""
         reason = (
-            f"poison: delivered {handed_out} times, and no step with it completed (the learner "
+            f"poison: delivered {deliveries} times, and no step with it completed (the learner "
             f"crashed or was stopped each time; buffer.max_deliveries={self.max_deliveries})"
         )
         fields = fields or {}
@@ -395,6 +413,11 @@ class ReplayBuffer:
             foreign = bool(fields) and b"seq" not in fields
             self._dead_letter(entry_id, e.reason, payload, foreign, "dropped_invalid")
             return None
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
 
 
 def _s(value: bytes | str) -> str:

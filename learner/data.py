@@ -9,14 +9,17 @@ advantage under every group baseline, so it carries no signal; it is dropped (co
 ``dropped_uniform``, a terminal state of its own) and more groups are read until the batch
 is full.
 
-Poison (a group that crashes the step every time): the buffer counts deliveries and
-``read_pending`` dead-letters a group delivered more than ``buffer.max_deliveries`` times.
-For that count to single out the culprit, ``next_batch`` (i) reports the previous batch's step
-as completed (``reset_deliveries``), so groups trained fine before a crash start from 0 again,
-and (ii) puts at most one redelivered suspect (deliveries > 1) in a batch, so a group that
-merely shared a batch with the culprit is tried next to other groups and cleared. The
-failpoint ``learner.step/<group_id>`` (``asyncrl/faults.py``, tests only) fires right before
-the step for each group of the batch.
+Poison (a group that crashes the step every time): the buffer keeps a delivery count per
+pending group and ``read_pending`` (on resume) dead-letters a group whose count reached
+``buffer.max_deliveries``. ``next_batch`` keeps that count equal to "steps started with the
+group that did not complete", so it singles out the culprit: (i) a re-read group handed to a
+step gets count + 1 (``set_deliveries``) right before the step; (ii) the next call reports
+the previous batch's step as completed (count 0), so groups trained fine before a crash are
+cleared; (iii) a batch holds at most one suspect (a re-read group with count >= 1), so a
+group that merely shared the culprit's batch is tried next to other groups and cleared.
+Only when no new group arrives within a second are suspects batched together. The failpoint
+``learner.step/<group_id>`` (``asyncrl/faults.py``, tests only) fires right before the step
+for each group of the batch.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class GroupSource:
     dropped_uniform: int = 0
     _pending: list = field(default_factory=list)
     _last_batch: list = field(default_factory=list)
+    _resumed: set = field(default_factory=set)
 
     def resume(self) -> int:
         """Re-read entries delivered to this consumer before a restart; returns how many.
@@ -60,6 +64,7 @@ class GroupSource:
         Entries delivered too often (poison) are dead-lettered by the buffer, not returned.
         """
         self._pending = list(self.buffer.read_pending(self.consumer, self.vocab_size))
+        self._resumed = {e.entry_id for e in self._pending}
         return len(self._pending)
 
     def next_batch(self, version: int, count: int) -> list:
@@ -68,7 +73,7 @@ class GroupSource:
         Calling it means the step of the previous batch completed (see module docstring).
         """
         if self._last_batch:
-            self.buffer.reset_deliveries(self.consumer, [e.entry_id for e in self._last_batch])
+            self.buffer.set_deliveries(self.consumer, dict.fromkeys(self._last_batch, 0))
             self._last_batch = []
         fresh: list = []
         deadline = time.monotonic() + self.timeout_s
@@ -76,8 +81,7 @@ class GroupSource:
             want = count - len(fresh)
             entries = self._take_pending(want, fresh)
             if not entries:
-                block_ms = 0 if self._pending else 1000
-                entries = self.buffer.read(self.consumer, want, block_ms, self.vocab_size)
+                entries = self.buffer.read(self.consumer, want, 1000, self.vocab_size)
             if not entries and self._pending:  # only suspects left and no new data: mix them
                 entries, self._pending = self._pending[:want], self._pending[want:]
             ok, stale = split_by_staleness(entries, version, self.max_staleness)
@@ -97,21 +101,29 @@ class GroupSource:
                     "and pointed at the same buffer.url and buffer.name? (if only all-equal "
                     "groups arrive, the task is saturated: set algorithm.dynamic_sampling=false)"
                 )
-        self._last_batch = fresh
+        self._start_step(fresh)
         for e in fresh:  # test-only fault injection: "this group crashes the step"
             failpoint(f"learner.step/{e.group.group_id}", version=version)
         return fresh
 
+    def _start_step(self, batch: list) -> None:
+        """Count the coming step as a delivery of each re-read entry (new reads count 1)."""
+        again = {e.entry_id: e.deliveries + 1 for e in batch if e.entry_id in self._resumed}
+        if again:
+            self.buffer.set_deliveries(self.consumer, again)
+            self._resumed -= set(again)
+        self._last_batch = [e.entry_id for e in batch]
+
     def _take_pending(self, want: int, batch: list) -> list:
         """Up to ``want`` re-read entries for ``batch``, at most one suspect per batch.
 
-        A suspect (delivered more than once) was in a step that did not complete; keeping
-        suspects apart lets the innocent ones complete a step and clear their count.
+        A suspect (count >= 1) was in a step that did not complete; keeping suspects apart
+        lets the innocent ones complete a step and clear their count.
         """
-        suspect_in_batch = any(e.deliveries > 1 for e in batch)
+        suspect_in_batch = any(self._suspect(e) for e in batch)
         taken, kept = [], []
         for e in self._pending:
-            suspect = e.deliveries > 1
+            suspect = self._suspect(e)
             if len(taken) < want and not (suspect and suspect_in_batch):
                 taken.append(e)
                 suspect_in_batch = suspect_in_batch or suspect
@@ -119,6 +131,9 @@ class GroupSource:
                 kept.append(e)
         self._pending = kept
         return taken
+
+    def _suspect(self, entry) -> bool:
+        return entry.entry_id in self._resumed and entry.deliveries >= 1
 
     def _drop_uniform(self, entries: list) -> list:
         """Ack and count the entries whose group rewards are all equal; return the others."""
