@@ -118,6 +118,10 @@ class ActorConfig:
     """sim: tokens per second one simulated engine produces (shared by its requests)."""
     sim_mean_len: float = 6.0
     """sim: mean completion length (geometric, truncated at ``max_tokens``)."""
+    restart_max: int = 0
+    """Times the launcher restarts a dead actor (each actor, short growing backoff); 0 = a dead
+    actor fails the job (``asyncrl run`` exits non-zero with the reason). A restarted actor
+    resumes its prompt cursor; restarts are counted in ``asyncrl_role_restarts_total``."""
 
     def __post_init__(self) -> None:
         _require(self.num_actors >= 1, "actor.num_actors must be >= 1")
@@ -129,6 +133,7 @@ class ActorConfig:
         _require(_is_core_list(self.cpu_affinity), f"actor.cpu_affinity={self.cpu_affinity!r}")
         _require(self.engine in ("vllm", "sim"), f"actor.engine in (vllm, sim): {self.engine!r}")
         _require(self.sim_tokens_per_s > 0 and self.sim_mean_len >= 1, "actor.sim_* out of range")
+        _require(self.restart_max >= 0, f"actor.restart_max must be >= 0, got {self.restart_max}")
         if self.cpu_affinity and not self.cpu_bind:
             self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
 

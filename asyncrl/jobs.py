@@ -85,17 +85,29 @@ def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
 
 
 def spawn_actors(cfg: Config, run_dir: Path, model_dir: str, url: str) -> list[Role]:
+    """One process per actor; each may be restarted ``actor.restart_max`` times if it dies."""
     env = role_env(cfg, url, cfg.actor.cpu_threads)
-    return [
-        spawn(
-            f"actor{i}",
-            pinned(actor_cmd(run_dir, model_dir, i), cfg.actor.cpu_affinity),
-            env,
-            run_dir,
-            show_progress,
-        )
-        for i in range(cfg.actor.num_actors)
-    ]
+    roles = []
+    for i in range(cfg.actor.num_actors):
+        cmd = pinned(actor_cmd(run_dir, model_dir, i), cfg.actor.cpu_affinity)
+        role = spawn(f"actor{i}", cmd, env, run_dir, show_progress)
+        role.restart_max, role.restart_key = cfg.actor.restart_max, "actor.restart_max"
+        roles.append(role)
+    return roles
+
+
+def record_restarts(run_dir: Path, roles: list[Role]) -> dict[str, int]:
+    """Restarts per role, into ``run.json`` and (when the learner wrote it) ``summary.json``."""
+    restarts = {r.name: r.restarts for r in roles}
+    write_run_info(run_dir, role_restarts=restarts)
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        try:
+            data = json.loads(summary.read_text())
+        except ValueError:  # a half-written summary of a failed run: leave it alone
+            return restarts
+        summary.write_text(json.dumps({**data, "role_restarts": restarts}, indent=2))
+    return restarts
 
 
 def serve_launcher_metrics(cfg: Config, url: str, name: str, roles: list[Role]) -> None:
@@ -132,10 +144,14 @@ def run_local(cfg: Config) -> int:
         stop_roles(roles)
         if server:
             server.stop()
-    return _report(run_dir, code, reason)
+    return _report(run_dir, code, reason, record_restarts(run_dir, roles))
 
 
-def _report(run_dir: Path, code: int, reason: str) -> int:
+def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | None = None) -> int:
+    restarted = {k: v for k, v in (restarts or {}).items() if v}
+    if restarted:
+        counts = ", ".join(f"{k} x{v}" for k, v in restarted.items())
+        print(f"[asyncrl] restarts: {counts}", flush=True)
     if code:
         print(f"[asyncrl] FAILED: {reason}", flush=True)
         return code
@@ -173,11 +189,12 @@ def launch_role(cfg: Config, role: str) -> int:
         code, reason = 130, "interrupted (Ctrl-C)"
     finally:
         stop_roles(roles)
-    return (
-        _report(run_dir, code, reason)
-        if role == "learner"
-        else (print(reason) if code else 0) or code
-    )
+    restarts = record_restarts(run_dir, roles)
+    if role == "learner":
+        return _report(run_dir, code, reason, restarts)
+    if code:
+        print(f"[asyncrl] FAILED: {reason}", flush=True)
+    return code
 
 
 def _serve_buffer(cfg: Config, run_dir: Path) -> int:

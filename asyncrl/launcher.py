@@ -8,7 +8,12 @@
     actors ──groups (Redis Streams, Arrow)──> learner
 
 A role that exits non-zero stops the whole job, and ``asyncrl run`` exits non-zero with the
-role and the tail of its log. Ctrl-C (SIGINT) or SIGTERM stops every role cleanly.
+role, its exit code (or the signal that killed it) and the tail of its log, unless the role
+may be restarted: with ``actor.restart_max=N`` a dead actor is started again, after a short
+growing backoff, up to N times (each restart is printed, counted in the launcher's
+``asyncrl_role_restarts_total{role}`` and in ``run.json`` / ``summary.json``). A restarted
+actor resumes its prompt cursor (actors/actor.py). Ctrl-C (SIGINT) or SIGTERM stops every
+role cleanly.
 
 Core pinning (``learner.cpu_affinity``, ``actor.cpu_affinity``): the role's command is wrapped
 in ``python -m asyncrl.launcher pin CORES -- CMD``, which calls ``sched_setaffinity`` and
@@ -25,10 +30,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 _GRACE_S = 20.0
+_BACKOFF_S = (0.5, 10.0)  # first restart's delay, cap; doubles with each restart of a role
 
 
 @dataclass
@@ -36,6 +43,13 @@ class Role:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    respawn: Callable[[], subprocess.Popen] | None = None
+    """Starts the role's command again (same log file); None = cannot be restarted."""
+    restart_max: int = 0
+    """How many times ``supervise`` may restart this role after it died (0 = fail the job)."""
+    restart_key: str = ""
+    """The config key that sets ``restart_max`` (named in the failure message)."""
+    restarts: int = 0
 
 
 def role_env(cfg, redis_url: str, threads: int) -> dict[str, str]:
@@ -71,7 +85,7 @@ def spawn(name: str, cmd: list[str], env: dict, run_dir: Path, show) -> Role:
         start_new_session=True,  # our Ctrl-C handling signals the whole role, once
     )
     threading.Thread(target=_pump, args=(proc, log_path, show), daemon=True).start()
-    return Role(name, proc, log_path)
+    return Role(name, proc, log_path, respawn=lambda: spawn(name, cmd, env, run_dir, show).proc)
 
 
 def _free_port() -> int:
@@ -159,8 +173,10 @@ def _signal(p, sig: int) -> None:
 def supervise(roles: list[Role], main: str) -> tuple[int, str]:
     """Wait for role ``main`` to finish; (0, "") on success, else (code, reason).
 
-    Any role that exits non-zero first fails the job. When ``main`` succeeds the others get a
-    grace period to finish (the learner tells actors to stop) and are then stopped.
+    A role that exits non-zero first fails the job, unless it may still be restarted
+    (``Role.restart_max``): then it is started again after a backoff. When ``main`` succeeds
+    the others get a grace period to finish (the learner tells actors to stop) and are then
+    stopped.
     """
     by_name = {r.name: r for r in roles}
     while True:
@@ -169,16 +185,53 @@ def supervise(roles: list[Role], main: str) -> tuple[int, str]:
             if code is None:
                 continue
             if code != 0:
-                return (
-                    code,
-                    f"{r.name} exited with code {code}; last lines of {r.log_path}:\n{log_tail(r.log_path)}",
-                )
+                if r.respawn and r.restarts < r.restart_max:
+                    restart(r, code)
+                    continue
+                return code, failure_reason(r, code)
             if r.name == main:
                 others = [o for o in roles if o is not r]
                 _wait_all(others, _GRACE_S)
                 return 0, ""
         if by_name[main].proc.poll() is None:
             time.sleep(0.5)
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 3`` or ``killed by SIGKILL`` (Popen reports a signal as ``-signum``)."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def failure_reason(r: Role, code: int) -> str:
+    """Why the job failed: the role, how it ended, its restarts, and the tail of its log."""
+    if r.restarts:
+        budget = f" after {r.restarts} restart(s) ({r.restart_key}={r.restart_max} used up)"
+    elif r.restart_key:
+        budget = f" (set {r.restart_key}=N to restart it up to N times instead)"
+    else:
+        budget = ""
+    return (
+        f"{r.name} {describe_exit(code)}{budget}; last lines of {r.log_path}:\n"
+        f"{log_tail(r.log_path)}"
+    )
+
+
+def restart(r: Role, code: int) -> None:
+    """Start a dead role again after a backoff that doubles with each of its restarts."""
+    r.restarts += 1
+    delay = min(_BACKOFF_S[0] * 2 ** (r.restarts - 1), _BACKOFF_S[1])
+    print(
+        f"[asyncrl] {r.name} {describe_exit(code)}; restarting it in {delay:.1f}s "
+        f"(restart {r.restarts} of {r.restart_max}, {r.restart_key})",
+        flush=True,
+    )
+    time.sleep(delay)
+    r.proc = r.respawn()
 
 
 def _wait_all(roles: list[Role], timeout_s: float) -> None:

@@ -272,7 +272,7 @@ class ActorMetrics:
 
 
 class LauncherMetrics:
-    """The launching process: which roles are up."""
+    """The launching process: which roles are up, how often each was restarted."""
 
     def __init__(self, info: dict, roles: Callable[[], list]) -> None:
         self.registry = _registry("launcher", info)
@@ -287,6 +287,13 @@ class _RolesCollector:
         fam = GaugeMetricFamily(
             "asyncrl_launcher_role_up", "1 while the role's process runs.", labels=["role"]
         )
+        restarts = CounterMetricFamily(
+            "asyncrl_role_restarts",
+            "Times the launcher restarted the role after it died (actor.restart_max).",
+            labels=["role"],
+        )
         for role in self.roles():
             fam.add_metric([role.name], 1 if role.proc.poll() is None else 0)
+            restarts.add_metric([role.name], getattr(role, "restarts", 0))
         yield fam
+        yield restarts
