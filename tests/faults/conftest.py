@@ -7,7 +7,9 @@ counts (50 actor kills, 20 learner restarts, 20 Redis restarts, ...) run with
 
 from __future__ import annotations
 
+import json
 import os
+import uuid
 
 import pytest
 
@@ -23,3 +25,44 @@ def fault_count(reduced: int, full: int) -> int:
 def counts():
     """``counts(reduced, full)`` -> the count for this run (see module docstring)."""
     return fault_count
+
+
+# -- shared by the actor and supervision fault tests ----------------------------------------
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    """A binary-safe client of the session's redis-server (as in tests/integration)."""
+    from buffer.connection import connect
+
+    client = connect(redis_server.url, timeout_s=5.0)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def buffer_name() -> str:
+    """A fresh key prefix, so tests sharing one server never see each other's data."""
+    return f"faults-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="module")
+def sim_model_dir(tmp_path_factory) -> str:
+    """A model directory for the simulated engine: the demo tokenizer and a config.json."""
+    from asyncrl.demo.tokenizer import save_tokenizer
+
+    path = tmp_path_factory.mktemp("sim_model")
+    tok = save_tokenizer(path)
+    (path / "config.json").write_text(json.dumps({"vocab_size": len(tok)}))
+    return str(path)
+
+
+@pytest.fixture
+def announced_learner(redis_client, buffer_name):
+    """A real ZeroMQ control server announced in the buffer's meta, as the learner does."""
+    from asyncrl.control import ControlServer
+
+    server = ControlServer()
+    redis_client.hset(f"{buffer_name}:meta", "control_addr", server.address)
+    yield server
+    server.close()

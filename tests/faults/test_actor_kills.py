@@ -9,7 +9,6 @@ Real ``python -m actors.main`` processes (simulated engine, so a restart takes s
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -30,33 +28,6 @@ pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 N_SAMPLES = 4
 LEASE_TTL_S = 2.0
-
-
-@pytest.fixture
-def redis_client(redis_server):
-    """A binary-safe client of the session's redis-server (as in tests/integration)."""
-    from buffer.connection import connect
-
-    client = connect(redis_server.url, timeout_s=5.0)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def buffer_name() -> str:
-    """A fresh key prefix, so tests sharing one server never see each other's data."""
-    return f"faults-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture(scope="module")
-def sim_model_dir(tmp_path_factory) -> str:
-    """A model directory for the simulated engine: the demo tokenizer and a config.json."""
-    from asyncrl.demo.tokenizer import save_tokenizer
-
-    path = tmp_path_factory.mktemp("sim_model")
-    tok = save_tokenizer(path)
-    (path / "config.json").write_text(json.dumps({"vocab_size": len(tok)}))
-    return str(path)
 
 
 def write_config(run_dir: Path, buffer_name: str, **actor) -> object:
@@ -161,17 +132,6 @@ def kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-
-
-@pytest.fixture
-def announced_learner(redis_client, buffer_name):
-    """A real ZeroMQ control server announced in the buffer's meta, as the learner does."""
-    from asyncrl.control import ControlServer
-
-    server = ControlServer()
-    redis_client.hset(f"{buffer_name}:meta", "control_addr", server.address)
-    yield server
-    server.close()
 
 
 @pytest.mark.timeout(300)

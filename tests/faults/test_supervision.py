@@ -1,0 +1,212 @@
+"""Done-when 3: failures are reported as failures; restarts are opt-in and counted.
+
+Real launchers (``asyncrl launch actors``, ``asyncrl run``) as subprocesses, real SIGKILLs:
+
+- ``actor.restart_max=2``: a SIGKILLed actor is restarted (printed, counted in the launcher's
+  ``asyncrl_role_restarts_total`` and in run.json), resumes its prompt cursor; the third
+  death fails the job with the role, the signal and the used-up budget.
+- ``asyncrl run`` whose learner rank is SIGKILLed exits non-zero naming the learner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.faults.test_actor_kills import Reader, assert_conserved, cursor, wait_until
+
+pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Launcher:
+    """``python -m asyncrl.cli ARGS`` with its output collected line by line."""
+
+    def __init__(self, *args: str) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.cli", *args], cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def role_pids(self, needle: str) -> list[int]:
+        """Descendants whose command line contains ``needle``."""
+        import psutil
+
+        out = []
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if needle in " ".join(p.cmdline()):
+                    out.append(p.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def restarts_metric(client, name: str, role: str) -> float | None:
+    """``asyncrl_role_restarts_total{role}`` scraped from the launcher's endpoint."""
+    from asyncrl.status import scrape
+
+    addr = client.hget(f"{name}:endpoints", "launcher-actors")
+    samples = scrape(addr.decode()) if addr else None
+    return (
+        None if samples is None else samples.get(("asyncrl_role_restarts_total", (("role", role),)))
+    )
+
+
+def sigkill_actor(launcher: Launcher, actor_id: int) -> int:
+    """SIGKILL the actor process (python -m actors.main --actor-id I); returns its pid."""
+    pids = launcher.role_pids(f"--actor-id {actor_id}")
+    assert len(pids) == 1, f"expected one actor{actor_id} process, found {pids}"
+    os.kill(pids[0], signal.SIGKILL)
+    return pids[0]
+
+
+@pytest.mark.timeout(240)
+def test_dead_actor_is_restarted_counted_then_fails_the_job(
+    redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path
+):
+    from buffer.redis_buffer import ReplayBuffer
+
+    run_dir = tmp_path / "run"
+    launcher = Launcher(
+        "launch", "actors", f"buffer.url={redis_server.url}", f"buffer.name={buffer_name}",
+        f"model.path={sim_model_dir}", "actor.engine=sim", "actor.num_actors=2",
+        "actor.restart_max=2", "actor.n_samples=4", "actor.max_inflight=2",
+        "actor.sim_tokens_per_s=150", "actor.sim_mean_len=4", "buffer.capacity=4",
+        "buffer.lease_ttl_s=2", f"metrics_port={free_port()}", f"run_dir={run_dir}",
+    )  # fmt: skip
+    buf = ReplayBuffer(redis_client, buffer_name, 4, 2.0)
+    buf.set_learner_version(0)
+    reader = Reader(buf, 4)
+    reader.start()
+    try:
+        for n in (1, 2):
+            start = cursor(redis_client, buffer_name, 0)
+            wait_until(
+                lambda c=start: (
+                    cursor(redis_client, buffer_name, 0) > c + 2 or launcher.proc.poll() is not None
+                ),
+                90,
+                f"actor0 to produce (before kill {n})",
+            )
+            assert launcher.proc.poll() is None, launcher.output
+            sigkill_actor(launcher, 0)
+            wait_until(
+                lambda n=n: launcher.output.count("actor0 killed by SIGKILL; restarting it") == n,
+                20,
+                f"the launcher to announce restart {n}",
+            )
+            wait_until(
+                lambda n=n: restarts_metric(redis_client, buffer_name, "actor0") == n,
+                20,
+                f"asyncrl_role_restarts_total{{role=actor0}} == {n}",
+            )
+        # the restarted actor resumes its cursor: every index it claimed gets committed
+        claimed = cursor(redis_client, buffer_name, 0)
+        wanted = {2 * j for j in range(claimed)}
+        wait_until(lambda: wanted <= set(reader.indices), 90, "actor0's claimed prompts")
+        assert restarts_metric(redis_client, buffer_name, "actor1") == 0
+        sigkill_actor(launcher, 0)  # the third death: restart budget used up
+        code = launcher.proc.wait(60)
+    finally:
+        launcher.stop()
+        reader.stop()
+    out = launcher.output
+    assert code != 0, out
+    assert "FAILED: actor0 killed by SIGKILL after 2 restart(s) (actor.restart_max=2 used up)" in (
+        out
+    ), out
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["role_restarts"] == {"actor0": 2, "actor1": 0}
+    assert procs_mentioning(str(run_dir)) == [], "actor processes outlived the launcher"
+    assert not {g: c for g, c in reader.seen.items() if c > 1}, "a group was delivered twice"
+    assert_conserved(buf.stats())
+
+
+@pytest.mark.timeout(420)
+def test_run_with_a_killed_learner_rank_exits_nonzero_naming_it(tmp_path):
+    from tests.e2e.conftest import needs_full_stack
+
+    needs_full_stack()
+    run_dir = tmp_path / "run"
+    launcher = Launcher(
+        "run", "experiment=tiny", "learner.steps=1000", "learner.checkpoint_every=0",
+        "learner.nproc=1", "actor.engine=sim", "actor.sim_tokens_per_s=500", "metrics_port=0",
+        f"run_dir={run_dir}",
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: "step 2" in launcher.output or launcher.proc.poll() is not None,
+            300,
+            "the learner to train 2 steps",
+            poll_s=1.0,
+        )
+        assert launcher.proc.poll() is None, launcher.output
+        ranks = launcher.role_pids("learner.main")
+        ranks = [p for p in ranks if "torch.distributed.run" not in _cmdline(p)]
+        assert ranks, f"no learner rank process found: {launcher.output[-2000:]}"
+        os.kill(ranks[0], signal.SIGKILL)
+        code = launcher.proc.wait(120)
+    finally:
+        launcher.stop()
+    out = launcher.output
+    assert code != 0, out
+    assert "[asyncrl] FAILED: learner exited with code" in out, out[-3000:]
+    assert procs_mentioning(str(run_dir)) == [], "role processes outlived `asyncrl run`"
+
+
+def procs_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text`` (e.g. a run directory)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if text in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(cmd)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.NoSuchProcess:
+        return ""
