@@ -180,3 +180,27 @@ def _as_number(s: str) -> float | None:
 def _normalize(s: str) -> str:
     """Whitespace-free text for non-numeric answer comparison."""
     return "".join(s.split())
+
+
+CODE_TIMEOUT_S = 10.0
+"""Wall-clock limit of one ``python_code_reward`` run (the sandbox is killed after it)."""
+CODE_CPU_S = 5.0
+CODE_MEM_MB = 512
+_CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def python_code_reward(prompt: str, completion: str, tests: str = "", **fields) -> dict:
+    """Code-task reward: 1.0 if the completion's code passes ``tests``, else 0.0.
+
+    The code is the last fenced code block of the completion (the whole completion if it has
+    none), followed by ``tests`` (the prompt's field: e.g. ``assert add(2, 3) == 5``). It runs
+    model-written code, so it runs in ``asyncrl.sandbox.run_untrusted``: a subprocess with CPU,
+    memory, process and time limits, no network, and writes only in a fresh temporary
+    directory. ``"sandbox"`` in the returned dict says why a run failed ("" if it passed).
+    """
+    from asyncrl.sandbox import run_untrusted
+
+    blocks = _CODE_BLOCK.findall(completion)
+    code = (blocks[-1] if blocks else completion) + "\n\n" + (tests or "")
+    result = run_untrusted(code, timeout_s=CODE_TIMEOUT_S, mem_mb=CODE_MEM_MB, cpu_s=CODE_CPU_S)
+    return {"score": 1.0 if result.ok else 0.0, "sandbox": result.reason}

@@ -1,0 +1,1 @@
+"""Security tests (issue 5): listening sockets, no pickle, config targets, sandbox."""

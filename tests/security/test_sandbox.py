@@ -1,0 +1,165 @@
+"""The sandbox for model-written code (``asyncrl.sandbox.run_untrusted``): a fork bomb, an
+infinite loop, a socket connect and a write outside its directory are each contained,
+reported with a reason, and finish within the test's bound. Real processes, real kernel."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from asyncrl.sandbox import run_untrusted
+
+FORK_BOMB = """
+import os, time
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+    except OSError:
+        pass
+"""
+
+
+def _leftovers(workdir) -> list[int]:
+    """Pids of processes still running in ``workdir`` (sandboxed code that escaped)."""
+    out = []
+    for p in psutil.process_iter(["cwd"]):
+        if (p.info.get("cwd") or "").startswith(str(workdir)):
+            out.append(p.pid)
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_fork_bomb_is_contained_and_reaped(tmp_path):
+    work = tmp_path / "work"
+    t0 = time.monotonic()
+    r = run_untrusted(FORK_BOMB, timeout_s=20, cpu_s=5, mem_mb=256, workdir=work, max_procs=16)
+    elapsed = time.monotonic() - t0
+    assert not r.ok and r.reason.startswith("process limit"), r
+    assert elapsed < 15, f"the bomb was stopped by the wall clock, not the process limit: {r}"
+    # RLIMIT_NPROC stops forks at 16 for non-root users; as root (exempt) the 10 ms watchdog
+    # kills the PID namespace, so a few more may exist for an instant.
+    assert r.peak_procs <= 16 + 64, r.peak_procs
+    time.sleep(0.2)
+    assert _leftovers(work) == [], "a sandboxed process outlived run_untrusted"
+
+
+@pytest.mark.timeout(90)
+def test_infinite_loop_hits_the_cpu_limit(tmp_path):
+    r = run_untrusted("while True:\n    pass\n", timeout_s=60, cpu_s=1, workdir=tmp_path / "w")
+    assert not r.ok and r.reason.startswith("cpu limit"), r
+    assert r.duration_s < 60
+
+
+@pytest.mark.timeout(30)
+def test_sleeping_loop_hits_the_wall_clock(tmp_path):
+    code = "import time\nwhile True:\n    time.sleep(0.1)\n"
+    r = run_untrusted(code, timeout_s=2, cpu_s=5, workdir=tmp_path / "w")
+    assert not r.ok and r.reason.startswith("timeout"), r
+    assert 2 <= r.duration_s < 10
+    assert _leftovers(tmp_path / "w") == []
+
+
+@pytest.mark.timeout(30)
+def test_socket_connect_is_refused(tmp_path):
+    """TCP to a real listener on loopback and UDP both fail; the listener sees nothing."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(5)
+    port = server.getsockname()[1]
+    accepted = []
+    t = threading.Thread(target=lambda: _accept(server, accepted), daemon=True)
+    t.start()
+    code = f"""
+import socket
+errors = []
+try:
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    print("CONNECTED")
+except OSError as e:
+    errors.append(repr(e))
+try:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.sendto(b"x", ("8.8.8.8", 53))
+    print("UDP SENT")
+except OSError as e:
+    errors.append(repr(e))
+print(errors)
+raise SystemExit(3 if len(errors) == 2 else 0)
+"""
+    r = run_untrusted(code, timeout_s=20, workdir=tmp_path / "w")
+    t.join()
+    server.close()
+    assert "CONNECTED" not in r.stdout and "UDP SENT" not in r.stdout, r
+    assert r.returncode == 3 and r.reason.startswith("exit code 3"), r
+    assert accepted == [], "the sandbox reached a loopback server"
+    assert "netns" in r.isolation or "landlock" in r.isolation, r.isolation
+
+
+def _accept(server: socket.socket, accepted: list) -> None:
+    try:
+        accepted.append(server.accept())
+    except OSError:
+        pass
+
+
+@pytest.mark.timeout(30)
+def test_write_outside_its_directory_is_denied(tmp_path):
+    work, outside = tmp_path / "work", tmp_path / "outside.txt"
+    code = f"""
+open("inside.txt", "w").write("ok")
+open({str(outside)!r}, "w").write("escaped")
+"""
+    r = run_untrusted(code, timeout_s=20, workdir=work)
+    assert not r.ok and r.reason.startswith("denied by the sandbox"), r
+    assert str(outside) in r.reason
+    assert not outside.exists()
+    assert (work / "inside.txt").read_text() == "ok"
+    assert "landlock" in r.isolation
+
+
+@pytest.mark.timeout(30)
+def test_no_secrets_reach_the_code(tmp_path, monkeypatch):
+    """No environment variables of the caller, no reading the run directory or /proc."""
+    secret = tmp_path / "redis.conf"
+    secret.write_text("requirepass hunter2\n")
+    monkeypatch.setenv("ASYNCRL_REDIS_URL", "redis://:hunter2@127.0.0.1:1/0")
+    code = f"""
+import os
+print(sorted(os.environ))
+for path in ({str(secret)!r}, "/proc/1/environ", "/proc/{os.getpid()}/environ"):
+    try:
+        print(path, open(path).read())
+    except OSError as e:
+        print(path, "DENIED", type(e).__name__)
+"""
+    r = run_untrusted(code, timeout_s=20, workdir=tmp_path / "w")
+    assert "hunter2" not in r.stdout and "ASYNCRL" not in r.stdout, r.stdout
+    assert r.stdout.count("DENIED") == 3, r.stdout
+
+
+@pytest.mark.timeout(30)
+def test_memory_limit(tmp_path):
+    r = run_untrusted("x = bytearray(1 << 30)\n", timeout_s=20, mem_mb=256, workdir=tmp_path / "w")
+    assert not r.ok and r.reason.startswith("memory limit"), r
+
+
+@pytest.mark.timeout(60)
+def test_python_code_reward_runs_completions_in_the_sandbox():
+    from actors.rewards import python_code_reward, score
+
+    good = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
+    bad = "```python\ndef add(a, b):\n    return a - b\n```"
+    escape = "```python\nimport socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)\n```"
+    tests = "assert add(2, 3) == 5"
+    assert score(python_code_reward, "p", good, {"tests": tests}) == (1.0, "")
+    assert score(python_code_reward, "p", bad, {"tests": tests}) == (0.0, "")
+    out = python_code_reward("p", escape, tests=tests)
+    assert out["score"] == 0.0 and out["sandbox"], out
