@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -143,6 +144,7 @@ def decode_group(
 
 def _read_single_batch(payload: bytes) -> pa.RecordBatch:
     """The one record batch of an IPC stream, structurally validated (offsets, buffer sizes)."""
+    _check_messages(payload)
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(payload))
     except (pa.ArrowException, OSError, ValueError) as e:
@@ -161,6 +163,65 @@ def _read_single_batch(payload: bytes) -> pa.RecordBatch:
     except (pa.ArrowException, ValueError) as e:
         raise PayloadError(f"record batch fails Arrow validation: {e}") from None
     return batch
+
+
+_MESSAGE_TYPES = ("schema", "record batch")
+
+
+def _check_messages(payload: bytes) -> None:
+    """Only a schema and record batches, none with a compressed body, before decoding any.
+
+    encode_group never compresses. A compressed body (or a dictionary batch) would be
+    expanded by the IPC reader before any other check: a payload of a few KB can claim GBs
+    (a decompression bomb that stalls or kills the learner), so it is refused unread.
+    """
+    read = 0
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(payload))
+        while True:
+            try:
+                msg = reader.read_next_message()
+            except StopIteration:
+                return
+            read += 1
+            if msg.type not in _MESSAGE_TYPES:
+                raise PayloadError(f"unexpected Arrow IPC message {msg.type!r} (dictionaries?)")
+            if msg.type == "record batch" and _body_compressed(msg.metadata.to_pybytes()):
+                raise PayloadError(
+                    "compressed Arrow IPC record batch: compression is not accepted (a small "
+                    "payload could expand without bound); encode with encode_group"
+                )
+    except PayloadError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as e:
+        what = "truncated or corrupt Arrow IPC stream" if read else "not an Arrow IPC stream"
+        raise PayloadError(f"{what}: {e}") from None
+
+
+def _body_compressed(fb: bytes) -> bool:
+    """Whether a RecordBatch message's flatbuffer (Message.fbs) sets ``compression``.
+
+    Message: slot 1 header_type (3 = RecordBatch), slot 2 header; RecordBatch: slot 3
+    compression. Read by hand (pyarrow has no accessor); any bad offset is a PayloadError.
+    """
+
+    def slot(table: int, k: int) -> int | None:
+        vtable = table - struct.unpack_from("<i", fb, table)[0]
+        vtable_len = struct.unpack_from("<H", fb, vtable)[0]
+        if vtable < 0 or 4 + 2 * k >= vtable_len:
+            return None
+        off = struct.unpack_from("<H", fb, vtable + 4 + 2 * k)[0]
+        return table + off if off else None
+
+    try:
+        root = struct.unpack_from("<I", fb, 0)[0]
+        header_type, header = slot(root, 1), slot(root, 2)
+        if header_type is None or header is None or fb[header_type] != 3:
+            raise PayloadError("record batch message without a RecordBatch header")
+        batch = header + struct.unpack_from("<I", fb, header)[0]
+        return slot(batch, 3) is not None
+    except (struct.error, IndexError):
+        raise PayloadError("corrupt Arrow IPC message header (flatbuffer offsets)") from None
 
 
 def _check_schema(schema: pa.Schema) -> dict:
