@@ -12,6 +12,8 @@ Each entry is ``name=action[@n]``: fire on the ``n``-th hit of ``name`` in this 
     exit      ``os._exit(77)`` (no cleanup either; a distinguishable exit status)
     raise     raise ``FailpointError`` (an ordinary crash with a traceback)
     sleep:S   sleep S seconds (to widen a race window a test wants to hit)
+    trace:P   append ``{"name", "hit", "pid", **ctx}`` as one JSON line to file P (a test
+              records what the process did at that point, e.g. which groups a step took)
 
 The environment is read once per process. Nothing here runs in production: an unset or
 empty ``ASYNCRL_FAILPOINTS`` makes ``failpoint`` a dictionary miss.
@@ -25,7 +27,7 @@ import time
 
 ENV = "ASYNCRL_FAILPOINTS"
 EXIT_STATUS = 77
-_ACTIONS = ("kill", "exit", "raise", "sleep")
+_ACTIONS = ("kill", "exit", "raise", "sleep", "trace")
 
 
 class FailpointError(RuntimeError):
@@ -74,8 +76,20 @@ def failpoint(name: str, **ctx) -> None:
         os._exit(EXIT_STATUS)
     elif action == "raise":
         raise FailpointError(where)
+    elif action.startswith("trace:"):
+        _trace(action.split(":", 1)[1], {"name": name, "hit": _hits[name], "pid": os.getpid()}, ctx)
     else:
         time.sleep(float(action.split(":", 1)[1]))
+
+
+def _trace(path: str, head: dict, ctx: dict) -> None:
+    """Append one JSON line (flushed and fsynced: the process may be killed right after)."""
+    import json
+
+    with open(path, "a") as f:
+        f.write(json.dumps({**head, **ctx}, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def reset() -> None:

@@ -15,8 +15,11 @@ pending group and ``read_pending`` (on resume) dead-letters a group whose count 
 group that did not complete", so it singles out the culprit: (i) a re-read group handed to a
 step gets count + 1 (``set_deliveries``) right before the step; (ii) the next call reports
 the previous batch's step as completed (count 0), so groups trained fine before a crash are
-cleared; (iii) a batch holds at most one suspect (a re-read group with count >= 1), so a
-group that merely shared the culprit's batch is tried next to other groups and cleared.
+cleared; (iii) a batch holds at most one suspect (a re-read group with count >=
+``max(1, max_deliveries - 1)``), so a group that merely shared the culprit's batch is tried
+next to other groups and cleared. Below that count a crashed batch is replayed as it was, so a
+learner killed once (not by its data) resumes with the batches an uninterrupted run takes
+(guarantee 2, tests/faults/test_learner_kills.py); the last delivery before poison isolates.
 Only when no new group arrives within a second are suspects batched together. The failpoint
 ``learner.step/<group_id>`` (``asyncrl/faults.py``, tests only) fires right before the step
 for each group of the batch.
@@ -72,9 +75,7 @@ class GroupSource:
 
         Calling it means the step of the previous batch completed (see module docstring).
         """
-        if self._last_batch:
-            self.buffer.set_deliveries(self.consumer, dict.fromkeys(self._last_batch, 0))
-            self._last_batch = []
+        self.step_done()
         fresh: list = []
         deadline = time.monotonic() + self.timeout_s
         while len(fresh) < count:
@@ -106,6 +107,13 @@ class GroupSource:
             failpoint(f"learner.step/{e.group.group_id}", version=version)
         return fresh
 
+    def step_done(self) -> None:
+        """The step of the last batch completed: clear its groups' delivery counts (the
+        learner calls it right after a step; ``next_batch`` calls it too, idempotent)."""
+        if self._last_batch:
+            self.buffer.set_deliveries(self.consumer, dict.fromkeys(self._last_batch, 0))
+            self._last_batch = []
+
     def _start_step(self, batch: list) -> None:
         """Count the coming step as a delivery of each re-read entry (new reads count 1)."""
         again = {e.entry_id: e.deliveries + 1 for e in batch if e.entry_id in self._resumed}
@@ -117,7 +125,7 @@ class GroupSource:
     def _take_pending(self, want: int, batch: list) -> list:
         """Up to ``want`` re-read entries for ``batch``, at most one suspect per batch.
 
-        A suspect (count >= 1) was in a step that did not complete; keeping suspects apart
+        A suspect (see ``_suspect``) was in steps that did not complete; keeping suspects apart
         lets the innocent ones complete a step and clear their count.
         """
         suspect_in_batch = any(self._suspect(e) for e in batch)
@@ -133,7 +141,8 @@ class GroupSource:
         return taken
 
     def _suspect(self, entry) -> bool:
-        return entry.entry_id in self._resumed and entry.deliveries >= 1
+        limit = max(1, getattr(self.buffer, "max_deliveries", 2) - 1)
+        return entry.entry_id in self._resumed and entry.deliveries >= limit
 
     def _drop_uniform(self, entries: list) -> list:
         """Ack and count the entries whose group rewards are all equal; return the others."""

@@ -104,7 +104,8 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         if _stop_flag(rank, bool(over) or (hub is not None and hub.stop_requested())):
             break
         groups = hub.next_groups(state.version) if hub else None
-        failpoint("learner.after_read", version=state.version)
+        failpoint("learner.after_read", version=state.version,
+                  groups=[g.group_id for g in groups] if hub else None)  # fmt: skip
         batch = broadcast_batch(collate(groups) if hub else None)
         _warm_up_lr(ctx, cfg, state.version)
         metrics = reduce_metrics(train_on_batch(ctx, batch), world)
@@ -118,6 +119,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         if hub:
             metrics["dropped_uniform"] = hub.source.dropped_uniform
             hub.after_step(state, metrics)
+            hub.source.step_done()  # a crash from here on is not this batch's fault
         every = cfg.learner.checkpoint_every
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
             _checkpoint(run_dir, ctx, state, model_dir, hub)

@@ -35,7 +35,7 @@ from asyncrl.weights import (
     send_stream,
 )
 
-__all__ = ["SendStats", "WeightSender", "WeightSyncError"]
+__all__ = ["ActorWeightChannel", "SendStats", "WeightSender", "WeightSyncError"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,130 @@ class WeightSender:
         if self._group is not None:
             self._group.close()
             self._group = None
+
+
+class ActorWeightChannel:
+    """Learner rank 0's weight channel to the actors: the control plane + a ``WeightSender``
+    whose group is rebuilt when a receiver dies (issue 5, guarantee 8).
+
+    ``sync(named, version)``:
+
+    1. drains the control plane: an actor that (re-)registered (a restarted actor) or that
+       is alive but outside the group is scheduled to join;
+    2. rebuilds the group if its membership must change: a new port and store, ranks
+       ``1..n`` for the members in actor-id order, ``weights_init`` to each member;
+    3. sends ``{"type": "update", "version"}`` to the members and streams the weights. If that
+       fails (``WeightSyncError``: a receiver died mid-transfer, a deadline passed, a receiver
+       rejected the sync), it closes the group, asks every registered actor ``ping`` and
+       rebuilds with those that answer ``pong`` within ``ping_s``, then sends the same version
+       again in full, so every survivor ends with identical weights. At most
+       ``max_attempts`` tries; then it raises ``WeightSyncError`` naming what failed.
+
+    Every wait is bounded: ``timeout_s`` per rendezvous and per collective, ``ping_s`` per
+    liveness round. A restarted actor gets the current weights in the first sync after it
+    registers (a full send). Actors must answer ``ping`` with ``{"type": "pong", "nonce"}``
+    and, when a receive fails, stay alive and wait for the next ``weights_init``; an actor
+    that instead exits is simply left out until it registers again.
+    """
+
+    def __init__(self, control, timeout_s: float = DEFAULT_TIMEOUT_S, ping_s: float = 10.0,
+                 max_attempts: int = 3, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 log=print) -> None:  # fmt: skip
+        self.control = control
+        self.sender = WeightSender(bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+        self.timeout_s, self.ping_s, self.max_attempts = timeout_s, ping_s, max_attempts
+        self.log = log
+        self.members: list[int] = []
+        self.failures = 0
+        """Syncs that failed (and were retried with a rebuilt group)."""
+        self.rebuilds = 0
+        """Groups formed, including the first."""
+        self._dirty = True
+
+    def open(self) -> ActorWeightChannel:
+        """Form the first group with every registered actor; returns self."""
+        self._rebuild(sorted(self.control.actors))
+        return self
+
+    def sync(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SendStats:
+        """Send ``named`` as ``version`` to every live actor (see class docstring)."""
+        named = list(named)  # may be sent twice
+        self._drain()
+        error: Exception | None = None
+        for attempt in range(self.max_attempts):
+            try:
+                if self._dirty or error is not None:
+                    self._rebuild(self._ping() if error is not None else self._candidates())
+                if not self.members:
+                    return SendStats(bytes=0, tensors=0, seconds=0.0)
+                for actor_id in self.members:
+                    self.control.send(actor_id, {"type": "update", "version": version})
+                return self.sender.send(named, version)
+            except WeightSyncError as e:
+                error = e
+                self.failures += 1
+                self.sender.close()
+                self.log(f"weight sync {version} failed (attempt {attempt + 1}/"
+                         f"{self.max_attempts}, members {self.members}): {e}; rebuilding the "
+                         "group with the actors that answer")  # fmt: skip
+        raise WeightSyncError(
+            f"weight sync {version} failed {self.max_attempts} times, last: {error}. Check "
+            "the actor logs; an actor that cannot receive weights must be restarted"
+        ) from error
+
+    def _candidates(self) -> list[int]:
+        """Members for a rebuild that no failure forced: every registered actor."""
+        return sorted(self.control.actors)
+
+    def _drain(self) -> None:
+        """Read pending control messages; a (re-)registration or a live non-member means the
+        group must be rebuilt before the next send."""
+        while (msg := self.control.recv(0)) is not None:
+            self._note(msg)
+
+    def _note(self, msg: dict) -> None:
+        actor_id = msg.get("actor_id")
+        if msg["type"] == "register" or (actor_id is not None and actor_id not in self.members):
+            self._dirty = True
+
+    def _ping(self) -> list[int]:
+        """Actors that answer a ping within ``ping_s`` (every registered one is asked)."""
+        import secrets
+
+        nonce = secrets.token_hex(4)
+        self.control.broadcast({"type": "ping", "nonce": nonce})
+        alive: set[int] = set()
+        deadline = time.monotonic() + self.ping_s
+        while time.monotonic() < deadline and len(alive) < len(self.control.actors):
+            msg = self.control.recv(0.05)
+            if msg is None:
+                continue
+            self._note(msg)
+            if msg["type"] == "pong" and msg.get("nonce") == nonce:
+                alive.add(int(msg["actor_id"]))
+        return sorted(alive)
+
+    def _rebuild(self, actor_ids: list[int]) -> None:
+        """A new group (new port, new store) whose receivers are ``actor_ids``."""
+        from learner.trainer import _free_port
+
+        self.sender.close()
+        self.members, self._dirty = list(actor_ids), False
+        if not self.members:
+            self.log("weight sync: no live actor; the next sync retries when one registers")
+            return
+        port, world = _free_port(), 1 + len(self.members)
+        for i, actor_id in enumerate(self.members):
+            info = WeightSender.worker_init_info(LOOPBACK, port, world, rank_offset=1 + i,
+                                                 timeout_s=self.timeout_s)  # fmt: skip
+            self.control.send(actor_id, {"type": "weights_init", **info})
+        self._dirty = True  # until connect succeeds
+        self.sender.connect(port, world)
+        self._dirty = False
+        self.rebuilds += 1
+
+    def close(self) -> None:
+        self.sender.close()
 
 
 def _build_vllm_trainer_engine() -> dict[str, type]:

@@ -1,0 +1,165 @@
+"""Guarantee 8: a receiver SIGKILLed mid-transfer makes the learner's sync fail within its
+deadline (no hang); the learner rebuilds the group with the survivors and sends again, the
+survivors hold identical weights, and the restarted receiver rejoins with the current weights.
+
+Real parts: ``learner.weight_sender.ActorWeightChannel`` (what ``learner/hub.py`` sends
+weights through) over a real ZeroMQ ``ControlServer``, gloo groups (``asyncrl.weights``) and
+receiver processes (tests/faults/weight_receiver.py: an actor's control-plane behaviour with
+a dict of tensors for a model), a real SIGKILL fired inside ``receive_stream`` by the
+failpoint ``receiver.bucket=kill@N`` (``asyncrl.faults``), so the kill lands mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.faults.conftest import FULL, fault_count
+from tests.faults.weight_receiver import digest
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+RECEIVER = Path(__file__).with_name("weight_receiver.py")
+ROOT = Path(__file__).resolve().parents[2]
+N_RECEIVERS = 3
+TIMEOUT_S = 5.0  # gloo deadline of the rendezvous and of every collective
+PING_S = 5.0
+BUCKET_BYTES = 8 << 10
+START_S = 120.0  # receivers import torch: 10-30 s each on a loaded 2-core machine
+
+
+def weights(version: int) -> dict[str, torch.Tensor]:
+    """The learner's weights at ``version`` (~1.3 MB: ~170 buckets of 8 KiB)."""
+    g = torch.Generator().manual_seed(version)
+    return {f"layer{i}.weight": torch.randn(64, 80, generator=g) for i in range(64)}
+
+
+def n_buckets() -> int:
+    from asyncrl.weights import plan_buckets
+
+    return sum(1 for _ in plan_buckets(weights(0).items(), BUCKET_BYTES))
+
+
+class Receivers:
+    """The receiver processes, by actor id; ``out`` holds their ``actor<i>.json``."""
+
+    def __init__(self, address: str, out: Path) -> None:
+        self.address, self.out = address, out
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, actor_id: int, kill_at: int | None = None) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+               "ASYNCRL_FAILPOINTS": f"receiver.bucket=kill@{kill_at}" if kill_at else ""}  # fmt: skip
+        log = open(self.out / f"receiver{actor_id}.log", "a")  # noqa: SIM115 (child owns it)
+        cmd = [sys.executable, str(RECEIVER), self.address, str(actor_id), str(self.out)]
+        self.procs[actor_id] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
+                                                stderr=subprocess.STDOUT)  # fmt: skip
+        log.close()
+
+    def log(self, actor_id: int) -> str:
+        return (self.out / f"receiver{actor_id}.log").read_text(errors="replace")
+
+    def wait_registered(self, actor_id: int, control) -> None:
+        deadline = time.monotonic() + START_S
+        while self.log(actor_id).count("REGISTERED") < self.starts(actor_id):
+            assert time.monotonic() < deadline, f"receiver {actor_id}:\n{self.log(actor_id)}"
+            time.sleep(0.1)
+
+    def starts(self, actor_id: int) -> int:
+        return 1 + sum(1 for _ in self.out.glob(f"restart{actor_id}.*"))
+
+    def state(self, actor_id: int) -> dict:
+        path = self.out / f"actor{actor_id}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def kill_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def wait_versions(recv: Receivers, ids: list[int], version: int) -> dict[int, str]:
+    """{actor id: digest} once every receiver in ``ids`` reported ``version``; bounded."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        states = {i: recv.state(i) for i in ids}
+        if all(s.get("version") == version for s in states.values()):
+            return {i: s["digest"] for i, s in states.items()}
+        assert time.monotonic() < deadline, f"receivers at {states}, want version {version}"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(900 if FULL else 240)
+def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identical(tmp_path):
+    from asyncrl.control import ControlServer
+    from learner.weight_sender import ActorWeightChannel
+
+    rounds = fault_count(2, 10)
+    buckets = n_buckets()
+    control = ControlServer()
+    recv = Receivers(control.address, tmp_path)
+    failed_at: list[float] = []
+    channel = ActorWeightChannel(control, timeout_s=TIMEOUT_S, ping_s=PING_S,
+                                 bucket_bytes=BUCKET_BYTES,
+                                 log=lambda s: failed_at.append(time.monotonic()))  # fmt: skip
+    figures = []
+    try:
+        victim = 1
+        for i in range(N_RECEIVERS):  # the victim dies in the middle of its second sync
+            recv.start(i, kill_at=buckets + buckets // 2 if i == victim else None)
+        control.wait_for_actors(N_RECEIVERS, START_S)
+        channel.open()
+        version = 1
+        channel.sync(weights(version).items(), version)
+        digests = wait_versions(recv, list(range(N_RECEIVERS)), version)
+        assert set(digests.values()) == {digest(weights(version))}
+        for r in range(rounds):
+            version += 1
+            failures, t0 = channel.failures, time.monotonic()
+            failed_at.clear()
+            channel.sync(weights(version).items(), version)  # the victim dies in here
+            elapsed = time.monotonic() - t0
+            assert recv.procs[victim].wait(timeout=30) == -9, recv.log(victim)
+            assert channel.failures == failures + 1, "the kill did not fail the sync"
+            detect = failed_at[0] - t0
+            # no hang: the failure surfaced within the collective deadline (+ slack for load)
+            assert detect < TIMEOUT_S + 10.0, f"sync failure took {detect:.1f}s to surface"
+            survivors = [i for i in range(N_RECEIVERS) if i != victim]
+            assert channel.members == survivors
+            digests = wait_versions(recv, survivors, version)
+            assert set(digests.values()) == {digest(weights(version))}, digests
+            # the victim restarts; the next sync takes it back with a full send
+            (tmp_path / f"restart{victim}.{r}").touch()
+            nxt = (victim + 1) % N_RECEIVERS if r + 1 < rounds else None
+            recv.start(victim)
+            recv.wait_registered(victim, control)
+            version += 1
+            channel.sync(weights(version).items(), version)
+            assert channel.members == list(range(N_RECEIVERS))
+            digests = wait_versions(recv, list(range(N_RECEIVERS)), version)
+            assert set(digests.values()) == {digest(weights(version))}, digests
+            figures.append((round(detect, 2), round(elapsed, 2)))
+            if nxt is not None:  # next round's victim: restarted armed, dies in its rejoin sync
+                recv.procs[nxt].kill()
+                recv.procs[nxt].wait()
+                (tmp_path / f"restart{nxt}.{r}").touch()
+                recv.start(nxt, kill_at=buckets // 2 + 1 + r)
+                recv.wait_registered(nxt, control)
+                victim = nxt
+        control.broadcast({"type": "stop"})
+        for p in recv.procs.values():
+            assert p.wait(timeout=30) == 0
+    finally:
+        channel.close()
+        recv.kill_all()
+        control.close()
+    print(f"\nweight sync kills: {rounds}; (failure surfaced s, sync incl. rebuild s): {figures}; "
+          f"rebuilds {channel.rebuilds}, failures {channel.failures}")  # fmt: skip

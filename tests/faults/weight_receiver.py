@@ -1,0 +1,88 @@
+"""A weight receiver for tests/faults/test_weight_sync_faults.py: what an actor does on the
+control plane, with a dict of tensors in place of the vLLM model.
+
+    python tests/faults/weight_receiver.py CONTROL_ADDR ACTOR_ID OUT_DIR
+
+register -> on ``weights_init``: join the gloo group (``asyncrl.weights.GlooGroup``);
+on ``update v``: ``receive_stream`` every bucket into the model (failpoint
+``receiver.bucket`` fires before each bucket is loaded: the test SIGKILLs a receiver
+mid-transfer with ``ASYNCRL_FAILPOINTS=receiver.bucket=kill@N``), then write
+``OUT_DIR/actor<ID>.json`` = {version, digest} and answer ``updated``; a failed receive
+leaves the model marked invalid and waits for the next ``weights_init``; ``ping`` -> ``pong``;
+``stop`` -> exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from asyncrl.control import ControlClient  # noqa: E402
+from asyncrl.faults import failpoint  # noqa: E402
+from asyncrl.weights import GlooGroup, WeightSyncError, receive_stream  # noqa: E402
+
+
+def digest(model: dict) -> str:
+    """sha256 over the model's tensors in name order (same as the test's)."""
+    h = hashlib.sha256()
+    for name in sorted(model):
+        h.update(name.encode())
+        h.update(model[name].contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()[:16]
+
+
+async def run(address: str, actor_id: int, out: Path) -> int:
+    client = ControlClient(address, actor_id)
+    await client.send({"type": "register"})
+    print(f"REGISTERED {actor_id}", flush=True)
+    group: GlooGroup | None = None
+    model: dict = {}
+    while True:
+        msg = await client.recv(0.5)
+        if msg is None:
+            continue
+        kind = msg["type"]
+        if kind == "weights_init":
+            if group is not None:
+                group.close()
+            info = msg
+            group = await asyncio.to_thread(
+                GlooGroup, info["master_address"], info["master_port"], info["rank_offset"],
+                info["world_size"], info["timeout_s"],
+            )  # fmt: skip
+            print(f"JOINED rank {info['rank_offset']}/{info['world_size']}", flush=True)
+        elif kind == "update":
+            version = int(msg["version"])
+
+            def load(tensors, v=version):
+                failpoint("receiver.bucket", version=v)
+                for name, t in tensors:
+                    model[name] = t.clone()
+
+            try:
+                await asyncio.to_thread(receive_stream, group, version, load)
+            except WeightSyncError as e:
+                print(f"FAILED {version}: {e}", flush=True)
+                continue  # weights invalid until a rebuilt group syncs again
+            d = digest(model)
+            (out / f"actor{actor_id}.json").write_text(
+                json.dumps({"version": version, "digest": d})
+            )
+            await client.send({"type": "updated", "version": version, "digest": d})
+            print(f"UPDATED {version} {d}", flush=True)
+        elif kind == "ping":
+            await client.send({"type": "pong", "nonce": msg.get("nonce")})
+        elif kind == "stop":
+            client.close()
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(run(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]))))
