@@ -135,8 +135,9 @@ def _pause(sampler: Sampler, procs: list, pause_s: float, cycle: int) -> int:
         s = sampler.sample()
         assert s["committed"] == frozen, f"pause {cycle}: committed grew on a full buffer: {s}"
         assert s["leased"] == 0, f"pause {cycle}: a lease was granted on a full buffer: {s}"
-        dead = [p.args[3] for p in procs if p.poll() is not None]
-        assert not dead, f"pause {cycle}: producers {dead} exited while blocked"
+        failed = [(p.args[4], p.returncode) for p in procs if p.poll() not in (None, 0)]
+        assert not failed, f"pause {cycle}: producers (actor, rc) {failed} died while blocked"
+        assert any(p.poll() is None for p in procs), f"pause {cycle}: no producer is blocked"
         time.sleep(0.01)
     return frozen
 
