@@ -3,9 +3,27 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
+
+# No pickle on our wires (asyncrl/wireguard.py): on in this process and, through the
+# environment, in every role a test starts; a test that trips it fails (below).
+os.environ.setdefault("ASYNCRL_FORBID_PICKLE", "1")
+from asyncrl import wireguard  # noqa: E402  (after the env var: asyncrl/__init__ reads it)
+
+wireguard.install_from_env()
+
+
+@pytest.fixture(autouse=True)
+def _no_pickle_on_our_wires():
+    """Fail the test if our code unpickled anything (even if the error was caught)."""
+    before = len(wireguard.violations())
+    yield
+    new = wireguard.violations()[before:]
+    if new:
+        pytest.fail("pickle used on asyncrl's wires:\n" + "\n".join(new), pytrace=False)
 
 
 @pytest.fixture(scope="session")

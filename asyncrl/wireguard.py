@@ -1,0 +1,123 @@
+"""Runtime guard: no pickle on asyncrl's wires and files.
+
+``install()`` adds a ``sys.addaudithook`` hook on the ``pickle.find_class`` audit event (fired
+whenever an unpickler resolves a global: every pickle that could build an object other than
+plain containers and numbers does). If a frame of asyncrl's own packages (``asyncrl``,
+``actors``, ``buffer``, ``learner``) is on the calling stack and the global is not in
+``ALLOWED``, the hook records the violation, logs it and raises ``PickleForbidden``, which
+aborts the unpickling before the global is used.
+
+Scope (documented in docs/reliability.md, Security):
+
+* Our code paths only. vLLM and torch.multiprocessing pickle between their own processes
+  (engine core, workers); those unpicklings run without our frames on the stack and are out
+  of scope, as is pickle in tests and benchmarks.
+* ``ALLOWED`` is what PyTorch Distributed Checkpoint (DCP) needs to read a checkpoint's
+  ``.metadata`` and to exchange load plans between learner ranks (``all_gather_object``):
+  DCP's own metadata dataclasses, ``torch.Size``, dtypes and layouts, ``pathlib`` paths.
+  With the guard on, that is the whole of what a checkpoint file or a rank can make the
+  unpickler build (a restricted unpickler), so a crafted ``.metadata`` cannot run code.
+
+Enabled in every asyncrl process when ``ASYNCRL_FORBID_PICKLE=1`` (``asyncrl/__init__.py``)
+and in the test session (``tests/conftest.py``), which also fails a test that tripped it.
+An audit hook cannot be removed: ``install()`` is once per process, idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+log = logging.getLogger(__name__)
+
+ENV = "ASYNCRL_FORBID_PICKLE"
+OUR_PACKAGES = ("asyncrl", "actors", "buffer", "learner")
+_DCP = "torch.distributed.checkpoint."
+_TORCH_NAMES = {"Size", "device", "layout", "memory_format", "strided", "sparse_coo"}
+ALLOWED = {
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+"""(module, name) globals our code paths may unpickle (see the module docstring)."""
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OUR_DIRS = tuple(os.path.join(_ROOT, p) + os.sep for p in OUR_PACKAGES)
+_SELF = os.path.abspath(__file__)
+_installed = False
+_lock = threading.Lock()
+_violations: list[str] = []
+
+
+class PickleForbidden(RuntimeError):
+    """Our code tried to unpickle a global that is not allowed (see ``asyncrl.wireguard``)."""
+
+
+def allowed(module: str, name: str) -> bool:
+    """True for the globals in ``ALLOWED``, DCP's own classes and torch dtypes/Size/layouts."""
+    if (module, name) in ALLOWED or module.startswith(_DCP):
+        return True
+    torch = sys.modules.get("torch")
+    if module == "torch" and torch is not None:
+        return name in _TORCH_NAMES or isinstance(getattr(torch, name, None), torch.dtype)
+    return False
+
+
+def _our_frame() -> str | None:
+    """``file:line`` of the innermost frame of our packages on the stack, or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(_OUR_DIRS) and path != _SELF:
+            return f"{os.path.relpath(path, _ROOT)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _hook(event: str, args: tuple) -> None:
+    if event != "pickle.find_class":
+        return
+    module, name = str(args[0]), str(args[1])
+    if allowed(module, name):
+        return
+    where = _our_frame()
+    if where is None:
+        return  # vLLM / torch internals between their own processes: out of scope
+    msg = (
+        f"pickle is forbidden on asyncrl's wires and files: unpickling {module}.{name} "
+        f"called from {where}. Use Arrow IPC, JSON or safetensors (see asyncrl/wireguard.py); "
+        f"{ENV}=1 enables this guard."
+    )
+    with _lock:
+        _violations.append(msg)
+    log.error(msg)
+    raise PickleForbidden(msg)
+
+
+def install() -> None:
+    """Add the audit hook to this process (idempotent)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        sys.addaudithook(_hook)
+        _installed = True
+
+
+def installed() -> bool:
+    return _installed
+
+
+def violations() -> list[str]:
+    """Messages of every violation in this process so far (also those someone caught)."""
+    with _lock:
+        return list(_violations)
+
+
+def install_from_env() -> None:
+    """``install()`` if ``ASYNCRL_FORBID_PICKLE=1``."""
+    if os.environ.get(ENV) == "1":
+        install()
