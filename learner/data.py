@@ -20,7 +20,10 @@ cleared; (iii) a batch holds at most one suspect (a re-read group with count >=
 next to other groups and cleared. Below that count a crashed batch is replayed as it was, so a
 learner killed once (not by its data) resumes with the batches an uninterrupted run takes
 (guarantee 2, tests/faults/test_learner_kills.py); the last delivery before poison isolates.
-Only when no new group arrives within a second are suspects batched together. The failpoint
+Only when no new group arrives within a second are suspects batched together. Limit: the
+new groups a suspect is batched with are untested, so an innocent group that lands next to a
+*different* poison group in ``max_deliveries`` crashed steps in a row is dead-lettered too
+(its reason says so); with rare poison this does not happen. The failpoint
 ``learner.step/<group_id>`` (``asyncrl/faults.py``, tests only) fires right before the step
 for each group of the batch.
 """

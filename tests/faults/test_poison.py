@@ -78,49 +78,28 @@ def _run_learner(url: str, name: str, acked_log: Path, poison: list[str], life: 
     return proc.returncode, proc.stderr[-2000:]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_poison_group_is_dead_lettered_after_max_deliveries(
     redis_server, buffer_name, counts, tmp_path
 ):
-    n_poison = counts(1, 3)
-    n_valid = counts(6, 12)
+    rounds, n_valid = counts(1, 3), 6
     rng = random.Random(20261122)
     buf = ReplayBuffer(connect(redis_server.url), buffer_name, CAPACITY, max_deliveries=3)
-    poison = [f"poison-{i}" for i in range(n_poison)]
-    valid = [f"ok-{i}" for i in range(n_valid)]
-    ids = valid + poison
-    rng.shuffle(ids)  # poison anywhere in the stream, including mid-batch
-    _commit(buf, rng, ids)
-    acked_log = tmp_path / "acked.txt"
-
-    crashes, t0 = [], time.monotonic()
-    tries = dict.fromkeys(poison, 0)  # crashed steps each poison group was in (from Redis)
-    last = dict.fromkeys(poison, 0)
-    for life in range(MAX_DELIVERIES * n_poison + 3):  # bounded: one more than needed, + 2
-        more = [f"ok-{life}-{i}" for i in range(2 * BATCH)]  # the actors keep producing
-        _commit(buf, rng, more)
-        valid += more
-        rc, err = _run_learner(redis_server.url, buffer_name, acked_log, poison, life)
-        if rc == 0:
-            break
-        crashes.append((life, rc, err))
-        injected = rc == -9 or (rc == 1 and "FailpointError: failpoint learner.step/poison" in err)
-        assert injected, f"learner life {life} failed for another reason (rc {rc}):\n{err}"
-        assert conserved(buf.stats()), buf.stats()
-        now = _pending_counts(buf, poison)
-        for gid in poison:  # a count that went up (or appeared) = one more crashed step
-            tries[gid] += now.get(gid, 0) > last[gid]
-            last[gid] = now.get(gid, 0)
-    else:
-        pytest.fail(f"learner never finished after {len(crashes)} crashes; last:\n{err}")
+    poison, valid, crashes = [], [], []
+    acked_log, t0 = tmp_path / "acked.txt", time.monotonic()
+    for r in range(rounds):  # one poison group per round, amid valid ones
+        poison.append(f"poison-{r}")
+        ids = [f"ok-{r}-{i}" for i in range(n_valid)]
+        valid += ids
+        ids.append(poison[-1])
+        rng.shuffle(ids)  # poison anywhere in the stream, including mid-batch
+        _commit(buf, rng, ids)
+        crashes += _crash_until_dead_lettered(buf, redis_server.url, rng, acked_log, poison, valid)
     elapsed = time.monotonic() - t0
 
     s = buf.stats()
     assert conserved(s), s
-    # poison groups may share their first (new-read) batch; later they are tried apart
-    assert MAX_DELIVERIES <= len(crashes) <= MAX_DELIVERIES * n_poison, len(crashes)
-    assert tries == dict.fromkeys(poison, MAX_DELIVERIES), tries
-    assert (s["dropped_poison"], s["trained"]) == (n_poison, len(valid)), s
+    assert (s["dropped_poison"], s["trained"]) == (rounds, len(valid)), s
     assert (s["unread"], s["pending"], s["dropped_invalid"]) == (0, 0, 0), s
     trained = acked_log.read_text().split()
     assert sorted(trained) == sorted(valid), "every valid group trained (acked) exactly once"
@@ -129,8 +108,35 @@ def test_poison_group_is_dead_lettered_after_max_deliveries(
     for _, f in dead:
         reason = f[b"reason"].decode()
         assert reason.startswith(f"poison: delivered {MAX_DELIVERIES} times"), reason
-    print(f"\npoison: {n_poison} poison + {len(valid)} valid groups, {len(crashes)} crashes "
-          f"(raise/SIGKILL), {elapsed:.1f}s")  # fmt: skip
+    kinds = {"raise": sum(rc == 1 for rc in crashes), "SIGKILL": sum(rc == -9 for rc in crashes)}
+    print(f"\npoison: {rounds} poison + {len(valid)} valid groups, {len(crashes)} learner "
+          f"crashes {kinds}, {elapsed:.1f}s")  # fmt: skip
+
+
+def _crash_until_dead_lettered(buf, url, rng, acked_log, poison, valid) -> list[int]:
+    """Restart the learner until it exits 0; return the crashed lives' return codes.
+
+    Checks that the round's poison group was in exactly MAX_DELIVERIES crashed steps (its
+    Redis delivery count went up once per crash) and that conservation held after each crash.
+    """
+    gid, r, crashes, last, tries = poison[-1], len(poison) - 1, [], 0, 0
+    for life in range(MAX_DELIVERIES + 2):  # bounded: one more life than needed, + 1
+        more = [f"ok-{r}-life{life}-{i}" for i in range(2 * BATCH)]  # actors keep producing
+        _commit(buf, rng, more)
+        valid += more
+        rc, err = _run_learner(url, buf.name, acked_log, poison, life)
+        if rc == 0:
+            break
+        crashes.append(rc)
+        injected = rc == -9 or (rc == 1 and f"FailpointError: failpoint learner.step/{gid}" in err)
+        assert injected, f"round {r} life {life} failed for another reason (rc {rc}):\n{err}"
+        assert conserved(buf.stats()), buf.stats()
+        now = _pending_counts(buf, [gid]).get(gid, 0)
+        tries, last = tries + (now > last), now  # the count went up: one more crashed step
+    else:
+        pytest.fail(f"round {r}: learner never finished after {len(crashes)} crashes:\n{err}")
+    assert (len(crashes), tries) == (MAX_DELIVERIES, MAX_DELIVERIES), (r, crashes, tries)
+    return crashes
 
 
 def _pending_counts(buf: ReplayBuffer, group_ids: list[str]) -> dict[str, int]:
