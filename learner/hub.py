@@ -134,8 +134,7 @@ class Hub:
         self.clock.set("weight_sync")
         t0 = time.monotonic()
         try:
-            self.control.broadcast({"type": "update", "version": version})
-            stats = self.sender.send(named, version)
+            stats = self.sender.sync(named, version)  # rebuilds the group if a receiver died
         finally:
             self.clock.set("busy")
         seconds = time.monotonic() - t0
@@ -265,15 +264,12 @@ def _open_weight_channel(control: ControlServer, cfg: Config):
     """Tell every actor where to join the weight collective, then host it as rank 0.
 
     One receiver rank per actor (one vLLM worker each on CPU; tensor-parallel actors would
-    report more workers when they register)."""
-    from learner.trainer import _free_port
-    from learner.weight_sender import WeightSender
+    report more workers when they register). The channel rebuilds the group with the live
+    actors when a receiver dies, and takes a restarted actor back (learner/weight_sender.py)."""
+    from learner.weight_sender import ActorWeightChannel
 
-    sender = WeightSender(timeout_s=_SYNC_TIMEOUT_S)
-    port, world = _free_port(), 1 + len(control.actors)
-    for i, actor_id in enumerate(sorted(control.actors)):
-        info = WeightSender.worker_init_info("127.0.0.1", port, world, rank_offset=1 + i,
-                                             timeout_s=_SYNC_TIMEOUT_S)  # fmt: skip
-        control.send(actor_id, {"type": "weights_init", **info})
-    sender.connect(port, world)
-    return sender
+    return ActorWeightChannel(control, timeout_s=_SYNC_TIMEOUT_S, log=_say).open()
+
+
+def _say(text: str) -> None:
+    print(f"[learner] {text}", flush=True)

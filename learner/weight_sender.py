@@ -147,7 +147,9 @@ class ActorWeightChannel:
     3. sends ``{"type": "update", "version"}`` to the members and streams the weights. If that
        fails (``WeightSyncError``: a receiver died mid-transfer, a deadline passed, a receiver
        rejected the sync), it closes the group, asks every registered actor ``ping`` and
-       rebuilds with those that answer ``pong`` within ``ping_s``, then sends the same version
+       rebuilds with those that answer ``pong`` within ``ping_s`` (default ``timeout_s + 5``:
+       a survivor may be stuck in the failed collective until its deadline; the round ends
+       as soon as every registered actor answered), then sends the same version
        again in full, so every survivor ends with identical weights. At most
        ``max_attempts`` tries; then it raises ``WeightSyncError`` naming what failed.
 
@@ -158,12 +160,15 @@ class ActorWeightChannel:
     that instead exits is simply left out until it registers again.
     """
 
-    def __init__(self, control, timeout_s: float = DEFAULT_TIMEOUT_S, ping_s: float = 10.0,
+    def __init__(self, control, timeout_s: float = DEFAULT_TIMEOUT_S, ping_s: float | None = None,
                  max_attempts: int = 3, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  log=print) -> None:  # fmt: skip
         self.control = control
         self.sender = WeightSender(bucket_bytes=bucket_bytes, timeout_s=timeout_s)
-        self.timeout_s, self.ping_s, self.max_attempts = timeout_s, ping_s, max_attempts
+        # a survivor may sit in the failed collective until its own deadline before it can
+        # answer, so the liveness round outlasts the collective deadline
+        self.ping_s = timeout_s + 5.0 if ping_s is None else ping_s
+        self.timeout_s, self.max_attempts = timeout_s, max_attempts
         self.log = log
         self.members: list[int] = []
         self.failures = 0
@@ -202,6 +207,12 @@ class ActorWeightChannel:
             f"weight sync {version} failed {self.max_attempts} times, last: {error}. Check "
             "the actor logs; an actor that cannot receive weights must be restarted"
         ) from error
+
+    def rejoin_pending(self) -> bool:
+        """Read the control plane now; True if the next sync will rebuild the group (an
+        actor registered again, or a live actor is outside the group)."""
+        self._drain()
+        return self._dirty
 
     def _candidates(self) -> list[int]:
         """Members for a rebuild that no failure forced: every registered actor."""

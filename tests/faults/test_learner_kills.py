@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.redis]
 
 ROOT = Path(__file__).resolve().parents[2]
 N_SAMPLES, BATCH_GROUPS, CKPT_EVERY = 4, 2, 2
+NPROC = 2 if FULL else 1  # learner ranks
 RUN_DEADLINE_S = 240.0  # one learner run on a loaded 2-core machine (imports: 10-30 s)
 # where a failpoint kill lands: (failpoint, hits to let pass before the kill is armed: 1..n)
 KILL_POINTS = (
@@ -79,20 +80,26 @@ def write_config(run_dir: Path, name: str, steps: int, capacity: int) -> None:
     cfg.buffer.name, cfg.buffer.capacity, cfg.buffer.max_staleness = name, capacity, 10_000
     cfg.actor.n_samples, cfg.actor.max_tokens = N_SAMPLES, 6
     lc = cfg.learner
-    lc.nproc, lc.steps, lc.batch_groups, lc.checkpoint_every = 1, steps, BATCH_GROUPS, CKPT_EVERY
+    lc.nproc, lc.steps, lc.batch_groups, lc.checkpoint_every = (
+        NPROC,
+        steps,
+        BATCH_GROUPS,
+        CKPT_EVERY,
+    )
     lc.weight_sync, lc.data_timeout_s, lc.warmup_steps = False, 60.0, 1
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config_to_json(cfg))
 
 
 class Learner:
-    """One learner run: ``python -m learner.main`` (1 rank) or torchrun (full run, 2 ranks)."""
+    """One learner run: ``python -m learner.main`` (1 rank) or torchrun (full run, 2 ranks,
+    as asyncrl/jobs.py launches it)."""
 
     def __init__(self, run_dir: Path, model: str, url: str, failpoints: str, log: Path):
         from learner.trainer import _free_port
 
         if FULL:  # the production launch path, as asyncrl/jobs.py builds it
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
+            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={NPROC}",
                    f"--master_port={_free_port()}", "--master_addr=127.0.0.1"]  # fmt: skip
         else:  # one rank without torchrun's own import (halves the start-up on 2 cores)
             cmd = [sys.executable]
@@ -134,7 +141,14 @@ class Learner:
 
 
 def read_trace(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    """Rank 0's traced steps (other ranks trace ``groups: null``)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a SIGKILL in the middle of its write
+            continue
+    return [r for r in rows if r.get("groups") is not None]
 
 
 def checkpoints_trained_ids(run_dir: Path) -> list[list[str]]:

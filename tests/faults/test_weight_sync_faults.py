@@ -30,7 +30,7 @@ RECEIVER = Path(__file__).with_name("weight_receiver.py")
 ROOT = Path(__file__).resolve().parents[2]
 N_RECEIVERS = 3
 TIMEOUT_S = 5.0  # gloo deadline of the rendezvous and of every collective
-PING_S = 5.0
+PING_S = TIMEOUT_S + 5.0  # a survivor may sit in the failed collective until its deadline
 BUCKET_BYTES = 8 << 10
 START_S = 120.0  # receivers import torch: 10-30 s each on a loaded 2-core machine
 
@@ -66,9 +66,12 @@ class Receivers:
     def log(self, actor_id: int) -> str:
         return (self.out / f"receiver{actor_id}.log").read_text(errors="replace")
 
-    def wait_registered(self, actor_id: int, control) -> None:
+    def wait_registered(self, actor_id: int, channel) -> None:
+        """Until the restarted receiver's registration reached the learner's channel."""
         deadline = time.monotonic() + START_S
-        while self.log(actor_id).count("REGISTERED") < self.starts(actor_id):
+        while self.log(actor_id).count("REGISTERED") < self.starts(actor_id) or not (
+            channel.rejoin_pending()
+        ):
             assert time.monotonic() < deadline, f"receiver {actor_id}:\n{self.log(actor_id)}"
             time.sleep(0.1)
 
@@ -140,7 +143,7 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
             (tmp_path / f"restart{victim}.{r}").touch()
             nxt = (victim + 1) % N_RECEIVERS if r + 1 < rounds else None
             recv.start(victim)
-            recv.wait_registered(victim, control)
+            recv.wait_registered(victim, channel)
             version += 1
             channel.sync(weights(version).items(), version)
             assert channel.members == list(range(N_RECEIVERS))
@@ -152,7 +155,7 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
                 recv.procs[nxt].wait()
                 (tmp_path / f"restart{nxt}.{r}").touch()
                 recv.start(nxt, kill_at=buckets // 2 + 1 + r)
-                recv.wait_registered(nxt, control)
+                recv.wait_registered(nxt, channel)
                 victim = nxt
         control.broadcast({"type": "stop"})
         for p in recv.procs.values():

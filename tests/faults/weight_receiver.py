@@ -72,9 +72,9 @@ async def run(address: str, actor_id: int, out: Path) -> int:
                 print(f"FAILED {version}: {e}", flush=True)
                 continue  # weights invalid until a rebuilt group syncs again
             d = digest(model)
-            (out / f"actor{actor_id}.json").write_text(
-                json.dumps({"version": version, "digest": d})
-            )
+            tmp = out / f".actor{actor_id}.json"  # atomic: the test polls this file
+            tmp.write_text(json.dumps({"version": version, "digest": d}))
+            tmp.replace(out / f"actor{actor_id}.json")
             await client.send({"type": "updated", "version": version, "digest": d})
             print(f"UPDATED {version} {d}", flush=True)
         elif kind == "ping":
