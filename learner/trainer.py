@@ -114,12 +114,13 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         state.version += 1
         state.groups_trained += batch.rewards.shape[0]
         state.wall_s = time.monotonic() - start
+        if hub:
+            hub.source.step_done()  # the step ran: a crash from here on is not its data's fault
         if sync and state.version % cfg.learner.sync_every == 0:
             _sync_weights(ctx.model, hub, state.version)
         if hub:
             metrics["dropped_uniform"] = hub.source.dropped_uniform
             hub.after_step(state, metrics)
-            hub.source.step_done()  # a crash from here on is not this batch's fault
         every = cfg.learner.checkpoint_every
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
             _checkpoint(run_dir, ctx, state, model_dir, hub)
