@@ -80,7 +80,14 @@ def test_backpressure_blocks_producers_and_loses_nothing(redis_server, counts):
     env = dict(os.environ, PYTHONPATH=str(_REPO))
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, redis_server.url, name, str(i), str(per_producer)],
+            [
+                sys.executable,
+                __file__,
+                redis_server.url_for("actor"),
+                name,
+                str(i),
+                str(per_producer),
+            ],  # the least-privilege ACL user of actors
             env=env,
             cwd=_REPO,
             stdout=subprocess.PIPE,

@@ -94,7 +94,9 @@ def test_poison_group_is_dead_lettered_after_max_deliveries(
         ids.append(poison[-1])
         rng.shuffle(ids)  # poison anywhere in the stream, including mid-batch
         _commit(buf, rng, ids)
-        crashes += _crash_until_dead_lettered(buf, redis_server.url, rng, acked_log, poison, valid)
+        # the learner process connects as the least-privilege ACL user "learner"
+        url = redis_server.url_for("learner")
+        crashes += _crash_until_dead_lettered(buf, url, rng, acked_log, poison, valid)
     elapsed = time.monotonic() - t0
 
     s = buf.stats()
