@@ -78,16 +78,11 @@ def test_backpressure_blocks_producers_and_loses_nothing(redis_server, counts):
     buf = ReplayBuffer(connect(redis_server.url), name, CAPACITY, lease_ttl_s=30.0)
     buf.stats()  # capacity published before the producers start
     env = dict(os.environ, PYTHONPATH=str(_REPO))
+    url = redis_server.url_for("actor")  # producers use the least-privilege actor ACL user
+    cmd = [sys.executable, __file__, url, name]
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                redis_server.url_for("actor"),
-                name,
-                str(i),
-                str(per_producer),
-            ],  # the least-privilege ACL user of actors
+            cmd + [str(i), str(per_producer)],
             env=env,
             cwd=_REPO,
             stdout=subprocess.PIPE,
