@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from asyncrl.configload import CONFIG_DIR, load_config
-from learner.data import _UNIFORM_ACK_STATE
 from tests.e2e.conftest import REPO, asyncrl_cmd, needs_full_stack, read_metrics, read_summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
@@ -90,9 +89,9 @@ def test_preset_trains_and_exports_the_diagnostics(runs, preset):
     if algo["kl_coef"] > 0:
         assert all("kl_ref" in r for r in records)
     if algo["dynamic_sampling"]:
-        # for now the buffer counts dropped all-equal groups as consumed ("trained")
-        uniform = records[-1]["dropped_uniform"] if _UNIFORM_ACK_STATE == "trained" else 0
-        assert summary["groups_trained"] == STEPS * GROUPS + uniform
+        # all-equal groups end in their own terminal state, not in groups_trained
+        assert summary["groups_trained"] == STEPS * GROUPS
+        assert summary["groups_dropped_uniform"] == records[-1]["dropped_uniform"]
     if algo["overlong_frac"] > 0:
         assert all(r["overlong_penalty_mean"] <= 0 for r in records)
 
