@@ -241,7 +241,7 @@ class ReplayBuffer:
             )
 
     def ack(self, entry_ids: Iterable[str], state: str) -> int:
-        """XACK + XDEL ``entry_ids`` and count them as ``state`` ("trained"|"dropped_stale").
+        """XACK + XDEL ``entry_ids`` and count them as ``state`` (one of ``ACK_STATES``).
 
         Idempotent per entry: only entries still pending are counted. Returns that number.
         """
