@@ -68,7 +68,7 @@ class Actor:
         self.prompts = prompts
         self.reward_fn = reward_fn
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[asyncio.Task, str] = {}  # group task -> its lease
         self._version_changed = asyncio.Event()
         self.error: Exception | None = None
         self.clock = StateClock(ACTOR_STATES, "starting")
@@ -147,10 +147,19 @@ class Actor:
             self._block("idle")
             index = await asyncio.to_thread(self._next_index)
             task = asyncio.create_task(self._group_task(index, lease, limit))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        for t in list(self._tasks):
+            self._tasks[task] = lease
+            task.add_done_callback(lambda t: self._tasks.pop(t, None))
+        await self._cancel_groups()
+
+    async def _cancel_groups(self) -> None:
+        """Stop: cancel the groups in flight and give their slots back (their prompt indices
+        stay in flight for the next run). A task cancelled before it started never ran its
+        own release, so every lease is released here too (a no-op for released ones)."""
+        held = dict(self._tasks)
+        for t in held:
             t.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+        await asyncio.to_thread(lambda: [self.buffer.release(x) for x in held.values()])
 
     async def _admitted(self) -> bool:
         """Weights fresh enough for the staleness bound, and (sync) the version's quota left."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -172,14 +173,17 @@ def test_run_with_a_killed_learner_rank_exits_nonzero_naming_it(tmp_path):
     )  # fmt: skip
     try:
         wait_until(
-            lambda: "step 2" in launcher.output or launcher.proc.poll() is not None,
+            lambda: (
+                re.search(r"^step +2 \|", launcher.output, re.M) or launcher.proc.poll() is not None
+            ),
             300,
             "the learner to train 2 steps",
             poll_s=1.0,
         )
         assert launcher.proc.poll() is None, launcher.output
         ranks = launcher.role_pids("learner.main")
-        ranks = [p for p in ranks if "torch.distributed.run" not in _cmdline(p)]
+        agents = ("torch.distributed.run", "asyncrl.torchrun")  # torchrun itself, not a rank
+        ranks = [p for p in ranks if not any(a in _cmdline(p) for a in agents)]
         assert ranks, f"no learner rank process found: {launcher.output[-2000:]}"
         os.kill(ranks[0], signal.SIGKILL)
         code = launcher.proc.wait(120)
