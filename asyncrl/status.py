@@ -77,7 +77,8 @@ def render_status(cfg: Config, window_s: float = _WINDOW_S) -> str:
         f"buffer    unread {stats['unread']}/{stats['capacity']}  leased {stats['leased']}  "
         f"pending {stats['pending']}  committed {stats['committed']}  trained "
         f"{stats['trained']}  dropped stale {stats['dropped_stale']} invalid "
-        f"{stats['dropped_invalid']}",
+        f"{stats['dropped_invalid']} poison {stats.get('dropped_poison', 0)} uniform "
+        f"{stats.get('dropped_uniform', 0)}",
     ]
     for role, addr in endpoints.items():
         a, b = first[role], second[role]
