@@ -62,8 +62,14 @@ def start_buffer(cfg: Config, run_dir: Path):
     if cfg.buffer.url:
         connect(cfg.buffer.url).close()  # fail now, with the URL in the message
         return cfg.buffer.url, None
-    server = RedisServer(run_dir / "redis").start()
+    server = RedisServer(run_dir / "redis", key_prefix=cfg.buffer.name).start()
     return server.url, server
+
+
+def role_url(url: str, server, role: str) -> str:
+    """The URL a role gets: its least-privilege ACL user on our private Redis (``actor`` or
+    ``learner``, see buffer.server.ROLE_USERS), else the configured ``buffer.url``."""
+    return server.url_for(role) if server is not None else url
 
 
 def core_split(cfg: Config) -> str:
@@ -135,8 +141,8 @@ def run_local(cfg: Config) -> int:
     roles: list[Role] = []
     try:
         serve_launcher_metrics(cfg, url, "launcher", roles)
-        roles.append(spawn_learner(cfg, run_dir, model_dir, url))
-        roles.extend(spawn_actors(cfg, run_dir, model_dir, url))
+        roles.append(spawn_learner(cfg, run_dir, model_dir, role_url(url, server, "learner")))
+        roles.extend(spawn_actors(cfg, run_dir, model_dir, role_url(url, server, "actor")))
         code, reason = supervise(roles, "learner")
     except KeyboardInterrupt:
         code, reason = 130, "interrupted (Ctrl-C); all roles stopped"

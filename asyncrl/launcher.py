@@ -98,7 +98,7 @@ def _free_port() -> int:
 
 def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "asyncrl.torchrun",  # torchrun, rendezvous on loopback only
         f"--nproc_per_node={cfg.learner.nproc}", f"--master_port={_free_port()}",
         "--master_addr=127.0.0.1", "-m", "learner.main",
         "--run-dir", str(run_dir), "--model-dir", model_dir,

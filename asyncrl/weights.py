@@ -34,6 +34,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from asyncrl.torchrun import listen_fd
+
 MAGIC = 0x61737972  # "asyr": rejects a stream that is not ours (or is misaligned)
 KIND_BUCKET, KIND_END = 1, 2
 HEADER_LEN = 8
@@ -70,6 +72,8 @@ class GlooGroup:
         self.timeout = timedelta(seconds=timeout_s)
         try:
             # Rank 0 hosts the store and waits (bounded) until every receiver has connected.
+            # It listens on ``address`` only (TCPStore alone would bind every interface).
+            bound = {"master_listen_fd": listen_fd(address, port)} if rank == 0 else {}
             self._store = dist.TCPStore(
                 address,
                 port,
@@ -77,6 +81,7 @@ class GlooGroup:
                 rank == 0,
                 timeout=self.timeout,
                 wait_for_workers=True,
+                **bound,
             )
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = self.timeout

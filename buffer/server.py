@@ -3,7 +3,8 @@
 Files in ``run_dir``::
 
     redis.conf      the server config (mode 0600: it holds the password)
-    redis.url       the URL clients use (mode 0600), e.g. redis://:PASSWORD@127.0.0.1:PORT/0
+    redis.url       the admin URL (mode 0600), e.g. redis://:PASSWORD@127.0.0.1:PORT/0
+    redis.actor.url, redis.learner.url   the roles' least-privilege ACL users' URLs (0600)
     redis.log       the server's log (stdout/stderr), quoted in startup errors
     appendonlydir/  the AOF (``appendonly yes``): the buffer survives a server restart
     redis.sock      the unix socket, when ``unix_socket=True``
@@ -192,6 +193,8 @@ class RedisServer:
                 if not (in_use and self._requested_port == 0 and attempt < 2):
                     raise
         self._write_private(self.run_dir / "redis.url", self.url + "\n")
+        for user in ROLE_USERS:
+            self._write_private(self.run_dir / f"redis.{user}.url", self.url_for(user) + "\n")
         self._warn_truncated_aof()
         return self
 

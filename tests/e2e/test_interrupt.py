@@ -45,8 +45,14 @@ def test_ctrl_c_stops_everything(tmp_path):
         if line.startswith("step ") or time.monotonic() > deadline:
             break
     assert any(x.startswith("step ") for x in lines), "".join(lines[-40:])
-    url = (run_dir / "redis" / "redis.url").read_text().strip()
-    assert _processes_mentioning(url), "the check below would be vacuous: no role has the URL"
+    # roles hold their ACL user's URL (redis.actor.url, redis.learner.url), the launcher the admin's
+    urls = [
+        (run_dir / "redis" / f"redis{u}.url").read_text().strip()
+        for u in ("", ".actor", ".learner")
+    ]
+    assert any(map(_processes_mentioning, urls)), (
+        "the check below would be vacuous: no role has a URL"
+    )
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=240)
@@ -54,6 +60,7 @@ def test_ctrl_c_stops_everything(tmp_path):
     assert "interrupted" in rest
     assert time.monotonic() - t0 < 180  # generous: CI machines are shared
     time.sleep(1.0)
-    url = (run_dir / "redis" / "redis.url").read_text().strip()
-    leftovers = _processes_mentioning(str(run_dir)) + _processes_mentioning(url)
+    leftovers = _processes_mentioning(str(run_dir)) + [
+        p for u in urls for p in _processes_mentioning(u)
+    ]
     assert not leftovers, leftovers
