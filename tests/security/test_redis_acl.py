@@ -97,3 +97,13 @@ def test_learner_user_can_consume_but_not_administer(server):
 def test_restart_keeps_user_passwords(server):
     again = RedisServer(server.run_dir, key_prefix=NAME)
     assert again.user_passwords == server.user_passwords and again.password == server.password
+
+
+def test_role_users_on_a_unix_socket(tmp_path):
+    """``url_for`` also works for a unix-socket server (the user travels in the URL)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("install redis-server (apt-get install -y redis-server) to run Redis tests")
+    with RedisServer(tmp_path, unix_socket=True, key_prefix=NAME) as s:
+        actor = connect(s.url_for("actor"))
+        assert actor.set(f"{NAME}:k", "1") and _denied(actor, "FLUSHALL")
+        assert (tmp_path / "redis.actor.url").read_text().startswith("unix://actor:")

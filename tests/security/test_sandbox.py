@@ -72,7 +72,7 @@ def test_socket_connect_is_refused(tmp_path):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
-    server.settimeout(5)
+    server.settimeout(3)
     port = server.getsockname()[1]
     accepted = []
     t = threading.Thread(target=lambda: _accept(server, accepted), daemon=True)
