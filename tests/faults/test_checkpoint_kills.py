@@ -123,7 +123,7 @@ def one_kill(zyg: Zygote, rng: random.Random, run_dir: Path, model: str, log: Pa
     moment (odd i past the phases). Returns (where, digests of returned saves, VERIFIED line)."""
     fps, where = "", "random"
     if i < len(PHASES) or i % 2 == 0:
-        where = PHASES[i % len(PHASES)]
+        where = PHASES[i if i < len(PHASES) else (i // 2) % len(PHASES)]
         fps = f"{where}=kill@{rng.randint(1, 2)}"
     pid = zyg.start(run_dir, model, 10_000, log, fps)
     try:
