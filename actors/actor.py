@@ -53,6 +53,8 @@ class ActorState:
     """Completion tokens."""
     weight_syncs: int = 0
     weight_sync_s: float = 0.0
+    weight_sync_failures: int = 0
+    """Joins or receives that failed (the learner rebuilt the group and sent again)."""
 
 
 class Actor:
@@ -98,20 +100,44 @@ class Actor:
 
     # ---- control plane -------------------------------------------------------------------
     async def control_loop(self, client) -> None:
+        """Serve the learner's messages until ``stop``.
+
+        A failed join or receive does not end the actor: the engine marks its weights invalid
+        (generation waits), the learner pings every actor, rebuilds the weight group with
+        those that answer ``pong`` and sends the weights again in full (learner/weight_sender
+        ``ActorWeightChannel``). A restarted actor rejoins the same way: it registers, the
+        learner rebuilds the group with it and sends it the current weights in full.
+        """
+        from asyncrl.weights import WeightSyncError
+
         await client.send({"type": "register"})
         while not self.state.stop:
             msg = await client.recv(0.5)
             if msg is None:
                 continue
-            if msg["type"] == "weights_init":
-                await self.engine.join_weight_sync({k: v for k, v in msg.items() if k != "type"})
-            elif msg["type"] == "update":
-                await self._update_weights(int(msg["version"]))
-                self._version_changed.set()
-                await client.send({"type": "updated", "version": self.state.version})
-            elif msg["type"] == "stop":
-                self.state.stop = True
+            try:
+                await self._on_control(client, msg)
+            except WeightSyncError as e:
+                self.state.weight_sync_failures += 1
+                print(
+                    f"[actor {self.state.actor_id}] {e}; waiting for the learner to rebuild "
+                    "the weight group",
+                    flush=True,
+                )
         self._version_changed.set()
+
+    async def _on_control(self, client, msg: dict) -> None:
+        kind = msg["type"]
+        if kind == "weights_init":
+            await self.engine.join_weight_sync({k: v for k, v in msg.items() if k != "type"})
+        elif kind == "update":
+            await self._update_weights(int(msg["version"]))
+            self._version_changed.set()
+            await client.send({"type": "updated", "version": self.state.version})
+        elif kind == "ping":
+            await client.send({"type": "pong", "nonce": msg.get("nonce")})
+        elif kind == "stop":
+            self.state.stop = True
 
     async def _update_weights(self, version: int) -> None:
         t0 = time.monotonic()
@@ -164,7 +190,8 @@ class Actor:
     async def _admitted(self) -> bool:
         """Weights fresh enough for the staleness bound, and (sync) the version's quota left."""
         learner_v = await asyncio.to_thread(self.buffer.learner_version)
-        fresh = learner_v - self.state.version <= self.cfg.buffer.max_staleness
+        valid = getattr(self.engine, "weights_valid", True)  # False after a failed sync
+        fresh = valid and learner_v - self.state.version <= self.cfg.buffer.max_staleness
         quota_ok = fresh and (
             self.cfg.mode.name != "sync" or await asyncio.to_thread(self._take_quota)
         )

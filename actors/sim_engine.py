@@ -11,7 +11,9 @@ It lets the learner and the buffer be driven by many actor processes on a small 
   engine's throughput behaves once it is saturated.
 - weight sync is real: the engine joins the learner's gloo group as one receiver and
   receives every update (``asyncrl.weights.receive_stream``), discarding the tensors, so the
-  broadcast's cost with many actors is measured, not simulated.
+  broadcast's cost with many actors is measured, not simulated. As in ``ActorEngine``, a
+  failed receive marks the weights invalid and generation waits until a later update
+  succeeds; ``join_weight_sync`` again joins a rebuilt group.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class SimEngine:
 
     async def generate(self, prompt_ids: list[int], n: int, max_tokens: int,
                        temperature: float = 1.0, seed: int | None = None, **_: Any) -> list[Completion]:  # fmt: skip
+        while not self.weights_valid:  # a failed sync pauses generation until one succeeds
+            await asyncio.sleep(0.05)
         lengths = [self._length(max_tokens) for _ in range(n)]
         now = time.monotonic()
         self._busy_until = max(now, self._busy_until) + sum(lengths) / self.tokens_per_s
@@ -61,6 +65,9 @@ class SimEngine:
         from asyncrl.weights import GlooGroup
 
         i = init_info
+        if self._group is not None:  # re-join: the learner rebuilt the group
+            self._group.close()
+            self._group = None
         self._group = await asyncio.to_thread(
             GlooGroup, i["master_address"], i["master_port"], i["rank_offset"],
             i["world_size"], i.get("timeout_s", 120.0),
@@ -71,8 +78,14 @@ class SimEngine:
 
         if self._group is None:
             raise WeightSyncError("SimEngine.update_weights before join_weight_sync")
-        await asyncio.to_thread(receive_stream, self._group, version, lambda tensors: None)
-        self.version = version
+        try:
+            await asyncio.to_thread(receive_stream, self._group, version, lambda tensors: None)
+        except Exception as e:
+            self.weights_valid = False
+            if isinstance(e, WeightSyncError):
+                raise
+            raise WeightSyncError(f"weight sync to version {version} failed: {e}") from e
+        self.version, self.weights_valid = version, True
 
     async def shutdown(self) -> None:
         if self._group is not None:

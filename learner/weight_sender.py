@@ -242,7 +242,8 @@ class ActorWeightChannel:
             if msg is None:
                 continue
             self._note(msg)
-            if msg["type"] == "pong" and msg.get("nonce") == nonce:
+            # a (re-)registration is a live actor too: a restarted one never saw this ping
+            if msg["type"] == "register" or (msg["type"] == "pong" and msg.get("nonce") == nonce):
                 alive.add(int(msg["actor_id"]))
         return sorted(alive)
 
