@@ -9,9 +9,10 @@ aborts the unpickling before the global is used.
 
 Scope (documented in docs/reliability.md, Security):
 
-* Our code paths only. vLLM and torch.multiprocessing pickle between their own processes
-  (engine core, workers); those unpicklings run without our frames on the stack and are out
-  of scope, as is pickle in tests and benchmarks.
+* Our code paths only: a frame of ours in the calling chain, up to the start of the current
+  asyncio task step or thread. vLLM and torch.multiprocessing pickle between their own
+  processes (engine core, workers) and in their own tasks and threads; those are out of
+  scope, as is pickle in tests and benchmarks.
 * ``ALLOWED`` is what PyTorch Distributed Checkpoint (DCP) needs to read a checkpoint's
   ``.metadata`` and to exchange load plans between learner ranks (``all_gather_object``):
   DCP's own metadata dataclasses, ``torch.Size``, dtypes and layouts, ``pathlib`` paths.
@@ -67,14 +68,29 @@ def allowed(module: str, name: str) -> bool:
 
 
 def _our_frame() -> str | None:
-    """``file:line`` of the innermost frame of our packages on the stack, or None."""
+    """``file:line`` of the innermost frame of our packages in the calling chain, or None.
+
+    The walk stops at an asyncio callback/task step (``Handle._run``) and at a thread's start:
+    a task or thread that a library created (e.g. vLLM's output handler) is not our code path
+    just because our ``asyncio.run`` is further down the same OS-thread stack.
+    """
     frame = sys._getframe(2)
     while frame is not None:
-        path = frame.f_code.co_filename
+        code = frame.f_code
+        path = code.co_filename
         if path.startswith(_OUR_DIRS) and path != _SELF:
             return f"{os.path.relpath(path, _ROOT)}:{frame.f_lineno}"
+        if _boundary(path, code.co_name):
+            return None
         frame = frame.f_back
     return None
+
+
+def _boundary(path: str, name: str) -> bool:
+    """A frame that starts an unrelated call chain: an event-loop callback or a new thread."""
+    if name == "_run" and path.endswith(os.path.join("asyncio", "events.py")):
+        return True
+    return name == "_bootstrap_inner" and path.endswith("threading.py")
 
 
 def _hook(event: str, args: tuple) -> None:

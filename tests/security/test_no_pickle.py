@@ -206,3 +206,39 @@ def test_guard_is_on_in_this_test_session():
     from asyncrl import wireguard
 
     assert os.environ.get("ASYNCRL_FORBID_PICKLE") == "1" and wireguard.installed()
+
+
+_TASKS = """
+import asyncio, collections, pickle, buffer.codec
+from asyncrl import wireguard
+payload = pickle.dumps(collections.Counter("ab"))
+ours = {}
+exec(compile('''
+import asyncio, pickle
+def run(factory):
+    return asyncio.run(factory())
+async def our_coroutine(payload):
+    return pickle.loads(payload)
+''', buffer.codec.__file__, "exec"), ours)
+
+async def library_task():  # a task a library created (e.g. vLLM's output handler)
+    return pickle.loads(payload)
+
+async def library_main():
+    return await asyncio.get_running_loop().create_task(library_task())
+
+print("LIBRARY", ours["run"](library_main))
+try:
+    ours["run"](lambda: ours["our_coroutine"](payload))
+    print("OURS UNPICKLED")
+except wireguard.PickleForbidden:
+    print("OURS BLOCKED")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_guard_scope_stops_at_task_boundaries():
+    """Our ``asyncio.run`` at the bottom of the stack does not make every task ours: a
+    library's task may unpickle, our own coroutine may not."""
+    r = _run(_TASKS)
+    assert "LIBRARY Counter" in r.stdout and "OURS BLOCKED" in r.stdout, r.stdout + r.stderr
