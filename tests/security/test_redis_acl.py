@@ -83,6 +83,7 @@ def test_learner_user_can_consume_but_not_administer(server):
     entries = buf.read("learner0", count=8, block_ms=0)
     assert [e.group.group_id for e in entries] == ["g0"]
     assert [e.entry_id for e in buf.read_pending("learner0")] == [entries[0].entry_id]
+    buf.set_deliveries("learner0", {entries[0].entry_id: 2})  # XCLAIM RETRYCOUNT (poison count)
     assert buf.ack([e.entry_id for e in entries], "trained") == 1
     assert len(buf.dead_letters()) == 1
     buf.set_learner_version(3)
