@@ -206,13 +206,19 @@ def launch_role(cfg: Config, role: str) -> int:
 def _serve_buffer(cfg: Config, run_dir: Path) -> int:
     from buffer.server import RedisServer
 
-    server = RedisServer(run_dir / "redis").start()
+    server = RedisServer(run_dir / "redis", key_prefix=cfg.buffer.name).start()
     url_file = server.run_dir / "redis.url"
     print(
         f"[buffer] redis-server ready; its URL (with password) is in {url_file} (mode 0600)",
         flush=True,
     )
     print(f"[buffer] pass it to the other roles: buffer.url=$(cat {url_file})", flush=True)
+    print(
+        f"[buffer] or least privilege (ACL users): actors buffer.url=$(cat "
+        f"{server.run_dir / 'redis.actor.url'}), learner buffer.url=$(cat "
+        f"{server.run_dir / 'redis.learner.url'})",
+        flush=True,
+    )
     try:
         while server.running():
             time.sleep(1.0)
