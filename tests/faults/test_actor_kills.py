@@ -201,6 +201,7 @@ def test_actor_sigkill_storm_loses_and_duplicates_nothing(
     resumed = logs.count("left in flight by an earlier run")
     assert resumed > 0, "no restarted actor had prompts to resume: the kills missed the window"
     print(
-        f"\n{kills} SIGKILLs (+{k} final) in {storm_s:.0f}s; {len(reader.seen)} groups, "
+        f"\n{kills} SIGKILLs (+{k} final) in {storm_s:.0f}s; {resumed} restarts resumed "
+        f"prompts left in flight; {len(reader.seen)} groups, "
         f"0 lost, 0 duplicated; prompts claimed {sum(final.values())}; stats {stats}"
     )
