@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import fault_count
+from tests.faults.conftest import FULL, fault_count
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 
@@ -134,7 +134,7 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200 if FULL else 300)
 def test_actor_sigkill_storm_loses_and_duplicates_nothing(
     redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path
 ):

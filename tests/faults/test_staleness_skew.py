@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import fault_count
+from tests.faults.conftest import FULL, fault_count
 from tests.faults.test_actor_kills import assert_conserved
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
@@ -165,7 +165,7 @@ def train(source, ledger, buf, steps: int, step_s: float, version: int) -> dict:
     }
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(900 if FULL else 240)
 def test_no_trained_group_exceeds_max_staleness_under_skew(
     redis_server, buffer_name, sim_model_dir
 ):
