@@ -63,6 +63,7 @@ def start_buffer(cfg: Config, run_dir: Path):
         connect(cfg.buffer.url).close()  # fail now, with the URL in the message
         return cfg.buffer.url, None
     server = RedisServer(run_dir / "redis", key_prefix=cfg.buffer.name).start()
+    server.watch(lambda text: print(text, flush=True))  # restart it from its AOF if it dies
     return server.url, server
 
 

@@ -22,6 +22,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -110,6 +111,11 @@ class RedisServer:
         }
         self.port: int | None = None
         self._log_offset = 0
+        self.restarts = 0
+        self.failure: Exception | None = None
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
         self._proc: subprocess.Popen | None = None
 
     # -- paths and URL -------------------------------------------------------------------------
@@ -198,8 +204,48 @@ class RedisServer:
         self._warn_truncated_aof()
         return self
 
+    def watch(self, report=print, poll_s: float = 0.2) -> None:
+        """Restart the server from its directory whenever it dies (crash, OOM kill, SIGKILL),
+        in a daemon thread, until ``stop()``. ``report(text)`` is told of each restart and of
+        a failed one (e.g. a damaged AOF: ``failure`` is then set and watching ends; clients
+        get ``BufferUnavailable`` once their reconnect budget is spent). ``restarts`` counts.
+        """
+        if self._watcher is not None:
+            return
+        self._stopping.clear()
+
+        def loop() -> None:
+            while not self._stopping.wait(poll_s):
+                with self._lock:
+                    proc = self._proc
+                    if self._stopping.is_set() or proc is None or proc.poll() is None:
+                        continue
+                    code = proc.returncode
+                    try:
+                        self.start()
+                    except (RedisServerError, OSError) as e:
+                        self.failure = e
+                        report(f"[buffer] redis-server exited ({code}) and did not restart: {e}")
+                        return
+                    self.restarts += 1
+                    report(
+                        f"[buffer] redis-server exited ({code}); restarted from {self.run_dir} "
+                        f"on the same port (restart {self.restarts})"
+                    )
+
+        self._watcher = threading.Thread(target=loop, name="redis-watch", daemon=True)
+        self._watcher.start()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """SHUTDOWN (flushes the AOF), then terminate/kill if it has not exited in time."""
+        self._stopping.set()
+        with self._lock:
+            self._stop(timeout_s)
+        if self._watcher is not None:
+            self._watcher.join(timeout=timeout_s)
+            self._watcher = None
+
+    def _stop(self, timeout_s: float) -> None:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return

@@ -276,3 +276,49 @@ if __name__ == "__main__":
         reader_main(argv[0], argv[1], argv[2], float(argv[3]))
     else:
         raise SystemExit(f"unknown role {role!r}: writer or reader")
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_real_job_survives_redis_sigkills(tmp_path, redis_binary, counts):
+    """A real `asyncrl run` (learner + vLLM actor): redis-server SIGKILLed between steps is
+    restarted by the launcher from its directory; actors and learner reconnect and the run
+    finishes with exit 0 and the conservation law in summary.json."""
+    import json
+    import re
+
+    import psutil
+
+    pytest.importorskip("vllm")
+    kills, steps = counts(2, 5), counts(6, 14)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "asyncrl.cli", "run", "experiment=tiny", f"learner.steps={steps}",
+           "learner.checkpoint_every=2", f"run_dir={run_dir}"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines: list[str] = []
+    killed_at: list[int] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            m = re.match(r"step +(\d+) ", line)
+            if m and len(killed_at) < kills and int(m.group(1)) >= 2 * len(killed_at):
+                (redis_proc,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                                 if p.name() == "redis-server"]  # fmt: skip
+                redis_proc.send_signal(signal.SIGKILL)
+                killed_at.append(int(m.group(1)))
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines)
+    print(f"\nkilled redis at steps {killed_at}; exit {code}")
+    assert len(killed_at) == kills, out[-3000:]
+    assert code == 0, out[-4000:]
+    assert out.count("restarted from") == kills, out[-4000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    dropped = sum(v for k, v in s.items() if k.startswith("groups_dropped_"))
+    print({k: v for k, v in s.items() if k.startswith("groups_")})
+    assert s["groups_committed"] == s["groups_trained"] + dropped + s["groups_still_buffered"], s
+    assert s["groups_trained"] >= steps * 4 - 4, s  # tiny: 4 groups per step
