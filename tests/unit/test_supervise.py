@@ -1,0 +1,85 @@
+"""``asyncrl.launcher.supervise`` with real (tiny) child processes: failures name the role and
+how it ended; ``restart_max`` restarts a dead role with a backoff and counts it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+
+from asyncrl import launcher
+from asyncrl.launcher import Role, describe_exit, spawn, stop_roles, supervise
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch):
+    monkeypatch.setattr(launcher, "_BACKOFF_S", (0.01, 0.05))
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def role(tmp_path, name: str, code: str, restart_max: int = 0) -> Role:
+    r = spawn(name, py(code), {}, tmp_path, lambda line: False)
+    r.restart_max, r.restart_key = restart_max, "actor.restart_max"
+    return r
+
+
+def test_describe_exit_names_the_signal():
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+    assert describe_exit(3) == "exited with code 3"
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_role_fails_the_job_and_says_how_to_allow_restarts(tmp_path):
+    roles = [
+        role(tmp_path, "learner", "import time; time.sleep(30)"),
+        role(tmp_path, "actor0", "print('boom'); raise SystemExit(3)"),
+    ]
+    try:
+        code, reason = supervise(roles, "learner")
+    finally:
+        stop_roles(roles)
+    assert code == 3
+    assert reason.startswith("actor0 exited with code 3 (set actor.restart_max=N")
+    assert "boom" in reason  # the tail of the role's log
+
+
+@pytest.mark.timeout(60)
+def test_restarts_up_to_restart_max_then_fails_counting_each(tmp_path, capsys):
+    marker = tmp_path / "starts"
+    crash = f"open({str(marker)!r}, 'a').write('x'); raise SystemExit(5)"
+    roles = [
+        role(tmp_path, "learner", "import time; time.sleep(30)"),
+        role(tmp_path, "actor0", crash, restart_max=2),
+    ]
+    try:
+        code, reason = supervise(roles, "learner")
+    finally:
+        stop_roles(roles)
+    assert code == 5
+    assert roles[1].restarts == 2 and marker.read_text() == "xxx"  # 1 start + 2 restarts
+    assert "after 2 restart(s) (actor.restart_max=2 used up)" in reason
+    out = capsys.readouterr().out
+    assert out.count("actor0 exited with code 5; restarting it") == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_role_that_then_succeeds_lets_the_job_succeed(tmp_path):
+    marker = tmp_path / "crashed"
+    once = (
+        f"import os, sys\nif not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close(); sys.exit(9)\n"
+    )
+    roles = [
+        role(tmp_path, "actor0", once, restart_max=1),
+        role(tmp_path, "learner", "import time; time.sleep(1.5)"),
+    ]
+    try:
+        code, reason = supervise(roles, "learner")
+    finally:
+        stop_roles(roles)
+    assert (code, reason) == (0, "")
+    assert roles[0].restarts == 1
