@@ -290,7 +290,7 @@ def test_real_job_survives_redis_sigkills(tmp_path, redis_binary, counts):
     import psutil
 
     pytest.importorskip("vllm")
-    kills, steps = counts(2, 5), counts(6, 14)
+    kills, steps = counts(2, 5), counts(4, 14)
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", "experiment=tiny", f"learner.steps={steps}",
            "learner.checkpoint_every=2", f"run_dir={run_dir}"]  # fmt: skip
