@@ -178,18 +178,18 @@ def test_redis_sigkill_restarts_lose_no_acknowledged_commit(tmp_path, redis_bina
         assert writer.wait(timeout=60) == 0, (tmp_path / "writer.log").read_text()[-3000:]
         done.touch()
         assert reader.wait(timeout=120) == 0, (tmp_path / "reader.log").read_text()[-3000:]
+        stats = ReplayBuffer(connect(server.url), NAME, CAPACITY).stats()
     finally:
         for p in (writer, reader):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        server.stop()
 
     written = _ledger(wled)
     gids = {gid for _, gid in written}
     read = [gid for _, gid in _ledger(rled)]
     n_pending = sum(1 for kind, _ in _ledger(rled) if kind == "P")
-    stats = ReplayBuffer(connect(server.url), NAME, CAPACITY).stats()
-    server.stop()
     n_dup = sum(1 for kind, _ in written if kind == "D")
     print(f"\nkills={kills} commits={len(written)} retried_dups={n_dup} reads={len(read)} "
           f"reread_pending={n_pending} "
