@@ -6,7 +6,8 @@ test arms it through the environment of the process it starts::
     ASYNCRL_FAILPOINTS="checkpoint.before_marker=kill@2,learner.after_save=exit"
 
 Each entry is ``name=action[@n]``: fire on the ``n``-th hit of ``name`` in this process
-(default 1; ``@0`` = every hit). Actions:
+(default 1; ``@0`` = every hit). A name may have several entries (e.g. a trace on every hit
+and a kill on the third); they fire in the order given. Actions:
 
     kill      SIGKILL this process (a real signal: no cleanup, no atexit, no flush)
     exit      ``os._exit(77)`` (no cleanup either; a distinguishable exit status)
@@ -34,13 +35,13 @@ class FailpointError(RuntimeError):
     """Raised by a failpoint armed with the ``raise`` action."""
 
 
-_spec: dict[str, tuple[str, int]] | None = None
+_spec: dict[str, list[tuple[str, int]]] | None = None
 _hits: dict[str, int] = {}
 
 
-def parse(spec: str) -> dict[str, tuple[str, int]]:
-    """``"a=kill@2,b=sleep:0.5"`` -> ``{"a": ("kill", 2), "b": ("sleep:0.5", 1)}``."""
-    out: dict[str, tuple[str, int]] = {}
+def parse(spec: str) -> dict[str, list[tuple[str, int]]]:
+    """``"a=kill@2,b=sleep:0.5"`` -> ``{"a": [("kill", 2)], "b": [("sleep:0.5", 1)]}``."""
+    out: dict[str, list[tuple[str, int]]] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, sep, rest = item.partition("=")
         action, _, nth = rest.partition("@")
@@ -48,11 +49,11 @@ def parse(spec: str) -> dict[str, tuple[str, int]]:
             raise ValueError(
                 f"bad {ENV} entry {item!r}: expected name=action[@n] with action in {_ACTIONS}"
             )
-        out[name] = (action, int(nth) if nth else 1)
+        out.setdefault(name, []).append((action, int(nth) if nth else 1))
     return out
 
 
-def _armed() -> dict[str, tuple[str, int]]:
+def _armed() -> dict[str, list[tuple[str, int]]]:
     global _spec
     if _spec is None:
         _spec = parse(os.environ.get(ENV, ""))
@@ -64,10 +65,14 @@ def failpoint(name: str, **ctx) -> None:
     armed = _armed()
     if name not in armed:
         return
-    action, nth = armed[name]
     _hits[name] = _hits.get(name, 0) + 1
-    if nth and _hits[name] != nth:
-        return
+    for action, nth in armed[name]:
+        if not nth or _hits[name] == nth:
+            _fire(action, name, ctx)
+
+
+def _fire(action: str, name: str, ctx: dict) -> None:
+    """Do ``action`` (see module docstring) for failpoint ``name``."""
     where = f"failpoint {name} (hit {_hits[name]}{', ' if ctx else ''}"
     where += ", ".join(f"{k}={v}" for k, v in ctx.items()) + ")"
     if action == "kill":

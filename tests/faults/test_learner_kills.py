@@ -175,17 +175,14 @@ def run_reference(tmp_path: Path, url: str, model: str, groups: int, steps: int)
     return batches
 
 
-def kill_run(learner: Learner, point: str, trace: Path, rng: random.Random) -> None:
-    """Bound one killed run: wait for the failpoint's SIGKILL, or send one at random."""
+def kill_run(learner: Learner, point: str, trace: Path, before: int, rng: random.Random) -> None:
+    """Bound one killed run: wait for the failpoint's SIGKILL, or send one at random after
+    the run's first step (its second batch was read)."""
     if point == "random":
         deadline = time.monotonic() + RUN_DEADLINE_S
-        while not read_trace(trace) and learner.proc.poll() is None:
+        while len(read_trace(trace)) < before + 2 and learner.proc.poll() is None:
             assert time.monotonic() < deadline, learner.tail()
-            time.sleep(0.1)
-        seen = len(read_trace(trace))
-        while len(read_trace(trace)) == seen and learner.proc.poll() is None:
-            assert time.monotonic() < deadline, learner.tail()
-            time.sleep(0.05)  # the next step began: kill somewhere inside or after it
+            time.sleep(0.05)
         time.sleep(rng.uniform(0.0, 1.5))
         learner.kill_all()
     rc = learner.wait(RUN_DEADLINE_S)
@@ -224,7 +221,7 @@ def test_learner_sigkilled_resumes_acks_once_and_replays_the_same_batches(
         before = len(read_trace(trace))
         learner = Learner(run_dir, tiny_model, redis_server.url, fps, tmp_path / f"l{i}.log")
         if i < restarts:
-            kill_run(learner, point, trace, rng)
+            kill_run(learner, point, trace, before, rng)
         else:
             assert learner.wait(RUN_DEADLINE_S) == 0, learner.tail()
         run_steps = read_trace(trace)[before:]
@@ -232,6 +229,7 @@ def test_learner_sigkilled_resumes_acks_once_and_replays_the_same_batches(
         if expect_v:  # resumed from the newest complete checkpoint
             assert f"at version {expect_v}" in text, f"expected resume at {expect_v}:\n{text}"
             resumed_at.append(expect_v)
+        assert run_steps, f"run {i} trained no step:\n{learner.tail()}"
         if run_steps:  # same seed, same data order: the first batch is the reference's
             first = run_steps[0]
             assert first["version"] == expect_v, (first, expect_v)
