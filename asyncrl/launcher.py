@@ -153,6 +153,8 @@ def stop_roles(roles: list[Role]) -> None:
             r.proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
+        if r.proc.poll() is not None:
+            kill_leftovers(r)  # orphans of an earlier death of the role's process
 
 
 def _tree(psutil, pid: int) -> list:
@@ -185,6 +187,7 @@ def supervise(roles: list[Role], main: str) -> tuple[int, str]:
             if code is None:
                 continue
             if code != 0:
+                kill_leftovers(r)
                 if r.respawn and r.restarts < r.restart_max:
                     restart(r, code)
                     continue
@@ -195,6 +198,20 @@ def supervise(roles: list[Role], main: str) -> tuple[int, str]:
                 return 0, ""
         if by_name[main].proc.poll() is None:
             time.sleep(0.5)
+
+
+def kill_leftovers(r: Role) -> None:
+    """SIGKILL what is left of a dead role's process group.
+
+    Roles start in a session of their own (``spawn``), so the group id is the role's pid and
+    outlives it while members remain: a SIGKILLed actor's vLLM engine core and workers would
+    otherwise keep running, orphaned. (torchrun ranks run in sessions of their own; a dead
+    rank makes torchrun exit, and ``stop_roles`` reaps the tree.)
+    """
+    try:
+        os.killpg(r.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # nothing left (or not ours)
+        pass
 
 
 def describe_exit(code: int) -> str:

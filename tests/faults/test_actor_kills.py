@@ -205,3 +205,58 @@ def test_actor_sigkill_storm_loses_and_duplicates_nothing(
         f"prompts left in flight; {len(reader.seen)} groups, "
         f"0 lost, 0 duplicated; prompts claimed {sum(final.values())}; stats {stats}"
     )
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_vllm_actor_sigkilled_once_is_restarted_and_resumes(
+    redis_server, redis_client, buffer_name, announced_learner, tmp_path
+):
+    """The same fault with a real vLLM engine (one kill: an engine takes ~30 s to start):
+    ``asyncrl launch actors`` restarts it (``actor.restart_max=1``), the engine processes of
+    the killed actor do not outlive it, and the restarted actor commits every prompt its
+    predecessor had claimed, each once."""
+    import psutil
+
+    from buffer.redis_buffer import ReplayBuffer
+    from tests.e2e.conftest import needs_full_stack
+    from tests.faults.test_supervision import Launcher, procs_mentioning, sigkill_actor
+
+    needs_full_stack()
+    run_dir = tmp_path / "run"
+    launcher = Launcher(
+        "launch", "actors", "experiment=tiny", f"buffer.url={redis_server.url}",
+        f"buffer.name={buffer_name}", "actor.num_actors=1", "actor.restart_max=1",
+        "actor.max_inflight=4", "buffer.capacity=4", "buffer.lease_ttl_s=5", "metrics_port=0",
+        f"run_dir={run_dir}",
+    )  # fmt: skip
+    buf = ReplayBuffer(redis_client, buffer_name, 4, 5.0)
+    buf.set_learner_version(0)
+    reader = Reader(buf, 8)
+    reader.start()
+    try:
+        wait_until(
+            lambda: cursor(redis_client, buffer_name, 0) > 4 or launcher.proc.poll() is not None,
+            300,
+            "the vLLM actor to produce",
+            poll_s=0.5,
+        )
+        assert launcher.proc.poll() is None, launcher.output[-3000:]
+        (pid,) = launcher.role_pids("--actor-id 0")
+        engine = psutil.Process(pid).children(recursive=True)
+        sigkill_actor(launcher, 0)
+        claimed = cursor(redis_client, buffer_name, 0)
+        wait_until(lambda: "restarting it" in launcher.output, 30, "the restart")
+        _, alive = psutil.wait_procs(engine, timeout=30)
+        assert not alive, f"engine processes outlived the killed actor: {alive}"
+        wanted = set(range(claimed))
+        wait_until(lambda: wanted <= set(reader.indices), 300, "the claimed prompts", 0.5)
+    finally:
+        launcher.stop()
+        reader.stop()
+    assert not {g: c for g, c in reader.seen.items() if c > 1}, "a group was delivered twice"
+    assert not reader.partial, reader.partial[:5]
+    assert "left in flight by an earlier run" in (run_dir / "actor0.log").read_text()
+    assert procs_mentioning(str(run_dir)) == []
+    assert_conserved(buf.stats())
+    print(f"\nvLLM actor killed after claiming {claimed} prompts; all committed once")
