@@ -54,7 +54,8 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     stats_path.write_text(json.dumps(actor.stats(), indent=2))
     print(
         f"[actor {actor_id}] done: committed {s.committed} groups, duplicates {s.duplicates}, "
-        f"reward errors {s.reward_errors}, final weights v{s.version}",
+        f"reward errors {s.reward_errors}, final weights v{s.version} "
+        f"({s.weight_syncs} syncs, {s.weight_sync_failures} failed)",
         flush=True,
     )
     return 0
