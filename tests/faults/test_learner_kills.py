@@ -137,7 +137,10 @@ class Learner:
                 pass
 
     def tail(self) -> str:
-        return "".join(self.log.read_text(errors="replace").splitlines(True)[-40:])
+        """The log's last 40 lines, after every line that names an error (any rank)."""
+        lines = self.log.read_text(errors="replace").splitlines(True)
+        errors = [x for x in lines[:-40] if "Error" in x or "error" in x]
+        return "".join(errors[-20:] + ["...\n"] + lines[-40:])
 
 
 def read_trace(path: Path) -> list[dict]:
