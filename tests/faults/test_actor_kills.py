@@ -244,8 +244,11 @@ def test_vllm_actor_sigkilled_once_is_restarted_and_resumes(
         assert launcher.proc.poll() is None, launcher.output[-3000:]
         (pid,) = launcher.role_pids("--actor-id 0")
         engine = psutil.Process(pid).children(recursive=True)
+        wait_until(lambda: inflight(redis_client, buffer_name, 0), 60, "a prompt in flight", 0.01)
         sigkill_actor(launcher, 0)
         claimed = cursor(redis_client, buffer_name, 0)
+        left = inflight(redis_client, buffer_name, 0)
+        assert left, "the kill missed the window: nothing was in flight"
         wait_until(lambda: "restarting it" in launcher.output, 30, "the restart")
         _, alive = psutil.wait_procs(engine, timeout=30)
         assert not alive, f"engine processes outlived the killed actor: {alive}"
@@ -259,4 +262,7 @@ def test_vllm_actor_sigkilled_once_is_restarted_and_resumes(
     assert "left in flight by an earlier run" in (run_dir / "actor0.log").read_text()
     assert procs_mentioning(str(run_dir)) == []
     assert_conserved(buf.stats())
-    print(f"\nvLLM actor killed after claiming {claimed} prompts; all committed once")
+    print(
+        f"\nvLLM actor killed after claiming {claimed} prompts ({len(left)} in flight); all "
+        "committed once"
+    )
