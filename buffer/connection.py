@@ -89,9 +89,15 @@ def _auth_error(url: str, err: Exception) -> BufferUnavailable:
     )
 
 
-def call_with_retries(fn: Callable[[], T], where: str, budget_s: float = 5.0) -> T:
+def call_with_retries(
+    fn: Callable[[], T],
+    where: str,
+    budget_s: float = 5.0,
+    on_retry: Callable[[], None] | None = None,
+) -> T:
     """Run ``fn``; on a dropped connection retry with doubling sleeps (50 ms .. 1 s) for up
     to ``budget_s`` seconds, then raise ``BufferUnavailable`` naming ``where`` (a masked URL).
+    ``on_retry`` is called after every failed attempt (the reply may have been lost).
 
     Only connection-level errors are retried; Redis replies such as WRONGTYPE propagate at
     once. A retried call may have run on the server before the connection dropped, so only
@@ -105,6 +111,8 @@ def call_with_retries(fn: Callable[[], T], where: str, budget_s: float = 5.0) ->
         except redis.AuthenticationError:
             raise  # a subclass of ConnectionError, but retrying a wrong password cannot help
         except _TRANSIENT as e:
+            if on_retry is not None:
+                on_retry()
             if time.monotonic() + delay > deadline:
                 raise BufferUnavailable(
                     f"lost connection to Redis at {where} and could not reconnect within "

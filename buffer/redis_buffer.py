@@ -123,6 +123,8 @@ class ReplayBuffer:
             for n in ("LEASE", "COMMIT", "RENEW", "ACK", "DEAD_LETTER", "STATS")
         }
         self._group_ready = False
+        self._handed: dict[str, set[str]] = {}  # consumer -> entry ids handed out, not acked
+        self._maybe_lost: set[str] = set()  # consumers whose read reply may have been lost
         old = self._call(lambda: client.hget(self._k["meta"], "capacity"))
         if old is not None and int(old) != capacity:
             log.warning("buffer %s: capacity changed from %s to %d", name, int(old), capacity)
@@ -194,11 +196,41 @@ class ReplayBuffer:
         block_ms = self._clamp_block(block_ms)
         deadline = time.monotonic() + block_ms / 1000
         while True:
+            if recovered := self._recover(consumer, count, vocab_size):
+                return self._hand(consumer, recovered)
             wait_ms = int((deadline - time.monotonic()) * 1000)
             raw = self._xreadgroup(consumer, ">", count, wait_ms if wait_ms > 0 else None)
             valid = [e for e in (self._decode(eid, f, 1, vocab_size) for eid, f in raw) if e]
-            if valid or not raw:
-                return valid
+            if valid or (not raw and consumer not in self._maybe_lost):
+                return self._hand(consumer, valid)
+
+    def _hand(self, consumer: str, entries: list[Entry]) -> list[Entry]:
+        """Record ``entries`` as handed to ``consumer`` (until acked) and return them."""
+        self._handed.setdefault(consumer, set()).update(e.entry_id for e in entries)
+        return entries
+
+    def _recover(self, consumer: str, count: int, vocab_size) -> list[Entry]:
+        """Up to ``count`` entries delivered to ``consumer`` by a read whose reply was lost.
+
+        A connection that drops after Redis ran XREADGROUP loses the reply: the entries are
+        pending for ``consumer`` but nobody holds them. After any retried read, the pending
+        entries this object never handed out are found (XPENDING) and handed out now.
+        """
+        if consumer not in self._maybe_lost:
+            return []
+        handed = self._handed.get(consumer, set())
+        orphans = [eid for eid in self._delivery_counts(consumer) if eid not in handed]
+        if len(orphans) <= count:
+            self._maybe_lost.discard(consumer)
+        orphans = orphans[:count]
+        if not orphans:
+            return []
+        fields = self._fields(orphans)
+        log.warning(
+            "buffer %s: recovered %d group(s) whose read reply was lost", self.name, len(orphans)
+        )
+        entries = (self._decode(eid, fields.get(eid), 1, vocab_size) for eid in orphans)
+        return [e for e in entries if e]
 
     def read_pending(self, consumer: str, vocab_size: int | None = None) -> list[Entry]:
         """All entries delivered to ``consumer`` but not acked (to resume after a restart).
@@ -217,7 +249,7 @@ class ReplayBuffer:
                 self._poison(eid, fields.get(eid), deliveries)
             elif entry := self._decode(eid, fields.get(eid), deliveries, vocab_size):
                 entries.append(entry)
-        return entries
+        return self._hand(consumer, entries)
 
     def set_deliveries(self, consumer: str, counts: dict[str, int]) -> None:
         """Set the delivery count of pending entries: {entry id: count}.
@@ -251,6 +283,8 @@ class ReplayBuffer:
         if not ids:
             return 0
         self._ensure_group()
+        for handed in self._handed.values():
+            handed.difference_update(ids)
         keys = [self._k["stream"], self._k["stats"]]
         return int(self._call(lambda: self._s["ACK"](keys, [self.consumer_group, state, *ids])))
 
@@ -342,8 +376,8 @@ class ReplayBuffer:
         self._call(lambda: self._s["DEAD_LETTER"](keys, args))
         log.warning("buffer %s: dead-lettered %s: %s", self.name, entry_id, reason)
 
-    def _call(self, fn):
-        return call_with_retries(fn, self._where, self.reconnect_s)
+    def _call(self, fn, on_retry=None):
+        return call_with_retries(fn, self._where, self.reconnect_s, on_retry)
 
     def _ensure_group(self) -> None:
         """Register this buffer's single consumer group and create it (MKSTREAM) once."""
@@ -386,7 +420,8 @@ class ReplayBuffer:
                 self._ensure_group()
                 return []
 
-        reply = self._call(go) or []
+        lost = (lambda: self._maybe_lost.add(consumer)) if start == ">" else None
+        reply = self._call(go, lost) or []
         streams = reply.items() if isinstance(reply, dict) else reply  # RESP3 | RESP2
         return [(_s(eid), fields) for _, rows in streams for eid, fields in rows or []]
 

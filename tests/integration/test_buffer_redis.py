@@ -388,3 +388,32 @@ def test_encoded_payload_is_what_is_stored(redis_client, buffer_name):
     buf.commit(buf.lease(5, 1.0), g)
     [(_, fields)] = redis_client.xrange(buffer_name)
     assert fields == {b"group_id": b"5:5", b"seq": b"1", b"payload": encode_group(g)}
+
+
+def test_a_read_whose_reply_was_lost_is_recovered(redis_client, buffer_name):
+    """Redis ran XREADGROUP but the connection dropped before the reply: the entries are
+    pending for the consumer and nobody holds them. The next read hands them out (once)."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=8, reconnect_s=2.0)
+    _fill(buf, [f"0:{i}" for i in range(5)])
+    first = buf.read("c0", count=1, block_ms=100, vocab_size=100)
+    real, lost = redis_client.xreadgroup, []
+
+    def drop_reply(*args, **kwargs):
+        reply = real(*args, **kwargs)  # the server delivered these entries...
+        if not lost:
+            lost.append(reply)
+            raise redis.ConnectionError("connection dropped before the reply")  # ...lost here
+        return reply
+
+    redis_client.xreadgroup = drop_reply
+    try:
+        second = buf.read("c0", count=2, block_ms=100, vocab_size=100)
+    finally:
+        del redis_client.xreadgroup
+    assert lost, "the fault was not injected"
+    rest = buf.read("c0", count=10, block_ms=100, vocab_size=100)
+    got = [e.group.group_id for e in first + second + rest]
+    assert sorted(got) == [f"0:{i}" for i in range(5)], got  # every group once, none stranded
+    buf.ack([e.entry_id for e in first + second + rest], "trained")
+    s = buf.stats()
+    assert s["trained"] == 5 and s["pending"] == 0 and _conserved(s)
