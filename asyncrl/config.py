@@ -21,6 +21,8 @@ _AGGREGATIONS = (
 )
 _KL_ESTIMATORS = ("k1", "k2", "k3")
 _UPDATE_MODES = ("keep", "abort")
+_DEVICES = ("auto", "cpu", "cuda")  # learner.device.DEVICES (kept torch-free here)
+_ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -59,12 +61,20 @@ class ModelConfig:
     sft_steps: int = 500
     """Demo only: supervised warm-start steps so RL starts from a weak, non-trivial policy."""
     dtype: str = "float32"
-    """float32 on CPU; bfloat16 on GPU."""
+    """The learner's compute dtype: float32 on CPU; bfloat16 on GPU (FSDP2 mixed precision:
+    weights, gradients and optimizer state stay float32). Actors load the model in this dtype."""
+    attn_implementation: str = "auto"
+    """transformers attention in the learner: ``auto`` = flash_attention_2 on a GPU with
+    flash-attn and a 16-bit dtype, else sdpa; or ``sdpa``, ``eager``, ``flash_attention_2``."""
 
     def __post_init__(self) -> None:
         _require(bool(self.path), "model.path is empty; give a local HF model dir or 'demo'")
         _require(self.sft_steps >= 0, f"model.sft_steps must be >= 0, got {self.sft_steps}")
         _require(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={self.dtype!r}")
+        _require(
+            self.attn_implementation in _ATTN_IMPLS,
+            f"model.attn_implementation={self.attn_implementation!r}, expected one of {_ATTN_IMPLS}",
+        )
 
 
 @dataclass
@@ -157,6 +167,9 @@ class LearnerConfig:
     """Send weights to the actors every this many steps."""
     checkpoint_every: int = 100
     """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
+    device: str = "auto"
+    """``auto`` (a GPU per rank when CUDA is available, else the CPU), ``cpu`` or ``cuda``.
+    GPU ranks use ``cuda:LOCAL_RANK`` and NCCL for FSDP2 (learner/device.py)."""
     cpu_threads: int = 1
     """Torch threads per learner rank."""
     cpu_affinity: str = ""
@@ -179,6 +192,7 @@ class LearnerConfig:
         _require(self.sync_every >= 1, "learner.sync_every must be >= 1")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
         _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
+        _require(self.device in _DEVICES, f"learner.device={self.device!r}, expected {_DEVICES}")
 
 
 @dataclass

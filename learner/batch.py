@@ -36,6 +36,10 @@ class Batch:
     def num_rows(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with every tensor on ``device`` (no copy where it already is)."""
+        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(Batch)})
+
     def rows(self, index: torch.Tensor | slice) -> Batch:
         """A subset of rows (rewards are kept whole: they are per group)."""
         return Batch(

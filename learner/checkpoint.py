@@ -123,7 +123,7 @@ def export_hf(model: nn.Module, out_dir: Path, source_model_dir: str | Path) -> 
     """Collective: write full weights as safetensors plus the source's config/tokenizer files."""
     from safetensors.torch import save_file
 
-    tensors = {name: t.contiguous().clone() for name, t in full_named_tensors(model)}
+    tensors = {name: t.cpu().contiguous().clone() for name, t in full_named_tensors(model)}
     if _rank() != 0:
         return
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,9 @@ import torch.distributed as dist
 from torch import nn
 
 from learner.advantages import value_loss
+from learner.device import current_device
 from learner.losses import make_aggregation
-from learner.model import _DTYPES
+from learner.model import _DTYPES, attention_impl, check_model_dir
 
 _VALUE_AGGREGATION = "token_mean"
 
@@ -92,22 +93,30 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - (r - v).var(unbiased=False) / var)
 
 
-def load_value_model(model_dir: str | Path, dtype: str = "float32") -> ValueModel:
+def load_value_model(
+    model_dir: str | Path, dtype: str = "float32", attn: str | None = None
+) -> ValueModel:
     """The policy's body from ``model_dir`` (its LM head is not loaded) + a zero value head."""
     from transformers import AutoModel
 
-    body = AutoModel.from_pretrained(Path(model_dir), dtype=_DTYPES[dtype])
+    body = AutoModel.from_pretrained(
+        check_model_dir(model_dir), dtype=_DTYPES[dtype], attn_implementation=attn
+    )
     body.config.use_cache = False
     return ValueModel(body, body.config.hidden_size)
 
 
-def shard_value_model(model: ValueModel) -> ValueModel:
-    """FSDP2: each decoder layer, then the root (embeddings, norm, head)."""
-    from torch.distributed.fsdp import fully_shard
+def shard_value_model(model: ValueModel, compute_dtype: str = "float32") -> ValueModel:
+    """FSDP2: each decoder layer, then the root (embeddings, norm, head); a 16-bit
+    ``compute_dtype`` is FSDP2 mixed precision, as for the policy (``learner.model``)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    mp = MixedPrecisionPolicy()
+    if compute_dtype != "float32":
+        mp = MixedPrecisionPolicy(param_dtype=_DTYPES[compute_dtype], reduce_dtype=torch.float32)
     for layer in getattr(model.body, "layers", []):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
     return model
 
 
@@ -118,11 +127,14 @@ def build_critic(
     weight_decay: float,
     value_clip: float | None,
     grad_clip: float,
+    attn: str = "auto",
 ) -> Critic:
-    """Load, shard (when a process group exists), and give the critic its own AdamW."""
-    model = load_value_model(model_dir, dtype)
+    """Load float32 master weights on the learner's device, shard them (when a process group
+    exists) computing in ``dtype``, and give the critic its own AdamW."""
+    device = current_device()
+    model = load_value_model(model_dir, "float32", attention_impl(attn, dtype, device)).to(device)
     if dist.is_initialized():
-        model = shard_value_model(model)
+        model = shard_value_model(model, dtype)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     return Critic(model, optimizer, value_clip, grad_clip)

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if not url:
         print("learner: ASYNCRL_REDIS_URL is not set (the buffer's Redis URL)", file=sys.stderr)
         return 2
-    rank, _ = init_distributed()
+    rank, _ = init_distributed(cfg.learner.device)
     hub = None
     if rank == 0:
         from learner.hub import Hub

@@ -12,12 +12,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from learner.model import load_hf_model, shard_model, token_logprobs
+from learner.device import current_device
+from learner.model import attention_impl, load_hf_model, shard_model, token_logprobs
 
 
-def build_reference(model_dir: str | Path, dtype: str = "float32") -> nn.Module:
-    """Load ``model_dir`` frozen (no gradients, eval mode); FSDP2-sharded under a process group."""
-    model = load_hf_model(model_dir, dtype)
+def build_reference(model_dir: str | Path, dtype: str = "float32", attn: str = "auto") -> nn.Module:
+    """Load ``model_dir`` frozen in ``dtype`` (no gradients, no optimizer, so no float32 master
+    copy), eval mode, on the learner's device; FSDP2-sharded under a process group."""
+    device = current_device()
+    model = load_hf_model(model_dir, dtype, attention_impl(attn, dtype, device)).to(device)
     model.requires_grad_(False)
     if dist.is_initialized():
         model = shard_model(model)

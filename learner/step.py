@@ -16,6 +16,7 @@ the averaged gradient equals the gradient of the full-batch loss.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, fields
 
 import torch
@@ -193,6 +194,14 @@ def reduce_metrics(metrics: dict[str, float], world: int) -> dict[str, float]:
     and p99 as the max, the rest token-weighted means (``learner.losses.merge_metrics``)."""
     if world == 1 or not dist.is_initialized():
         return dict(metrics)
-    parts: list = [None] * world
-    dist.all_gather_object(parts, metrics)
-    return merge_metrics(parts)
+    keys = sorted(metrics)
+    # float64 host tensors over the gloo side of the group (all_gather_object would pickle)
+    shape = torch.tensor([len(keys), zlib.crc32("\0".join(keys).encode())], dtype=torch.int64)
+    shapes = [torch.empty_like(shape) for _ in range(world)]
+    dist.all_gather(shapes, shape)
+    if any(not torch.equal(s, shape) for s in shapes):
+        raise RuntimeError(f"learner ranks reported different metric names (rank 0: {keys})")
+    values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+    gathered = [torch.empty_like(values) for _ in range(world)]
+    dist.all_gather(gathered, values)
+    return merge_metrics([dict(zip(keys, g.tolist(), strict=True)) for g in gathered])

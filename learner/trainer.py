@@ -8,7 +8,6 @@ all:    every checkpoint_every: DCP + HF export (atomic); rank 0 acks the traine
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from asyncrl.faults import failpoint
 from learner.batch import broadcast_batch, collate
 from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from learner.critic import build_critic
+from learner.device import current_device, init_distributed
 from learner.model import build_policy
 from learner.reference import build_reference
 from learner.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
@@ -37,25 +37,6 @@ class LearnerState:
     unacked: list[str] = field(default_factory=list)
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the torchrun process group (gloo on CPU, NCCL on GPU)."""
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if "RANK" not in os.environ:  # a single process without torchrun
-            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop_flag(rank: int, stop: bool) -> bool:
     """Rank 0 decides; every rank learns the decision (a 1-element broadcast)."""
     t = torch.tensor([1 if (rank == 0 and stop) else 0])
@@ -67,15 +48,15 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
     """Policy + optimizer, and only what the algorithm needs: a critic for an estimator that
     takes values (gae), the frozen reference policy when ``kl_coef > 0``."""
     algo, lc = cfg.algorithm, cfg.learner
-    model = build_policy(model_dir, cfg.model.dtype)
+    model = build_policy(model_dir, cfg.model.dtype, cfg.model.attn_implementation)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
     critic = reference = None
     if uses_critic(algo.advantage):
         lr = algo.critic_lr or lc.lr
         critic = build_critic(model_dir, cfg.model.dtype, lr, lc.weight_decay, algo.value_clip,
-                              lc.grad_clip)  # fmt: skip
+                              lc.grad_clip, cfg.model.attn_implementation)  # fmt: skip
     if algo.kl_coef > 0:
-        reference = build_reference(model_dir, cfg.model.dtype)
+        reference = build_reference(model_dir, cfg.model.dtype, cfg.model.attn_implementation)
     return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
                        reference=reference, max_tokens=cfg.actor.max_tokens)  # fmt: skip
 
@@ -86,7 +67,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     ``hub`` (``learner.hub.Hub``) owns the buffer, the control plane, the weight sender and
     the run log, so this loop only sees tensors.
     """
-    rank, world = init_distributed()
+    rank, world = init_distributed(cfg.learner.device)
     torch.set_num_threads(cfg.learner.cpu_threads)
     torch.manual_seed(cfg.seed)
     ctx = build_step_context(cfg, model_dir, rank, world)
@@ -106,7 +87,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         groups = hub.next_groups(state.version) if hub else None
         failpoint("learner.after_read", version=state.version,
                   groups=[g.group_id for g in groups] if hub else None)  # fmt: skip
-        batch = broadcast_batch(collate(groups) if hub else None)
+        batch = broadcast_batch(collate(groups) if hub else None).to(current_device())
         _warm_up_lr(ctx, cfg, state.version)
         metrics = reduce_metrics(train_on_batch(ctx, batch), world)
         metrics |= batch_metrics(batch, state.version)

@@ -122,10 +122,12 @@ class WeightSender:
         return SendStats(bytes=nbytes, tensors=count, seconds=time.perf_counter() - t0)
 
     def _cast(self, named: Iterable[tuple[str, torch.Tensor]]):
+        """Host tensors in the wire dtype: the gloo group moves host memory (a GPU learner's
+        tensors are copied down one at a time, so at most one extra tensor is held)."""
         for name, t in named:
             if self.wire_dtype is not None and t.is_floating_point():
                 t = t.to(self.wire_dtype)
-            yield name, t
+            yield name, t.cpu()
 
     def close(self) -> None:
         """Tear down the group (idempotent)."""
@@ -249,7 +251,7 @@ class ActorWeightChannel:
 
     def _rebuild(self, actor_ids: list[int]) -> None:
         """A new group (new port, new store) whose receivers are ``actor_ids``."""
-        from learner.trainer import _free_port
+        from learner.device import free_port as _free_port
 
         self.sender.close()
         self.members, self._dirty = list(actor_ids), False
