@@ -314,15 +314,17 @@ class Actor:
         return await _generate_whole(self.engine, prompt_ids, self.cfg.actor, seed)
 
     async def make_group(self, index: int) -> Group:
+        """Prompt ``index`` -> ``n_samples`` whole completions -> rewards -> one Group.
+
+        A reward function that fails gives its sample reward 0 and the reason in
+        ``Sample.reward_error`` (counted in ``reward_errors``); the group is still committed.
+        """
         from actors.rewards import score
 
-        a = self.cfg.actor
         prompt = self.prompts.get(index)
         prompt_ids = self.tokenizer.encode(prompt.text)
         seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
-        completions = await self.engine.generate(
-            prompt_ids, a.n_samples, a.max_tokens, a.temperature, seed
-        )
+        completions = await self._generate(prompt_ids, seed)  # abort-mode cuts resubmitted
         samples = []
         for c in completions:
             text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
