@@ -375,6 +375,15 @@ class Config:
             f"batch_groups*n_samples={rows} must split evenly over learner.nproc="
             f"{self.learner.nproc} ranks x algorithm.minibatches={self.algorithm.minibatches}",
         )
+        # weights of version v sample groups trained up to version v + sync_every - 1
+        _require(
+            not self.learner.weight_sync
+            or self.learner.sync_every <= self.buffer.max_staleness + 1,
+            f"learner.sync_every={self.learner.sync_every} with buffer.max_staleness="
+            f"{self.buffer.max_staleness}: between two weight syncs the actors' groups would "
+            "grow too stale to train and the learner would wait forever; set learner.sync_every "
+            "<= buffer.max_staleness + 1",
+        )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             # actors make exactly batch_groups groups per version there: nothing could refill

@@ -52,6 +52,8 @@ def test_sync_mode_is_strictly_on_policy():
         (["buffer.capacity=zero"], "buffer.capacity"),
         (["buffer.capacity=-1"], "buffer.capacity"),
         (["learner.batch_groups=3", "actor.n_samples=3"], "split evenly"),
+        (["learner.sync_every=3", "buffer.max_staleness=1"], "learner.sync_every <= buffer"),
+        (["mode=sync", "learner.sync_every=2"], "learner.sync_every=2 with"),
     ],
 )
 def test_bad_config_names_the_problem(overrides, message):
