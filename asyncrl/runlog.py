@@ -32,16 +32,25 @@ def window_mean(values: list[float], start_frac: float, end_frac: float) -> floa
 
 
 class RunLog:
-    """Appends one JSON record per step and prints a one-line summary of it."""
+    """Appends one JSON record per step and prints a one-line summary of it.
+
+    A resumed learner continues the same ``metrics.jsonl``: the records already there are
+    loaded, so ``summary.json`` covers the whole run, and a step trained again after a resume
+    (it was past the last checkpoint) replaces the earlier record of that step in
+    ``records``. The file itself is append-only: it keeps both.
+    """
 
     def __init__(self, run_dir: str | Path, quiet: bool = False) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.dir / "metrics.jsonl", "a", buffering=1)
-        self.records: list[dict] = []
+        path = self.dir / "metrics.jsonl"
+        self.records: list[dict] = _read_records(path)
+        self._file = open(path, "a", buffering=1)
         self.quiet = quiet
 
     def log(self, record: dict) -> None:
+        while self.records and self.records[-1]["step"] >= record["step"]:
+            self.records.pop()  # superseded: that step was trained again after a resume
         self.records.append(record)
         self._file.write(json.dumps(record) + "\n")
         if not self.quiet:
@@ -62,6 +71,24 @@ class RunLog:
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_reward(self.records, self.dir / "reward.png", title=extra.get("title", ""))
         return summary
+
+
+def _read_records(path: Path) -> list[dict]:
+    """The step records of an earlier learner of this run, in step order (a torn last line,
+    from a learner killed mid-write, is skipped)."""
+    if not path.is_file():
+        return []
+    records: list[dict] = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            while records and records[-1]["step"] >= record["step"]:
+                records.pop()
+            records.append(record)
+    return records
 
 
 def console_line(r: dict) -> str:

@@ -47,3 +47,28 @@ def test_summary_and_plot_written(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "async"
     assert (tmp_path / "reward.png").stat().st_size > 1000
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 20
+
+
+def _record(step: int, reward: float) -> dict:
+    return {"step": step, "version": step + 1, "reward": reward, "staleness_max": 0,
+            "staleness_mean": 0.0, "groups_per_s": 1.0, "tokens_per_s": 1.0, "dropped_stale": 0,
+            "dropped_invalid": 0, "wall_s": float(step)}  # fmt: skip
+
+
+def test_a_resumed_learner_summarises_the_whole_run(tmp_path):
+    """Steps 0-9 logged, killed mid-write; resumed from the checkpoint at version 6, steps 6-9
+    are trained again: the summary covers steps 0-9 once, with the replayed records."""
+    first = RunLog(tmp_path, quiet=True)
+    for i in range(10):
+        first.log(_record(i, 0.0))
+    first.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 10, "rew')  # torn by the kill
+    resumed = RunLog(tmp_path, quiet=True)
+    for i in range(6, 10):
+        resumed.log(_record(i, 1.0))
+    summary = resumed.write_summary({})
+    resumed.close()
+    assert [r["step"] for r in resumed.records] == list(range(10))
+    assert summary["steps"] == 10
+    assert summary["reward_initial"] == 0.0 and summary["reward_final"] == 1.0
