@@ -111,10 +111,15 @@ class Actor:
         from asyncrl.weights import WeightSyncError
 
         await client.send({"type": "register"})
+        heard = time.monotonic()
         while not self.state.stop:
             msg = await client.recv(0.5)
             if msg is None:
+                if time.monotonic() - heard > _LEARNER_QUIET_S:
+                    heard = time.monotonic()
+                    await self._follow_learner(client)
                 continue
+            heard = time.monotonic()
             try:
                 await self._on_control(client, msg)
             except WeightSyncError as e:
@@ -125,6 +130,18 @@ class Actor:
                     flush=True,
                 )
         self._version_changed.set()
+
+    async def _follow_learner(self, client) -> None:
+        """After a quiet spell, re-read the learner's address from the buffer meta: a learner
+        that restarted (or a run dir reused, whose meta held the previous learner's address
+        until the new one published its own) listens elsewhere. Re-register there; it sends
+        ``weights_init`` and the current weights as to any newly registered actor."""
+        addr = (await asyncio.to_thread(self.buffer.meta)).get("control_addr")
+        if addr and addr != client.address:
+            print(f"[actor {self.state.actor_id}] the learner's control plane moved to {addr} "
+                  "(a restarted learner); registering there", flush=True)  # fmt: skip
+            client.connect(addr)
+            await client.send({"type": "register"})
 
     async def _on_control(self, client, msg: dict) -> None:
         kind = msg["type"]
@@ -353,6 +370,7 @@ redis.call('SADD', KEYS[2], index)
 return index
 """
 
+_LEARNER_QUIET_S = 5.0  # no learner message for this long: check its address in the meta
 _MAX_RESUBMITS = 10  # update_mode=abort: a request cut by more syncs than this is an error
 
 

@@ -82,13 +82,20 @@ class ControlClient:
     """Actor side (asyncio)."""
 
     def __init__(self, address: str, actor_id: int) -> None:
+        self.actor_id = actor_id
+        self._sock = None
+        self.connect(address)
+
+    def connect(self, address: str) -> None:
+        """(Re)connect to the learner at ``address``; messages queued for the old one drop."""
         import zmq.asyncio
 
-        self._ctx = zmq.asyncio.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
+        if self._sock is not None:
+            self._sock.close(0)
+        self._sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(address)
-        self.actor_id = actor_id
+        self.address = address
 
     async def send(self, msg: dict) -> None:
         await self._sock.send(_encode({**msg, "actor_id": self.actor_id}))

@@ -73,6 +73,9 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     ctx = build_step_context(cfg, model_dir, rank, world)
     if hub:  # DAPO dynamic sampling happens where groups are read
         hub.source.drop_uniform = cfg.algorithm.dynamic_sampling
+    if hub:
+        hub.say(f"{world} rank(s) on {current_device().type} (process group "
+                f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute")  # fmt: skip
     state = _maybe_resume(run_dir, ctx, hub)
     start = time.monotonic() - state.wall_s
     if hub:

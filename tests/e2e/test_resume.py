@@ -1,0 +1,34 @@
+"""``asyncrl run`` again in a finished run's directory continues it: the learner resumes from
+the newest checkpoint, the actors (which first read the previous learner's address from the
+buffer meta) follow the new learner's control plane and receive its weights, and the
+summary covers the whole run. Simulated actors keep it short; the learner and Redis are real.
+"""
+
+import re
+
+import pytest
+
+from tests.e2e.conftest import needs_full_stack, read_summary, run_cli
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_second_run_in_the_same_directory_resumes_and_actors_follow_the_new_learner(tmp_path):
+    needs_full_stack()
+    run_dir = tmp_path / "run"
+    common = ["run", "experiment=tiny", "learner.nproc=1", "learner.checkpoint_every=3",
+              "actor.engine=sim", "actor.num_actors=2", "metrics_port=0", f"run_dir={run_dir}"]  # fmt: skip
+    first = run_cli([*common, "learner.steps=6"], timeout=180)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = run_cli([*common, "learner.steps=10"], timeout=180)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-4000:]
+    assert "resumed from" in out and "at version 6" in out, out[-3000:]
+    assert len(re.findall(r"control plane moved to", out)) == 2, out[-3000:]
+    for actor in (0, 1):
+        assert re.search(rf"\[actor {actor}\] done: .* final weights v10 ", out), out[-3000:]
+    s = read_summary(run_dir)
+    assert s["steps"] == 10 and s["final_version"] == 10, s
+    dropped = sum(s[f"groups_dropped_{k}"] for k in ("stale", "invalid", "poison", "uniform"))
+    assert s["groups_committed"] == s["groups_trained"] + dropped + s["groups_still_buffered"], s
+    assert s["groups_trained"] == 10 * 4, s  # every step trained batch_groups=4 groups, once
