@@ -76,13 +76,21 @@ def role_url(url: str, server, role: str) -> str:
 def core_split(cfg: Config) -> str:
     cores = os.cpu_count() or 1
     lt, at = cfg.learner.cpu_threads, cfg.actor.cpu_threads
-    la = cfg.learner.cpu_affinity or "any"
-    aa = cfg.actor.cpu_affinity or "any"
-    return (
+    la = f"cores {cfg.learner.cpu_affinity}" if cfg.learner.cpu_affinity else "any core"
+    aa = f"cores {cfg.actor.cpu_affinity}" if cfg.actor.cpu_affinity else "any core"
+    line = (
         f"cores: {cores} available; learner {cfg.learner.nproc} rank(s) x {lt} thread(s) "
-        f"on cores {la}, {cfg.actor.num_actors} actor(s) x {at} thread(s) on cores {aa} "
+        f"on {la}, {cfg.actor.num_actors} actor(s) x {at} thread(s) on {aa} "
         f"(vLLM bind {cfg.actor.cpu_bind or 'auto'})"
     )
+    if not (cfg.learner.cpu_affinity or cfg.actor.cpu_affinity):
+        busy = cfg.learner.nproc * lt + cfg.actor.num_actors * at
+        line += (
+            f"; unpinned: the OS shares the {cores} cores among {busy} busy threads, so an "
+            "idle side lends its core to the other (pin with learner.cpu_affinity= and "
+            "actor.cpu_affinity=)"
+        )
+    return line
 
 
 def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
@@ -136,11 +144,12 @@ def run_local(cfg: Config) -> int:
     """Everything on this machine: buffer, learner (torchrun) and actors; returns an exit code."""
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
-    model_dir = resolve_model(cfg)
-    write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
+    check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
     url, server = start_buffer(cfg, run_dir)
     roles: list[Role] = []
     try:
+        model_dir = resolve_model(cfg)
+        write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
         serve_launcher_metrics(cfg, url, "launcher", roles)
         roles.append(spawn_learner(cfg, run_dir, model_dir, role_url(url, server, "learner")))
         roles.extend(spawn_actors(cfg, run_dir, model_dir, role_url(url, server, "actor")))
@@ -152,6 +161,17 @@ def run_local(cfg: Config) -> int:
         if server:
             server.stop()
     return _report(run_dir, code, reason, record_restarts(run_dir, roles))
+
+
+def check_reward_fn(cfg: Config) -> None:
+    """Import ``task.reward_fn`` here, so a wrong name fails at once with the key named
+    (the actors import the same function when they start)."""
+    from actors.rewards import load_reward_fn
+
+    try:
+        load_reward_fn(cfg.task.reward_fn)
+    except ValueError as e:
+        raise ValueError(f"task.reward_fn: {e}") from e
 
 
 def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | None = None) -> int:
@@ -182,6 +202,8 @@ def launch_role(cfg: Config, role: str) -> int:
             "(start one with `asyncrl launch buffer`, which prints it)"
         )
     start_buffer(cfg, run_dir)  # checks that the URL answers
+    if role == "actors":
+        check_reward_fn(cfg)
     model_dir = resolve_model(cfg)
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
     url = cfg.buffer.url

@@ -32,6 +32,7 @@ def test_unreachable_redis(tmp_path):
     proc = run_cli(["launch", "learner", f"buffer.url={url}", f"run_dir={tmp_path}"], timeout=120)
     assert proc.returncode == 1
     assert "127.0.0.1:1" in proc.stderr
+    assert "asyncrl launch buffer" in proc.stderr, "the message should say how to get a server"
     assert "secretpw" not in proc.stderr + proc.stdout, "the password must be masked"
 
 
@@ -39,3 +40,13 @@ def test_launch_without_url(tmp_path):
     proc = run_cli(["launch", "actors", f"run_dir={tmp_path}"], timeout=120)
     assert proc.returncode == 1
     assert "needs buffer.url" in proc.stderr
+
+
+def test_bad_reward_function_fails_before_anything_starts(tmp_path):
+    proc = run_cli(
+        ["run", "task.reward_fn=actors.rewards:nope", f"run_dir={tmp_path / 'run'}"], timeout=120
+    )
+    assert proc.returncode == 1
+    assert "task.reward_fn" in proc.stderr and "has no attribute 'nope'" in proc.stderr
+    assert "warm" not in proc.stdout.lower(), "it should fail before the demo warm start"
+    assert not (tmp_path / "run" / "redis").exists(), "no Redis should have been started"
