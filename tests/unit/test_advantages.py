@@ -130,6 +130,29 @@ def test_value_loss_clipped_by_hand():
     close(plain.loss, (0.125 + 0.5 + 0.0) / 3)
 
 
+@pytest.mark.parametrize("clip_range", [0.2, None])
+def test_value_loss_micro_batches_sum_to_full_batch(clip_range):
+    """The critic loss with global (token_mean) denominators: micro-batches of rows give the
+    same loss sum and gradient as the whole batch, as the policy losses do."""
+    g = torch.Generator().manual_seed(3)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0]])
+    values = torch.randn(5, 4, generator=g, dtype=D)
+    old = values + 0.5 * torch.randn(5, 4, generator=g, dtype=D)
+    returns = torch.randn(5, 4, generator=g, dtype=D)
+    agg = make_aggregation("token_mean", mask)  # built once for the whole batch
+    full_v = values.clone().requires_grad_(True)
+    full = value_loss(full_v, old, returns, mask, agg, clip_range=clip_range)
+    (full_grad,) = torch.autograd.grad(full.loss, full_v)
+    total, grads = torch.zeros((), dtype=D), []
+    for rows in (slice(0, 2), slice(2, 4), slice(4, 5)):
+        v = values[rows].clone().requires_grad_(True)
+        out = value_loss(v, old[rows], returns[rows], mask[rows], agg, clip_range=clip_range)
+        total = total + out.loss.detach()
+        grads.append(torch.autograd.grad(out.loss, v)[0])
+    torch.testing.assert_close(total, full.loss.detach(), **TOL)
+    torch.testing.assert_close(torch.cat(grads), full_grad, **TOL)
+
+
 def test_all_equal_groups():
     r = t([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [0.3, 0.3001, 0.3]])
     assert all_equal_groups(r).tolist() == [True, False, True, False]

@@ -352,6 +352,40 @@ def test_cispo_by_hand(eps_low, weights, low_frac):
     close([out.metrics["clip_frac_high"], out.metrics["clip_frac_low"]], [1 / 3, low_frac])
 
 
+def test_gspo_and_cispo_weight_by_the_truncated_behaviour_ratio():
+    """pi_prox != pi_behave: each token's term is multiplied by w = min(pi_prox/pi_behave,
+    is_cap), detached (no gradient through the weight)."""
+    prox = logp([[0.4, 0.2, 0.3]])
+    behave = logp([[0.1, 0.4, 0.3]])  # rho = 4 (capped at 2), 0.5, 1
+    w = [2.0, 0.5, 1.0]
+    adv = t([[1.0, 1.0, 1.0]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    # pi_theta = pi_prox: the GSPO sequence ratio and CISPO's r are 1 (inside every clip)
+    g_out, g_grad = run("gspo", prox, prox, behave, adv, mask)
+    close(g_out.loss, -sum(w) / 3)
+    close(g_grad, [[-wi / 3 for wi in w]])
+    c_out, c_grad = run("cispo", prox, prox, behave, adv, mask)
+    close(c_out.loss, -sum(wi * math.log(p) for wi, p in zip(w, [0.4, 0.2, 0.3], strict=True)) / 3)
+    close(c_grad, [[-wi / 3 for wi in w]])
+    for out in (g_out, c_out):
+        close([out.metrics["is_truncated_frac"], out.metrics["is_weight_max"]], [1 / 3, 4.0])
+
+
+def test_sequence_level_truncation_uses_the_geometric_mean_per_sequence():
+    """is_level=sequence with truncation (the gspo preset): rho_i = exp(mean_t log rho_t),
+    capped at is_cap, one weight for the whole sequence."""
+    # row 0: rho_t = 4, 4, 4 -> 4, capped at 2; row 1: rho_t = 2, 0.125 -> 0.5 (kept)
+    prox = logp([[0.4, 0.4, 0.4], [0.4, 0.1, 0.5]])
+    behave = logp([[0.1, 0.1, 0.1], [0.2, 0.8, 0.5]])
+    adv = torch.where(MASK, 1.0, 0.0).to(D)
+    params = LossParams(is_level="sequence", is_cap=2.0)
+    out, grad = run("tis", prox, prox, behave, adv, MASK, params=params)  # r = 1: -w * A
+    close(out.loss, -(3 * 2.0 + 2 * 0.5) / 5)
+    close(grad, [[-2.0 / 5] * 3, [-0.5 / 5, -0.5 / 5, 0.0]])
+    close([out.metrics["is_truncated_frac"], out.metrics["is_weight_max"]], [1 / 2, 4.0])
+    close(out.metrics["is_weight_mean"], (4.0 + 0.5) / 2)
+
+
 # ------------------------------------------------------------------ KL, entropy
 
 
