@@ -1,0 +1,56 @@
+"""The learner's ``GroupSource`` over a real redis-server: DAPO dynamic sampling drops groups
+whose rewards are all equal (acked as ``dropped_uniform``, counted once) and reads on until
+the batch is full; with it off those groups are trained like any other."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from buffer.redis_buffer import ReplayBuffer
+from buffer.testing import random_group
+from learner.data import GroupSource
+
+pytestmark = pytest.mark.redis
+
+
+def _commit(buf: ReplayBuffer, gid: str, rewards: list[float]) -> None:
+    g = random_group(random.Random(gid), gid, n=len(rewards), vocab_size=100, versions=(5, 5))
+    g = dataclasses.replace(
+        g,
+        samples=[dataclasses.replace(s, reward=r) for s, r in zip(g.samples, rewards, strict=True)],
+    )
+    assert buf.commit(buf.lease(0, 1.0), g) is True
+
+
+# committed in this order: uniform groups are interleaved with informative ones
+GROUPS = [("u0", [1.0] * 4), ("m0", [1.0, 0.0, 0.0, 1.0]), ("u1", [0.0] * 4),
+          ("m1", [0.25, 0.5, 0.5, 0.5]), ("u2", [0.3, 0.3 + 1e-9, 0.3, 0.3]),
+          ("m2", [0.0, 0.0, 0.0, 1.0]), ("m3", [1.0, 0.9, 1.0, 1.0])]  # fmt: skip
+
+
+@pytest.mark.parametrize("drop_uniform", [True, False])
+def test_dynamic_sampling_drops_all_equal_groups_and_fills_the_batch(
+    redis_client, buffer_name, drop_uniform
+):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=len(GROUPS))
+    for gid, rewards in GROUPS:
+        _commit(buf, gid, rewards)
+    source = GroupSource(buf, "learner", 100, max_staleness=1, timeout_s=10.0,
+                         drop_uniform=drop_uniform)  # fmt: skip
+    batch = source.next_batch(version=5, count=3)
+    got = [e.group.group_id for e in batch]
+    s = buf.stats()
+    if drop_uniform:
+        # it had to read past u0, u1, u2 (and float noise counts as equal) to find 3 groups
+        assert got == ["m0", "m1", "m2"]
+        assert source.dropped_uniform == 3 and s["dropped_uniform"] == 3
+    else:
+        assert got == ["u0", "m0", "u1"]
+        assert source.dropped_uniform == 0 and s["dropped_uniform"] == 0
+    buf.ack([e.entry_id for e in batch], "trained")
+    s = buf.stats()
+    still = s["unread"] + s["pending"]
+    assert s["committed"] == s["trained"] + s["dropped_uniform"] + still == len(GROUPS)
