@@ -158,6 +158,21 @@ class LossOutput:
 SUMMED_METRICS = frozenset({"loss", "pg_loss", "kl_loss", "entropy_loss", "value_loss", "tokens"})
 
 
+def mean_over_updates(updates: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One rank's metrics of a step from those of its optimizer updates (``ppo_epochs x
+    minibatches``): loss shares and ``tokens`` are averaged (each update's loss is a whole
+    minibatch loss), ``*_max`` / ``*_p99`` take the max, the rest are token-weighted means.
+    The result combines over ranks with ``merge_metrics`` like a single update's metrics."""
+    if len(updates) == 1:
+        return dict(updates[0])
+    out = merge_metrics(updates)
+    for key in SUMMED_METRICS:
+        vals = [u[key] for u in updates if key in u]
+        if vals:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
 def merge_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Combine per-micro-batch metrics: loss shares and ``tokens`` are summed, ``*_max`` and
     ``*_p99`` take the max (p99 is then an upper estimate), everything else is a mean weighted by

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from asyncrl.config import AlgorithmConfig
+from learner.aggregation import mean_over_updates
 from learner.batch import Batch, shard_rows
 from learner.critic import Critic
 from learner.losses import POLICY_LOSSES, LossParams, kl_penalty, make_aggregation, merge_metrics
@@ -82,8 +83,9 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
     """Run ``ppo_epochs x minibatches`` optimizer updates on ``batch`` (same on all ranks).
 
     Each minibatch is a slice of the full batch; each rank trains on its shard of it, with
-    aggregation denominators from the whole minibatch. Returns this rank's metrics of the
-    last update plus the step's shaping metrics (combine ranks with ``reduce_metrics``).
+    aggregation denominators from the whole minibatch. Returns this rank's metrics over all
+    its updates (``mean_over_updates``) plus the step's shaping metrics (combine ranks with
+    ``reduce_metrics``).
     """
     algo = ctx.algo
     slices = minibatch_slices(batch.num_rows, algo.minibatches, ctx.world)
@@ -93,14 +95,15 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
         sh.advantages = _rank_rows(targets.advantages[s], ctx.rank, ctx.world)
         if targets.returns is not None:
             sh.returns = _rank_rows(targets.returns[s], ctx.rank, ctx.world)
-    metrics: dict[str, float] = {}
+    updates: list[dict[str, float]] = []
     for _ in range(algo.ppo_epochs):
         for sh in shards:
             metrics = _update(ctx, sh)
             if ctx.critic is not None:
                 metrics |= ctx.critic.update(sh.rows, sh.old_values, sh.returns, sh.agg_mask,
                                              ctx.world)  # fmt: skip
-    return {**targets.metrics, **metrics}
+            updates.append(metrics)
+    return {**targets.metrics, **mean_over_updates(updates)}
 
 
 def _forward_no_grad(ctx: StepContext, batch: Batch, rows: slice) -> _Shard:

@@ -480,3 +480,17 @@ def test_merge_metrics():
         {"loss": 0.75, "tokens": 4.0, "is_weight_max": 3.0, "is_weight_p99": 1.5,
          "is_ess": (1.0 * 1 + 0.5 * 3) / 4}
     )  # fmt: skip
+
+
+def test_step_metrics_cover_every_update_not_only_the_last():
+    from learner.aggregation import mean_over_updates
+
+    updates = [
+        {"loss": 1.0, "tokens": 10.0, "is_weight_max": 3.0, "clip_frac_high": 0.5},
+        {"loss": 3.0, "tokens": 30.0, "is_weight_max": 1.5, "clip_frac_high": 0.1},
+    ]
+    out = mean_over_updates(updates)
+    close([out["loss"], out["tokens"]], [2.0, 20.0])  # each update's loss is a whole minibatch's
+    close(out["is_weight_max"], 3.0)
+    close(out["clip_frac_high"], (0.5 * 10 + 0.1 * 30) / 40)
+    assert mean_over_updates(updates[:1]) == updates[0]
