@@ -158,6 +158,10 @@ class LearnerConfig:
     """Optimizer steps to run."""
     batch_groups: int = 16
     """Groups per optimizer step."""
+    micro_batch_rows: int = 0
+    """Rows (samples) per forward/backward of a policy update on each rank; the gradients of
+    the micro-batches accumulate into one optimizer update (equal to the whole-minibatch
+    update). Bounds activation memory on a GPU; 0 = a rank's whole share at once."""
     lr: float = 2e-4
     warmup_steps: int = 10
     """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""
@@ -187,6 +191,7 @@ class LearnerConfig:
         _require(self.nproc >= 1, "learner.nproc must be >= 1")
         _require(self.steps >= 1, "learner.steps must be >= 1")
         _require(self.batch_groups >= 1, "learner.batch_groups must be >= 1")
+        _require(self.micro_batch_rows >= 0, "learner.micro_batch_rows must be >= 0 (0 = off)")
         _require(self.lr > 0, "learner.lr must be > 0")
         _require(self.warmup_steps >= 0, "learner.warmup_steps must be >= 0")
         _require(self.sync_every >= 1, "learner.sync_every must be >= 1")

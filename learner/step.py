@@ -47,6 +47,8 @@ class StepContext:
     """Frozen reference policy (kl_coef > 0)."""
     max_tokens: int | None = None
     """Generation limit: the constant of seq_mean_token_sum_norm and the overlong penalty."""
+    micro_batch_rows: int = 0
+    """Policy rows per forward/backward (gradient accumulation); 0 = the whole shard."""
 
 
 @dataclass
@@ -137,26 +139,39 @@ def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
 
 
 def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
-    """One policy optimizer update on this rank's rows of one minibatch."""
-    algo, mb = ctx.algo, sh.rows
-    logprobs, entropy = token_logprobs(ctx.model, mb.input_ids, mb.attention_mask)
-    proximal = logprobs.detach() if sh.proximal is None else sh.proximal
+    """One policy optimizer update on this rank's rows of one minibatch, accumulating the
+    gradient over micro-batches of ``ctx.micro_batch_rows`` rows (0 = all rows at once). The
+    aggregation's denominators are the whole minibatch's, so the sum of the micro-batch
+    losses and gradients is the minibatch's (tests/unit/test_losses.py)."""
     max_len = ctx.max_tokens or sh.agg_mask.shape[1]
-    agg = make_aggregation(algo.aggregation, sh.agg_mask, max_len)
-    out = POLICY_LOSSES[algo.policy_loss](
-        logprobs, proximal, mb.behavior_logprobs, sh.advantages, mb.loss_mask, agg,
-        loss_params(algo), ref_logprobs=sh.ref,
-        entropy=entropy if algo.entropy_coef else entropy.detach(),
-    )  # fmt: skip
+    agg = make_aggregation(ctx.algo.aggregation, sh.agg_mask, max_len)
     ctx.optimizer.zero_grad(set_to_none=True)
-    (out.loss * ctx.world).backward()
+    parts = []
+    n, size = sh.rows.num_rows, ctx.micro_batch_rows or sh.rows.num_rows
+    for start in range(0, n, size):
+        out = _policy_loss(ctx, sh, slice(start, min(start + size, n)), agg)
+        (out.loss * ctx.world).backward()
+        parts.append(out.metrics)
     grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
     ctx.optimizer.step()
-    metrics = dict(out.metrics)
+    metrics = merge_metrics(parts)  # loss shares and tokens summed, the rest token-weighted
     metrics["grad_norm"] = float(grad_norm)
     return metrics
+
+
+def _policy_loss(ctx: StepContext, sh: _Shard, rows: slice, agg):
+    """``POLICY_LOSSES[algorithm.policy_loss]`` on ``rows`` of this rank's shard."""
+    algo, mb = ctx.algo, sh.rows.rows(rows)
+    logprobs, entropy = token_logprobs(ctx.model, mb.input_ids, mb.attention_mask)
+    proximal = logprobs.detach() if sh.proximal is None else sh.proximal[rows]
+    ref = None if sh.ref is None else sh.ref[rows]
+    return POLICY_LOSSES[algo.policy_loss](
+        logprobs, proximal, mb.behavior_logprobs, sh.advantages[rows], mb.loss_mask, agg,
+        loss_params(algo), ref_logprobs=ref,
+        entropy=entropy if algo.entropy_coef else entropy.detach(),
+    )  # fmt: skip
 
 
 def _rank_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:

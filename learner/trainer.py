@@ -58,7 +58,8 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
     if algo.kl_coef > 0:
         reference = build_reference(model_dir, cfg.model.dtype, cfg.model.attn_implementation)
     return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
-                       reference=reference, max_tokens=cfg.actor.max_tokens)  # fmt: skip
+                       reference=reference, max_tokens=cfg.actor.max_tokens,
+                       micro_batch_rows=lc.micro_batch_rows)  # fmt: skip
 
 
 def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
