@@ -64,13 +64,30 @@ def git_commit() -> str:
         return "unknown"
 
 
+def rerun_command() -> str:
+    """The command that reruns this benchmark from the repository root: ``python -m
+    benchmarks.<module> <args>`` (``sys.argv[0]`` is a file path, which cannot import
+    ``benchmarks.*`` when run as a script)."""
+    import shlex
+
+    main = sys.modules.get("__main__")
+    module = getattr(getattr(main, "__spec__", None), "name", None)
+    if not module:
+        script = Path(sys.argv[0]).resolve()
+        try:
+            module = ".".join(script.relative_to(REPO).with_suffix("").parts)
+        except ValueError:
+            module = script.stem
+    return " ".join(["python", "-m", module, *map(shlex.quote, sys.argv[1:])])
+
+
 def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
     """``<out_dir>/<name>.json`` with ``machine``, ``commit`` and ``command`` added."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {
         "name": name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": rerun_command(),
         "commit": git_commit(),
         "machine": machine(),
         **payload,
