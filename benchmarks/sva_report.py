@@ -186,15 +186,14 @@ def _verdicts(per_arm: dict, overlap: dict, learned: bool) -> list[str]:
             if b is None:
                 continue
             ratio = b / step
-            word = (
-                "faster than"
-                if ratio > 1.05
-                else "NOT faster than"
-                if ratio < 0.95
-                else "on par with"
-            )
-            out.append(f"{arm} is {word} {base} in steps/s: {ratio:.2f}x"
+            out.append(f"{arm} is {_compare(per_arm, arm, base, 'step_s_median')} {base} in "
+                       f"steps/s: {ratio:.2f}x{_spread(per_arm, arm, base, 'step_s_median')}"
                        + (f" (ideal overlap bound {bound:.2f}x)" if base == "sync_split" and bound else ""))  # fmt: skip
+            ttt, b_ttt = _m(per_arm, arm, "time_to_target_s"), _m(per_arm, base, "time_to_target_s")
+            if learned and ttt and b_ttt:
+                out.append(f"{arm} is {_compare(per_arm, arm, base, 'time_to_target_s')} {base} "
+                           f"in time to the target reward: {b_ttt / ttt:.2f}x"
+                           f"{_spread(per_arm, arm, base, 'time_to_target_s')}")  # fmt: skip
             if base == "sync_split" and bound and ratio > 1.05 * bound:
                 out.append(
                     f"{arm} beats the overlap bound, so its per-step work was smaller than "
@@ -210,6 +209,38 @@ def _verdicts(per_arm: dict, overlap: dict, learned: bool) -> list[str]:
             f"{_m(per_arm, arm, 'dropped_stale'):.0f}"
         )
     return out
+
+
+def _ratio_range(per_arm: dict, arm: str, base: str, key: str) -> tuple[float, float] | None:
+    """(lowest, highest) of ``base / arm`` over every pairing of their seeds' ``key`` (a time:
+    above 1 means ``arm`` is faster)."""
+    a = [f[key] for f in per_arm[arm]["per_seed"] if f.get(key)]
+    b = [f[key] for f in per_arm[base]["per_seed"] if f.get(key)]
+    if not a or not b:
+        return None
+    return min(b) / max(a), max(b) / min(a)
+
+
+def _compare(per_arm: dict, arm: str, base: str, key: str) -> str:
+    """'faster than' only if every seed pairing is faster and the means differ by > 5%;
+    'NOT faster than' if no pairing is faster; else the spread decides nothing."""
+    ratio = _m(per_arm, base, key) / _m(per_arm, arm, key)
+    lo, hi = _ratio_range(per_arm, arm, base, key) or (ratio, ratio)
+    if lo > 1.0 and ratio > 1.05:
+        return "faster than"
+    if hi < 1.0 and ratio < 0.95:
+        return "NOT faster than"
+    if ratio > 1.05:
+        return "faster on average, but not in every seed pairing (within the spread), than"
+    if ratio < 0.95:
+        return "slower on average, but not in every seed pairing (within the spread), than"
+    return "on par with"
+
+
+def _spread(per_arm: dict, arm: str, base: str, key: str) -> str:
+    r = _ratio_range(per_arm, arm, base, key)
+    n = min(len(per_arm[arm]["per_seed"]), len(per_arm[base]["per_seed"]))
+    return f" (seed pairings {r[0]:.2f}x-{r[1]:.2f}x)" if r and n > 1 else ""
 
 
 def _pm(per_arm: dict, arm: str, key: str, scale: float = 1.0, fmt: str = "{:.3g}") -> str:
