@@ -131,7 +131,7 @@ class ActorConfig:
     restart_max: int = 0
     """Times the launcher restarts a dead actor (each actor, short growing backoff); 0 = a dead
     actor fails the job (``asyncrl run`` exits non-zero with the reason). A restarted actor
-    resumes its prompt cursor; restarts are counted in ``asyncrl_role_restarts_total``."""
+    resumes its prompt cursor; restarts are counted in ``asyncrl_launcher_role_restarts_total``."""
 
     def __post_init__(self) -> None:
         _require(self.num_actors >= 1, "actor.num_actors must be >= 1")

@@ -215,8 +215,10 @@ class LearnerMetrics:
         )  # fmt: skip
         self.dropped = _c(r, "asyncrl_learner_groups_dropped", "Groups not trained.", ["reason"])
         self.step_seconds = _h(r, "asyncrl_learner_step_seconds", "Wall time of one step.")
-        self.sync_seconds = _h(r, "asyncrl_weight_sync_seconds", "Learner side of one sync.")
-        self.sync_bytes = _c(r, "asyncrl_weight_sync_bytes", "Weight bytes broadcast.")
+        self.sync_seconds = _h(
+            r, "asyncrl_learner_weight_sync_seconds", "Learner side of one sync."
+        )
+        self.sync_bytes = _c(r, "asyncrl_learner_weight_sync_bytes", "Weight bytes broadcast.")
         self.step_gauges = {
             k: _g(r, name, f"Last step's {k} (see docs/algorithms.md).")
             for k, name in _STEP_GAUGES.items()
@@ -288,7 +290,7 @@ class _RolesCollector:
             "asyncrl_launcher_role_up", "1 while the role's process runs.", labels=["role"]
         )
         restarts = CounterMetricFamily(
-            "asyncrl_role_restarts",
+            "asyncrl_launcher_role_restarts",
             "Times the launcher restarted the role after it died (actor.restart_max).",
             labels=["role"],
         )

@@ -138,9 +138,9 @@ def _learner(role: str, addr: str, a: Sample, b: Sample, dt: float) -> list[str]
             parts.append(f"{le:g}: {count - prev:.0f}")
         prev = count
     drops = _by_label(b, "asyncrl_learner_groups_dropped_total", "reason")
-    syncs = _v(b, "asyncrl_weight_sync_seconds_count") or 1.0
-    sync_s = _v(b, "asyncrl_weight_sync_seconds_sum") / syncs
-    sync_mb = _v(b, "asyncrl_weight_sync_bytes_total") / syncs / 1e6
+    syncs = _v(b, "asyncrl_learner_weight_sync_seconds_count") or 1.0
+    sync_s = _v(b, "asyncrl_learner_weight_sync_seconds_sum") / syncs
+    sync_mb = _v(b, "asyncrl_learner_weight_sync_bytes_total") / syncs / 1e6
     return [
         f"{role:9s} [{addr}] v{_v(b, 'asyncrl_learner_version'):.0f}  {steps:.2f} steps/s  "
         f"trained {groups:.1f} groups/s {tokens:.0f} tok/s  reward "

@@ -3,7 +3,7 @@
 Real launchers (``asyncrl launch actors``, ``asyncrl run``) as subprocesses, real SIGKILLs:
 
 - ``actor.restart_max=2``: a SIGKILLed actor is restarted (printed, counted in the launcher's
-  ``asyncrl_role_restarts_total`` and in run.json), resumes its prompt cursor; the third
+  ``asyncrl_launcher_role_restarts_total`` and in run.json), resumes its prompt cursor; the third
   death fails the job with the role, the signal and the used-up budget.
 - ``asyncrl run`` whose learner rank is SIGKILLed exits non-zero naming the learner.
 - ``asyncrl run`` with ``actor.restart_max=1`` (full runs only, see its skip reason): a
@@ -84,13 +84,15 @@ def free_port() -> int:
 
 
 def restarts_metric(client, name: str, role: str) -> float | None:
-    """``asyncrl_role_restarts_total{role}`` scraped from the launcher's endpoint."""
+    """``asyncrl_launcher_role_restarts_total{role}`` scraped from the launcher's endpoint."""
     from asyncrl.status import scrape
 
     addr = client.hget(f"{name}:endpoints", "launcher-actors")
     samples = scrape(addr.decode()) if addr else None
     return (
-        None if samples is None else samples.get(("asyncrl_role_restarts_total", (("role", role),)))
+        None
+        if samples is None
+        else samples.get(("asyncrl_launcher_role_restarts_total", (("role", role),)))
     )
 
 
@@ -140,7 +142,7 @@ def test_dead_actor_is_restarted_counted_then_fails_the_job(
             wait_until(
                 lambda n=n: restarts_metric(redis_client, buffer_name, "actor0") == n,
                 20,
-                f"asyncrl_role_restarts_total{{role=actor0}} == {n}",
+                f"asyncrl_launcher_role_restarts_total{{role=actor0}} == {n}",
             )
         # the restarted actor resumes its cursor: every index it claimed gets committed
         claimed = cursor(redis_client, buffer_name, 0)

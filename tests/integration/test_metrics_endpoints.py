@@ -53,6 +53,28 @@ def missing_names(samples: dict, process: str) -> list[str]:
     return [n for n in want if n not in names]
 
 
+def undocumented(samples: dict, process: str) -> list[str]:
+    """Families a scrape shows that docs/metrics.md does not list for ``process``, or whose
+    name lacks the process part (``asyncrl_<process>_``; the buffer gauges and the process
+    info are shared by every process)."""
+    docs = {n for n, _ in documented()[process]}
+    bad = set()
+    for name, _ in samples:
+        if name.startswith("process_"):  # prometheus_client's standard process collector
+            continue
+        for suffix in ("_bucket", "_count", "_sum", "_created"):
+            if name.endswith(suffix) and name[: -len(suffix)] in docs | {
+                d.removesuffix("_total") for d in docs
+            }:
+                name = name[: -len(suffix)]
+                break
+        known = name in docs or f"{name}_total" in docs
+        prefixed = name.startswith((f"asyncrl_{process}_", "asyncrl_buffer_", "asyncrl_process"))
+        if not (known and prefixed):
+            bad.add(name)
+    return sorted(bad)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,6 +115,7 @@ def test_learner_endpoint_exports_documented_names(redis_client, buffer_name):
     s = scrape(f"127.0.0.1:{port}")
     assert s is not None
     assert missing_names(s, "learner") == []
+    assert undocumented(s, "learner") == []
     assert s[("asyncrl_learner_version", ())] == 5
     assert s[("asyncrl_learner_groups_trained_total", ())] == 3
     assert s[("asyncrl_learner_tokens_trained_total", ())] == sum(g.num_tokens for g in groups)
@@ -114,6 +137,7 @@ def test_actor_and_launcher_endpoints_export_documented_names():
     actor.group_seconds.observe(0.2)
     a = scrape(f"127.0.0.1:{serve(actor.registry, free_port())}")
     assert missing_names(a, "actor") == []
+    assert undocumented(a, "actor") == []
     assert a[("asyncrl_actor_tokens_generated_total", ())] == 17
     info = [lb for n, lb in a if n == "asyncrl_process_info"][0]
     assert dict(info)["role"] == "actor" and dict(info)["actor_id"] == "3"
@@ -133,6 +157,7 @@ def test_actor_and_launcher_endpoints_export_documented_names():
     launcher = LauncherMetrics({"buffer_name": "j"}, lambda: roles)
     s = scrape(f"127.0.0.1:{serve(launcher.registry, free_port())}")
     assert missing_names(s, "launcher") == []
+    assert undocumented(s, "launcher") == []
     assert s[("asyncrl_launcher_role_up", (("role", "learner"),))] == 1
     assert s[("asyncrl_launcher_role_up", (("role", "actor0"),))] == 0
 

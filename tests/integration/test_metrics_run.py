@@ -101,7 +101,7 @@ def test_every_process_serves_its_documented_metrics_on_loopback(live_run):
         assert missing_names(samples, role.rstrip("0123456789")) == [], role
     learner = scrape(eps["learner"])
     assert learner[("asyncrl_learner_steps_total", ())] >= 3
-    assert learner[("asyncrl_weight_sync_bytes_total", ())] > 0
+    assert learner[("asyncrl_learner_weight_sync_bytes_total", ())] > 0
     actor = scrape(eps["actor0"])
     assert actor[("asyncrl_actor_tokens_generated_total", ())] > 0
     busy = actor[("asyncrl_actor_time_seconds_total", (("state", "generating"),))]
