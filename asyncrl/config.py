@@ -182,6 +182,10 @@ class LearnerConfig:
     """Stop after this many seconds (0 = no limit)."""
     data_timeout_s: float = 300.0
     """Fail with a clear error if no fresh group arrives for this long."""
+    weight_sync_timeout_s: float = 120.0
+    """Deadline of the weight rendezvous and of every weight collective, on both sides: a
+    receiver that dies mid-transfer fails the sync after at most this long, and the learner
+    rebuilds the group with the live actors (learner/weight_sender.py)."""
     weight_sync: bool = True
     """Wait for ``actor.num_actors`` actors and send them weights. false = no actor weight
     channel: train on groups already in (or written to) the buffer by other means, e.g. the
@@ -196,6 +200,7 @@ class LearnerConfig:
         _require(self.warmup_steps >= 0, "learner.warmup_steps must be >= 0")
         _require(self.sync_every >= 1, "learner.sync_every must be >= 1")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
+        _require(self.weight_sync_timeout_s > 0, "learner.weight_sync_timeout_s must be > 0")
         _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
         _require(self.device in _DEVICES, f"learner.device={self.device!r}, expected {_DEVICES}")
 

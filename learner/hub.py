@@ -34,7 +34,6 @@ from asyncrl.runlog import RunLog
 from learner.data import GroupSource
 
 _ACTOR_WAIT_S = 600.0  # actors build/load the model and start vLLM (~30 s each on CPU)
-_SYNC_TIMEOUT_S = 120.0  # deadline of the weight rendezvous and of every weight collective
 
 
 class Hub:
@@ -268,7 +267,8 @@ def _open_weight_channel(control: ControlServer, cfg: Config):
     actors when a receiver dies, and takes a restarted actor back (learner/weight_sender.py)."""
     from learner.weight_sender import ActorWeightChannel
 
-    return ActorWeightChannel(control, timeout_s=_SYNC_TIMEOUT_S, log=_say).open()
+    timeout = cfg.learner.weight_sync_timeout_s
+    return ActorWeightChannel(control, timeout_s=timeout, log=_say).open()
 
 
 def _say(text: str) -> None:
