@@ -54,6 +54,16 @@ def _merge(runs: list[dict]) -> dict:
     return {"median_s": statistics.median(times), "min_s": min(times), "repeat": len(times)}
 
 
+def _broadcast_text(text: str) -> str:
+    """Rank 0's ``text`` on every rank, as UTF-8 bytes (broadcast_object_list would pickle)."""
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8)
+    size = torch.tensor([data.numel()])
+    dist.broadcast(size, 0)
+    buf = data if dist.get_rank() == 0 else torch.empty(int(size), dtype=torch.uint8)
+    dist.broadcast(buf, 0)
+    return bytes(buf.tolist()).decode()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -69,10 +79,7 @@ def main() -> None:
 
     rank, world = init_distributed()
     cfg = load_config(["metrics_port=0", f"learner.nproc={world}"])
-    model_dir = resolve_model(cfg) if rank == 0 else None
-    shared = [model_dir]
-    dist.broadcast_object_list(shared, 0)
-    model_dir = shared[0]
+    model_dir = _broadcast_text(resolve_model(cfg) if rank == 0 else "")
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     batch = _batch(cfg, vocab, rank)
     ctx = _context(cfg, model_dir, rank, world)
