@@ -125,13 +125,15 @@ def record_restarts(run_dir: Path, roles: list[Role]) -> dict[str, int]:
     return restarts
 
 
-def serve_launcher_metrics(cfg: Config, url: str, name: str, roles: list[Role]) -> None:
+def serve_launcher_metrics(
+    cfg: Config, url: str, name: str, roles: list[Role], server=None
+) -> None:
     """This process's /metrics (which roles are up), recorded in the buffer's endpoints."""
     from asyncrl.metrics import LauncherMetrics, register_endpoint, role_port, serve
     from buffer.connection import connect
 
     info = {"buffer_name": cfg.buffer.name, "mode": cfg.mode.name}
-    metrics = LauncherMetrics(info, lambda: list(roles))
+    metrics = LauncherMetrics(info, lambda: list(roles), server)
     port = serve(metrics.registry, role_port(cfg.metrics_port, "launcher"), cfg.metrics_host)
     if port:
         client = connect(url)
@@ -150,7 +152,7 @@ def run_local(cfg: Config) -> int:
     try:
         model_dir = resolve_model(cfg)
         write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
-        serve_launcher_metrics(cfg, url, "launcher", roles)
+        serve_launcher_metrics(cfg, url, "launcher", roles, server)
         roles.append(spawn_learner(cfg, run_dir, model_dir, role_url(url, server, "learner")))
         roles.extend(spawn_actors(cfg, run_dir, model_dir, role_url(url, server, "actor")))
         code, reason = supervise(roles, "learner")
@@ -160,6 +162,7 @@ def run_local(cfg: Config) -> int:
         stop_roles(roles)
         if server:
             server.stop()
+            write_run_info(run_dir, redis_restarts=server.restarts)
     return _report(run_dir, code, reason, record_restarts(run_dir, roles))
 
 

@@ -276,14 +276,16 @@ class ActorMetrics:
 class LauncherMetrics:
     """The launching process: which roles are up, how often each was restarted."""
 
-    def __init__(self, info: dict, roles: Callable[[], list]) -> None:
+    def __init__(self, info: dict, roles: Callable[[], list], server=None) -> None:
+        """``server``: the private ``buffer.server.RedisServer`` this launcher watches (its
+        ``restarts``), or None when the job uses an external ``buffer.url``."""
         self.registry = _registry("launcher", info)
-        self.registry.register(_RolesCollector(roles))
+        self.registry.register(_RolesCollector(roles, server))
 
 
 class _RolesCollector:
-    def __init__(self, roles: Callable[[], list]) -> None:
-        self.roles = roles
+    def __init__(self, roles: Callable[[], list], server=None) -> None:
+        self.roles, self.server = roles, server
 
     def collect(self):
         fam = GaugeMetricFamily(
@@ -299,3 +301,10 @@ class _RolesCollector:
             restarts.add_metric([role.name], getattr(role, "restarts", 0))
         yield fam
         yield restarts
+        if self.server is not None:
+            redis_restarts = CounterMetricFamily(
+                "asyncrl_launcher_redis_restarts",
+                "Times the launcher restarted its private redis-server from its AOF.",
+            )
+            redis_restarts.add_metric([], self.server.restarts)
+            yield redis_restarts

@@ -153,10 +153,14 @@ def test_actor_and_launcher_endpoints_export_documented_names():
         def __init__(self, name, code):
             self.name, self.proc = name, _Proc(code)
 
+    class _Redis:
+        restarts = 2
+
     roles = [_Role("learner", None), _Role("actor0", 0)]
-    launcher = LauncherMetrics({"buffer_name": "j"}, lambda: roles)
+    launcher = LauncherMetrics({"buffer_name": "j"}, lambda: roles, _Redis())
     s = scrape(f"127.0.0.1:{serve(launcher.registry, free_port())}")
     assert missing_names(s, "launcher") == []
+    assert s[("asyncrl_launcher_redis_restarts_total", ())] == 2
     assert undocumented(s, "launcher") == []
     assert s[("asyncrl_launcher_role_up", (("role", "learner"),))] == 1
     assert s[("asyncrl_launcher_role_up", (("role", "actor0"),))] == 0
