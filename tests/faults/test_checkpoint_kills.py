@@ -11,8 +11,10 @@ the save's phase failpoints (``asyncrl.faults``). After every kill:
 * the next run resumes from ``latest_checkpoint`` and the loaded model + optimizer hash to the
   digest recorded when that checkpoint was saved (checked inside the writer: ``VERIFIED``).
 
-1-rank writers are forked from a zygote that imported torch once (an import costs 10-20 s on
-the shared CI machine); the full run adds 2-rank torchrun writers.
+Writers are 1-rank processes forked from a zygote that imported torch once (an import costs
+10-20 s on the shared CI machine), in the reduced and the full run alike. A 2-rank DCP write
+killed on one rank is not exercised here; the learner-kill test (guarantee 2) kills 2-rank
+torchrun learners, including mid checkpoint write, under full counts.
 """
 
 from __future__ import annotations
