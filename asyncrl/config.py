@@ -159,9 +159,11 @@ class LearnerConfig:
     batch_groups: int = 16
     """Groups per optimizer step."""
     micro_batch_rows: int = 0
-    """Rows (samples) per forward/backward of a policy update on each rank; the gradients of
-    the micro-batches accumulate into one optimizer update (equal to the whole-minibatch
-    update). Bounds activation memory on a GPU; 0 = a rank's whole share at once."""
+    """Rows (samples) per forward/backward on each rank: the no-grad forwards (pi_prox, pi_ref,
+    V_old) run in chunks of this many rows and a policy update accumulates the gradients of
+    its micro-batches into one optimizer update (equal to the whole-minibatch update). Bounds
+    activation memory on a GPU (the critic's update still takes a rank's whole share);
+    0 = a rank's whole share at once."""
     lr: float = 2e-4
     warmup_steps: int = 10
     """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""

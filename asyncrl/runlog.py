@@ -46,6 +46,8 @@ class RunLog:
         path = self.dir / "metrics.jsonl"
         self.records: list[dict] = _read_records(path)
         self._file = open(path, "a", buffering=1)
+        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # end a line torn by a killed learner before appending
         self.quiet = quiet
 
     def log(self, record: dict) -> None:

@@ -265,10 +265,13 @@ def _open_weight_channel(control: ControlServer, cfg: Config):
     One receiver rank per actor (one vLLM worker each on CPU; tensor-parallel actors would
     report more workers when they register). The channel rebuilds the group with the live
     actors when a receiver dies, and takes a restarted actor back (learner/weight_sender.py)."""
+    from learner.model import _DTYPES
     from learner.weight_sender import ActorWeightChannel
 
+    # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
+    wire = _DTYPES[cfg.model.dtype]
     timeout = cfg.learner.weight_sync_timeout_s
-    return ActorWeightChannel(control, timeout_s=timeout, log=_say).open()
+    return ActorWeightChannel(control, timeout_s=timeout, log=_say, wire_dtype=wire).open()
 
 
 def _say(text: str) -> None:

@@ -112,15 +112,24 @@ def _forward_no_grad(ctx: StepContext, batch: Batch, rows: slice) -> _Shard:
     """This rank's rows of minibatch ``rows`` and their pi_prox / pi_ref / V_old."""
     mb = shard_rows(batch.rows(rows), ctx.rank, ctx.world)
     sh = _Shard(mb, batch.loss_mask[rows])
-    ids, attn = mb.input_ids, mb.attention_mask
+    ids, attn, size = mb.input_ids, mb.attention_mask, ctx.micro_batch_rows
     if ctx.algo.ppo_epochs * ctx.algo.minibatches > 1:  # else pi_prox = pi_theta (one update)
         with torch.no_grad():
-            sh.proximal = token_logprobs(ctx.model, ids, attn)[0]
+            sh.proximal = _chunked(lambda i, a: token_logprobs(ctx.model, i, a)[0], ids, attn, size)
     if ctx.reference is not None:
-        sh.ref = reference_logprobs(ctx.reference, ids, attn)
+        sh.ref = _chunked(lambda i, a: reference_logprobs(ctx.reference, i, a), ids, attn, size)
     if ctx.critic is not None:
-        sh.old_values = ctx.critic.values(ids, attn)
+        sh.old_values = _chunked(ctx.critic.values, ids, attn, size)
     return sh
+
+
+def _chunked(fn, ids: torch.Tensor, attn: torch.Tensor, size: int) -> torch.Tensor:
+    """``fn(ids, attn)`` over row chunks of ``size`` (0 = all rows at once), concatenated:
+    bounds the activations (full-vocabulary logits) of the no-grad forwards. Every rank has
+    the same row count, so the FSDP2 collectives of each chunk stay matched."""
+    if not size or size >= ids.shape[0]:
+        return fn(ids, attn)
+    return torch.cat([fn(ids[i : i + size], attn[i : i + size]) for i in range(0, len(ids), size)])
 
 
 def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):

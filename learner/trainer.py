@@ -130,7 +130,9 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def _sync_weights(model, hub, version: int) -> None:
     from learner.model import full_named_tensors
 
-    named = list(full_named_tensors(model))  # collective on every rank
+    # collective on every rank; each full tensor goes to host memory as it is gathered (the
+    # gloo engine sends from the host), so a GPU holds one full tensor at a time, not the model
+    named = [(name, t.cpu()) for name, t in full_named_tensors(model)]
     if hub:
         hub.send_weights(named, version)
 

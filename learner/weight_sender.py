@@ -122,8 +122,8 @@ class WeightSender:
         return SendStats(bytes=nbytes, tensors=count, seconds=time.perf_counter() - t0)
 
     def _cast(self, named: Iterable[tuple[str, torch.Tensor]]):
-        """Host tensors in the wire dtype: the gloo group moves host memory (a GPU learner's
-        tensors are copied down one at a time, so at most one extra tensor is held)."""
+        """Host tensors in the wire dtype (the gloo group moves host memory; a no-op for the
+        host copies the trainer already makes, ``learner.trainer._sync_weights``)."""
         for name, t in named:
             if self.wire_dtype is not None and t.is_floating_point():
                 t = t.to(self.wire_dtype)
@@ -164,9 +164,10 @@ class ActorWeightChannel:
 
     def __init__(self, control, timeout_s: float = DEFAULT_TIMEOUT_S, ping_s: float | None = None,
                  max_attempts: int = 3, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 log=print) -> None:  # fmt: skip
+                 log=print, wire_dtype: torch.dtype | None = None) -> None:  # fmt: skip
         self.control = control
-        self.sender = WeightSender(bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+        self.sender = WeightSender(bucket_bytes=bucket_bytes, timeout_s=timeout_s,
+                                   wire_dtype=wire_dtype)  # fmt: skip
         # a survivor may sit in the failed collective until its own deadline before it can
         # answer, so the liveness round outlasts the collective deadline
         self.ping_s = timeout_s + 5.0 if ping_s is None else ping_s

