@@ -89,16 +89,17 @@ def _prompt_rewarded_batch(seed: int, n_groups=4, n=4):
 def test_ppo_preset_step_trains_its_critic_the_value_loss_falls(tiny_model):
     """The whole ppo preset step (GAE, KL reward penalty, 2 minibatches, policy + critic
     updates) on fresh samples every step: the critic learns each prompt's value, so its value
-    loss falls and its mean value tracks the mean return. (On the demo the value loss need
+    loss falls below a tenth of its start within 40 steps and its mean value tracks the mean
+    return. (On the demo the value loss need
     not fall: the returns' variance grows as the reward rises, docs/algorithms.md.)"""
     torch.set_num_threads(1)
     algo = load_config(["algorithm=ppo"]).algorithm
     ctx = _context(tiny_model, algo, lr=3e-3)
-    history = [train_on_batch(ctx, _prompt_rewarded_batch(seed)) for seed in range(60)]
+    history = [train_on_batch(ctx, _prompt_rewarded_batch(seed)) for seed in range(40)]
     losses = [m["value_loss"] for m in history]
-    first, last = sum(losses[:5]) / 5, sum(losses[-20:]) / 20
+    first, last = sum(losses[:5]) / 5, sum(losses[-15:]) / 15
     assert last < 0.1 * first, [round(v, 4) for v in losses]
-    gap = sum(abs(m["value_mean"] - m["returns_mean"]) for m in history[-20:]) / 20
+    gap = sum(abs(m["value_mean"] - m["returns_mean"]) for m in history[-15:]) / 15
     assert gap < 0.05, [(round(m["value_mean"], 2), round(m["returns_mean"], 2)) for m in history]
 
 

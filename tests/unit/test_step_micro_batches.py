@@ -31,13 +31,20 @@ def _step(model_dir, algo, micro_batch_rows):
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["algorithm.aggregation=token_mean"],
-        ["algorithm.aggregation=seq_mean_token_sum", "algorithm.minibatches=2"],
-        ["algorithm.aggregation=seq_mean_token_mean", "algorithm.entropy_coef=0.01"],
-        ["algorithm=dr_grpo"],  # seq_mean_token_sum_norm
-        ["algorithm.kl_coef=0.1", "algorithm.kl_mode=loss", "algorithm.ppo_epochs=2"],
-        ["algorithm=ppo"],  # critic V_old and pi_ref forwards chunked too
-    ],
+        [
+            "algorithm.aggregation=seq_mean_token_mean",
+            "algorithm.minibatches=2",
+            "algorithm.entropy_coef=0.01",
+        ],
+        # seq_mean_token_sum_norm, KL as a loss term, two epochs (pi_prox forwards chunked)
+        [
+            "algorithm=dr_grpo",
+            "algorithm.kl_coef=0.1",
+            "algorithm.kl_mode=loss",
+            "algorithm.ppo_epochs=2",
+        ],
+        ["algorithm=ppo"],  # token_mean, critic V_old and pi_ref forwards chunked too
+    ],  # fmt: skip
 )
 def test_micro_batches_give_the_same_update(tiny_model, overrides):
     torch.set_num_threads(1)
