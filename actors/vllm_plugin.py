@@ -11,7 +11,7 @@ from __future__ import annotations
 
 BACKEND = "gloo"
 WORKER_ENGINE = ("actors.weight_transfer", "GlooWeightTransferEngine")
-TRAINER_ENGINE = ("learner.weight_sender", "GlooTrainerWeightTransferEngine")
+TRAINER_ENGINE = ("learner.vllm_trainer", "GlooTrainerWeightTransferEngine")
 
 
 def register() -> None:

@@ -284,7 +284,7 @@ def test_vllm_factories_know_the_gloo_backend():
 
     from actors.vllm_plugin import register
     from actors.weight_transfer import GlooWeightTransferEngine
-    from learner.weight_sender import GlooTrainerInitInfo
+    from learner.vllm_trainer import GlooTrainerInitInfo
 
     register()
     register()  # idempotent
