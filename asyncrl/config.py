@@ -21,7 +21,7 @@ _AGGREGATIONS = (
 )
 _KL_ESTIMATORS = ("k1", "k2", "k3")
 _UPDATE_MODES = ("keep", "abort")
-_DEVICES = ("auto", "cpu", "cuda")  # learner.device.DEVICES (kept torch-free here)
+LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
 
 
@@ -204,7 +204,10 @@ class LearnerConfig:
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
         _require(self.weight_sync_timeout_s > 0, "learner.weight_sync_timeout_s must be > 0")
         _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
-        _require(self.device in _DEVICES, f"learner.device={self.device!r}, expected {_DEVICES}")
+        _require(
+            self.device in LEARNER_DEVICES,
+            f"learner.device={self.device!r}, expected one of {LEARNER_DEVICES}",
+        )
 
 
 @dataclass

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.torchrun import free_port
+
 _GRACE_S = 20.0
 _BACKOFF_S = (0.5, 10.0)  # first restart's delay, cap; doubles with each restart of a role
 
@@ -88,18 +90,10 @@ def spawn(name: str, cmd: list[str], env: dict, run_dir: Path, show) -> Role:
     return Role(name, proc, log_path, respawn=lambda: spawn(name, cmd, env, run_dir, show).proc)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
     return [
         sys.executable, "-m", "asyncrl.torchrun",  # torchrun, rendezvous on loopback only
-        f"--nproc_per_node={cfg.learner.nproc}", f"--master_port={_free_port()}",
+        f"--nproc_per_node={cfg.learner.nproc}", f"--master_port={free_port()}",
         "--master_addr=127.0.0.1", "-m", "learner.main",
         "--run-dir", str(run_dir), "--model-dir", model_dir,
     ]  # fmt: skip

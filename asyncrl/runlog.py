@@ -51,9 +51,7 @@ class RunLog:
         self.quiet = quiet
 
     def log(self, record: dict) -> None:
-        while self.records and self.records[-1]["step"] >= record["step"]:
-            self.records.pop()  # superseded: that step was trained again after a resume
-        self.records.append(record)
+        _append_step(self.records, record)
         self._file.write(json.dumps(record) + "\n")
         if not self.quiet:
             print(console_line(record), flush=True)
@@ -87,10 +85,16 @@ def _read_records(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
         if isinstance(record, dict) and "step" in record:
-            while records and records[-1]["step"] >= record["step"]:
-                records.pop()
-            records.append(record)
+            _append_step(records, record)
     return records
+
+
+def _append_step(records: list[dict], record: dict) -> None:
+    """Append ``record``, dropping the records it supersedes (steps trained again after a
+    resume from a checkpoint older than them)."""
+    while records and records[-1]["step"] >= record["step"]:
+        records.pop()
+    records.append(record)
 
 
 def console_line(r: dict) -> str:

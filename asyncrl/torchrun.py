@@ -14,6 +14,13 @@ from __future__ import annotations
 import socket
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (for torch.distributed rendezvous)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def listen_fd(host: str, port: int, backlog: int = 1024) -> int:
     """A listening TCP socket bound to ``host:port`` only; returns its fd, owned by the caller
     from now on (TCPStore closes it when the store shuts down)."""

@@ -134,7 +134,7 @@ def actor_part(args) -> dict:
 
 
 def learner_part(args) -> dict:
-    from asyncrl.launcher import _free_port
+    from asyncrl.torchrun import free_port as _free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "learner.json"

@@ -66,7 +66,7 @@ def _receiver(port: int, world: int, rank: int, repeat: int, shapes: dict, q) ->
 
 
 def transfer(tensors: dict, receivers: int, repeat: int, bucket_mb: int) -> dict:
-    from asyncrl.launcher import _free_port
+    from asyncrl.torchrun import free_port as _free_port
     from learner.weight_sender import WeightSender
 
     port, world = _free_port(), 1 + receivers

@@ -23,7 +23,7 @@ from torch import nn
 from learner.advantages import value_loss
 from learner.device import current_device
 from learner.losses import make_aggregation
-from learner.model import _DTYPES, attention_impl, check_model_dir
+from learner.model import _DTYPES, attention_impl, check_model_dir, shard_model
 
 _VALUE_AGGREGATION = "token_mean"
 
@@ -107,17 +107,9 @@ def load_value_model(
 
 
 def shard_value_model(model: ValueModel, compute_dtype: str = "float32") -> ValueModel:
-    """FSDP2: each decoder layer, then the root (embeddings, norm, head); a 16-bit
-    ``compute_dtype`` is FSDP2 mixed precision, as for the policy (``learner.model``)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mp = MixedPrecisionPolicy()
-    if compute_dtype != "float32":
-        mp = MixedPrecisionPolicy(param_dtype=_DTYPES[compute_dtype], reduce_dtype=torch.float32)
-    for layer in getattr(model.body, "layers", []):
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    return model
+    """FSDP2 like the policy (``learner.model.shard_model``): the body's decoder layers, then
+    the root; a 16-bit ``compute_dtype`` is mixed precision."""
+    return shard_model(model, compute_dtype, getattr(model.body, "layers", []))
 
 
 def build_critic(

@@ -14,14 +14,15 @@ import os
 import torch
 import torch.distributed as dist
 
-DEVICES = ("auto", "cpu", "cuda")
+from asyncrl.config import LEARNER_DEVICES
+from asyncrl.torchrun import free_port
 
 
 def resolve_device(setting: str = "auto") -> torch.device:
     """``auto``: this rank's GPU if CUDA is available, else the CPU. ``cuda`` without a GPU
     is an error that says so (a silent CPU fallback would hide a broken install)."""
-    if setting not in DEVICES:
-        raise ValueError(f"learner.device must be one of {DEVICES}, got {setting!r}")
+    if setting not in LEARNER_DEVICES:
+        raise ValueError(f"learner.device must be one of {LEARNER_DEVICES}, got {setting!r}")
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -56,11 +57,3 @@ def current_device() -> torch.device:
     if dist.is_initialized() and "nccl" in str(dist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

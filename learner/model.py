@@ -57,15 +57,17 @@ def load_hf_model(
     return model
 
 
-def shard_model(model: nn.Module, compute_dtype: str = "float32") -> nn.Module:
-    """FSDP2: shard each decoder layer, then the root (embeddings, norm, head). A 16-bit
-    ``compute_dtype`` casts parameters for forward/backward and reduces gradients in float32."""
+def shard_model(model: nn.Module, compute_dtype: str = "float32", layers=None) -> nn.Module:
+    """FSDP2: shard each decoder layer (``layers``, default the HF model's), then the root
+    (embeddings, norm, head). A 16-bit ``compute_dtype`` casts parameters for forward/backward
+    and reduces gradients in float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
     if compute_dtype != "float32":
         mp = MixedPrecisionPolicy(param_dtype=_DTYPES[compute_dtype], reduce_dtype=torch.float32)
-    layers = getattr(getattr(model, "model", model), "layers", [])
+    if layers is None:
+        layers = getattr(getattr(model, "model", model), "layers", [])
     for layer in layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)

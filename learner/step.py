@@ -127,9 +127,14 @@ def _chunked(fn, ids: torch.Tensor, attn: torch.Tensor, size: int) -> torch.Tens
     """``fn(ids, attn)`` over row chunks of ``size`` (0 = all rows at once), concatenated:
     bounds the activations (full-vocabulary logits) of the no-grad forwards. Every rank has
     the same row count, so the FSDP2 collectives of each chunk stay matched."""
-    if not size or size >= ids.shape[0]:
-        return fn(ids, attn)
-    return torch.cat([fn(ids[i : i + size], attn[i : i + size]) for i in range(0, len(ids), size)])
+    parts = [fn(ids[rows], attn[rows]) for rows in _row_slices(len(ids), size)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _row_slices(n: int, size: int) -> list[slice]:
+    """Consecutive slices of ``size`` rows covering ``range(n)`` (0 = one slice of all)."""
+    size = size or n or 1
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)] or [slice(0, 0)]
 
 
 def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
@@ -156,9 +161,8 @@ def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
     agg = make_aggregation(ctx.algo.aggregation, sh.agg_mask, max_len)
     ctx.optimizer.zero_grad(set_to_none=True)
     parts = []
-    n, size = sh.rows.num_rows, ctx.micro_batch_rows or sh.rows.num_rows
-    for start in range(0, n, size):
-        out = _policy_loss(ctx, sh, slice(start, min(start + size, n)), agg)
+    for rows in _row_slices(sh.rows.num_rows, ctx.micro_batch_rows):
+        out = _policy_loss(ctx, sh, rows, agg)
         (out.loss * ctx.world).backward()
         parts.append(out.metrics)
     grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)

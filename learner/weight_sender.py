@@ -251,7 +251,7 @@ class ActorWeightChannel:
 
     def _rebuild(self, actor_ids: list[int]) -> None:
         """A new group (new port, new store) whose receivers are ``actor_ids``."""
-        from learner.device import free_port as _free_port
+        from asyncrl.torchrun import free_port as _free_port
 
         self.sender.close()
         self.members, self._dirty = list(actor_ids), False

@@ -96,7 +96,7 @@ class Learner:
     as asyncrl/jobs.py launches it)."""
 
     def __init__(self, run_dir: Path, model: str, url: str, failpoints: str, log: Path):
-        from learner.device import free_port as _free_port
+        from asyncrl.torchrun import free_port as _free_port
 
         if FULL:  # the production launch path, as asyncrl/jobs.py builds it
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={NPROC}",

@@ -48,7 +48,7 @@ def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
 def test_two_ranks_match_one_process(tiny_model, tmp_path, preset):
     from safetensors.torch import load_file
 
-    from learner.device import free_port as _free_port
+    from asyncrl.torchrun import free_port as _free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", __file__, tiny_model,
