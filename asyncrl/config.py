@@ -188,6 +188,12 @@ class LearnerConfig:
     """Deadline of the weight rendezvous and of every weight collective, on both sides: a
     receiver that dies mid-transfer fails the sync after at most this long, and the learner
     rebuilds the group with the live actors (learner/weight_sender.py)."""
+    restart_max: int = 0
+    """Times ``asyncrl run`` / ``asyncrl launch learner`` restart a dead learner (short growing
+    backoff); 0 = a dead learner fails the job. A restarted learner resumes from the newest
+    complete checkpoint (so it re-trains up to ``checkpoint_every`` steps) and re-reads the
+    groups it had not acked; a group that crashes it ``buffer.max_deliveries`` times is
+    dead-lettered as poison. Restarts are counted in ``asyncrl_launcher_role_restarts_total``."""
     weight_sync: bool = True
     """Wait for ``actor.num_actors`` actors and send them weights. false = no actor weight
     channel: train on groups already in (or written to) the buffer by other means, e.g. the
@@ -203,6 +209,7 @@ class LearnerConfig:
         _require(self.sync_every >= 1, "learner.sync_every must be >= 1")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
         _require(self.weight_sync_timeout_s > 0, "learner.weight_sync_timeout_s must be > 0")
+        _require(self.restart_max >= 0, f"learner.restart_max must be >= 0, got {self.restart_max}")
         _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
         _require(
             self.device in LEARNER_DEVICES,

@@ -94,9 +94,18 @@ def core_split(cfg: Config) -> str:
 
 
 def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
-    cmd = pinned(learner_cmd(cfg, run_dir, model_dir), cfg.learner.cpu_affinity)
+    """The learner (torchrun); with ``learner.restart_max=N`` a dead one is started again, on
+    a fresh rendezvous port, and resumes from its newest checkpoint."""
     env = role_env(cfg, url, cfg.learner.cpu_threads)
-    return spawn("learner", cmd, env, run_dir, show_progress)
+
+    def start() -> Role:
+        cmd = pinned(learner_cmd(cfg, run_dir, model_dir), cfg.learner.cpu_affinity)
+        return spawn("learner", cmd, env, run_dir, show_progress)
+
+    role = start()
+    role.respawn = lambda: start().proc
+    role.restart_max, role.restart_key = cfg.learner.restart_max, "learner.restart_max"
+    return role
 
 
 def spawn_actors(cfg: Config, run_dir: Path, model_dir: str, url: str) -> list[Role]:

@@ -9,10 +9,11 @@
 
 A role that exits non-zero stops the whole job, and ``asyncrl run`` exits non-zero with the
 role, its exit code (or the signal that killed it) and the tail of its log, unless the role
-may be restarted: with ``actor.restart_max=N`` a dead actor is started again, after a short
-growing backoff, up to N times (each restart is printed, counted in the launcher's
-``asyncrl_launcher_role_restarts_total{role}`` and in ``run.json`` / ``summary.json``). A restarted
-actor resumes its prompt cursor (actors/actor.py). Ctrl-C (SIGINT) or SIGTERM stops every
+may be restarted: with ``actor.restart_max=N`` (``learner.restart_max=N``) a dead actor (the
+learner) is started again, after a short growing backoff, up to N times (each restart is
+printed, counted in the launcher's ``asyncrl_launcher_role_restarts_total{role}`` and in
+``run.json`` / ``summary.json``). A restarted actor resumes its prompt cursor
+(actors/actor.py); a restarted learner resumes from its newest checkpoint. Ctrl-C (SIGINT) or SIGTERM stops every
 role cleanly.
 
 Core pinning (``learner.cpu_affinity``, ``actor.cpu_affinity``): the role's command is wrapped
