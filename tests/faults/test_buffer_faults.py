@@ -1,52 +1,33 @@
 """Guarantee 4: backpressure. With the learner paused the buffer never exceeds its capacity,
-producers block (no error, no drop, no LeaseExpired, processes alive) and resume when reading
+actors block (no error, no drop, no LeaseExpired, processes alive) and resume when reading
 resumes; nothing is lost or duplicated.
 
-Producers are real processes (this file run as a script) doing what ``actors/actor.py`` does
-around the buffer: ``lease(actor_id, 1.0)`` retried while the buffer is full, a short
-"generation" holding the lease, then ``commit``. The learner side is this test process: it
-pauses (reads nothing) and resumes (reads and acks as trained), several times, while it
-samples ``stats()`` every few milliseconds.
+The producers are real actor processes (``python -m actors.main``, simulated engine) against a
+real redis-server, more of them in flight than the buffer has slots. The learner side is this
+test process (the learner's control plane is a real ZeroMQ server announced in the buffer's
+meta): it pauses (reads nothing) and resumes (reads, checks each group is complete, acks as
+trained), several times, while it samples ``stats()`` every few milliseconds.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import subprocess
-import sys
+import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from buffer.connection import connect
+from asyncrl.configload import config_to_json
 from buffer.redis_buffer import ReplayBuffer
-from buffer.testing import random_group
+from tests.faults.test_actor_kills import N_SAMPLES, spawn_actor, write_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis]
 
-CAPACITY = 6
-VOCAB = 100
+CAPACITY = 6  # 3 actors x max_inflight 2 = 6 groups wanted at once; plus what is unread
+LEASE_TTL_S = 30.0
 _TERMINAL = ("trained", "dropped_stale", "dropped_invalid", "dropped_poison", "dropped_uniform")
-_REPO = Path(__file__).resolve().parents[2]
-
-
-def _producer_main(url: str, name: str, actor_id: str, n_groups: str) -> int:
-    """Commit ``n_groups`` groups, blocking on a full buffer; print one JSON summary line."""
-    buf = ReplayBuffer(connect(url), name, CAPACITY, lease_ttl_s=30.0)
-    rng = random.Random(int(actor_id))
-    waits = 0
-    for k in range(int(n_groups)):
-        while (lease := buf.lease(int(actor_id), 1.0)) is None:  # full: backpressure
-            waits += 1
-        time.sleep(rng.uniform(0.0, 0.02))  # "generating" while holding the slot
-        group = random_group(rng, f"{actor_id}:{k}", vocab_size=VOCAB, n=2, max_len=4)
-        if not buf.commit(lease, group):  # LeaseExpired propagates: a test failure
-            raise AssertionError(f"group {group.group_id} reported as a duplicate")
-    print(json.dumps({"actor": int(actor_id), "committed": int(n_groups), "waits": waits}))
-    return 0
 
 
 def conserved(s: dict) -> bool:
@@ -69,61 +50,31 @@ class Sampler:
         return s
 
 
-@pytest.mark.timeout(180)
-def test_backpressure_blocks_producers_and_loses_nothing(redis_server, counts):
-    n_producers, per_producer = 3, counts(12, 40)
-    cycles, pause_s = counts(2, 6), 2.5
-    total = n_producers * per_producer
-    name = f"backpressure-{os.getpid()}-{time.monotonic_ns()}"
-    buf = ReplayBuffer(connect(redis_server.url), name, CAPACITY, lease_ttl_s=30.0)
-    buf.stats()  # capacity published before the producers start
-    env = dict(os.environ, PYTHONPATH=str(_REPO))
-    url = redis_server.url_for("actor")  # producers use the least-privilege actor ACL user
-    cmd = [sys.executable, __file__, url, name]
-    procs = [
-        subprocess.Popen(
-            cmd + [str(i), str(per_producer)],
-            env=env,
-            cwd=_REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for i in range(n_producers)
-    ]
-    try:
-        sampler, delivered, stalls = Sampler(buf), [], []
-        t0 = time.monotonic()
-        for cycle in range(cycles):
-            stalls.append(_pause(sampler, procs, pause_s, cycle))
-            _resume(sampler, buf, delivered, want=min(total, (cycle + 1) * total // cycles))
-        _resume(sampler, buf, delivered, want=total)
-        outs = [p.communicate(timeout=60) for p in procs]
-        elapsed = time.monotonic() - t0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, f"producer failed (rc {p.returncode}):\n{err[-3000:]}"
-        assert "LeaseExpired" not in err, err[-3000:]
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    assert sum(r["waits"] for r in reports) > 0, "producers never blocked"
-    want = sorted(f"{a}:{k}" for a in range(n_producers) for k in range(per_producer))
-    assert sorted(delivered) == want, "every committed group delivered exactly once"
-    s = sampler.sample()
-    assert (s["committed"], s["trained"], s["unread"], s["pending"], s["leased"]) == (
-        total, total, 0, 0, 0,
-    ), s  # fmt: skip
-    print(f"\nbackpressure: {n_producers} producers, {total} groups, {cycles} pauses of "
-          f"{pause_s}s (committed frozen at {stalls}), {sampler.samples} stats samples, "
-          f"max leased+unread {sampler.max_used}/{CAPACITY}, {elapsed:.1f}s")  # fmt: skip
+class Learner:
+    """The learner's side of the buffer: reads (when not paused), checks, acks as trained."""
+
+    def __init__(self, buf: ReplayBuffer, vocab: int) -> None:
+        self.buf, self.vocab = buf, vocab
+        self.seen: Counter[str] = Counter()
+        self.partial: list[str] = []
+
+    def read_until(self, sampler: Sampler, want: int, timeout_s: float = 60.0) -> None:
+        """Read and ack until ``want`` groups were delivered in total."""
+        deadline = time.monotonic() + timeout_s
+        while sum(self.seen.values()) < want:
+            assert time.monotonic() < deadline, f"actors did not resume: {sampler.sample()}"
+            entries = self.buf.read("learner", count=2, block_ms=200, vocab_size=self.vocab)
+            for e in entries:
+                self.seen[e.group.group_id] += 1
+                if len(e.group.samples) != N_SAMPLES:
+                    self.partial.append(e.group.group_id)
+            self.buf.ack([e.entry_id for e in entries], "trained")
+            sampler.sample()
 
 
-def _pause(sampler: Sampler, procs: list, pause_s: float, cycle: int) -> int:
-    """Read nothing: the buffer fills (producers may still be starting), then committed must
-    stay frozen for ``pause_s``."""
+def pause(sampler: Sampler, procs: dict, pause_s: float, cycle: int) -> int:
+    """Read nothing: the buffer fills, then committed must stay frozen for ``pause_s`` while
+    every actor stays alive."""
     end = time.monotonic() + 30
     while time.monotonic() < end:  # bounded by time
         s = sampler.sample()
@@ -137,23 +88,59 @@ def _pause(sampler: Sampler, procs: list, pause_s: float, cycle: int) -> int:
         s = sampler.sample()
         assert s["committed"] == frozen, f"pause {cycle}: committed grew on a full buffer: {s}"
         assert s["leased"] == 0, f"pause {cycle}: a lease was granted on a full buffer: {s}"
-        failed = [(p.args[4], p.returncode) for p in procs if p.poll() not in (None, 0)]
-        assert not failed, f"pause {cycle}: producers (actor, rc) {failed} died while blocked"
-        assert any(p.poll() is None for p in procs), f"pause {cycle}: no producer is blocked"
+        died = {i: p.returncode for i, p in procs.items() if p.poll() is not None}
+        assert not died, f"pause {cycle}: actors (id: rc) {died} died while blocked"
         time.sleep(0.01)
     return frozen
 
 
-def _resume(sampler: Sampler, buf: ReplayBuffer, delivered: list, want: int) -> None:
-    """Read and ack (trained) until ``want`` groups were delivered in total."""
-    deadline = time.monotonic() + 60
-    while len(delivered) < want:
-        assert time.monotonic() < deadline, f"producers did not resume: {sampler.sample()}"
-        entries = buf.read("learner", count=2, block_ms=200, vocab_size=VOCAB)
-        delivered += [e.group.group_id for e in entries]
-        buf.ack([e.entry_id for e in entries], "trained")
-        sampler.sample()
-
-
-if __name__ == "__main__":
-    sys.exit(_producer_main(*sys.argv[1:5]))
+@pytest.mark.timeout(240)
+def test_backpressure_blocks_real_actors_and_loses_nothing(
+    redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path, counts
+):
+    cycles, pause_s, per_resume = counts(2, 6), 2.5, counts(12, 30)
+    run_dir = tmp_path / "run"
+    cfg = write_config(run_dir, buffer_name, sim_tokens_per_s=400.0)
+    cfg.buffer.capacity, cfg.buffer.lease_ttl_s = CAPACITY, LEASE_TTL_S
+    (run_dir / "config.json").write_text(config_to_json(cfg))
+    vocab = json.loads((Path(sim_model_dir) / "config.json").read_text())["vocab_size"]
+    buf = ReplayBuffer(redis_client, buffer_name, CAPACITY, LEASE_TTL_S)
+    buf.set_learner_version(0)
+    url = redis_server.url_for("actor")  # actors use the least-privilege actor ACL user
+    k = cfg.actor.num_actors
+    procs = {i: spawn_actor(run_dir, sim_model_dir, i, url) for i in range(k)}
+    sampler, learner, stalls = Sampler(buf), Learner(buf, vocab), []
+    t0 = time.monotonic()
+    try:
+        for cycle in range(cycles):
+            stalls.append(pause(sampler, procs, pause_s, cycle))
+            learner.read_until(sampler, sum(learner.seen.values()) + per_resume)
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)  # a clean stop releases every lease it holds
+        codes = {i: p.wait(60) for i, p in procs.items()}
+        learner.read_until(sampler, buf.stats()["committed"])
+        elapsed = time.monotonic() - t0
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = {i: (run_dir / f"actor{i}.log").read_text(errors="replace") for i in range(k)}
+    assert codes == {i: 0 for i in range(k)}, f"actors did not exit cleanly: {codes}\n{logs}"
+    for log in logs.values():
+        assert "Traceback" not in log and "LeaseExpired" not in log, log[-3000:]
+    assert not {g: c for g, c in learner.seen.items() if c > 1}, "a group delivered twice"
+    assert not learner.partial, f"partial groups delivered: {learner.partial[:5]}"
+    s = sampler.sample()
+    assert (s["trained"], s["unread"], s["pending"], s["leased"]) == (
+        s["committed"], 0, 0, 0,
+    ), s  # fmt: skip
+    assert s["committed"] == len(learner.seen) >= cycles * per_resume, s
+    actors = [json.loads((run_dir / f"actor{i}.json").read_text()) for i in range(k)]
+    assert sum(a["committed"] for a in actors) == s["committed"], actors
+    blocked = [round(a["time_s"].get("waiting_buffer", 0.0), 1) for a in actors]
+    assert all(b > 0 for b in blocked), f"an actor never waited for a slot: {blocked}"
+    print(f"\nbackpressure: {k} real actors, {s['committed']} groups, {cycles} pauses of "
+          f"{pause_s}s (committed frozen at {stalls}), {sampler.samples} stats samples, "
+          f"max leased+unread {sampler.max_used}/{CAPACITY}, seconds each actor waited for "
+          f"a slot {blocked}, {elapsed:.1f}s")  # fmt: skip
