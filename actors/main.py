@@ -18,7 +18,7 @@ _LEARNER_WAIT_S = 900.0  # the learner may still be building the demo model / st
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from actors.actor import Actor, wait_for_learner
-    from actors.rewards import load_reward_fn
+    from actors.rewards import load_reward_fn, preflight
     from actors.tasks import PromptSource
     from asyncrl.control import ControlClient
     from buffer.connection import connect
@@ -26,6 +26,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
 
     b = cfg.buffer
     reward_fn = load_reward_fn(cfg.task.reward_fn)
+    preflight(reward_fn)  # e.g. no sandbox for model-written code: fail now, not score 0
     buffer = ReplayBuffer(connect(url), b.name, b.capacity, b.lease_ttl_s)
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(

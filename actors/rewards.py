@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from asyncrl.sandbox import SandboxError
+
 RewardFn = Callable[..., "float | dict"]
 
 ADDITION_PARTIAL_WEIGHT = 1.0
@@ -89,13 +91,16 @@ def _load_file(spec: str, path: Path):
 def score(
     fn: RewardFn, prompt: str, completion: str, fields: dict | None = None
 ) -> tuple[float, str]:
-    """Call ``fn`` and return ``(reward, "")``, or ``(0.0, reason)`` if it failed. Never raises.
+    """Call ``fn`` and return ``(reward, "")``, or ``(0.0, reason)`` if it failed. Raises only
+    ``SandboxError`` (this machine cannot confine model-written code: no sample can be scored).
 
     Failure means: ``fn`` raised, returned something that is not a real number (bool counts as
     invalid) or a dict without a numeric ``"score"``, or returned a non-finite value.
     """
     try:
         out = fn(prompt, completion, **(fields or {}))
+    except SandboxError:  # the machine cannot confine code: a setup error, not a 0 reward
+        raise
     except Exception as exc:  # a user's reward function must not kill the actor
         return 0.0, f"reward function raised {type(exc).__name__}: {exc}"
     value = out.get("score") if isinstance(out, dict) else out
@@ -186,6 +191,9 @@ CODE_TIMEOUT_S = 10.0
 """Wall-clock limit of one ``python_code_reward`` run (the sandbox is killed after it)."""
 CODE_CPU_S = 5.0
 CODE_MEM_MB = 512
+CODE_REQUIRE = ("rlimits", "netns", "pidns", "landlock")
+"""Sandbox layers model-written code needs (no network, nothing outlives the run, writes only
+in its directory): where the kernel lacks one, the reward refuses to run code at all."""
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -202,5 +210,26 @@ def python_code_reward(prompt: str, completion: str, tests: str = "", **fields) 
 
     blocks = _CODE_BLOCK.findall(completion)
     code = (blocks[-1] if blocks else completion) + "\n\n" + (tests or "")
-    result = run_untrusted(code, timeout_s=CODE_TIMEOUT_S, mem_mb=CODE_MEM_MB, cpu_s=CODE_CPU_S)
+    result = run_untrusted(
+        code, timeout_s=CODE_TIMEOUT_S, mem_mb=CODE_MEM_MB, cpu_s=CODE_CPU_S, require=CODE_REQUIRE
+    )
     return {"score": 1.0 if result.ok else 0.0, "sandbox": result.reason}
+
+
+def _code_sandbox_preflight() -> None:
+    """Raise ``SandboxError`` (naming the missing layers and the fix) unless this machine
+    can confine model-written code; the launcher and each actor call it at start."""
+    from asyncrl.sandbox import run_untrusted
+
+    run_untrusted("pass", timeout_s=CODE_TIMEOUT_S, require=CODE_REQUIRE)
+
+
+python_code_reward.preflight = _code_sandbox_preflight
+
+
+def preflight(fn: RewardFn) -> None:
+    """Run ``fn.preflight()`` if the reward function has one: a check that what it needs (e.g.
+    a sandbox) is there, so a job fails at start instead of scoring every sample 0."""
+    check = getattr(fn, "preflight", None)
+    if callable(check):
+        check()

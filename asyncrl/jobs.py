@@ -178,12 +178,13 @@ def run_local(cfg: Config) -> int:
 def check_reward_fn(cfg: Config) -> None:
     """Import ``task.reward_fn`` here, so a wrong name fails at once with the key named
     (the actors import the same function when they start)."""
-    from actors.rewards import load_reward_fn
+    from actors.rewards import load_reward_fn, preflight
 
     try:
-        load_reward_fn(cfg.task.reward_fn)
+        fn = load_reward_fn(cfg.task.reward_fn)
     except ValueError as e:
         raise ValueError(f"task.reward_fn: {e}") from e
+    preflight(fn)  # e.g. python_code_reward: can this machine sandbox model-written code?
 
 
 def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | None = None) -> int:

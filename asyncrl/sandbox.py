@@ -58,6 +58,8 @@ _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 _READ_ONLY_ROOTS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
 _DEV_FILES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 ALL_LAYERS = ("rlimits", "userns", "netns", "pidns", "landlock", "timeout")
+_TEST_WITHOUT: tuple[str, ...] = ()
+"""Tests only: layers the child skips, to act out a kernel without them."""
 
 
 class SandboxError(RuntimeError):
@@ -115,6 +117,8 @@ def run_untrusted(
             "cpu_s": max(1, int(round(cpu_s))),
             "max_procs": max_procs,
             "file_bytes": max_file_mb << 20,
+            "require": [layer for layer in require if layer != "timeout"],
+            "without": list(_TEST_WITHOUT),
         }
         return _supervise(spec, Path(private), timeout_s, max_output_bytes, require)
 
@@ -143,12 +147,14 @@ def _supervise(spec: dict, private: Path, timeout_s: float, max_out: int, requir
     duration = time.monotonic() - start
     stdout, stderr = _tail(out_path, max_out), _tail(err_path, max_out)
     isolation = info.get("isolation", [])
-    missing = [layer for layer in require if layer not in isolation and layer != "timeout"]
-    if missing:
+    missing = [layer for layer in spec["require"] if layer not in isolation]
+    if missing:  # the child refused to run the code (``_bootstrap``)
         raise SandboxError(
-            f"sandbox layers {missing} are not available on this machine (in force: "
-            f"{isolation}; setup errors: {info.get('errors', stderr[-500:])}); run on a kernel "
-            "with unprivileged user namespaces and Landlock, or drop them from `require`"
+            f"sandbox layers {missing} are not available on this machine, so the code was not "
+            f"run (in force: {isolation}; setup errors: {info.get('errors', stderr[-500:])}); "
+            "run on a Linux kernel >= 5.13 with Landlock enabled and unprivileged user "
+            "namespaces allowed (sysctl kernel.unprivileged_userns_clone=1, "
+            "kernel.apparmor_restrict_unprivileged_userns=0), or drop them from `require`"
         )
     code = info.get("status", proc.returncode if proc.returncode is not None else -9)
     if over:
@@ -313,7 +319,10 @@ def _bootstrap() -> None:
         layers.append("landlock")
     except OSError as e:
         errors["landlock"] = str(e)
+    layers = [layer for layer in layers if layer not in spec["without"]]
     report(isolation=layers, errors=errors)
+    if any(layer not in layers for layer in spec["require"]):
+        sys.exit(0)  # a required layer is missing: never run the code (the parent raises)
     pid = os.fork()
     if pid == 0:
         os.close(info_fd)

@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from asyncrl.sandbox import run_untrusted
+import asyncrl.sandbox as sandbox
+from asyncrl.sandbox import SandboxError, available_isolation, run_untrusted
 
 FORK_BOMB = """
 import os, time
@@ -26,6 +27,22 @@ while True:
 """
 
 
+_LAYERS: list[str] = []
+
+
+def needs(*layers: str) -> None:
+    """Skip, naming the kernel feature, where this machine lacks a layer the test checks (the
+    code reward refuses to run there instead: ``test_missing_layers_refuse_to_run_the_code``)."""
+    if not _LAYERS:
+        _LAYERS.extend(available_isolation())
+    missing = [layer for layer in layers if layer not in _LAYERS]
+    if missing:
+        pytest.skip(
+            f"this kernel lacks sandbox layers {missing} (in force: {_LAYERS}): Landlock needs "
+            "Linux >= 5.13 with it enabled, namespaces need unprivileged user namespaces"
+        )
+
+
 def _leftovers(workdir) -> list[int]:
     """Pids of processes still running in ``workdir`` (sandboxed code that escaped)."""
     out = []
@@ -37,6 +54,7 @@ def _leftovers(workdir) -> list[int]:
 
 @pytest.mark.timeout(60)
 def test_fork_bomb_is_contained_and_reaped(tmp_path):
+    needs("pidns")
     work = tmp_path / "work"
     t0 = time.monotonic()
     r = run_untrusted(FORK_BOMB, timeout_s=20, cpu_s=5, mem_mb=256, workdir=work, max_procs=16)
@@ -69,6 +87,7 @@ def test_sleeping_loop_hits_the_wall_clock(tmp_path):
 @pytest.mark.timeout(30)
 def test_socket_connect_is_refused(tmp_path):
     """TCP to a real listener on loopback and UDP both fail; the listener sees nothing."""
+    needs("netns")
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -112,6 +131,7 @@ def _accept(server: socket.socket, accepted: list) -> None:
 
 @pytest.mark.timeout(30)
 def test_write_outside_its_directory_is_denied(tmp_path):
+    needs("landlock")
     work, outside = tmp_path / "work", tmp_path / "outside.txt"
     code = f"""
 open("inside.txt", "w").write("ok")
@@ -128,6 +148,7 @@ open({str(outside)!r}, "w").write("escaped")
 @pytest.mark.timeout(30)
 def test_no_secrets_reach_the_code(tmp_path, monkeypatch):
     """No environment variables of the caller, no reading the run directory or /proc."""
+    needs("landlock")
     secret = tmp_path / "redis.conf"
     secret.write_text("requirepass hunter2\n")
     monkeypatch.setenv("ASYNCRL_REDIS_URL", "redis://:hunter2@127.0.0.1:1/0")
@@ -153,6 +174,9 @@ def test_memory_limit(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_python_code_reward_runs_completions_in_the_sandbox():
+    from actors.rewards import CODE_REQUIRE
+
+    needs(*CODE_REQUIRE)
     from actors.rewards import python_code_reward, score
 
     good = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
@@ -163,3 +187,27 @@ def test_python_code_reward_runs_completions_in_the_sandbox():
     assert score(python_code_reward, "p", bad, {"tests": tests}) == (0.0, "")
     out = python_code_reward("p", escape, tests=tests)
     assert out["score"] == 0.0 and out["sandbox"], out
+
+
+@pytest.mark.timeout(60)
+def test_missing_layers_refuse_to_run_the_code(tmp_path, monkeypatch):
+    """On a kernel without a required layer (acted out: the child reports it missing), the code
+    never runs, ``SandboxError`` names the layer and the fix, and the code reward and the
+    launcher's start-up check raise it instead of scoring samples 0."""
+    from actors.rewards import python_code_reward, score
+    from asyncrl.config import Config
+    from asyncrl.jobs import check_reward_fn
+
+    monkeypatch.setattr(sandbox, "_TEST_WITHOUT", ("landlock",))
+    work = tmp_path / "w"
+    with pytest.raises(SandboxError, match=r"\['landlock'\] are not available.*not run"):
+        run_untrusted("open('ran.txt', 'w').write('x')", require=("landlock",), workdir=work)
+    assert not (work / "ran.txt").exists(), "the code ran although a required layer was missing"
+    r = run_untrusted("open('ran.txt', 'w').write('x')", workdir=work)  # not required: runs
+    assert r.ok and "landlock" not in r.isolation, r
+    with pytest.raises(SandboxError, match="Landlock"):
+        score(python_code_reward, "p", "print(1)", {"tests": ""})
+    cfg = Config()
+    cfg.task.reward_fn = "actors.rewards:python_code_reward"
+    with pytest.raises(SandboxError, match="landlock"):
+        check_reward_fn(cfg)
