@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -189,8 +190,10 @@ def kill_run(learner: Learner, point: str, trace: Path, before: int, rng: random
         time.sleep(rng.uniform(0.0, 1.5))
         learner.kill_all()
     rc = learner.wait(RUN_DEADLINE_S)
-    # the rank itself got SIGKILL (-9); under torchrun, torchrun reports the rank's -9
-    killed = rc == -signal.SIGKILL or (rc != 0 and "-9" in learner.tail())
+    # the rank itself got SIGKILL (-9); under torchrun, its failure report names the rank's
+    # exit code ("exitcode  : -9 (pid: ...)") and torchrun exits 1
+    log = learner.log.read_text(errors="replace")
+    killed = rc == -signal.SIGKILL or (rc == 1 and re.search(r"exitcode\s*:\s*-9\b", log))
     assert killed, f"learner exited {rc}, not by SIGKILL ({point}):\n{learner.tail()}"
 
 
