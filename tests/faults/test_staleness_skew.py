@@ -157,11 +157,14 @@ def train(source, ledger, buf, steps: int, step_s: float, version: int) -> dict:
         version += 1
         buf.set_learner_version(version)
     seconds = time.monotonic() - t0
+    committed = buf.stats()["committed"] - committed0
     return {
         "version": version,
         "trained_per_s": steps * BATCH / seconds,
-        "committed_per_s": (buf.stats()["committed"] - committed0) / seconds,
+        "committed": committed,
+        "committed_per_s": committed / seconds,
         "wait_frac": waited / seconds,
+        "capacity_per_s": steps * BATCH / max(seconds - waited, 1e-3),  # when not waiting
     }
 
 
@@ -199,6 +202,12 @@ def test_no_trained_group_exceeds_max_staleness_under_skew(
         producers.stop()
     spent = {k: c1[k] - c0[k] for k in c1}
     blocked_1 = spent["waiting_buffer"] / sum(spent.values())
+    # the skew, measured: each side's rate while it is not held up by the other
+    gen_s = spent.get("generating", 0.0) / cfg.actor.num_actors  # actors generate side by side
+    skew_1 = p1["committed"] / max(gen_s, 1e-3) / p1["capacity_per_s"]
+    skew_2 = p2["capacity_per_s"] / max(p2["committed_per_s"], 1e-3)
+    assert skew_1 >= 10, f"phase 1: actors only {skew_1:.1f}x the learner's rate: {spent} {p1}"
+    assert skew_2 >= 10, f"phase 2: learner only {skew_2:.1f}x the actors' rate: {p2}"
     assert blocked_1 > 0.8, f"phase 1: actors were not much faster than the learner: {spent}"
     assert p2["wait_frac"] > 0.8, f"phase 2: the learner was not waiting for actors: {p2}"
     assert stale_1 > 0, "phase 1 produced no stale group: the skew was not exercised"
@@ -217,7 +226,8 @@ def test_no_trained_group_exceeds_max_staleness_under_skew(
     assert stats["leased"] == 0, "stopped actors kept leases"
     assert stats["committed"] == len(ledger.delivered) + stats["unread"] + stats["pending"]
     print(
-        f"\n{2 * steps} steps, max_staleness {MAX_STALENESS}: phase 1 learner "
+        f"\n{2 * steps} steps, max_staleness {MAX_STALENESS}: phase 1 actors {skew_1:.0f}x "
+        f"the learner's rate, phase 2 learner {skew_2:.0f}x the actors'; phase 1 learner "
         f"{p1['trained_per_s']:.1f} groups/s, actors blocked on the full buffer "
         f"{blocked_1:.0%} of the time, dropped stale {stale_1}; phase 2 actors "
         f"{p2['trained_per_s']:.1f} "
