@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from asyncrl.sandbox import SandboxError
+from asyncrl.sandbox import SandboxError, run_untrusted
 
 RewardFn = Callable[..., "float | dict"]
 
@@ -206,8 +206,6 @@ def python_code_reward(prompt: str, completion: str, tests: str = "", **fields) 
     memory, process and time limits, no network, and writes only in a fresh temporary
     directory. ``"sandbox"`` in the returned dict says why a run failed ("" if it passed).
     """
-    from asyncrl.sandbox import run_untrusted
-
     blocks = _CODE_BLOCK.findall(completion)
     code = (blocks[-1] if blocks else completion) + "\n\n" + (tests or "")
     result = run_untrusted(
@@ -219,8 +217,6 @@ def python_code_reward(prompt: str, completion: str, tests: str = "", **fields) 
 def _code_sandbox_preflight() -> None:
     """Raise ``SandboxError`` (naming the missing layers and the fix) unless this machine
     can confine model-written code; the launcher and each actor call it at start."""
-    from asyncrl.sandbox import run_untrusted
-
     run_untrusted("pass", timeout_s=CODE_TIMEOUT_S, require=CODE_REQUIRE)
 
 

@@ -13,8 +13,8 @@ may be restarted: with ``actor.restart_max=N`` (``learner.restart_max=N``) a dea
 learner) is started again, after a short growing backoff, up to N times (each restart is
 printed, counted in the launcher's ``asyncrl_launcher_role_restarts_total{role}`` and in
 ``run.json`` / ``summary.json``). A restarted actor resumes its prompt cursor
-(actors/actor.py); a restarted learner resumes from its newest checkpoint. Ctrl-C (SIGINT) or SIGTERM stops every
-role cleanly.
+(actors/actor.py); a restarted learner resumes from its newest checkpoint. Ctrl-C (SIGINT) or
+SIGTERM stops every role cleanly.
 
 Core pinning (``learner.cpu_affinity``, ``actor.cpu_affinity``): the role's command is wrapped
 in ``python -m asyncrl.launcher pin CORES -- CMD``, which calls ``sched_setaffinity`` and

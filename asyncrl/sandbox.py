@@ -59,7 +59,7 @@ _READ_ONLY_ROOTS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
 _DEV_FILES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 ALL_LAYERS = ("rlimits", "userns", "netns", "pidns", "landlock", "timeout")
 _TEST_WITHOUT: tuple[str, ...] = ()
-"""Tests only: layers the child skips, to act out a kernel without them."""
+"""Tests only: layers the child reports missing, to act out a kernel without them."""
 
 
 class SandboxError(RuntimeError):
@@ -120,10 +120,10 @@ def run_untrusted(
             "require": [layer for layer in require if layer != "timeout"],
             "without": list(_TEST_WITHOUT),
         }
-        return _supervise(spec, Path(private), timeout_s, max_output_bytes, require)
+        return _supervise(spec, Path(private), timeout_s, max_output_bytes)
 
 
-def _supervise(spec: dict, private: Path, timeout_s: float, max_out: int, require) -> SandboxResult:
+def _supervise(spec: dict, private: Path, timeout_s: float, max_out: int) -> SandboxResult:
     """Start the confining bootstrap, enforce the wall clock, collect the result."""
     out_path, err_path = private / "stdout", private / "stderr"
     info_r, info_w = os.pipe()
