@@ -1,7 +1,9 @@
 """``benchmarks/sync_vs_async.py --tiny``: every figure the issue asks for is in the JSON.
 
 A schema check on a few steps of the tiny preset, not a measurement: no number is asserted
-beyond being present and well-formed.
+beyond being present and well-formed. The actors use the simulated engine
+(``actor.engine=sim``): the JSON's shape does not depend on the engine, and three vLLM engine
+starts cost ~100 s of CI time (real vLLM runs: tests/e2e/test_run.py and the benchmarks).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def result(tmp_path_factory):
     needs_full_stack()
     out = tmp_path_factory.mktemp("bench")
     cmd = [sys.executable, "-m", "benchmarks.sync_vs_async", "--tiny", "--arms", ",".join(ARMS),
-           "--out", str(out), "--runs-dir", str(out / "runs"), "--name", "schema"]  # fmt: skip
+           "--out", str(out), "--runs-dir", str(out / "runs"), "--name", "schema",
+           "--set", "actor.engine=sim"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out, json.loads((out / "schema.json").read_text()), proc.stdout
