@@ -4,7 +4,10 @@ with the real CLI (redis-server, a vLLM actor, the FSDP2 learner), a few steps e
 Kept cheap: 3 steps of 2 groups, one learner rank (the ``ppo`` preset uses two, so the sharded
 critic runs end to end too), and two runs at a time (a run spends most of its wall time
 starting vLLM and torchrun, which overlap well). The default preset (grpo) is the one
-tests/e2e/test_run.py trains.
+tests/e2e/test_run.py trains. The presets differ only in the learner, so their actors use the
+simulated engine (``actor.engine=sim``: random tokens, real buffer and weight sync), which
+saves a vLLM engine start per run (~2 min of CI in all); ``dapo`` keeps a real vLLM actor,
+because dynamic sampling needs groups whose rewards differ (random tokens almost all score 0).
 """
 
 import json
@@ -29,6 +32,7 @@ PRESETS = sorted(
     p.stem for p in (Path(CONFIG_DIR) / "algorithm").glob("*.yaml") if p.stem != DEFAULT
 )
 NPROC = {"ppo": 2}
+ENGINE = {"dapo": "vllm"}  # the others: sim (see the module docstring)
 # what every step must export (docs/algorithms.md, "Diagnostics")
 DIAGNOSTICS = [
     "is_weight_mean", "is_weight_max", "is_weight_p99", "is_truncated_frac", "is_masked_frac",
@@ -44,7 +48,8 @@ def test_the_default_preset_is_covered_by_test_run():
 def _start(preset: str, run_dir: Path) -> subprocess.Popen:
     args = ["run", "experiment=tiny", f"algorithm={preset}", f"learner.steps={STEPS}",
             f"learner.batch_groups={GROUPS}", f"learner.nproc={NPROC.get(preset, 1)}",
-            "learner.checkpoint_every=0", "metrics_port=0", f"run_dir={run_dir}"]  # fmt: skip
+            "learner.checkpoint_every=0", "metrics_port=0", f"run_dir={run_dir}",
+            f"actor.engine={ENGINE.get(preset, 'sim')}"]  # fmt: skip
     log = open(run_dir.with_suffix(".log"), "w")
     return subprocess.Popen(asyncrl_cmd(*args), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
