@@ -406,6 +406,12 @@ class Config:
             "grow too stale to train and the learner would wait forever; set learner.sync_every "
             "<= buffer.max_staleness + 1",
         )
+        _require(
+            self.model.attn_implementation != "flash_attention_2" or self.learner.device != "cpu",
+            "model.attn_implementation=flash_attention_2 needs a CUDA learner "
+            "(learner.device=cuda or auto on a GPU machine); use auto or sdpa with "
+            "learner.device=cpu",
+        )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             # actors make exactly batch_groups groups per version there: nothing could refill

@@ -54,6 +54,8 @@ def test_sync_mode_is_strictly_on_policy():
         (["learner.batch_groups=3", "actor.n_samples=3"], "split evenly"),
         (["learner.sync_every=3", "buffer.max_staleness=1"], "learner.sync_every <= buffer"),
         (["mode=sync", "learner.sync_every=2"], "learner.sync_every=2 with"),
+        (["model.attn_implementation=flash_attention_2"], "flash_attention_2 needs a CUDA"),
+        (["learner.restart_max=-1"], "learner.restart_max must be >= 0"),
     ],
 )
 def test_bad_config_names_the_problem(overrides, message):
