@@ -65,6 +65,7 @@ class Hub:
         self._staleness_hist: dict[int, int] = {}
         self._sync = {"count": 0, "bytes": 0, "seconds": 0.0}
         self._trained_totals = {"groups": 0, "samples": 0, "tokens": 0}
+        self._base = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
         self._dropped_seen: dict[str, int] = {}
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -225,6 +226,30 @@ class Hub:
         if ids:
             self.buffer.ack(ids, "trained")
 
+    def tallies(self) -> dict:
+        """The run's totals so far, saved in each checkpoint so that a resumed run's summary
+        covers the whole run (``restore_tallies``), as its steps and rewards do."""
+        time_s = self.clock.totals()
+        return {
+            "learner_time_s": {
+                k: self._base["learner_time_s"].get(k, 0.0) + time_s.get(k, 0.0)
+                for k in set(time_s) | set(self._base["learner_time_s"])
+            },
+            "train_wall_s": self._base["train_wall_s"] + time.monotonic() - self._ready_t,
+            "trained_staleness_histogram": {
+                str(k): n for k, n in sorted(self._staleness_hist.items())
+            },
+            "trained_totals": dict(self._trained_totals),
+        }
+
+    def restore_tallies(self, saved: dict) -> None:
+        """Start from a checkpoint's ``tallies()`` (absent in older checkpoints: from 0)."""
+        if not saved:
+            return
+        self._base = {k: saved[k] for k in ("learner_time_s", "train_wall_s")}
+        self._staleness_hist = {int(k): n for k, n in saved["trained_staleness_histogram"].items()}
+        self._trained_totals = dict(saved["trained_totals"])
+
     def finish(self, state) -> dict:
         """Stop the actors, write summary.json and reward.png; returns the summary."""
         self.control.broadcast({"type": "stop"})
@@ -242,12 +267,7 @@ class Hub:
             "max_staleness": self.cfg.buffer.max_staleness,
             "final_version": state.version,
             "title": f"{self.cfg.mode.name}, max_staleness={self.cfg.buffer.max_staleness}",
-            "train_wall_s": time.monotonic() - self._ready_t,
-            "learner_time_s": self.clock.totals(),
-            "trained_staleness_histogram": {
-                str(k): n for k, n in sorted(self._staleness_hist.items())
-            },
-            "trained_totals": dict(self._trained_totals),
+            **self.tallies(),
             "dropped_by_reason": self._dropped_counts(stats),
             "weight_sync": dict(self._sync),
         }

@@ -152,6 +152,7 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) 
         "wall_s": state.wall_s,
         "groups_trained": state.groups_trained,
         "trained_ids": state.unacked,
+        "tallies": hub.tallies() if hub else {},  # rank 0's summary totals, for a resume
     }
     save_checkpoint(run_dir, state.version, ctx.model, ctx.optimizer, payload, model_dir,
                     extra=_extra_state(ctx))  # fmt: skip
@@ -168,4 +169,5 @@ def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
     if hub:
         hub.say(f"resumed from {path} at version {saved['version']}")
         hub.ack_ids(saved.get("trained_ids", []))
+        hub.restore_tallies(saved.get("tallies", {}))
     return LearnerState(saved["version"], saved["wall_s"], saved["groups_trained"])

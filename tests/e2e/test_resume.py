@@ -32,3 +32,7 @@ def test_a_second_run_in_the_same_directory_resumes_and_actors_follow_the_new_le
     dropped = sum(s[f"groups_dropped_{k}"] for k in ("stale", "invalid", "poison", "uniform"))
     assert s["groups_committed"] == s["groups_trained"] + dropped + s["groups_still_buffered"], s
     assert s["groups_trained"] == 10 * 4, s  # every step trained batch_groups=4 groups, once
+    # the per-process totals continue from the checkpoint too (the first run ended at v6)
+    assert s["trained_totals"]["groups"] == 10 * 4, s["trained_totals"]
+    assert sum(s["trained_staleness_histogram"].values()) == 10 * 4, s
+    assert s["learner_time_s"]["busy"] > 0 and s["train_wall_s"] > 0, s
