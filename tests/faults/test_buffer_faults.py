@@ -21,17 +21,12 @@ import pytest
 
 from asyncrl.configload import config_to_json
 from buffer.redis_buffer import ReplayBuffer
-from tests.faults.test_actor_kills import N_SAMPLES, spawn_actor, write_config
+from tests.faults.test_actor_kills import N_SAMPLES, assert_conserved, spawn_actor, write_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis]
 
 CAPACITY = 6  # 3 actors x max_inflight 2 = 6 groups wanted at once; plus what is unread
 LEASE_TTL_S = 30.0
-_TERMINAL = ("trained", "dropped_stale", "dropped_invalid", "dropped_poison", "dropped_uniform")
-
-
-def conserved(s: dict) -> bool:
-    return s["committed"] == sum(s[k] for k in _TERMINAL) + s["unread"] + s["pending"]
 
 
 class Sampler:
@@ -44,7 +39,7 @@ class Sampler:
         s = self.buf.stats()
         used = s["leased"] + s["unread"]
         assert used <= s["capacity"] == CAPACITY, f"over capacity: {s}"
-        assert conserved(s), s
+        assert_conserved(s)
         self.samples += 1
         self.max_used = max(self.max_used, used)
         return s
