@@ -219,6 +219,13 @@ class LearnerMetrics:
             r, "asyncrl_learner_weight_sync_seconds", "Learner side of one sync."
         )
         self.sync_bytes = _c(r, "asyncrl_learner_weight_sync_bytes", "Weight bytes broadcast.")
+        self.sync_failures = _c(
+            r, "asyncrl_learner_weight_sync_failures", "Sync attempts that failed and were retried."
+        )
+        self.sync_regroups = _c(
+            r, "asyncrl_learner_weight_sync_regroups",
+            "Weight groups formed after the first (an actor died, restarted or joined).",
+        )  # fmt: skip
         self.step_gauges = {
             k: _g(r, name, f"Last step's {k} (see docs/algorithms.md).")
             for k, name in _STEP_GAUGES.items()

@@ -9,8 +9,9 @@ and (learner/hub.py) ``train_wall_s`` (from the moment every actor was connected
 ``learner_time_s`` (seconds per state: starting, busy, waiting_data, weight_sync,
 checkpoint), ``trained_staleness_histogram`` ({staleness: groups}), ``trained_totals``
 (groups, samples, completion tokens), ``dropped_by_reason``, ``weight_sync`` (count, bytes,
-seconds). ``metrics.jsonl`` records add per-step ``elapsed_s``, ``step_s``, ``busy_s``,
-``waiting_data_s``, ``weight_sync_s``, ``checkpoint_s``, ``cpu_s``. See docs/metrics.md.
+seconds, failures, regroups). ``metrics.jsonl`` records add per-step ``elapsed_s``,
+``step_s``, ``busy_s``, ``waiting_data_s``, ``weight_sync_s``, ``checkpoint_s``, ``cpu_s``.
+See docs/metrics.md.
 """
 
 from __future__ import annotations

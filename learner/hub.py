@@ -63,7 +63,7 @@ class Hub:
         self._last_totals = self.clock.totals()
         self._last_cpu = time.process_time()
         self._staleness_hist: dict[int, int] = {}
-        self._sync = {"count": 0, "bytes": 0, "seconds": 0.0}
+        self._sync = {"count": 0, "bytes": 0, "seconds": 0.0, "failures": 0, "regroups": 0}
         self._trained_totals = {"groups": 0, "samples": 0, "tokens": 0}
         self._base = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
         self._dropped_seen: dict[str, int] = {}
@@ -133,10 +133,17 @@ class Hub:
     def send_weights(self, named, version: int) -> None:
         self.clock.set("weight_sync")
         t0 = time.monotonic()
+        before = (self.sender.failures, self.sender.rebuilds)
         try:
             stats = self.sender.sync(named, version)  # rebuilds the group if a receiver died
         finally:
             self.clock.set("busy")
+            failures = self.sender.failures - before[0]
+            regroups = self.sender.rebuilds - before[1]
+            self.metrics.sync_failures.inc(failures)
+            self.metrics.sync_regroups.inc(regroups)
+            self._sync["failures"] += failures
+            self._sync["regroups"] += regroups
         seconds = time.monotonic() - t0
         self.metrics.sync_seconds.observe(seconds)
         self.metrics.sync_bytes.inc(stats.bytes)
@@ -240,6 +247,7 @@ class Hub:
                 str(k): n for k, n in sorted(self._staleness_hist.items())
             },
             "trained_totals": dict(self._trained_totals),
+            "weight_sync": dict(self._sync),
         }
 
     def restore_tallies(self, saved: dict) -> None:
@@ -249,6 +257,7 @@ class Hub:
         self._base = {k: saved[k] for k in ("learner_time_s", "train_wall_s")}
         self._staleness_hist = {int(k): n for k, n in saved["trained_staleness_histogram"].items()}
         self._trained_totals = dict(saved["trained_totals"])
+        self._sync.update(saved.get("weight_sync", {}))  # absent before 2026-11-23
 
     def finish(self, state) -> dict:
         """Stop the actors, write summary.json and reward.png; returns the summary."""
@@ -269,7 +278,6 @@ class Hub:
             "title": f"{self.cfg.mode.name}, max_staleness={self.cfg.buffer.max_staleness}",
             **self.tallies(),
             "dropped_by_reason": self._dropped_counts(stats),
-            "weight_sync": dict(self._sync),
         }
         summary = self.log.write_summary(extra)
         self.log.close()

@@ -181,7 +181,7 @@ class ActorWeightChannel:
 
     def open(self) -> ActorWeightChannel:
         """Form the first group with every registered actor; returns self."""
-        self._rebuild(sorted(self.control.actors))
+        self._rebuild(sorted(self.control.actors), reason=None)
         return self
 
     def sync(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SendStats:
@@ -191,8 +191,10 @@ class ActorWeightChannel:
         error: Exception | None = None
         for attempt in range(self.max_attempts):
             try:
-                if self._dirty or error is not None:
-                    self._rebuild(self._ping() if error is not None else self._candidates())
+                if error is not None:
+                    self._rebuild(self._ping(), "after the failure above")
+                elif self._dirty:
+                    self._rebuild(self._candidates(), "an actor registered or was outside it")
                 if not self.members:
                     return SendStats(bytes=0, tensors=0, seconds=0.0)
                 for actor_id in self.members:
@@ -249,12 +251,15 @@ class ActorWeightChannel:
                 alive.add(int(msg["actor_id"]))
         return sorted(alive)
 
-    def _rebuild(self, actor_ids: list[int]) -> None:
-        """A new group (new port, new store) whose receivers are ``actor_ids``."""
+    def _rebuild(self, actor_ids: list[int], reason: str | None) -> None:
+        """A new group (new port, new store) whose receivers are ``actor_ids``; logged with
+        ``reason`` unless that is None (the first group)."""
         from asyncrl.torchrun import free_port as _free_port
 
         self.sender.close()
         self.members, self._dirty = list(actor_ids), False
+        if reason is not None:
+            self.log(f"weight sync: new group with actors {self.members} ({reason})")
         if not self.members:
             self.log("weight sync: no live actor; the next sync retries when one registers")
             return
