@@ -69,8 +69,9 @@ class Learner:
 
 def pause(sampler: Sampler, procs: dict, pause_s: float, cycle: int) -> int:
     """Read nothing: the buffer fills, then committed must stay frozen for ``pause_s`` while
-    every actor stays alive."""
-    end = time.monotonic() + 30
+    every actor stays alive. The first fill includes the actors' start (imports, tokenizer),
+    which takes 10-30 s on a loaded 2-core machine; later fills take about a second."""
+    end = time.monotonic() + (120 if cycle == 0 else 30)
     while time.monotonic() < end:  # bounded by time
         s = sampler.sample()
         if s["unread"] == CAPACITY:

@@ -101,24 +101,25 @@ def test_backpressure_blocks_until_learner_reads(redis_client, buffer_name):
 
 
 def test_release_and_renew(redis_client, buffer_name):
-    buf = ReplayBuffer(redis_client, buffer_name, capacity=1, lease_ttl_s=0.5)
+    # a 2 s TTL with 1.2 s steps: each check has 0.8 s of slack for a stall on a busy machine
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=1, lease_ttl_s=2.0)
     lease = buf.lease(0, 1.0)
     assert buf.lease(1, 0.0) is None
     assert buf.release(lease) is True and buf.release(lease) is False
     lease = buf.lease(1, 0.0)
-    time.sleep(0.3)
+    time.sleep(1.2)
     assert buf.renew(lease) is True
-    time.sleep(0.3)  # 0.6 s after the lease, but only 0.3 s after the renewal
+    time.sleep(1.2)  # 2.4 s after the lease, but only 1.2 s after the renewal
     assert buf.stats()["leased"] == 1 and buf.lease(2, 0.0) is None
-    time.sleep(0.3)
+    time.sleep(1.2)
     assert buf.renew(lease) is False  # expired
 
 
 def test_lease_expiry_reclaims_slots(redis_client, buffer_name):
-    buf = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=0.2)
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=1.0)
     dead_a, dead_b = buf.lease(0, 1.0), buf.lease(1, 1.0)  # two actors that will "die"
     assert buf.lease(2, timeout_s=0.0) is None
-    time.sleep(0.25)
+    time.sleep(1.1)
     assert buf.stats()["leased"] == 0
     patient = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=30.0)
     live = patient.lease(2, timeout_s=0.0)  # must not expire during the rest of the test
