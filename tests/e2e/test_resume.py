@@ -41,3 +41,5 @@ def test_a_second_run_in_the_same_directory_resumes_and_actors_follow_the_new_le
     assert s["trained_totals"]["groups"] == 10 * 4, s["trained_totals"]
     assert sum(s["trained_staleness_histogram"].values()) == 10 * 4, s
     assert s["learner_time_s"]["busy"] > 0 and s["train_wall_s"] > 0, s
+    # weight syncs: v1..v6 in the first run, the resumed policy at v6, then v7..v10
+    assert s["weight_sync"]["count"] == 6 + 1 + 4, s["weight_sync"]
