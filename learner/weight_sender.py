@@ -144,7 +144,8 @@ class ActorWeightChannel:
     1. drains the control plane: an actor that (re-)registered (a restarted actor) or that
        is alive but outside the group is scheduled to join;
     2. rebuilds the group if its membership must change: a new port and store, ranks
-       ``1..n`` for the members in actor-id order, ``weights_init`` to each member;
+       ``1..n`` for the members in actor-id order, ``weights_init`` to each member (every
+       group after the first is logged, ``weight sync: new group with actors [...]``);
     3. sends ``{"type": "update", "version"}`` to the members and streams the weights. If that
        fails (``WeightSyncError``: a receiver died mid-transfer, a deadline passed, a receiver
        rejected the sync), it closes the group, asks every registered actor ``ping`` and
@@ -252,14 +253,13 @@ class ActorWeightChannel:
         return sorted(alive)
 
     def _rebuild(self, actor_ids: list[int], reason: str | None) -> None:
-        """A new group (new port, new store) whose receivers are ``actor_ids``; logged with
-        ``reason`` unless that is None (the first group)."""
+        """A new group (new port, new store) whose receivers are ``actor_ids``. Once it is
+        formed it is counted in ``rebuilds`` and, unless ``reason`` is None (the first group),
+        logged with it: the log lines and the count agree."""
         from asyncrl.torchrun import free_port as _free_port
 
         self.sender.close()
         self.members, self._dirty = list(actor_ids), False
-        if reason is not None:
-            self.log(f"weight sync: new group with actors {self.members} ({reason})")
         if not self.members:
             self.log("weight sync: no live actor; the next sync retries when one registers")
             return
@@ -272,6 +272,8 @@ class ActorWeightChannel:
         self.sender.connect(port, world)
         self._dirty = False
         self.rebuilds += 1
+        if reason is not None:
+            self.log(f"weight sync: new group with actors {self.members} ({reason})")
 
     def close(self) -> None:
         self.sender.close()

@@ -109,7 +109,7 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
     buckets = n_buckets()
     control = ControlServer()
     recv = Receivers(control.address, tmp_path)
-    failed_at: list[float] = []  # when each failed sync was reported (new groups are too)
+    failed_at: list[float] = []  # when each failed sync was logged (not the new-group lines)
 
     def on_log(text: str) -> None:
         if "failed" in text:
