@@ -385,16 +385,16 @@ async def _generate_whole(engine, prompt_ids: list[int], a, seed: int) -> list:
     raise RuntimeError(f"a request was aborted by {_MAX_RESUBMITS} weight updates in a row")
 
 
-async def wait_for_learner(buffer, timeout_s: float) -> str:
-    """The learner publishes its control address in the buffer's meta; wait for it."""
-    deadline = time.monotonic() + timeout_s
+async def wait_for_learner(buffer, wait) -> str:
+    """The learner publishes its control address in the buffer's meta; wait for it.
+
+    ``wait`` (``asyncrl.waiting.Wait``) reports progress, raises ``TimeoutError`` at its
+    deadline and ``StopRequested`` once a stop was requested.
+    """
+    wait.begin()
     while True:
         addr = (await asyncio.to_thread(buffer.meta)).get("control_addr")
         if addr:
             return addr
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"no learner announced itself in the buffer within {timeout_s:.0f}s; start "
-                "`asyncrl launch learner` with the same buffer.url and buffer.name"
-            )
+        wait.check()
         await asyncio.sleep(0.5)

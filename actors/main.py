@@ -13,20 +13,21 @@ import signal
 import sys
 from pathlib import Path
 
-_LEARNER_WAIT_S = 900.0  # the learner may still be building the demo model / starting ranks
-
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from actors.actor import Actor, wait_for_learner
     from actors.rewards import load_reward_fn, preflight
     from actors.tasks import PromptSource
     from asyncrl.control import ControlClient
+    from asyncrl.faults import failpoint
+    from asyncrl.waiting import StopRequested, Wait
     from buffer.connection import connect
     from buffer.redis_buffer import ReplayBuffer
 
     b = cfg.buffer
     reward_fn = load_reward_fn(cfg.task.reward_fn)
     preflight(reward_fn)  # e.g. no sandbox for model-written code: fail now, not score 0
+    failpoint("actor.start", actor_id=actor_id)  # tests: an actor that dies at start
     buffer = ReplayBuffer(connect(url), b.name, b.capacity, b.lease_ttl_s)
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(
@@ -42,7 +43,20 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(actor.state, "stop", True))
-    addr = await wait_for_learner(buffer, _LEARNER_WAIT_S)
+    wait = Wait(
+        f"a learner to announce itself in buffer {b.name!r}",
+        cfg.actor.learner_wait_s,
+        lambda text: print(f"[actor {actor_id}] {text}", flush=True),
+        lambda: actor.state.stop,
+        hint="start `asyncrl launch learner` with the same buffer.url and buffer.name, or "
+        "raise actor.learner_wait_s",
+    )
+    try:
+        addr = await wait_for_learner(buffer, wait)
+    except StopRequested as e:
+        print(f"[actor {actor_id}] {e}", flush=True)
+        await engine.shutdown()
+        return 0
     print(f"[actor {actor_id}] engine ready; learner control plane at {addr}", flush=True)
     client = ControlClient(addr, actor_id)
     try:

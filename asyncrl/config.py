@@ -132,9 +132,14 @@ class ActorConfig:
     """Times the launcher restarts a dead actor (each actor, short growing backoff); 0 = a dead
     actor fails the job (``asyncrl run`` exits non-zero with the reason). A restarted actor
     resumes its prompt cursor; restarts are counted in ``asyncrl_launcher_role_restarts_total``."""
+    learner_wait_s: float = 900.0
+    """How long an actor, once its engine is up, waits for a learner to announce itself in
+    the buffer (the learner may still be loading the model or starting its ranks). The wait
+    prints every 15 s and stops at once on SIGTERM/Ctrl-C."""
 
     def __post_init__(self) -> None:
         _require(self.num_actors >= 1, "actor.num_actors must be >= 1")
+        _require(self.learner_wait_s > 0, "actor.learner_wait_s must be > 0")
         _require(self.n_samples >= 2, "actor.n_samples must be >= 2 (group baselines need 2+)")
         _require(self.max_tokens >= 1, "actor.max_tokens must be >= 1")
         _require(self.temperature > 0, "actor.temperature must be > 0")
@@ -184,6 +189,10 @@ class LearnerConfig:
     """Stop after this many seconds (0 = no limit)."""
     data_timeout_s: float = 300.0
     """Fail with a clear error if no fresh group arrives for this long."""
+    actor_wait_s: float = 600.0
+    """How long the learner waits at start for ``actor.num_actors`` actors to register
+    (each loads the model and starts vLLM: ~30 s for the demo on CPU, minutes for a large
+    model). The wait prints what it lacks every 15 s and stops at once on SIGTERM/Ctrl-C."""
     weight_sync_timeout_s: float = 120.0
     """Deadline of the weight rendezvous and of every weight collective, on both sides: a
     receiver that dies mid-transfer fails the sync after at most this long, and the learner
@@ -209,6 +218,8 @@ class LearnerConfig:
         _require(self.sync_every >= 1, "learner.sync_every must be >= 1")
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
         _require(self.weight_sync_timeout_s > 0, "learner.weight_sync_timeout_s must be > 0")
+        _require(self.data_timeout_s > 0, "learner.data_timeout_s must be > 0")
+        _require(self.actor_wait_s > 0, "learner.actor_wait_s must be > 0")
         _require(self.restart_max >= 0, f"learner.restart_max must be >= 0, got {self.restart_max}")
         _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
         _require(

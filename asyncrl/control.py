@@ -14,7 +14,6 @@ The learner publishes its address in the buffer's metadata (``control_addr``).
 from __future__ import annotations
 
 import json
-import time
 
 import zmq
 
@@ -55,16 +54,11 @@ class ControlServer:
         msg["_from"] = ident
         return msg
 
-    def wait_for_actors(self, count: int, timeout_s: float) -> None:
-        """Block until ``count`` actors registered; clear error after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
+    def wait_for_actors(self, count: int, wait) -> None:
+        """Block until ``count`` actors registered. ``wait`` (``asyncrl.waiting.Wait``) reports
+        progress, raises ``TimeoutError`` at its deadline and ``StopRequested`` on a stop."""
         while len(self.actors) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"only {len(self.actors)}/{count} actors registered with the learner at "
-                    f"{self.address} within {timeout_s:.0f}s; start them with `asyncrl launch "
-                    "actors` pointed at the same buffer.url and buffer.name"
-                )
+            wait.check(f"{len(self.actors)}/{count} registered: {sorted(self.actors)}")
             self.recv(0.2)
 
     def send(self, actor_id: int, msg: dict) -> None:

@@ -166,7 +166,7 @@ def run_local(cfg: Config) -> int:
         roles.extend(spawn_actors(cfg, run_dir, model_dir, role_url(url, server, "actor")))
         code, reason = supervise(roles, "learner")
     except KeyboardInterrupt:
-        code, reason = 130, "interrupted (Ctrl-C); all roles stopped"
+        code, reason = 130, "interrupted (Ctrl-C or SIGTERM); all roles stopped"
     finally:
         stop_roles(roles)
         if server:
@@ -228,7 +228,7 @@ def launch_role(cfg: Config, role: str) -> int:
     try:
         code, reason = supervise(roles, roles[0].name)
     except KeyboardInterrupt:
-        code, reason = 130, "interrupted (Ctrl-C)"
+        code, reason = 130, "interrupted (Ctrl-C or SIGTERM)"
     finally:
         stop_roles(roles)
     restarts = record_restarts(run_dir, roles)

@@ -13,6 +13,15 @@ Scope (documented in docs/reliability.md, Security):
   asyncio task step or thread. vLLM and torch.multiprocessing pickle between their own
   processes (engine core, workers) and in their own tasks and threads; those are out of
   scope, as is pickle in tests and benchmarks.
+* ``ALLOWED_CALL_SITES``: unpicklers called directly by these library functions are not on
+  one of our wires, even with our frames further down the stack. Today one: vLLM's
+  ``registry._run_in_subprocess``, which inspects a model class in a child process the first
+  time a machine sees an architecture, and reads the child's answer back with pickle from a
+  file in a ``TemporaryDirectory`` (mode 0700) it created a moment before; the answer is then
+  cached as JSON under ``$VLLM_CACHE_ROOT/modelinfos``. Only a machine without that cache
+  takes this path (issue 11: CI with a warm cache hid it). The exemption matches the file
+  *and* the function name of the unpickler's direct caller, so our own code calling pickle
+  (or any other vLLM function doing so on our behalf) is still blocked.
 * ``ALLOWED`` is what PyTorch Distributed Checkpoint (DCP) needs to read a checkpoint's
   ``.metadata`` and to exchange load plans between learner ranks (``all_gather_object``):
   DCP's own metadata dataclasses, ``torch.Size``, dtypes and layouts, ``pathlib`` paths.
@@ -44,6 +53,11 @@ ALLOWED = {
     ("collections", "OrderedDict"),
 }
 """(module, name) globals our code paths may unpickle (see the module docstring)."""
+ALLOWED_CALL_SITES = {
+    (os.path.join("vllm", "model_executor", "models", "registry.py"), "_run_in_subprocess"),
+}
+"""(path suffix, function) of library code whose unpickling is its own business: vLLM reading
+the answer of its own model-inspection child from its private temp dir (module docstring)."""
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OUR_DIRS = tuple(os.path.join(_ROOT, p) + os.sep for p in OUR_PACKAGES)
@@ -86,6 +100,23 @@ def _our_frame() -> str | None:
     return None
 
 
+def _allowed_call_site(frame) -> bool:
+    """True if the unpickler's direct caller is one of ``ALLOWED_CALL_SITES``.
+
+    ``frame`` is the first Python frame below the hook: the caller of the C unpickler, or
+    frames of the pure-Python one (``pickle.py``), which are skipped.
+    """
+    while frame is not None and frame.f_code.co_filename.endswith(os.sep + "pickle.py"):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    code = frame.f_code
+    return any(
+        code.co_name == name and code.co_filename.endswith(os.sep + suffix)
+        for suffix, name in ALLOWED_CALL_SITES
+    )
+
+
 def _boundary(path: str, name: str) -> bool:
     """A frame that starts an unrelated call chain: an event-loop callback or a new thread."""
     if name == "_run" and path.endswith(os.path.join("asyncio", "events.py")):
@@ -98,6 +129,8 @@ def _hook(event: str, args: tuple) -> None:
         return
     module, name = str(args[0]), str(args[1])
     if allowed(module, name):
+        return
+    if _allowed_call_site(sys._getframe(1)):
         return
     where = _our_frame()
     if where is None:

@@ -30,12 +30,13 @@ for each group of the batch.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from asyncrl.faults import failpoint
+from asyncrl.waiting import Wait, never
 from buffer.staleness import split_by_staleness
 from learner.advantages import all_equal_groups
 
@@ -43,7 +44,7 @@ _UNIFORM_ACK_STATE = "dropped_uniform"  # terminal state of groups dropped as al
 _UNIFORM_ATOL = 1e-6  # rewards closer than this are "equal" (float noise of reward functions)
 
 
-class DataTimeout(RuntimeError):
+class DataTimeout(TimeoutError):
     """No fresh group arrived within ``learner.data_timeout_s``."""
 
 
@@ -60,6 +61,10 @@ class GroupSource:
     """DAPO dynamic sampling: drop groups whose rewards are all equal."""
     dropped_stale: int = 0
     dropped_uniform: int = 0
+    stop: Callable[[], bool] = never
+    """True once a stop was requested: a wait for data raises ``StopRequested`` at once."""
+    say: Callable[[str], None] = print
+    """Prints a progress line of a long wait for data (asyncrl/waiting.py)."""
     _pending: list = field(default_factory=list)
     _last_batch: list = field(default_factory=list)
     _resumed: set = field(default_factory=set)
@@ -80,7 +85,7 @@ class GroupSource:
         """
         self.step_done()
         fresh: list = []
-        deadline = time.monotonic() + self.timeout_s
+        wait = self._data_wait(version, count)
         while len(fresh) < count:
             want = count - len(fresh)
             entries = self._take_pending(want, fresh)
@@ -95,20 +100,29 @@ class GroupSource:
             if self.drop_uniform:
                 ok = self._drop_uniform(ok)
             fresh.extend(ok)
-            if ok:
-                deadline = time.monotonic() + self.timeout_s
-            elif time.monotonic() > deadline:
-                raise DataTimeout(
-                    f"no fresh group for {self.timeout_s:.0f}s at version {version} "
-                    f"(have {len(fresh)}/{count}; dropped so far: {self.dropped_stale} stale, "
-                    f"{self.dropped_uniform} with all-equal rewards); are the actors running "
-                    "and pointed at the same buffer.url and buffer.name? (if only all-equal "
-                    "groups arrive, the task is saturated: set algorithm.dynamic_sampling=false)"
-                )
+            if ok:  # progress: a new deadline
+                wait = self._data_wait(version, count)
+            else:
+                wait.check(f"have {len(fresh)}/{count}")
         self._start_step(fresh)
         for e in fresh:  # test-only fault injection: "this group crashes the step"
             failpoint(f"learner.step/{e.group.group_id}", version=version)
         return fresh
+
+    def _data_wait(self, version: int, count: int) -> Wait:
+        return Wait(
+            f"fresh groups for the step at version {version}",
+            self.timeout_s,
+            self.say,
+            self.stop,
+            hint=(
+                f"dropped so far: {self.dropped_stale} stale, {self.dropped_uniform} with "
+                "all-equal rewards; are the actors running and pointed at the same buffer.url "
+                "and buffer.name? (if only all-equal groups arrive, the task is saturated: set "
+                "algorithm.dynamic_sampling=false)"
+            ),
+            timeout_error=DataTimeout,
+        )
 
     def step_done(self) -> None:
         """The step of the last batch completed: clear its groups' delivery counts (the

@@ -31,9 +31,8 @@ from asyncrl.metrics import (
     serve,
 )
 from asyncrl.runlog import RunLog
+from asyncrl.waiting import Wait
 from learner.data import GroupSource
-
-_ACTOR_WAIT_S = 600.0  # actors build/load the model and start vLLM (~30 s each on CPU)
 
 
 class Hub:
@@ -48,15 +47,16 @@ class Hub:
             connect(redis_url), b.name, b.capacity, b.lease_ttl_s, max_deliveries=b.max_deliveries
         )
         self.source = GroupSource(
-            self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s
-        )
+            self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
+            stop=self.stop_requested, say=self.say,
+        )  # fmt: skip
         self.control = ControlServer()
         self.log = RunLog(run_dir)
         self.sender = None
         self._trained: list[str] = []
         self._step_entries: list = []
         self._last_t = time.monotonic()
-        self._stop = False
+        self._stop = 0  # the signal number of a stop request, 0 = none
         self.clock = StateClock(LEARNER_STATES, "starting")
         self._serve_metrics(cfg)
         self._ready_t = time.monotonic()
@@ -86,13 +86,17 @@ class Hub:
             )
             self.say(f"metrics on http://{cfg.metrics_host}:{port}/metrics")
 
-    def _on_signal(self, *_):
-        self._stop = True
+    def _on_signal(self, signum, _frame) -> None:
+        self._stop = signum
 
     def say(self, text: str) -> None:
         print(f"[learner] {text}", flush=True)
 
     def stop_requested(self) -> bool:
+        return bool(self._stop)
+
+    def stop_signal(self) -> int:
+        """The signal that requested the stop (SIGTERM/SIGINT), 0 if none did."""
         return self._stop
 
     def start(self, version: int) -> None:
@@ -109,11 +113,19 @@ class Hub:
         if pending:
             self.say(f"re-read {pending} groups delivered before a restart")
         if cfg.learner.weight_sync:
-            self.say(
-                f"control plane on {self.control.address}; "
-                f"waiting for {cfg.actor.num_actors} actor(s)"
+            self.say(f"control plane on {self.control.address}")
+            wait = Wait(
+                f"{cfg.actor.num_actors} actor(s) to register",
+                cfg.learner.actor_wait_s,
+                self.say,
+                self.stop_requested,
+                hint=(
+                    "start them with `asyncrl launch actors` pointed at the same buffer.url "
+                    f"and buffer.name ({cfg.buffer.name!r}), or raise learner.actor_wait_s"
+                ),
             )
-            self.control.wait_for_actors(cfg.actor.num_actors, _ACTOR_WAIT_S)
+            wait.begin()
+            self.control.wait_for_actors(cfg.actor.num_actors, wait)
             self.sender = _open_weight_channel(self.control, cfg)
         self._last_t = self._ready_t = time.monotonic()
         self.clock.set("busy")

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from asyncrl.config import Config
 from asyncrl.faults import failpoint
+from asyncrl.waiting import StopRequested
 from learner.batch import broadcast_batch, collate
 from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from learner.critic import build_critic
@@ -42,6 +43,33 @@ def _stop_flag(rank: int, stop: bool) -> bool:
     t = torch.tensor([1 if (rank == 0 and stop) else 0])
     dist.broadcast(t, 0)
     return bool(t.item())
+
+
+def _start_or_stop(hub, version: int) -> bool:
+    """Rank 0: ``hub.start`` (waits for the actors); True if a stop request ended the wait."""
+    if hub is None:
+        return False
+    try:
+        hub.start(version)
+    except StopRequested as e:
+        hub.say(str(e))
+        return True
+    return False
+
+
+def _read_or_stop(hub, version: int, stop: bool) -> tuple[list | None, bool]:
+    """Rank 0 reads the next batch before the ranks decide whether to go on: (groups, stop).
+
+    A stop request during the read ends it; the groups read so far stay pending in the buffer
+    (re-read on resume) and the loop ends with the usual final checkpoint.
+    """
+    if hub is None or stop:
+        return None, stop
+    try:
+        return hub.next_groups(version), False
+    except StopRequested as e:
+        hub.say(str(e))
+        return None, True
 
 
 def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> StepContext:
@@ -79,16 +107,17 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
                 f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute")  # fmt: skip
     state = _maybe_resume(run_dir, ctx, hub)
     start = time.monotonic() - state.wall_s
-    if hub:
-        hub.start(state.version)
+    if _stop_flag(rank, _start_or_stop(hub, state.version)):
+        return state  # stopped while waiting for the actors: nothing trained, nothing to save
     sync = cfg.learner.weight_sync
     if sync and state.version > 0:  # the resumed policy differs from the actors' initial weights
         _sync_weights(ctx.model, hub, state.version)
     while state.version < cfg.learner.steps:
         over = cfg.learner.max_wall_s and time.monotonic() - start > cfg.learner.max_wall_s
-        if _stop_flag(rank, bool(over) or (hub is not None and hub.stop_requested())):
+        stop = bool(over) or (hub is not None and hub.stop_requested())
+        groups, stop = _read_or_stop(hub, state.version, stop)  # a stop may end the read
+        if _stop_flag(rank, stop):
             break
-        groups = hub.next_groups(state.version) if hub else None
         failpoint("learner.after_read", version=state.version,
                   groups=[g.group_id for g in groups] if hub else None)  # fmt: skip
         batch = broadcast_batch(collate(groups) if hub else None).to(current_device())

@@ -1,12 +1,23 @@
 """Shared fixtures. ``redis_server``: one private redis-server per test session;
-``tiny_model``: a random 2-layer Qwen2 HF directory (vocab 32) for learner tests."""
+``tiny_model``: a random 2-layer Qwen2 HF directory (vocab 32) for learner tests;
+``roles``: processes a test starts, watched while it waits (tests/roles.py)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
 
 import pytest
+
+# A fresh vLLM cache for every test session, in this process and every role a test starts:
+# vLLM inspects a model class in a subprocess (reading the answer with pickle) only when its
+# cache lacks the answer, so a cache warmed by earlier runs hid that path from the pickle
+# guard (issue 11). .ci/run also points the HF, XDG and torch caches at fresh directories.
+_VLLM_CACHE = tempfile.mkdtemp(prefix="asyncrl-test-vllm-cache-")
+os.environ["VLLM_CACHE_ROOT"] = _VLLM_CACHE
+atexit.register(shutil.rmtree, _VLLM_CACHE, True)
 
 # No pickle on our wires (asyncrl/wireguard.py): on in this process and, through the
 # environment, in every role a test starts; a test that trips it fails (below).
@@ -57,3 +68,12 @@ def tiny_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_model")
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture
+def roles(tmp_path):
+    """``tests.roles.Roles`` logging to ``tmp_path/roles``; every process stopped at teardown."""
+    from tests.roles import Roles
+
+    with Roles(tmp_path / "roles") as r:
+        yield r

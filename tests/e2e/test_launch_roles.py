@@ -1,68 +1,97 @@
-"""`asyncrl launch buffer|learner|actors` as three separate commands against one Redis URL."""
+"""`asyncrl launch buffer|learner|actors` as separate commands against one Redis URL: they
+train together; a role that dies fails the waiting test at once; a waiting learner says what
+it waits for and stops promptly on SIGTERM."""
 
-import os
 import signal
-import subprocess
 import time
-from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.e2e.conftest import REPO, asyncrl_cmd, needs_full_stack, read_summary
+from tests.e2e.conftest import needs_full_stack, read_summary
+from tests.roles import RoleDied
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
-
-
-def _wait_for_file(path: Path, proc: subprocess.Popen, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.is_file() and path.read_text().strip():
-            return path.read_text().strip()
-        assert proc.poll() is None, (
-            f"buffer exited early: {proc.stdout.read() if proc.stdout else ''}"
-        )
-        time.sleep(0.2)
-    raise AssertionError(f"{path} did not appear in {timeout_s}s")
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
 
-def test_three_roles_train_together(tmp_path):
+@pytest.mark.vllm
+def test_three_roles_train_together(tmp_path, roles):
     needs_full_stack()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    buffer = subprocess.Popen(
-        asyncrl_cmd("launch", "buffer", f"run_dir={tmp_path / 'buffer'}"),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    buffer = roles.cli("buffer", "launch", "buffer", f"run_dir={tmp_path / 'buffer'}")
+    url_file = tmp_path / "buffer" / "redis" / "redis.url"
+    url = roles.wait_until(lambda: url_file.is_file() and url_file.read_text().strip(), 300,
+                           "the buffer's URL file")  # fmt: skip
+    common = ["experiment=tiny", f"buffer.url={url}", "buffer.name=launchtest"]
+    actors = roles.cli("actors", "launch", "actors", *common, f"run_dir={tmp_path / 'actors'}",
+                       may_exit=True)  # fmt: skip
+    learner = roles.cli("learner", "launch", "learner", *common, f"run_dir={tmp_path / 'learner'}")
+    assert roles.wait(learner, 900) == 0, learner.tail(80)
+    assert roles.wait(actors, 120) == 0, actors.tail(80)
+    summary = read_summary(tmp_path / "learner")
+    assert summary["final_version"] == 4
+    assert summary["groups_trained"] == 16
+    assert "committed" in actors.output()  # the actor's closing line
+    assert roles.signal(buffer, signal.SIGINT, 30) == 0, buffer.tail()
+
+
+def _learner(roles, tmp_path, url: str, name: str):
+    """``asyncrl launch learner`` (simulated-engine preset, no metrics) against ``url``."""
+    return roles.cli("learner", "launch", "learner", "experiment=tiny", "actor.engine=sim",
+                     f"buffer.url={url}", f"buffer.name={name}", "metrics_port=0",
+                     f"run_dir={tmp_path / 'learner'}")  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_an_actor_that_dies_at_start_fails_the_waiting_test_within_60s(
+    tmp_path, roles, redis_server
+):
+    """The test waits on the learner, which waits for an actor that died at start: the wait
+    fails within seconds of the death (not at the learner's 600 s deadline), and the failure
+    message carries the actor's error."""
+    learner = _learner(roles, tmp_path, redis_server.url, "diesatstart")
+    roles.wait_line(learner, "waiting for 1 actor(s) to register", 240)
+    actors = roles.cli("actors", "launch", "actors", "experiment=tiny", "actor.engine=sim",
+                       f"buffer.url={redis_server.url}", "buffer.name=diesatstart",
+                       "metrics_port=0", f"run_dir={tmp_path / 'actors'}",
+                       env={"ASYNCRL_FAILPOINTS": "actor.start=raise"})  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(RoleDied) as died:
+        roles.wait(learner, 600)
+    waited = time.monotonic() - t0
+    message = str(died.value)
+    assert waited < 60, f"the wait took {waited:.0f}s after the actor's start"
+    assert "'actors'" in message and "exited with code 1" in message, message
+    assert "FailpointError" in message and "actor.start" in message, message  # the actor's error
+    assert actors.poll() == 1
+    print(f"\nthe actor died at start; the waiting test failed {waited:.1f}s after starting it")
+
+
+@pytest.mark.timeout(300)
+def test_a_waiting_learner_reports_its_wait_and_stops_promptly_on_sigterm(
+    tmp_path, roles, redis_server
+):
+    """`asyncrl launch learner` with no actor: it says what it waits for, how long it has
+    waited and its deadline (every 15 s); SIGTERM ends it and its torchrun ranks in seconds."""
+    learner = _learner(roles, tmp_path, redis_server.url, "waitstop")
+    first = roles.wait_line(learner, "waiting for 1 actor(s) to register", 240)
+    assert "giving up after 600s" in first, first
+    still = roles.wait_line(learner, "still waiting for 1 actor(s)", 40)
+    assert "(0/1 registered: [])" in still and "s of 600s" in still, still
+    tree = [learner.pid, *(c.pid for c in psutil.Process(learner.pid).children(recursive=True))]
+    assert any("learner.main" in " ".join(_cmdline(p)) for p in tree), tree  # ranks are up
+    t0 = time.monotonic()
+    code = roles.signal(learner, signal.SIGTERM, 60)
+    took = time.monotonic() - t0
+    left = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert took < 8, f"SIGTERM took {took:.1f}s to stop the learner:\n{learner.tail()}"
+    assert not left, f"still running after the launcher exited: {left}"
+    assert code == 130, learner.tail()
+    assert "stopped on request while waiting for 1 actor(s)" in learner.output(), learner.tail()
+    print(f"\nSIGTERM stopped the waiting learner launcher and its ranks in {took:.1f}s")
+
+
+def _cmdline(pid: int) -> list[str]:
     try:
-        url = _wait_for_file(tmp_path / "buffer" / "redis" / "redis.url", buffer, 300)
-        common = ["experiment=tiny", f"buffer.url={url}", "buffer.name=launchtest"]
-        actors = subprocess.Popen(
-            asyncrl_cmd("launch", "actors", *common, f"run_dir={tmp_path / 'actors'}"),
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        learner = subprocess.run(
-            asyncrl_cmd("launch", "learner", *common, f"run_dir={tmp_path / 'learner'}"),
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert learner.returncode == 0, learner.stdout[-4000:] + learner.stderr[-4000:]
-        out, _ = actors.communicate(timeout=120)
-        assert actors.returncode == 0, out[-4000:]
-        summary = read_summary(tmp_path / "learner")
-        assert summary["final_version"] == 4
-        assert summary["groups_trained"] == 16
-        assert "committed" in out  # the actor's closing line
-    finally:
-        buffer.send_signal(signal.SIGINT)
-        buffer.wait(30)
-    assert buffer.returncode == 0
+        return psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        return []

@@ -12,9 +12,6 @@ failpoint ``receiver.bucket=kill@N`` (``asyncrl.faults``), so the kill lands mid
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +20,7 @@ import torch
 
 from tests.faults.conftest import FULL, fault_count
 from tests.faults.weight_receiver import digest
+from tests.roles import Proc, Roles
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -48,32 +46,36 @@ def n_buckets() -> int:
 
 
 class Receivers:
-    """The receiver processes, by actor id; ``out`` holds their ``actor<i>.json``."""
+    """The receiver processes, by actor id, watched by ``roles``; ``out`` holds their
+    ``actor<i>.json``. An armed receiver (``kill_at``) is expected to die: not watched."""
 
-    def __init__(self, address: str, out: Path) -> None:
-        self.address, self.out = address, out
-        self.procs: dict[int, subprocess.Popen] = {}
+    def __init__(self, address: str, out: Path, roles: Roles) -> None:
+        self.address, self.out, self.roles = address, out, roles
+        self.procs: dict[int, Proc] = {}
 
     def start(self, actor_id: int, kill_at: int | None = None) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        env = {"OMP_NUM_THREADS": "1",
                "ASYNCRL_FAILPOINTS": f"receiver.bucket=kill@{kill_at}" if kill_at else ""}  # fmt: skip
-        log = open(self.out / f"receiver{actor_id}.log", "a")  # noqa: SIM115 (child owns it)
-        cmd = [sys.executable, str(RECEIVER), self.address, str(actor_id), str(self.out)]
-        self.procs[actor_id] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
-                                                stderr=subprocess.STDOUT)  # fmt: skip
-        log.close()
+        proc = self.roles.python(f"receiver{actor_id}", str(RECEIVER), self.address,
+                                 str(actor_id), str(self.out), env=env)  # fmt: skip
+        if kill_at:
+            self.roles.release(proc)
+        self.procs[actor_id] = proc
 
     def log(self, actor_id: int) -> str:
-        return (self.out / f"receiver{actor_id}.log").read_text(errors="replace")
+        return self.procs[actor_id].output()
 
     def wait_registered(self, actor_id: int, channel) -> None:
         """Until the restarted receiver's registration reached the learner's channel."""
-        deadline = time.monotonic() + START_S
-        while self.log(actor_id).count("REGISTERED") < self.starts(actor_id) or not (
-            channel.rejoin_pending()
-        ):
-            assert time.monotonic() < deadline, f"receiver {actor_id}:\n{self.log(actor_id)}"
-            time.sleep(0.1)
+        self.roles.wait_until(
+            lambda: (
+                self.log(actor_id).count("REGISTERED") >= self.starts(actor_id)
+                and channel.rejoin_pending()
+            ),
+            START_S,
+            f"receiver {actor_id} to register again",
+            poll_s=0.1,
+        )
 
     def starts(self, actor_id: int) -> int:
         return 1 + sum(1 for _ in self.out.glob(f"restart{actor_id}.*"))
@@ -82,33 +84,29 @@ class Receivers:
         path = self.out / f"actor{actor_id}.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-
 
 def wait_versions(recv: Receivers, ids: list[int], version: int) -> dict[int, str]:
     """{actor id: digest} once every receiver in ``ids`` reported ``version``; bounded."""
-    deadline = time.monotonic() + 30.0
-    while True:
+
+    def digests() -> dict[int, str] | None:
         states = {i: recv.state(i) for i in ids}
         if all(s.get("version") == version for s in states.values()):
             return {i: s["digest"] for i, s in states.items()}
-        assert time.monotonic() < deadline, f"receivers at {states}, want version {version}"
-        time.sleep(0.05)
+        return None
+
+    return recv.roles.wait_until(digests, 30.0, f"receivers {ids} at version {version}", 0.05)
 
 
 @pytest.mark.timeout(900 if FULL else 240)
-def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identical(tmp_path):
+def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identical(tmp_path, roles):
     from asyncrl.control import ControlServer
+    from asyncrl.waiting import Wait
     from learner.weight_sender import ActorWeightChannel
 
     rounds = fault_count(2, 10)
     buckets = n_buckets()
     control = ControlServer()
-    recv = Receivers(control.address, tmp_path)
+    recv = Receivers(control.address, tmp_path, roles)
     failed_at: list[float] = []  # when each failed sync was logged (not the new-group lines)
 
     def on_log(text: str) -> None:
@@ -122,7 +120,9 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
         victim = 1
         for i in range(N_RECEIVERS):  # the victim dies in the middle of its second sync
             recv.start(i, kill_at=buckets + buckets // 2 if i == victim else None)
-        control.wait_for_actors(N_RECEIVERS, START_S)
+        control.wait_for_actors(
+            N_RECEIVERS, Wait("the receivers", START_S, print, lambda: roles.check() or False)
+        )
         channel.open()
         version = 1
         channel.sync(weights(version).items(), version)
@@ -134,7 +134,7 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
             failed_at.clear()
             channel.sync(weights(version).items(), version)  # the victim dies in here
             elapsed = time.monotonic() - t0
-            assert recv.procs[victim].wait(timeout=30) == -9, recv.log(victim)
+            assert roles.wait(recv.procs[victim], 30) == -9, recv.log(victim)
             # one failure from the kill; a busy machine may add a retry (a slow rejoin)
             assert channel.failures >= failures + 1, "the kill did not fail the sync"
             detect = failed_at[0] - t0
@@ -156,18 +156,17 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
             assert set(digests.values()) == {digest(weights(version))}, digests
             figures.append((round(detect, 2), round(elapsed, 2)))
             if nxt is not None:  # next round's victim: restarted armed, dies in its rejoin sync
-                recv.procs[nxt].kill()
-                recv.procs[nxt].wait()
+                roles.kill(recv.procs[nxt])
                 (tmp_path / f"restart{nxt}.{r}").touch()
                 recv.start(nxt, kill_at=buckets // 2 + 1 + r)
                 recv.wait_registered(nxt, channel)
                 victim = nxt
         control.broadcast({"type": "stop"})
         for p in recv.procs.values():
-            assert p.wait(timeout=30) == 0
+            assert roles.wait(p, 30) == 0, p.tail()
     finally:
         channel.close()
-        recv.kill_all()
+        roles.stop_all()
         control.close()
     print(f"\nweight sync kills: {rounds}; (failure surfaced s, sync incl. rebuild s): {figures}; "
           f"rebuilds {channel.rebuilds}, failures {channel.failures}")  # fmt: skip

@@ -1,0 +1,244 @@
+"""Processes a test starts (roles, launchers, helpers), watched while the test waits.
+
+A test that waits on one process while another has died must not wait for its deadline: it
+fails within ``POLL_S`` of the death, naming the dead process, how it ended and the tail of
+its log (issue 11: a learner waited 600 s for an actor that had died at start). Every test
+that starts processes and waits on them goes through ``Roles``::
+
+    roles = Roles(tmp_path)                  # or the ``roles`` fixture (tests/conftest.py)
+    buf = roles.cli("buffer", "launch", "buffer", f"run_dir={d}")
+    roles.wait_until(lambda: url_file.is_file(), 300, "the buffer's URL file")
+    learner = roles.cli("learner", "launch", "learner", ...)
+    assert roles.wait(learner, 900) == 0, learner.tail()
+
+Rules (``Roles.check``): a watched process that exits with a non-zero code or a signal fails
+the wait at once; an exit with code 0 is fine only for processes started with
+``may_exit=True`` (e.g. actors, which leave when the learner says stop). ``wait(p)`` and
+``kill(p)`` stop watching ``p``: its exit is then the test's business. On teardown every
+process (and all its descendants: torchrun ranks and vLLM engines live in sessions of their
+own) gets SIGINT, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+POLL_S = 0.2
+"""How often a wait looks at its condition and at every watched process."""
+TAIL_LINES = 40
+
+
+class RoleDied(AssertionError):
+    """A watched process ended while the test waited for something else."""
+
+
+@dataclass
+class Proc:
+    """One started process: its ``Popen``, its log file (stdout and stderr)."""
+
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    may_exit: bool = False
+    """An exit with code 0 is expected (the process finishes its own work)."""
+    watched: bool = True
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def output(self) -> str:
+        """Everything the process wrote so far."""
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        return "".join(self.output().splitlines(True)[-lines:])
+
+    def describe(self) -> str:
+        """``'actors' exited with code 1; last lines of LOG:`` and the tail."""
+        from asyncrl.launcher import describe_exit
+
+        code = self.poll()
+        how = "is running" if code is None else describe_exit(code)
+        return f"{self.name!r} (pid {self.pid}) {how}; last lines of {self.log}:\n{self.tail()}"
+
+
+class Roles:
+    """The processes of one test; see the module docstring."""
+
+    def __init__(self, log_dir: Path, grace_s: float = 30.0) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.grace_s = grace_s
+        self.procs: list[Proc] = []
+
+    def __enter__(self) -> Roles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+
+    # -- starting -------------------------------------------------------------------------------
+
+    def start(
+        self,
+        name: str,
+        cmd: list[str],
+        env: dict | None = None,
+        cwd: Path = REPO,
+        may_exit: bool = False,
+        stdin=None,
+    ) -> Proc:
+        """Start ``cmd`` in a session of its own, its output appended to ``<log_dir>/<name>.log``."""
+        log = self.log_dir / f"{name}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        with open(log, "ab") as out:  # the child keeps its own descriptor
+            popen = subprocess.Popen(
+                cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=stdin, start_new_session=True,
+            )  # fmt: skip
+        proc = Proc(name, popen, log, may_exit)
+        self.procs.append(proc)
+        return proc
+
+    def cli(self, name: str, *args: str, env: dict | None = None, may_exit: bool = False) -> Proc:
+        """``python -m asyncrl.cli ARGS`` (the ``asyncrl`` command)."""
+        return self.start(name, [sys.executable, "-m", "asyncrl.cli", *args], env, REPO, may_exit)
+
+    def python(
+        self, name: str, *args: str, env: dict | None = None, may_exit: bool = False
+    ) -> Proc:
+        """``python ARGS`` in the repository (``-m module ...`` or a script path)."""
+        return self.start(name, [sys.executable, *args], env, REPO, may_exit)
+
+    # -- watching -------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise ``RoleDied`` if a watched process ended in a way the test did not expect."""
+        for p in self.procs:
+            code = p.poll() if p.watched else None
+            if code is None or (code == 0 and p.may_exit):
+                continue
+            p.watched = False  # report a death once
+            raise RoleDied(f"{p.describe()}\n(it ended while the test waited for something else)")
+
+    def wait_until(
+        self, pred: Callable[[], object], timeout_s: float, what: str, poll_s: float = POLL_S
+    ):
+        """Poll ``pred`` until it is truthy (returned); fail on a death or after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = pred()
+            if value:
+                return value
+            self.check()
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout_s:.0f}s waiting for {what}\n{self._alive()}"
+                )
+            time.sleep(poll_s)
+
+    def wait(self, proc: Proc, timeout_s: float) -> int:
+        """``proc``'s exit code, watching the others meanwhile; on timeout fail with its tail."""
+        proc.watched = False
+        try:
+            self.wait_until(lambda: proc.poll() is not None, timeout_s, f"{proc.name} to exit")
+        except AssertionError as e:
+            if isinstance(e, RoleDied):
+                raise
+            raise AssertionError(f"{e}\n{proc.describe()}") from None
+        return proc.popen.returncode
+
+    def wait_line(self, proc: Proc, needle: str, timeout_s: float) -> str:
+        """The first line of ``proc``'s log that contains ``needle`` (``proc`` must live)."""
+
+        def found() -> str | None:
+            return next((ln for ln in proc.output().splitlines() if needle in ln), None)
+
+        return self.wait_until(found, timeout_s, f"{needle!r} in {proc.log}")
+
+    def _alive(self) -> str:
+        return "\n".join(p.describe() for p in self.procs if p.poll() is None and p.watched)
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    def release(self, proc: Proc) -> None:
+        """Stop watching ``proc`` (the test is about to end it, or its exit is expected)."""
+        proc.watched = False
+
+    def signal(self, proc: Proc, sig: int = signal.SIGKILL, timeout_s: float = 10.0) -> int:
+        """Send ``sig`` to ``proc`` (not released first: call ``release`` for that) and return
+        its exit code once it exited (bounded by ``timeout_s``)."""
+        self.release(proc)
+        if proc.poll() is None:
+            proc.popen.send_signal(sig)
+        return proc.popen.wait(timeout_s)
+
+    def kill(self, proc: Proc) -> int:
+        """SIGKILL ``proc`` (its descendants are not signalled: see ``kill_tree``)."""
+        return self.signal(proc, signal.SIGKILL)
+
+    def kill_tree(self, proc: Proc) -> None:
+        """SIGKILL ``proc`` and every descendant (sessions of their own included)."""
+        import psutil
+
+        self.release(proc)
+        tree = _tree(psutil, proc.pid)
+        for p in tree:
+            _send(p, signal.SIGKILL)
+        psutil.wait_procs(tree, timeout=10)
+        _reap(proc)
+
+    def stop_all(self) -> None:
+        """SIGINT every process tree, SIGKILL what is left after ``grace_s``; reap all."""
+        import psutil
+
+        live = [p for p in self.procs if p.poll() is None]
+        trees = [q for p in live for q in _tree(psutil, p.pid)]
+        for p in live:
+            _send(psutil.Process(p.pid) if psutil.pid_exists(p.pid) else None, signal.SIGINT)
+        _, alive = psutil.wait_procs(trees, timeout=self.grace_s if live else 0)
+        for q in alive:
+            _send(q, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=10)
+        for p in self.procs:
+            p.watched = False
+            _reap(p)
+
+
+def _tree(psutil, pid: int) -> list:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _send(p, sig: int) -> None:
+    try:
+        if p is not None:
+            p.send_signal(sig)
+    except Exception:  # gone already
+        pass
+
+
+def _reap(proc: Proc) -> None:
+    try:
+        proc.popen.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.popen.kill()
+        proc.popen.wait(5)
