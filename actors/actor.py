@@ -273,13 +273,15 @@ class Actor:
         try:
             group = await self.make_group(index)
             self._count_generated(group, time.monotonic() - t0)
-            fresh = await asyncio.to_thread(self._commit, lease, group)
-            if fresh is None:  # stopping with no slot: the index stays in flight for a restart
-                return
-            await asyncio.to_thread(self._done_index, index)
-            self.state.committed += int(fresh)
-            self.state.duplicates += int(not fresh)
-            (self.metrics.committed if fresh else self.metrics.duplicates).inc()
+            # A stop cancels this task; a commit already under way (in a thread, so it lands
+            # in Redis either way) finishes and is counted first, or the actor's tally and
+            # its in-flight set would disagree with the buffer.
+            commit = asyncio.ensure_future(self._commit_and_count(index, lease, group))
+            try:
+                await asyncio.shield(commit)
+            except asyncio.CancelledError:
+                await commit
+                raise
         except asyncio.CancelledError:
             await asyncio.to_thread(self.buffer.release, lease)
             raise
@@ -291,6 +293,15 @@ class Actor:
             self._inflight -= 1
             self.metrics.inflight.dec()
             self._refresh_state()
+
+    async def _commit_and_count(self, index: int, lease: str, group: Group) -> None:
+        fresh = await asyncio.to_thread(self._commit, lease, group)
+        if fresh is None:  # stopping with no slot: the index stays in flight for a restart
+            return
+        await asyncio.to_thread(self._done_index, index)
+        self.state.committed += int(fresh)
+        self.state.duplicates += int(not fresh)
+        (self.metrics.committed if fresh else self.metrics.duplicates).inc()
 
     def _count_generated(self, group: Group, seconds: float) -> None:
         tokens = sum(len(s.completion_ids) for s in group.samples)

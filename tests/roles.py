@@ -80,7 +80,7 @@ class Proc:
 class Roles:
     """The processes of one test; see the module docstring."""
 
-    def __init__(self, log_dir: Path, grace_s: float = 30.0) -> None:
+    def __init__(self, log_dir: Path, grace_s: float = 60.0) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.grace_s = grace_s
@@ -102,9 +102,11 @@ class Roles:
         cwd: Path = REPO,
         may_exit: bool = False,
         stdin=None,
+        log: Path | None = None,
     ) -> Proc:
-        """Start ``cmd`` in a session of its own, its output appended to ``<log_dir>/<name>.log``."""
-        log = self.log_dir / f"{name}.log"
+        """Start ``cmd`` in a session of its own, its output appended to ``log`` (default
+        ``<log_dir>/<name>.log``)."""
+        log = log or self.log_dir / f"{name}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         with open(log, "ab") as out:  # the child keeps its own descriptor
             popen = subprocess.Popen(
@@ -115,15 +117,13 @@ class Roles:
         self.procs.append(proc)
         return proc
 
-    def cli(self, name: str, *args: str, env: dict | None = None, may_exit: bool = False) -> Proc:
-        """``python -m asyncrl.cli ARGS`` (the ``asyncrl`` command)."""
-        return self.start(name, [sys.executable, "-m", "asyncrl.cli", *args], env, REPO, may_exit)
+    def cli(self, name: str, *args: str, **kw) -> Proc:
+        """``python -m asyncrl.cli ARGS`` (the ``asyncrl`` command); ``kw`` as for ``start``."""
+        return self.start(name, [sys.executable, "-m", "asyncrl.cli", *args], **kw)
 
-    def python(
-        self, name: str, *args: str, env: dict | None = None, may_exit: bool = False
-    ) -> Proc:
-        """``python ARGS`` in the repository (``-m module ...`` or a script path)."""
-        return self.start(name, [sys.executable, *args], env, REPO, may_exit)
+    def python(self, name: str, *args: str, **kw) -> Proc:
+        """``python ARGS`` (``-m module ...`` or a script path); ``kw`` as for ``start``."""
+        return self.start(name, [sys.executable, *args], **kw)
 
     # -- watching -------------------------------------------------------------------------------
 

@@ -1,14 +1,14 @@
 """Ctrl-C on `asyncrl run` stops every role (learner ranks, actor + vLLM processes, Redis)."""
 
 import os
+import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import REPO, asyncrl_cmd, needs_full_stack
+from tests.e2e.conftest import needs_full_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
@@ -30,21 +30,11 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_ctrl_c_stops_everything(tmp_path):
+def test_ctrl_c_stops_everything(tmp_path, roles):
     needs_full_stack()
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        asyncrl_cmd("run", "experiment=tiny", "learner.steps=100000", f"run_dir={run_dir}"),
-        cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    lines = []
-    deadline = time.monotonic() + 600
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step ") or time.monotonic() > deadline:
-            break
-    assert any(x.startswith("step ") for x in lines), "".join(lines[-40:])
+    proc = roles.cli("run", "run", "experiment=tiny", "learner.steps=100000", f"run_dir={run_dir}")
+    roles.wait_until(lambda: re.search(r"^step ", proc.output(), re.M), 600, "the first step")
     # roles hold their ACL user's URL (redis.actor.url, redis.learner.url), the launcher the admin's
     urls = [
         (run_dir / "redis" / f"redis{u}.url").read_text().strip()
@@ -54,10 +44,9 @@ def test_ctrl_c_stops_everything(tmp_path):
         "the check below would be vacuous: no role has a URL"
     )
     t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 130, rest[-3000:]
-    assert "interrupted" in rest
+    code = roles.signal(proc, signal.SIGINT, 240)
+    assert code == 130, proc.tail()
+    assert "interrupted" in proc.output()
     assert time.monotonic() - t0 < 180  # generous: CI machines are shared
     time.sleep(1.0)
     leftovers = _processes_mentioning(str(run_dir)) + [

@@ -22,6 +22,7 @@ import pytest
 from asyncrl.configload import config_to_json
 from buffer.redis_buffer import ReplayBuffer
 from tests.faults.test_actor_kills import N_SAMPLES, assert_conserved, spawn_actor, write_config
+from tests.roles import Roles
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis]
 
@@ -30,12 +31,14 @@ LEASE_TTL_S = 30.0
 
 
 class Sampler:
-    """Samples stats() and checks the capacity and conservation invariants on each sample."""
+    """Samples stats() and checks the capacity and conservation invariants on each sample,
+    and that no watched actor died (``roles.check``): every wait of the test samples."""
 
-    def __init__(self, buf: ReplayBuffer) -> None:
-        self.buf, self.samples, self.max_used = buf, 0, 0
+    def __init__(self, buf: ReplayBuffer, roles: Roles) -> None:
+        self.buf, self.roles, self.samples, self.max_used = buf, roles, 0, 0
 
     def sample(self) -> dict:
+        self.roles.check()
         s = self.buf.stats()
         used = s["leased"] + s["unread"]
         assert used <= s["capacity"] == CAPACITY, f"over capacity: {s}"
@@ -67,9 +70,9 @@ class Learner:
             sampler.sample()
 
 
-def pause(sampler: Sampler, procs: dict, pause_s: float, cycle: int) -> int:
+def pause(sampler: Sampler, pause_s: float, cycle: int) -> int:
     """Read nothing: the buffer fills, then committed must stay frozen for ``pause_s`` while
-    every actor stays alive. The first fill includes the actors' start (imports, tokenizer),
+    every actor stays alive (the sampler checks). The first fill includes the actors' start (imports, tokenizer),
     which takes 10-30 s on a loaded 2-core machine; later fills take about a second."""
     end = time.monotonic() + (120 if cycle == 0 else 30)
     while time.monotonic() < end:  # bounded by time
@@ -84,15 +87,20 @@ def pause(sampler: Sampler, procs: dict, pause_s: float, cycle: int) -> int:
         s = sampler.sample()
         assert s["committed"] == frozen, f"pause {cycle}: committed grew on a full buffer: {s}"
         assert s["leased"] == 0, f"pause {cycle}: a lease was granted on a full buffer: {s}"
-        died = {i: p.returncode for i, p in procs.items() if p.poll() is not None}
-        assert not died, f"pause {cycle}: actors (id: rc) {died} died while blocked"
         time.sleep(0.01)
     return frozen
 
 
 @pytest.mark.timeout(240)
 def test_backpressure_blocks_real_actors_and_loses_nothing(
-    redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path, counts
+    redis_server,
+    redis_client,
+    buffer_name,
+    sim_model_dir,
+    announced_learner,
+    tmp_path,
+    counts,
+    roles,
 ):
     cycles, pause_s, per_resume = counts(2, 6), 2.5, counts(12, 30)
     run_dir = tmp_path / "run"
@@ -104,23 +112,21 @@ def test_backpressure_blocks_real_actors_and_loses_nothing(
     buf.set_learner_version(0)
     url = redis_server.url_for("actor")  # actors use the least-privilege actor ACL user
     k = cfg.actor.num_actors
-    procs = {i: spawn_actor(run_dir, sim_model_dir, i, url) for i in range(k)}
-    sampler, learner, stalls = Sampler(buf), Learner(buf, vocab), []
+    procs = {i: spawn_actor(roles, run_dir, sim_model_dir, i, url) for i in range(k)}
+    sampler, learner, stalls = Sampler(buf, roles), Learner(buf, vocab), []
     t0 = time.monotonic()
     try:
         for cycle in range(cycles):
-            stalls.append(pause(sampler, procs, pause_s, cycle))
+            stalls.append(pause(sampler, pause_s, cycle))
             learner.read_until(sampler, sum(learner.seen.values()) + per_resume)
-        for p in procs.values():
-            p.send_signal(signal.SIGTERM)  # a clean stop releases every lease it holds
-        codes = {i: p.wait(60) for i, p in procs.items()}
+        for p in procs.values():  # a clean stop releases every lease it holds
+            roles.release(p)
+            p.popen.send_signal(signal.SIGTERM)
+        codes = {i: roles.wait(p, 60) for i, p in procs.items()}
         learner.read_until(sampler, buf.stats()["committed"])
         elapsed = time.monotonic() - t0
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        roles.stop_all()
     logs = {i: (run_dir / f"actor{i}.log").read_text(errors="replace") for i in range(k)}
     assert codes == {i: 0 for i in range(k)}, f"actors did not exit cleanly: {codes}\n{logs}"
     for log in logs.values():

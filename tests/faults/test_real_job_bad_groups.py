@@ -15,14 +15,12 @@ A real ``asyncrl run`` (torchrun learner + a simulated-engine actor, private red
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.faults.test_actor_kills import wait_until
 from tests.faults.test_supervision import Launcher, procs_mentioning
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
@@ -54,31 +52,27 @@ def inject_malformed(run_dir: Path, name: str, per_kind: int) -> int:
 
 
 @pytest.mark.timeout(420)
-def test_real_job_dead_letters_malformed_and_poison_groups_and_finishes(tmp_path):
+def test_real_job_dead_letters_malformed_and_poison_groups_and_finishes(tmp_path, roles):
     from tests.e2e.conftest import needs_full_stack
 
     needs_full_stack()
     run_dir, name = tmp_path / "run", "badjob"
     poison = f"{TASK_SEED}:{POISON_INDEX}"
-    os.environ["ASYNCRL_FAILPOINTS"] = f"learner.step/{poison}=raise@0"
+    launcher = Launcher(
+        roles, "run", "experiment=tiny", f"learner.steps={STEPS}", "learner.checkpoint_every=2",
+        "learner.nproc=1", "learner.restart_max=3", "learner.weight_sync_timeout_s=15",
+        f"buffer.max_deliveries={MAX_DELIVERIES}", "buffer.max_staleness=4",
+        f"buffer.name={name}", f"task.seed={TASK_SEED}", "actor.engine=sim",
+        "actor.sim_tokens_per_s=500", "metrics_port=0", f"run_dir={run_dir}",
+        env={"ASYNCRL_FAILPOINTS": f"learner.step/{poison}=raise@0"},
+    )  # fmt: skip
     try:
-        launcher = Launcher(
-            "run", "experiment=tiny", f"learner.steps={STEPS}", "learner.checkpoint_every=2",
-            "learner.nproc=1", "learner.restart_max=3", "learner.weight_sync_timeout_s=15",
-            f"buffer.max_deliveries={MAX_DELIVERIES}", "buffer.max_staleness=4",
-            f"buffer.name={name}", f"task.seed={TASK_SEED}", "actor.engine=sim",
-            "actor.sim_tokens_per_s=500", "metrics_port=0", f"run_dir={run_dir}",
-        )  # fmt: skip
-    finally:
-        del os.environ["ASYNCRL_FAILPOINTS"]
-    try:
-        wait_until(
-            lambda: re.search(r"^step +1 \|", launcher.output, re.M) or launcher.proc.poll() is not None,
+        roles.wait_until(
+            lambda: re.search(r"^step +1 \|", launcher.output, re.M),
             300, "the learner to train a step", poll_s=0.5,
         )  # fmt: skip
-        assert launcher.proc.poll() is None, launcher.output[-4000:]
         injected = inject_malformed(run_dir, name, per_kind=2)
-        code = launcher.proc.wait(300)
+        code = launcher.wait(300)
     finally:
         launcher.stop()
     out = launcher.output

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.roles import Proc, Roles
+
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,10 +101,10 @@ def reader_main(url: str, ledger: str, done_file: str, deadline_s: float) -> Non
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def _spawn(role: str, *args: str, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tests.faults.test_redis_restarts", role, *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+def _spawn(roles: Roles, role: str, *args: str, log: Path) -> Proc:
+    """A writer or reader process (this module's ``main``), watched by ``roles``."""
+    return roles.python(role, "-m", "tests.faults.test_redis_restarts", role, *args,
+                        env={"PYTHONPATH": str(ROOT)}, log=log)  # fmt: skip
 
 
 def _ledger(path: Path) -> list[tuple[str, str]]:
@@ -113,19 +115,16 @@ def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def _wait_progress(watched, log_dir: Path, at_least: int, timeout_s: float = 60.0) -> None:
-    """Wait until each (ledger, process) ledger grew by ``at_least`` lines; fail if a process
-    exited or ``timeout_s`` passed (its log is quoted)."""
-    start = {ledger: _lines(ledger) for ledger, _ in watched}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for ledger, proc in watched:
-            log = log_dir / ledger.name.replace(".ledger", ".log")
-            assert proc.poll() is None, f"{ledger.stem} exited:\n{log.read_text()[-3000:]}"
-        if all(_lines(ledger) >= start[ledger] + at_least for ledger, _ in watched):
-            return
-        assert time.monotonic() < deadline, f"no progress in {timeout_s}s: {start}"
-        time.sleep(0.05)
+def _wait_progress(roles: Roles, ledgers: list[Path], at_least: int, timeout_s: float = 60.0):
+    """Wait until each ledger grew by ``at_least`` lines; fail at once if a watched process
+    exited (its log is quoted), or after ``timeout_s``."""
+    start = {ledger: _lines(ledger) for ledger in ledgers}
+    roles.wait_until(
+        lambda: all(_lines(ledger) >= start[ledger] + at_least for ledger in ledgers),
+        timeout_s,
+        f"{at_least} more ledger lines from each of {[p.stem for p in ledgers]} (had {start})",
+        poll_s=0.05,
+    )
 
 
 def _sigkill(server) -> None:
@@ -144,7 +143,7 @@ def conservation(stats: dict[str, int]) -> tuple[int, int]:
 
 
 @pytest.mark.timeout(420)
-def test_redis_sigkill_restarts_lose_no_acknowledged_commit(tmp_path, redis_binary, counts):
+def test_redis_sigkill_restarts_lose_no_acknowledged_commit(tmp_path, redis_binary, counts, roles):
     """Kill redis-server with SIGKILL ``kills`` times under load and restart it from its
     directory; writer and reader processes keep running; nothing acknowledged is lost."""
     from buffer.connection import connect
@@ -157,15 +156,15 @@ def test_redis_sigkill_restarts_lose_no_acknowledged_commit(tmp_path, redis_bina
     port = server.port
     stop, done = tmp_path / "stop", tmp_path / "writer_done"
     wled, rled = tmp_path / "writer.ledger", tmp_path / "reader.ledger"
-    writer = _spawn("writer", server.url_for("actor"), str(wled), str(stop), "1000000",
+    writer = _spawn(roles, "writer", server.url_for("actor"), str(wled), str(stop), "1000000",
                     log=tmp_path / "writer.log")  # fmt: skip
-    reader = _spawn("reader", server.url_for("learner"), str(rled), str(done), "300",
+    reader = _spawn(roles, "reader", server.url_for("learner"), str(rled), str(done), "300",
                     log=tmp_path / "reader.log")  # fmt: skip
     downtimes = []
     try:
         for _ in range(kills):
             # Kill only under load: both roles made progress since the last restart.
-            _wait_progress([(wled, writer), (rled, reader)], tmp_path, at_least=5)
+            _wait_progress(roles, [wled, rled], at_least=5)
             time.sleep(rng.uniform(0.0, 0.3))
             _sigkill(server)
             t0 = time.monotonic()
@@ -175,15 +174,12 @@ def test_redis_sigkill_restarts_lose_no_acknowledged_commit(tmp_path, redis_bina
             assert server.port == port, "restart must keep the port the clients hold"
         time.sleep(0.5)
         stop.touch()
-        assert writer.wait(timeout=60) == 0, (tmp_path / "writer.log").read_text()[-3000:]
+        assert roles.wait(writer, 60) == 0, writer.tail()
         done.touch()
-        assert reader.wait(timeout=120) == 0, (tmp_path / "reader.log").read_text()[-3000:]
+        assert roles.wait(reader, 120) == 0, reader.tail()
         stats = ReplayBuffer(connect(server.url), NAME, CAPACITY).stats()
     finally:
-        for p in (writer, reader):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        roles.stop_all()
         server.stop()
 
     written = _ledger(wled)
@@ -280,7 +276,7 @@ if __name__ == "__main__":
 
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
-def test_real_job_survives_redis_sigkills(tmp_path, redis_binary, counts):
+def test_real_job_survives_redis_sigkills(tmp_path, redis_binary, counts, roles):
     """A real `asyncrl run` (learner + vLLM actor): redis-server SIGKILLed between steps is
     restarted by the launcher from its directory; actors and learner reconnect and the run
     finishes with exit 0 and the conservation law in summary.json."""
@@ -292,27 +288,25 @@ def test_real_job_survives_redis_sigkills(tmp_path, redis_binary, counts):
     pytest.importorskip("vllm")
     kills, steps = counts(2, 5), counts(4, 14)
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", "experiment=tiny", f"learner.steps={steps}",
-           "learner.checkpoint_every=2", f"run_dir={run_dir}"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    lines: list[str] = []
+    run = roles.cli("run", "run", "experiment=tiny", f"learner.steps={steps}",
+                    "learner.checkpoint_every=2", f"run_dir={run_dir}")  # fmt: skip
     killed_at: list[int] = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            m = re.match(r"step +(\d+) ", line)
-            if m and len(killed_at) < kills and int(m.group(1)) >= 2 * len(killed_at):
-                (redis_proc,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                                 if p.name() == "redis-server"]  # fmt: skip
-                redis_proc.send_signal(signal.SIGKILL)
-                killed_at.append(int(m.group(1)))
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = "".join(lines)
+
+    def last_step() -> int:
+        return max(map(int, re.findall(r"^step +(\d+) ", run.output(), re.M)), default=-1)
+
+    def redis_children() -> list:
+        return [p for p in psutil.Process(run.pid).children(recursive=True)
+                if p.name() == "redis-server"]  # fmt: skip
+
+    for _ in range(kills):  # kill Redis at steps 0, 2, 4, ..., each after a step since the last
+        due = max(2 * len(killed_at), killed_at[-1] + 1 if killed_at else 0)
+        roles.wait_until(lambda due=due: last_step() >= due and len(redis_children()) == 1, 300,
+                         f"step {due} with a running redis-server", poll_s=0.1)  # fmt: skip
+        killed_at.append(last_step())
+        redis_children()[0].send_signal(signal.SIGKILL)
+    code = roles.wait(run, 240)
+    out = run.output()
     print(f"\nkilled redis at steps {killed_at}; exit {code}")
     assert len(killed_at) == kills, out[-3000:]
     assert code == 0, out[-4000:]

@@ -18,14 +18,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from tests.faults.conftest import FULL
-from tests.faults.test_actor_kills import Reader, assert_conserved, cursor, wait_until
+from tests.faults.test_actor_kills import Reader, assert_conserved, cursor
+from tests.roles import Roles
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 
@@ -33,24 +32,24 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Launcher:
-    """``python -m asyncrl.cli ARGS`` with its output collected line by line."""
+    """``python -m asyncrl.cli ARGS`` started through ``roles`` (tests/roles.py), so every
+    wait of the test fails at once, with the launcher's log, if the launcher dies."""
 
-    def __init__(self, *args: str) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncrl.cli", *args], cwd=REPO, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
+    def __init__(self, roles: Roles, *args: str, env: dict | None = None) -> None:
+        self.roles = roles
+        self.role = roles.cli("launcher", *args, env=env)
 
-    def _pump(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.role.popen
 
     @property
     def output(self) -> str:
-        return "".join(self.lines)
+        return self.role.output()
+
+    def wait(self, timeout_s: float) -> int:
+        """The launcher's exit code (its exit is expected now); bounded."""
+        return self.roles.wait(self.role, timeout_s)
 
     def role_pids(self, needle: str) -> list[int]:
         """Descendants whose command line contains ``needle``."""
@@ -66,13 +65,12 @@ class Launcher:
         return out
 
     def stop(self) -> None:
+        """Ctrl-C, as a user would; SIGKILL the whole tree if that takes over a minute."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
             try:
-                self.proc.wait(60)
+                self.roles.signal(self.role, signal.SIGINT, 60)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+                self.roles.kill_tree(self.role)
 
 
 def free_port() -> int:
@@ -106,13 +104,13 @@ def sigkill_actor(launcher: Launcher, actor_id: int) -> int:
 
 @pytest.mark.timeout(240)
 def test_dead_actor_is_restarted_counted_then_fails_the_job(
-    redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path
+    redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path, roles
 ):
     from buffer.redis_buffer import ReplayBuffer
 
     run_dir = tmp_path / "run"
     launcher = Launcher(
-        "launch", "actors", f"buffer.url={redis_server.url}", f"buffer.name={buffer_name}",
+        roles, "launch", "actors", f"buffer.url={redis_server.url}", f"buffer.name={buffer_name}",
         f"model.path={sim_model_dir}", "actor.engine=sim", "actor.num_actors=2",
         "actor.restart_max=2", "actor.n_samples=4", "actor.max_inflight=2",
         "actor.sim_tokens_per_s=150", "actor.sim_mean_len=4", "buffer.capacity=4",
@@ -125,21 +123,18 @@ def test_dead_actor_is_restarted_counted_then_fails_the_job(
     try:
         for n in (1, 2):
             start = cursor(redis_client, buffer_name, 0)
-            wait_until(
-                lambda c=start: (
-                    cursor(redis_client, buffer_name, 0) > c + 2 or launcher.proc.poll() is not None
-                ),
+            roles.wait_until(
+                lambda c=start: cursor(redis_client, buffer_name, 0) > c + 2,
                 90,
                 f"actor0 to produce (before kill {n})",
             )
-            assert launcher.proc.poll() is None, launcher.output
             sigkill_actor(launcher, 0)
-            wait_until(
+            roles.wait_until(
                 lambda n=n: launcher.output.count("actor0 killed by SIGKILL; restarting it") == n,
                 20,
                 f"the launcher to announce restart {n}",
             )
-            wait_until(
+            roles.wait_until(
                 lambda n=n: restarts_metric(redis_client, buffer_name, "actor0") == n,
                 20,
                 f"asyncrl_launcher_role_restarts_total{{role=actor0}} == {n}",
@@ -147,10 +142,10 @@ def test_dead_actor_is_restarted_counted_then_fails_the_job(
         # the restarted actor resumes its cursor: every index it claimed gets committed
         claimed = cursor(redis_client, buffer_name, 0)
         wanted = {2 * j for j in range(claimed)}
-        wait_until(lambda: wanted <= set(reader.indices), 90, "actor0's claimed prompts")
+        roles.wait_until(lambda: wanted <= set(reader.indices), 90, "actor0's claimed prompts")
         assert restarts_metric(redis_client, buffer_name, "actor1") == 0
         sigkill_actor(launcher, 0)  # the third death: restart budget used up
-        code = launcher.proc.wait(60)
+        code = launcher.wait(60)
     finally:
         launcher.stop()
         reader.stop()
@@ -167,32 +162,29 @@ def test_dead_actor_is_restarted_counted_then_fails_the_job(
 
 
 @pytest.mark.timeout(420)
-def test_run_with_a_killed_learner_rank_exits_nonzero_naming_it(tmp_path):
+def test_run_with_a_killed_learner_rank_exits_nonzero_naming_it(tmp_path, roles):
     from tests.e2e.conftest import needs_full_stack
 
     needs_full_stack()
     run_dir = tmp_path / "run"
     launcher = Launcher(
-        "run", "experiment=tiny", "learner.steps=1000", "learner.checkpoint_every=0",
+        roles, "run", "experiment=tiny", "learner.steps=1000", "learner.checkpoint_every=0",
         "learner.nproc=1", "actor.engine=sim", "actor.sim_tokens_per_s=500", "metrics_port=0",
         f"run_dir={run_dir}",
     )  # fmt: skip
     try:
-        wait_until(
-            lambda: (
-                re.search(r"^step +2 \|", launcher.output, re.M) or launcher.proc.poll() is not None
-            ),
+        roles.wait_until(
+            lambda: re.search(r"^step +2 \|", launcher.output, re.M),
             300,
             "the learner to train 2 steps",
             poll_s=1.0,
         )
-        assert launcher.proc.poll() is None, launcher.output
         ranks = launcher.role_pids("learner.main")
         agents = ("torch.distributed.run", "asyncrl.torchrun")  # torchrun itself, not a rank
         ranks = [p for p in ranks if not any(a in _cmdline(p) for a in agents)]
         assert ranks, f"no learner rank process found: {launcher.output[-2000:]}"
         os.kill(ranks[0], signal.SIGKILL)
-        code = launcher.proc.wait(120)
+        code = launcher.wait(120)
     finally:
         launcher.stop()
     out = launcher.output
@@ -223,7 +215,7 @@ def _cmdline(pid: int) -> str:
 
 
 @pytest.mark.timeout(420)
-def test_run_restarts_a_killed_actor_which_rejoins_weight_sync(tmp_path):
+def test_run_restarts_a_killed_actor_which_rejoins_weight_sync(tmp_path, roles):
     """A real ``asyncrl run`` (learner + 2 sim actors, ``actor.restart_max=1``): SIGKILL
     actor0 mid-run; the launcher restarts it, the learner rebuilds the weight group with it,
     and the run finishes successfully with the restart counted."""
@@ -234,23 +226,20 @@ def test_run_restarts_a_killed_actor_which_rejoins_weight_sync(tmp_path):
     # keeps this in `make test` (the default 120 s is the same code path, only slower)
     run_dir, steps = tmp_path / "run", 40 if FULL else 20
     launcher = Launcher(
-        "run", "experiment=tiny", f"learner.steps={steps}", "learner.checkpoint_every=0",
+        roles, "run", "experiment=tiny", f"learner.steps={steps}", "learner.checkpoint_every=0",
         "learner.nproc=1", "actor.engine=sim", "actor.num_actors=2", "actor.restart_max=1",
         "actor.sim_tokens_per_s=500", "metrics_port=0", f"run_dir={run_dir}",
         "learner.weight_sync_timeout_s=15",
     )  # fmt: skip
     try:
-        wait_until(
-            lambda: (
-                re.search(r"^step +5 \|", launcher.output, re.M) or launcher.proc.poll() is not None
-            ),
+        roles.wait_until(
+            lambda: re.search(r"^step +5 \|", launcher.output, re.M),
             300,
             "the learner to train 5 steps",
             poll_s=1.0,
         )
-        assert launcher.proc.poll() is None, launcher.output
         sigkill_actor(launcher, 0)
-        code = launcher.proc.wait(300)
+        code = launcher.wait(300)
     finally:
         launcher.stop()
     out = launcher.output

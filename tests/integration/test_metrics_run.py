@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from asyncrl.status import scrape
-from tests.e2e.conftest import REPO, asyncrl_cmd, needs_full_stack, run_cli
+from tests.e2e.conftest import needs_full_stack, run_cli
 from tests.integration.test_metrics_endpoints import free_port, missing_names
+from tests.roles import Roles
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
@@ -66,29 +65,17 @@ def live_run(tmp_path_factory):
             f"metrics_port={base}", f"run_dir={run_dir}"]  # fmt: skip
     if PINNED:
         args += ["learner.nproc=1", "learner.cpu_affinity=0", "actor.cpu_affinity=1"]
-    proc = subprocess.Popen(
-        asyncrl_cmd(*args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )  # fmt: skip
-    deadline = time.monotonic() + 600
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            eps = _endpoints(run_dir)
-            learner = scrape(eps["learner"]) if "learner" in eps else None
-            if learner and learner.get(("asyncrl_learner_version", ()), 0) >= 3 and len(eps) >= 3:
-                break
-            time.sleep(2)
-        else:
-            out = proc.stdout.read() if proc.poll() is not None else ""
-            pytest.fail(f"run never reached version 3 with 3 endpoints: {out[-3000:]}")
-        yield proc, run_dir, eps
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+
+    def ready() -> dict | None:
+        eps = _endpoints(run_dir)
+        learner = scrape(eps["learner"]) if "learner" in eps else None
+        version = learner.get(("asyncrl_learner_version", ()), 0) if learner else 0
+        return eps if version >= 3 and len(eps) >= 3 else None
+
+    with Roles(tmp_path_factory.mktemp("metrics_run_logs"), grace_s=120) as roles:
+        run = roles.cli("run", *args)
+        eps = roles.wait_until(ready, 600, "version 3 with 3 metrics endpoints", poll_s=2)
+        yield run.popen, run_dir, eps
 
 
 def test_every_process_serves_its_documented_metrics_on_loopback(live_run):

@@ -5,16 +5,12 @@ vLLM's internals. Roles connect to Redis as their least-privilege ACL user."""
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-import signal
-import subprocess
-import time
 
 import psutil
 import pytest
 
-from tests.e2e.conftest import REPO, asyncrl_cmd, needs_full_stack
+from tests.e2e.conftest import needs_full_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
@@ -71,55 +67,35 @@ def _env(pid: int) -> str:
 
 
 @pytest.mark.timeout(420)
-def test_running_job_listens_on_loopback_only(tmp_path):
+def test_running_job_listens_on_loopback_only(tmp_path, roles):
     needs_full_stack()
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        asyncrl_cmd("run", "experiment=tiny", "learner.steps=100000", f"run_dir={run_dir}"),
-        cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    lines: list[str] = []
-    try:
-        deadline = time.monotonic() + 300
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("step ") or time.monotonic() > deadline:
-                break
-        out = "".join(lines)
-        assert any(x.startswith("step ") for x in lines), out[-4000:]
-        pids = _job_pids(proc.pid)
-        listeners = _listeners(pids)
-        exposed = [sock for sock in listeners if not _loopback(sock[0])]
-        assert not exposed, f"listening beyond loopback: {exposed}"
+    proc = roles.cli("run", "run", "experiment=tiny", "learner.steps=100000", f"run_dir={run_dir}")
+    # the job runs until the test ends: the ``roles`` fixture stops it (Ctrl-C)
+    roles.wait_until(lambda: re.search(r"^step ", proc.output(), re.M), 300, "the first step")
+    out = proc.output()
+    pids = _job_pids(proc.pid)
+    listeners = _listeners(pids)
+    exposed = [sock for sock in listeners if not _loopback(sock[0])]
+    assert not exposed, f"listening beyond loopback: {exposed}"
 
-        # Not vacuous: the endpoints the job announced are among the loopback listeners.
-        ports = {port for _, port, _, _ in listeners}
-        metrics = {int(p) for p in re.findall(r"metrics(?: on|:) http://127\.0\.0\.1:(\d+)/", out)}
-        control = {int(p) for p in re.findall(r"control plane on tcp://127\.0\.0\.1:(\d+)", out)}
-        redis_port = int((run_dir / "redis" / "redis.url").read_text().rsplit(":", 1)[1][:-3])
-        assert len(metrics) >= 3 and control, out[-3000:]  # launcher, learner, actor0
-        assert metrics | control | {redis_port} <= ports, (metrics, control, redis_port, ports)
-        assert "redis-server" in {name for _, _, _, name in listeners}, listeners
-        agents = [p for p in pids if "asyncrl.torchrun" in " ".join(_cmdline(p))]
-        assert agents and any(pid in agents for _, _, pid, _ in listeners), (
-            "torchrun's rendezvous store should be among the (loopback) listeners"
-        )
+    # Not vacuous: the endpoints the job announced are among the loopback listeners.
+    ports = {port for _, port, _, _ in listeners}
+    metrics = {int(p) for p in re.findall(r"metrics(?: on|:) http://127\.0\.0\.1:(\d+)/", out)}
+    control = {int(p) for p in re.findall(r"control plane on tcp://127\.0\.0\.1:(\d+)", out)}
+    redis_port = int((run_dir / "redis" / "redis.url").read_text().rsplit(":", 1)[1][:-3])
+    assert len(metrics) >= 3 and control, out[-3000:]  # launcher, learner, actor0
+    assert metrics | control | {redis_port} <= ports, (metrics, control, redis_port, ports)
+    assert "redis-server" in {name for _, _, _, name in listeners}, listeners
+    agents = [p for p in pids if "asyncrl.torchrun" in " ".join(_cmdline(p))]
+    assert agents and any(pid in agents for _, _, pid, _ in listeners), (
+        "torchrun's rendezvous store should be among the (loopback) listeners"
+    )
 
-        # Roles hold their ACL user's URL, never the admin's.
-        admin = (run_dir / "redis" / "redis.url").read_text().strip()
-        role_urls = [_env(p) for p in pids if "ASYNCRL_REDIS_URL=" in _env(p)]
-        assert role_urls, "no role process found"
-        assert not any(admin in env for env in role_urls), "a role holds the admin URL"
-        users = {
-            m for env in role_urls for m in re.findall(r"ASYNCRL_REDIS_URL=redis://(\w+):", env)
-        }
-        assert users == {"actor", "learner"}, users
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.communicate(timeout=240)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
+    # Roles hold their ACL user's URL, never the admin's.
+    admin = (run_dir / "redis" / "redis.url").read_text().strip()
+    role_urls = [_env(p) for p in pids if "ASYNCRL_REDIS_URL=" in _env(p)]
+    assert role_urls, "no role process found"
+    assert not any(admin in env for env in role_urls), "a role holds the admin URL"
+    users = {m for env in role_urls for m in re.findall(r"ASYNCRL_REDIS_URL=redis://(\w+):", env)}
+    assert users == {"actor", "learner"}, users
