@@ -24,7 +24,7 @@ def test_a_second_run_in_the_same_directory_resumes_and_actors_follow_the_new_le
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-4000:]
     assert "resumed from" in out and "at version 6" in out, out[-3000:]
-    new_addr = re.search(r"\[learner\] control plane on (\S+);", out).group(1)
+    new_addr = re.search(r"\[learner\] control plane on (\S+)", out).group(1)
     for actor in (0, 1):
         # an actor that read the previous learner's address follows the new one; one that
         # started after the new learner published its address connects there directly
