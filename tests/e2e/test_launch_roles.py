@@ -95,3 +95,28 @@ def _cmdline(pid: int) -> list[str]:
         return psutil.Process(pid).cmdline()
     except psutil.NoSuchProcess:
         return []
+
+
+@pytest.mark.timeout(300)
+def test_a_waiting_actor_reports_its_wait_and_stops_promptly_on_sigterm(
+    tmp_path, roles, redis_server
+):
+    """`asyncrl launch actors` with no learner: the actor says it waits for a learner, how
+    long it has waited and its deadline; SIGTERM ends the launcher and the actor in seconds."""
+    actors = roles.cli("actors", "launch", "actors", "experiment=tiny", "actor.engine=sim",
+                       f"buffer.url={redis_server.url}", "buffer.name=actorwait",
+                       "metrics_port=0", f"run_dir={tmp_path / 'actors'}")  # fmt: skip
+    first = roles.wait_line(actors, "[actor 0] waiting for a learner to announce itself", 240)
+    assert "in buffer 'actorwait'; giving up after 900s" in first, first
+    still = roles.wait_line(actors, "[actor 0] still waiting for a learner", 40)
+    assert "s of 900s" in still, still
+    tree = [actors.pid, *(c.pid for c in psutil.Process(actors.pid).children(recursive=True))]
+    t0 = time.monotonic()
+    code = roles.signal(actors, signal.SIGTERM, 60)
+    took = time.monotonic() - t0
+    left = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert took < 8, f"SIGTERM took {took:.1f}s to stop the actors:\n{actors.tail()}"
+    assert not left, f"still running after the launcher exited: {left}"
+    assert code == 130, actors.tail()
+    assert "stopped on request while waiting for a learner" in actors.output(), actors.tail()
+    print(f"\nSIGTERM stopped the waiting actors launcher and its actor in {took:.1f}s")
