@@ -6,11 +6,12 @@ A role that waits (the learner for its actors or for data, an actor for its lear
 - raises ``StopRequested`` as soon as ``stop()`` is true (SIGTERM / Ctrl-C set it), so a
   waiting role exits in one poll interval instead of at its deadline;
 - raises ``TimeoutError`` past the deadline, naming what it waited for and the fix;
-- prints ``waiting for <what> (<state>): <elapsed>s of <timeout>s`` every ``every_s``, so a
-  person watching a log knows the role is alive, what it lacks, and when it will give up.
+- prints ``still waiting for <what> (<state>): <elapsed>s of <timeout>s`` every ``every_s``,
+  so a person watching a log knows the role is alive, what it lacks, and when it gives up.
 
-The first line (``begin``) also names the deadline. Invariant: between two lines of one wait
-there are at most ``every_s`` seconds of silence (plus one poll interval).
+``begin`` prints the first line, ``waiting for <what>; giving up after <timeout>s`` (a wait
+that is usually short, like the learner's wait for data, skips it and speaks only if it lasts).
+Invariant: a wait is silent for at most ``every_s`` seconds plus one poll interval.
 """
 
 from __future__ import annotations
@@ -64,9 +65,6 @@ class Wait:
     def begin(self, state: str = "") -> None:
         """Say that the wait starts, and its deadline."""
         self.say(f"waiting for {self.what}{_paren(state)}; giving up after {self.timeout_s:.0f}s")
-
-    def elapsed(self) -> float:
-        return self.clock() - self._t0
 
     def check(self, state: str = "") -> None:
         """Raise on a stop request or past the deadline; else report every ``every_s``.

@@ -103,7 +103,10 @@ class GroupSource:
             if ok:  # progress: a new deadline
                 wait = self._data_wait(version, count)
             else:
-                wait.check(f"have {len(fresh)}/{count}")
+                wait.check(
+                    f"have {len(fresh)}/{count}; dropped so far: {self.dropped_stale} stale, "
+                    f"{self.dropped_uniform} with all-equal rewards"
+                )
         self._start_step(fresh)
         for e in fresh:  # test-only fault injection: "this group crashes the step"
             failpoint(f"learner.step/{e.group.group_id}", version=version)
@@ -116,9 +119,8 @@ class GroupSource:
             self.say,
             self.stop,
             hint=(
-                f"dropped so far: {self.dropped_stale} stale, {self.dropped_uniform} with "
-                "all-equal rewards; are the actors running and pointed at the same buffer.url "
-                "and buffer.name? (if only all-equal groups arrive, the task is saturated: set "
+                "are the actors running and pointed at the same buffer.url and buffer.name? "
+                "(if only all-equal groups arrive, the task is saturated: set "
                 "algorithm.dynamic_sampling=false)"
             ),
             timeout_error=DataTimeout,

@@ -56,7 +56,7 @@ class Hub:
         self._trained: list[str] = []
         self._step_entries: list = []
         self._last_t = time.monotonic()
-        self._stop = 0  # the signal number of a stop request, 0 = none
+        self._stop = False
         self.clock = StateClock(LEARNER_STATES, "starting")
         self._serve_metrics(cfg)
         self._ready_t = time.monotonic()
@@ -86,17 +86,13 @@ class Hub:
             )
             self.say(f"metrics on http://{cfg.metrics_host}:{port}/metrics")
 
-    def _on_signal(self, signum, _frame) -> None:
-        self._stop = signum
+    def _on_signal(self, *_) -> None:
+        self._stop = True
 
     def say(self, text: str) -> None:
         print(f"[learner] {text}", flush=True)
 
     def stop_requested(self) -> bool:
-        return bool(self._stop)
-
-    def stop_signal(self) -> int:
-        """The signal that requested the stop (SIGTERM/SIGINT), 0 if none did."""
         return self._stop
 
     def start(self, version: int) -> None:
