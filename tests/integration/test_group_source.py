@@ -54,3 +54,33 @@ def test_dynamic_sampling_drops_all_equal_groups_and_fills_the_batch(
     s = buf.stats()
     still = s["unread"] + s["pending"]
     assert s["committed"] == s["trained"] + s["dropped_uniform"] + still == len(GROUPS)
+
+
+def test_a_wait_for_data_reports_times_out_with_the_fix_and_stops_on_request(
+    redis_client, buffer_name
+):
+    """An empty buffer: the wait prints progress with what it has, fails at
+    ``learner.data_timeout_s`` naming the fix, and a stop request ends it within a poll."""
+    import threading
+    import time
+
+    from asyncrl.waiting import StopRequested
+    from learner.data import DataTimeout
+
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    _commit(buf, "m0", [1.0, 0.0, 0.0, 1.0])
+    lines: list[str] = []
+    source = GroupSource(buf, "learner", 100, max_staleness=1, timeout_s=2.5, say=lines.append)
+    with pytest.raises(DataTimeout) as e:
+        source.next_batch(version=5, count=2)
+    assert "gave up waiting for fresh groups for the step at version 5 (have 1/2;" in str(e.value)
+    assert "same buffer.url and buffer.name" in str(e.value)
+    assert lines == []  # 2.5 s is shorter than the report interval: silent
+
+    stop = threading.Event()
+    source = GroupSource(buf, "learner", 100, max_staleness=1, timeout_s=60.0, stop=stop.is_set)
+    threading.Timer(1.0, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(StopRequested):
+        source.next_batch(version=5, count=2)
+    assert 0.9 < time.monotonic() - t0 < 3.0  # one poll (a 1 s blocking read) after the stop
