@@ -136,12 +136,12 @@ def stop_roles(roles: list[Role]) -> None:
 
     procs = []
     for r in roles:
-        procs.extend(_tree(psutil, r.proc.pid))
+        procs.extend(process_tree(r.proc.pid))
     for p in procs:
-        _signal(p, signal.SIGTERM)
+        send_signal(p, signal.SIGTERM)
     _, alive = psutil.wait_procs(procs, timeout=_GRACE_S)
     for p in alive:
-        _signal(p, signal.SIGKILL)
+        send_signal(p, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=10)
     for r in roles:
         try:
@@ -152,7 +152,10 @@ def stop_roles(roles: list[Role]) -> None:
             kill_leftovers(r)  # orphans of an earlier death of the role's process
 
 
-def _tree(psutil, pid: int) -> list:
+def process_tree(pid: int) -> list:
+    """``psutil.Process`` of ``pid`` and all its descendants ([] if it is gone)."""
+    import psutil
+
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
@@ -160,7 +163,8 @@ def _tree(psutil, pid: int) -> list:
         return []
 
 
-def _signal(p, sig: int) -> None:
+def send_signal(p, sig: int) -> None:
+    """Signal a ``psutil.Process``; one that is gone (or not ours) is skipped."""
     try:
         p.send_signal(sig)
     except Exception:  # already gone (psutil.NoSuchProcess) or not ours to signal

@@ -21,6 +21,7 @@ own) gets SIGINT, then SIGKILL after a grace period.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -29,6 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from asyncrl.launcher import process_tree, send_signal
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.2
@@ -197,9 +200,9 @@ class Roles:
         import psutil
 
         self.release(proc)
-        tree = _tree(psutil, proc.pid)
+        tree = process_tree(proc.pid)
         for p in tree:
-            _send(p, signal.SIGKILL)
+            send_signal(p, signal.SIGKILL)
         psutil.wait_procs(tree, timeout=10)
         _reap(proc)
 
@@ -208,32 +211,17 @@ class Roles:
         import psutil
 
         live = [p for p in self.procs if p.poll() is None]
-        trees = [q for p in live for q in _tree(psutil, p.pid)]
-        for p in live:
-            _send(psutil.Process(p.pid) if psutil.pid_exists(p.pid) else None, signal.SIGINT)
+        trees = [q for p in live for q in process_tree(p.pid)]
+        for p in live:  # Ctrl-C, as a user would; each stops its own children
+            with contextlib.suppress(ProcessLookupError):
+                p.popen.send_signal(signal.SIGINT)
         _, alive = psutil.wait_procs(trees, timeout=self.grace_s if live else 0)
         for q in alive:
-            _send(q, signal.SIGKILL)
+            send_signal(q, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=10)
         for p in self.procs:
             p.watched = False
             _reap(p)
-
-
-def _tree(psutil, pid: int) -> list:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _send(p, sig: int) -> None:
-    try:
-        if p is not None:
-            p.send_signal(sig)
-    except Exception:  # gone already
-        pass
 
 
 def _reap(proc: Proc) -> None:

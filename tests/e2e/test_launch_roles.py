@@ -8,6 +8,7 @@ import time
 import psutil
 import pytest
 
+from asyncrl.launcher import process_tree
 from tests.e2e.conftest import needs_full_stack, read_summary
 from tests.roles import RoleDied
 
@@ -77,24 +78,24 @@ def test_a_waiting_learner_reports_its_wait_and_stops_promptly_on_sigterm(
     assert "giving up after 600s" in first, first
     still = roles.wait_line(learner, "still waiting for 1 actor(s)", 40)
     assert "(0/1 registered: [])" in still and "s of 600s" in still, still
-    tree = [learner.pid, *(c.pid for c in psutil.Process(learner.pid).children(recursive=True))]
-    assert any("learner.main" in " ".join(_cmdline(p)) for p in tree), tree  # ranks are up
-    t0 = time.monotonic()
-    code = roles.signal(learner, signal.SIGTERM, 60)
-    took = time.monotonic() - t0
-    left = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert took < 8, f"SIGTERM took {took:.1f}s to stop the learner:\n{learner.tail()}"
-    assert not left, f"still running after the launcher exited: {left}"
-    assert code == 130, learner.tail()
+    took = _sigterm_stops_the_tree(roles, learner, "learner.main")
     assert "stopped on request while waiting for 1 actor(s)" in learner.output(), learner.tail()
     print(f"\nSIGTERM stopped the waiting learner launcher and its ranks in {took:.1f}s")
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return psutil.Process(pid).cmdline()
-    except psutil.NoSuchProcess:
-        return []
+def _sigterm_stops_the_tree(roles, launcher, child: str) -> float:
+    """SIGTERM a launcher whose ``child`` role is up: it exits 130 within 8 s and leaves no
+    process of its tree behind. Returns the seconds it took."""
+    tree = process_tree(launcher.pid)
+    assert any(child in _cmdline(p) for p in tree[1:]), f"no {child} process: {tree}"
+    t0 = time.monotonic()
+    code = roles.signal(launcher, signal.SIGTERM, 60)
+    took = time.monotonic() - t0
+    left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert took < 8, f"SIGTERM took {took:.1f}s to stop {launcher.name}:\n{launcher.tail()}"
+    assert not left, f"still running after the launcher exited: {left}"
+    assert code == 130, launcher.tail()
+    return took
 
 
 @pytest.mark.timeout(300)
@@ -110,13 +111,13 @@ def test_a_waiting_actor_reports_its_wait_and_stops_promptly_on_sigterm(
     assert "in buffer 'actorwait'; giving up after 900s" in first, first
     still = roles.wait_line(actors, "[actor 0] still waiting for a learner", 40)
     assert "s of 900s" in still, still
-    tree = [actors.pid, *(c.pid for c in psutil.Process(actors.pid).children(recursive=True))]
-    t0 = time.monotonic()
-    code = roles.signal(actors, signal.SIGTERM, 60)
-    took = time.monotonic() - t0
-    left = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
-    assert took < 8, f"SIGTERM took {took:.1f}s to stop the actors:\n{actors.tail()}"
-    assert not left, f"still running after the launcher exited: {left}"
-    assert code == 130, actors.tail()
+    took = _sigterm_stops_the_tree(roles, actors, "actors.main")
     assert "stopped on request while waiting for a learner" in actors.output(), actors.tail()
     print(f"\nSIGTERM stopped the waiting actors launcher and its actor in {took:.1f}s")
+
+
+def _cmdline(p) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # exited since it was listed
+        return ""
