@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[learner] summary " + json.dumps(summary), flush=True)
     import torch.distributed as dist
 
+    dist.barrier()  # the ranks leave together (rank 0 may still be writing the summary)
     dist.destroy_process_group()
     return 0
 
