@@ -179,6 +179,12 @@ class Roles:
 
     # -- stopping -------------------------------------------------------------------------------
 
+    def expect_exit(self, *procs: Proc) -> None:
+        """From now on an exit with code 0 of these is expected (e.g. after a stop message);
+        a non-zero exit still fails a wait."""
+        for p in procs:
+            p.may_exit = True
+
     def release(self, proc: Proc) -> None:
         """Stop watching ``proc`` (the test is about to end it, or its exit is expected)."""
         proc.watched = False
@@ -197,31 +203,41 @@ class Roles:
 
     def kill_tree(self, proc: Proc) -> None:
         """SIGKILL ``proc`` and every descendant (sessions of their own included)."""
-        import psutil
-
         self.release(proc)
         tree = process_tree(proc.pid)
         for p in tree:
             send_signal(p, signal.SIGKILL)
-        psutil.wait_procs(tree, timeout=10)
-        _reap(proc)
+        _wait_trees([proc], tree, 10.0)
 
     def stop_all(self) -> None:
         """SIGINT every process tree, SIGKILL what is left after ``grace_s``; reap all."""
-        import psutil
-
         live = [p for p in self.procs if p.poll() is None]
         trees = [q for p in live for q in process_tree(p.pid)]
         for p in live:  # Ctrl-C, as a user would; each stops its own children
             with contextlib.suppress(ProcessLookupError):
                 p.popen.send_signal(signal.SIGINT)
-        _, alive = psutil.wait_procs(trees, timeout=self.grace_s if live else 0)
-        for q in alive:
+        for q in _wait_trees(live, trees, self.grace_s if live else 0.0):
             send_signal(q, signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=10)
+        _wait_trees(live, trees, 10.0)
         for p in self.procs:
             p.watched = False
             _reap(p)
+
+
+def _wait_trees(roots: list[Proc], trees: list, timeout_s: float) -> list:
+    """Wait up to ``timeout_s`` for ``roots`` (through ``Popen``, which keeps their exit codes:
+    psutil would reap our children and lose them) and the rest of ``trees`` (through psutil);
+    returns the ``psutil.Process`` of every one still alive."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    for p in roots:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.popen.wait(max(0.0, deadline - time.monotonic()))
+    ours = {p.pid: p for p in roots}
+    rest = [q for q in trees if q.pid not in ours]
+    _, alive = psutil.wait_procs(rest, timeout=max(0.0, deadline - time.monotonic()))
+    return [q for q in trees if q.pid in ours and ours[q.pid].poll() is None] + alive
 
 
 def _reap(proc: Proc) -> None:

@@ -162,6 +162,7 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
                 recv.wait_registered(nxt, channel)
                 victim = nxt
         control.broadcast({"type": "stop"})
+        roles.expect_exit(*recv.procs.values())
         for p in recv.procs.values():
             assert roles.wait(p, 30) == 0, p.tail()
     finally:
