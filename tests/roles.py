@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.launcher import process_tree, send_signal
+from asyncrl.launcher import describe_exit, process_tree, send_signal
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.2
@@ -73,8 +73,6 @@ class Proc:
 
     def describe(self) -> str:
         """``'actors' exited with code 1; last lines of LOG:`` and the tail."""
-        from asyncrl.launcher import describe_exit
-
         code = self.poll()
         how = "is running" if code is None else describe_exit(code)
         return f"{self.name!r} (pid {self.pid}) {how}; last lines of {self.log}:\n{self.tail()}"
@@ -104,7 +102,6 @@ class Roles:
         env: dict | None = None,
         cwd: Path = REPO,
         may_exit: bool = False,
-        stdin=None,
         log: Path | None = None,
     ) -> Proc:
         """Start ``cmd`` in a session of its own, its output appended to ``log`` (default
@@ -114,7 +111,7 @@ class Roles:
         with open(log, "ab") as out:  # the child keeps its own descriptor
             popen = subprocess.Popen(
                 cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=stdin, start_new_session=True,
+                start_new_session=True,
             )  # fmt: skip
         proc = Proc(name, popen, log, may_exit)
         self.procs.append(proc)
@@ -190,8 +187,8 @@ class Roles:
         proc.watched = False
 
     def signal(self, proc: Proc, sig: int = signal.SIGKILL, timeout_s: float = 10.0) -> int:
-        """Send ``sig`` to ``proc`` (not released first: call ``release`` for that) and return
-        its exit code once it exited (bounded by ``timeout_s``)."""
+        """Stop watching ``proc``, send it ``sig`` and return its exit code once it exited
+        (bounded by ``timeout_s``)."""
         self.release(proc)
         if proc.poll() is None:
             proc.popen.send_signal(sig)
