@@ -31,6 +31,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First thing: Ctrl-C or SIGTERM at any moment (even while torch imports) ends the command
+    # with a message, not a traceback, also when SIGINT was inherited as ignored (a job
+    # started in the background by a shell, nohup, some CI runners). A second signal while the
+    # job stops hurries it instead of breaking the shutdown (asyncrl.launcher.on_stop_signal).
+    from asyncrl.launcher import on_stop_signal
+
+    signal.signal(signal.SIGINT, on_stop_signal)
+    signal.signal(signal.SIGTERM, on_stop_signal)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("asyncrl: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from asyncrl.configload import ConfigError, load_config
 
@@ -39,10 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2
-    # Ctrl-C must stop the job even when SIGINT was inherited as ignored (a job started in the
-    # background by a shell, nohup, some CI runners); SIGTERM behaves the same way.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         if args.command == "run":
             from asyncrl.jobs import run_local

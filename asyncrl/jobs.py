@@ -7,26 +7,34 @@ import os
 import time
 from pathlib import Path
 
+from asyncrl import rundir
 from asyncrl.config import Config
 from asyncrl.configload import config_to_json
 from asyncrl.launcher import (
     Role,
     actor_cmd,
+    begin_shutdown,
     learner_cmd,
-    pinned,
     role_env,
     show_progress,
     spawn,
     stop_roles,
     supervise,
 )
+from asyncrl.lifeline import child_cmd
+
+ALL_ROLES = ("buffer", "learner", "actors")
 
 
-def prepare_run_dir(cfg: Config) -> Path:
-    run_dir = Path(cfg.run_dir or time.strftime("runs/%Y%m%d-%H%M%S")).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+def prepare_run_dir(cfg: Config, roles: tuple[str, ...] = ALL_ROLES) -> Path:
+    """Create, check and lock ``run_dir`` for ``roles`` (asyncrl/rundir.py); write the config."""
+    run_dir = rundir.prepare(cfg.run_dir, roles)
     cfg.run_dir = str(run_dir)
-    (run_dir / "config.json").write_text(config_to_json(cfg))
+    try:
+        (run_dir / "config.json").write_text(config_to_json(cfg))
+    except OSError as e:
+        why = rundir.describe_os_error(e)
+        raise rundir.RunDirError(f"cannot write the run's config: {why}") from None
     return run_dir
 
 
@@ -46,25 +54,57 @@ def resolve_model(cfg: Config) -> str:
             prepare_demo_model(cfg.model.cache_dir, seed=cfg.seed, sft_steps=cfg.model.sft_steps)
         )
     path = Path(cfg.model.path).expanduser()
-    if not (path / "config.json").is_file():
+    check_model_dir(path, "model.path")
+    return str(path.resolve())
+
+
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
+
+
+def check_model_dir(path: Path, key: str) -> None:
+    """Raise ``FileNotFoundError``/``ValueError`` naming the file when ``path`` is not a
+    loadable Hugging Face model directory: no or unreadable ``config.json``, no weights."""
+    config = path / "config.json"
+    if not config.is_file():
         raise FileNotFoundError(
-            f"model.path={cfg.model.path!r} is not a Hugging Face model directory (no config.json "
+            f"{key}={str(path)!r} is not a Hugging Face model directory (no config.json "
             "there); give a local model directory, or model.path=demo for the built-in tiny model"
         )
-    return str(path.resolve())
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{config} cannot be read as JSON ({e}); fix or re-download the model"
+        ) from None
+    if not isinstance(data, dict) or "vocab_size" not in data:
+        raise ValueError(f"{config} has no 'vocab_size': not a transformers model config")
+    if not any(next(path.glob(p), None) for p in _WEIGHT_FILES):
+        raise FileNotFoundError(
+            f"{key}={str(path)!r} has no weights: no *.safetensors or pytorch_model*.bin "
+            "files next to config.json; copy the model's weight files there"
+        )
 
 
 def start_buffer(cfg: Config, run_dir: Path):
     """(url, server or None): the configured Redis, or a private one in ``run_dir/redis``."""
     from buffer.connection import connect
-    from buffer.server import RedisServer
 
     if cfg.buffer.url:
         connect(cfg.buffer.url).close()  # fail now, with the URL in the message
         return cfg.buffer.url, None
-    server = RedisServer(run_dir / "redis", key_prefix=cfg.buffer.name).start()
+    server = _redis_server(cfg, run_dir).start()
     server.watch(lambda text: print(text, flush=True))  # restart it from its AOF if it dies
     return server.url, server
+
+
+def _redis_server(cfg: Config, run_dir: Path):
+    """The private redis-server in ``run_dir/redis``; it dies with this process and holds the
+    run directory's lock while it lives."""
+    from buffer.server import RedisServer
+
+    return RedisServer(
+        run_dir / "redis", key_prefix=cfg.buffer.name, wrap=child_cmd, pass_fds=rundir.held_fds()
+    )
 
 
 def role_url(url: str, server, role: str) -> str:
@@ -97,13 +137,8 @@ def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
     """The learner (torchrun); with ``learner.restart_max=N`` a dead one is started again, on
     a fresh rendezvous port, and resumes from its newest checkpoint."""
     env = role_env(cfg, url, cfg.learner.cpu_threads)
-
-    def start() -> Role:
-        cmd = pinned(learner_cmd(cfg, run_dir, model_dir), cfg.learner.cpu_affinity)
-        return spawn("learner", cmd, env, run_dir, show_progress)
-
-    role = start()
-    role.respawn = lambda: start().proc
+    cmd = lambda: learner_cmd(cfg, run_dir, model_dir)  # noqa: E731 (a fresh port each start)
+    role = spawn("learner", cmd, env, run_dir, show_progress, cfg.learner.cpu_affinity)
     role.restart_max, role.restart_key = cfg.learner.restart_max, "learner.restart_max"
     return role
 
@@ -113,8 +148,8 @@ def spawn_actors(cfg: Config, run_dir: Path, model_dir: str, url: str) -> list[R
     env = role_env(cfg, url, cfg.actor.cpu_threads)
     roles = []
     for i in range(cfg.actor.num_actors):
-        cmd = pinned(actor_cmd(run_dir, model_dir, i), cfg.actor.cpu_affinity)
-        role = spawn(f"actor{i}", cmd, env, run_dir, show_progress)
+        cmd = actor_cmd(run_dir, model_dir, i)
+        role = spawn(f"actor{i}", cmd, env, run_dir, show_progress, cfg.actor.cpu_affinity)
         role.restart_max, role.restart_key = cfg.actor.restart_max, "actor.restart_max"
         roles.append(role)
     return roles
@@ -156,9 +191,10 @@ def run_local(cfg: Config) -> int:
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
     check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
-    url, server = start_buffer(cfg, run_dir)
     roles: list[Role] = []
+    server = None
     try:
+        url, server = start_buffer(cfg, run_dir)
         model_dir = resolve_model(cfg)
         write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
         serve_launcher_metrics(cfg, url, "launcher", roles, server)
@@ -168,6 +204,7 @@ def run_local(cfg: Config) -> int:
     except KeyboardInterrupt:
         code, reason = 130, "interrupted (Ctrl-C or SIGTERM); all roles stopped"
     finally:
+        begin_shutdown()  # from here on a signal hurries the shutdown instead of breaking it
         stop_roles(roles)
         if server:
             server.stop()
@@ -206,7 +243,7 @@ def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | No
 
 def launch_role(cfg: Config, role: str) -> int:
     """One role on this node group, against ``buffer.url`` (``buffer``: start that server)."""
-    run_dir = prepare_run_dir(cfg)
+    run_dir = prepare_run_dir(cfg, (role,))
     if role == "buffer":
         return _serve_buffer(cfg, run_dir)
     if not cfg.buffer.url:
@@ -230,6 +267,7 @@ def launch_role(cfg: Config, role: str) -> int:
     except KeyboardInterrupt:
         code, reason = 130, "interrupted (Ctrl-C or SIGTERM)"
     finally:
+        begin_shutdown()
         stop_roles(roles)
     restarts = record_restarts(run_dir, roles)
     if role == "learner":
@@ -240,9 +278,7 @@ def launch_role(cfg: Config, role: str) -> int:
 
 
 def _serve_buffer(cfg: Config, run_dir: Path) -> int:
-    from buffer.server import RedisServer
-
-    server = RedisServer(run_dir / "redis", key_prefix=cfg.buffer.name).start()
+    server = _redis_server(cfg, run_dir).start()
     url_file = server.run_dir / "redis.url"
     print(
         f"[buffer] redis-server ready; its URL (with password) is in {url_file} (mode 0600)",
@@ -263,4 +299,5 @@ def _serve_buffer(cfg: Config, run_dir: Path) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        begin_shutdown()
         server.stop()

@@ -16,11 +16,15 @@ printed, counted in the launcher's ``asyncrl_launcher_role_restarts_total{role}`
 (actors/actor.py); a restarted learner resumes from its newest checkpoint. Ctrl-C (SIGINT) or
 SIGTERM stops every role cleanly.
 
-Core pinning (``learner.cpu_affinity``, ``actor.cpu_affinity``): the role's command is wrapped
-in ``python -m asyncrl.launcher pin CORES -- CMD``, which calls ``sched_setaffinity`` and
-``exec``s the command, so the role and every process it starts (torchrun ranks, vLLM engine
-core and workers) inherit the core set. ``preexec_fn`` would do the same but is unsafe in a
-process with threads (the log pumps).
+Every role's command is wrapped by ``asyncrl.lifeline`` (``child_cmd``): it dies with the
+launcher, however the launcher ends (SIGKILL included), and runs on its configured cores
+(``learner.cpu_affinity``, ``actor.cpu_affinity``; inherited by torchrun's ranks and vLLM's
+engine processes). Roles inherit the run directory's lock (asyncrl/rundir.py).
+
+A role's output is copied to ``<run_dir>/<role>.log`` and its last lines are kept in memory,
+so a failure message shows them even when the log cannot be written (a full disk). A role
+that fails with an error a restart cannot fix (asyncrl/fatal.py) is not restarted, and the
+failure message says why instead of suggesting ``restart_max``.
 """
 
 from __future__ import annotations
@@ -31,20 +35,25 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncrl import fatal, rundir
+from asyncrl.lifeline import child_cmd
+from asyncrl.rundir import describe_os_error
 from asyncrl.torchrun import free_port
 
 _GRACE_S = 20.0
+_TAIL_LINES = 200
 _BACKOFF_S = (0.5, 10.0)  # first restart's delay, cap; doubles with each restart of a role
 
 
 @dataclass
 class Role:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None
     log_path: Path
     respawn: Callable[[], subprocess.Popen] | None = None
     """Starts the role's command again (same log file); None = cannot be restarted."""
@@ -53,6 +62,13 @@ class Role:
     restart_key: str = ""
     """The config key that sets ``restart_max`` (named in the failure message)."""
     restarts: int = 0
+    output: deque = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
+    """The role's last output lines (kept in memory: the failure message needs them even when
+    the log file cannot be written)."""
+    log_error: OSError | None = None
+    """Why the log file could not be written (its output is then only in ``output``)."""
+    pump: threading.Thread | None = None
+    """The thread copying the current process's output."""
 
 
 def role_env(cfg, redis_url: str, threads: int) -> dict[str, str]:
@@ -67,28 +83,87 @@ def role_env(cfg, redis_url: str, threads: int) -> dict[str, str]:
     return env
 
 
-def _pump(proc: subprocess.Popen, log_path: Path, show) -> None:
-    """Copy a child's output to its log file; echo the lines ``show`` selects."""
-    with open(log_path, "a", buffering=1) as log:
-        for line in proc.stdout:
-            log.write(line)
-            if show(line):
-                sys.stdout.write(line)
-                sys.stdout.flush()
+def _pump(proc: subprocess.Popen, role: Role, show) -> None:
+    """Copy a child's output to its log file and its in-memory tail; echo what ``show``
+    selects. A log that cannot be written (disk full) is reported once and the pump goes on
+    draining the pipe, so the child never blocks on a full pipe."""
+    log = _open_log(role)
+    for line in proc.stdout:
+        role.output.append(line)
+        if log is not None:
+            try:
+                log.write(line)
+            except OSError as e:
+                log = _log_failed(role, e, log)
+        if show(line):
+            _echo(line)
+    if log is not None:
+        try:
+            log.close()
+        except OSError as e:
+            _log_failed(role, e, None)
 
 
-def spawn(name: str, cmd: list[str], env: dict, run_dir: Path, show) -> Role:
-    log_path = run_dir / f"{name}.log"
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # our Ctrl-C handling signals the whole role, once
-    )
-    threading.Thread(target=_pump, args=(proc, log_path, show), daemon=True).start()
-    return Role(name, proc, log_path, respawn=lambda: spawn(name, cmd, env, run_dir, show).proc)
+def _open_log(role: Role):
+    try:
+        return open(role.log_path, "a", buffering=1)
+    except OSError as e:
+        return _log_failed(role, e, None)
+
+
+def _log_failed(role: Role, e: OSError, log) -> None:
+    if role.log_error is None:
+        role.log_error = e
+        _echo(
+            f"[asyncrl] cannot write {role.log_path}: {describe_os_error(e)}; "
+            f"{role.name}'s output is kept only in memory (its last {_TAIL_LINES} lines)\n"
+        )
+    if log is not None:
+        try:
+            log.close()
+        except OSError:
+            pass
+
+
+def _echo(line: str) -> None:
+    try:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    except (OSError, ValueError):  # our own stdout is gone (closed pipe): the log has it
+        pass
+
+
+def spawn(
+    name: str,
+    cmd: list[str] | Callable[[], list[str]],
+    env: dict,
+    run_dir: Path,
+    show,
+    cores: str = "",
+) -> Role:
+    """Start ``cmd`` (or the command ``cmd()`` makes, fresh for each restart) as role
+    ``name``, on ``cores``, dying with this process (asyncrl/lifeline.py)."""
+    role = Role(name, None, run_dir / f"{name}.log")
+
+    def start() -> subprocess.Popen:
+        fatal.clear(run_dir, name)
+        argv = cmd() if callable(cmd) else cmd
+        proc = subprocess.Popen(
+            child_cmd(argv, cores),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # our Ctrl-C handling signals the whole role, once
+            pass_fds=rundir.held_fds(),  # the run directory stays locked while a role lives
+        )
+        role.pump = threading.Thread(target=_pump, args=(proc, role, show), daemon=True)
+        role.pump.start()
+        return proc
+
+    role.proc, role.respawn = start(), start
+    return role
 
 
 def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
@@ -98,13 +173,6 @@ def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
         "--master_addr=127.0.0.1", "-m", "learner.main",
         "--run-dir", str(run_dir), "--model-dir", model_dir,
     ]  # fmt: skip
-
-
-def pinned(cmd: list[str], cores: str) -> list[str]:
-    """``cmd`` restricted to the cores in ``cores`` (cpu-list syntax); '' = unchanged."""
-    if not cores:
-        return cmd
-    return [sys.executable, "-m", "asyncrl.launcher", "pin", cores, "--", *cmd]
 
 
 def actor_cmd(run_dir: Path, model_dir: str, actor_id: int) -> list[str]:
@@ -118,11 +186,39 @@ def show_progress(line: str) -> bool:
     return line.startswith(("step ", "[learner]", "[actor", "Traceback")) or "Error" in line[:80]
 
 
-def log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
-    except OSError:
-        return ""
+def log_tail(r: Role, lines: int = 25) -> str:
+    """The role's last output lines (from memory: right even when its log file is not)."""
+    if r.pump is not None:
+        r.pump.join(timeout=2.0)  # the pipe's last lines, after the process has exited
+    return "".join(list(r.output)[-lines:])
+
+
+_hurry = threading.Event()
+_stopping = threading.Event()
+
+
+def begin_shutdown() -> None:
+    """The job is stopping: a Ctrl-C/SIGTERM from now on hurries it (``on_stop_signal``)."""
+    _stopping.set()
+
+
+def on_stop_signal(signum: int, frame) -> None:
+    """SIGINT/SIGTERM handler of a launcher: the first signal raises ``KeyboardInterrupt``
+    (the job stops its roles, then its buffer); a signal while it is already stopping does
+    not interrupt that shutdown (which would orphan the buffer) but cuts its grace period:
+    the roles get SIGKILL at once, and the buffer still gets its clean SHUTDOWN."""
+    if not _stopping.is_set():
+        _stopping.set()
+        raise KeyboardInterrupt
+    if not _hurry.is_set():
+        _hurry.set()
+        os.write(2, b"[asyncrl] already stopping; killing the roles now (SIGKILL)\n")
+
+
+def hurry() -> None:
+    """Make ``stop_roles`` SIGKILL at once instead of waiting out its grace period (a second
+    Ctrl-C while the job is stopping)."""
+    _hurry.set()
 
 
 def stop_roles(roles: list[Role]) -> None:
@@ -139,7 +235,9 @@ def stop_roles(roles: list[Role]) -> None:
         procs.extend(process_tree(r.proc.pid))
     for p in procs:
         send_signal(p, signal.SIGTERM)
-    _, alive = psutil.wait_procs(procs, timeout=_GRACE_S)
+    alive, deadline = procs, time.monotonic() + _GRACE_S
+    while alive and time.monotonic() < deadline and not _hurry.is_set():
+        _, alive = psutil.wait_procs(alive, timeout=0.2)
     for p in alive:
         send_signal(p, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=10)
@@ -187,10 +285,11 @@ def supervise(roles: list[Role], main: str) -> tuple[int, str]:
                 continue
             if code != 0:
                 kill_leftovers(r)
-                if r.respawn and r.restarts < r.restart_max:
+                cause = fatal.read(r.log_path.parent, r.name)
+                if cause is None and r.respawn and r.restarts < r.restart_max:
                     restart(r, code)
                     continue
-                return code, failure_reason(r, code)
+                return code, failure_reason(r, code, cause)
             if r.name == main:
                 others = [o for o in roles if o is not r]
                 _wait_all(others, _GRACE_S)
@@ -223,18 +322,21 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def failure_reason(r: Role, code: int) -> str:
-    """Why the job failed: the role, how it ended, its restarts, and the tail of its log."""
-    if r.restarts:
+def failure_reason(r: Role, code: int, cause: str | None = None) -> str:
+    """Why the job failed: the role, how it ended, its restarts (or, for an error a restart
+    cannot fix, that error), and the tail of its output."""
+    if cause:
+        budget = f": {cause}\n(a restart would fail the same way, so {r.name} was not restarted)"
+    elif r.restarts:
         budget = f" after {r.restarts} restart(s) ({r.restart_key}={r.restart_max} used up)"
     elif r.restart_key:
         budget = f" (set {r.restart_key}=N to restart it up to N times instead)"
     else:
         budget = ""
-    return (
-        f"{r.name} {describe_exit(code)}{budget}; last lines of {r.log_path}:\n"
-        f"{log_tail(r.log_path)}"
-    )
+    log = f"last lines of {r.log_path}"
+    if r.log_error is not None:
+        log = f"its last output (not in {r.log_path}: {describe_os_error(r.log_error)})"
+    return f"{r.name} {describe_exit(code)}{budget}; {log}:\n{log_tail(r)}"
 
 
 def restart(r: Role, code: int) -> None:
@@ -258,17 +360,3 @@ def _wait_all(roles: list[Role], timeout_s: float) -> None:
         except subprocess.TimeoutExpired:
             pass
     stop_roles(roles)
-
-
-def _pin_main(argv: list[str]) -> None:
-    """``python -m asyncrl.launcher pin CORES -- CMD...``: exec CMD on CORES only."""
-    from asyncrl.config import parse_cores
-
-    if len(argv) < 4 or argv[0] != "pin" or argv[2] != "--":
-        sys.exit("usage: python -m asyncrl.launcher pin CORES -- CMD [ARGS...]")
-    os.sched_setaffinity(0, parse_cores(argv[1]))
-    os.execvp(argv[3], argv[3:])
-
-
-if __name__ == "__main__":
-    _pin_main(sys.argv[1:])

@@ -10,6 +10,7 @@ rates (groups/s, tokens/s) and time fractions (busy, waiting, paused) are over t
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from pathlib import Path
@@ -42,18 +43,52 @@ def job_url(cfg: Config) -> str:
     """``buffer.url``, or the private Redis URL a local ``asyncrl run`` wrote in its run dir."""
     if cfg.buffer.url:
         return cfg.buffer.url
-    path = Path(cfg.run_dir or ".") / "redis" / "redis.url"
-    if cfg.run_dir and path.is_file():
-        return path.read_text().strip()
-    raise ValueError(
-        "asyncrl status needs buffer.url=redis://:PASSWORD@HOST:PORT/0 of the job, or "
-        "run_dir=<the run directory of a local `asyncrl run`>"
-    )
+    if not cfg.run_dir:
+        raise ValueError(
+            "asyncrl status needs buffer.url=redis://:PASSWORD@HOST:PORT/0 of the job, or "
+            "run_dir=<the run directory of a local `asyncrl run`>"
+        )
+    path = Path(cfg.run_dir) / "redis" / "redis.url"
+    if not path.is_file():
+        raise ValueError(
+            f"run_dir={cfg.run_dir} has no redis/redis.url: not the directory of an "
+            "`asyncrl run` job (or of `asyncrl launch buffer`)"
+        )
+    return path.read_text().strip()
 
 
 def print_status(cfg: Config) -> int:
-    print(render_status(cfg))
+    ended = _ended_run(cfg)
+    print(ended if ended is not None else render_status(cfg))
     return 0
+
+
+def _ended_run(cfg: Config) -> str | None:
+    """For ``run_dir=`` of a job that is not running (no process holds its buffer lock): what
+    it left behind, instead of waiting for a buffer that is gone. None while it runs."""
+    from asyncrl import rundir
+
+    if cfg.buffer.url or not cfg.run_dir:
+        return None
+    run_dir = Path(cfg.run_dir).expanduser()
+    if not run_dir.is_dir():
+        raise ValueError(f"run_dir={cfg.run_dir} does not exist; give the directory of a job")
+    if rundir.in_use(run_dir, "buffer"):
+        return None
+    summary = run_dir / "summary.json"
+    try:
+        data = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return (
+            f"the job in {run_dir} is not running and left no summary.json (it was stopped "
+            f"or failed before its end): see {run_dir}/learner.log; resume it with "
+            f"`asyncrl run run_dir={run_dir}` and the same overrides"
+        )
+    lines = [f"the job in {run_dir} has ended; its summary ({summary}):"]
+    for key, value in data.items():  # the scalars; the file has the breakdowns
+        if isinstance(value, int | float | str) and key != "title":
+            lines.append(f"  {key}: {round(value, 4) if isinstance(value, float) else value}")
+    return "\n".join(lines)
 
 
 def render_status(cfg: Config, window_s: float = _WINDOW_S) -> str:

@@ -48,20 +48,22 @@ def connect(url: str, timeout_s: float = 10.0, socket_timeout_s: float = 30.0) -
     ``socket_timeout_s`` bounds every reply wait, so a dead server raises instead of hanging;
     ``ReplayBuffer.read`` keeps its BLOCK time below it. Raises ``BufferUnavailable``.
     """
+    deadline = time.monotonic() + timeout_s
+    # until the first PONG, a reply wait may not outlast the deadline: a TCP listener that
+    # is not Redis (or a hung server) accepts the connection and never answers
     client = redis.Redis.from_url(
         url,
         socket_connect_timeout=min(timeout_s, 5.0),
-        socket_timeout=socket_timeout_s,
+        socket_timeout=min(timeout_s, socket_timeout_s),
         # We retry ourselves (``call_with_retries``) so the backoff is bounded and visible.
         retry=Retry(NoBackoff(), 0),
         decode_responses=False,
     )
-    deadline = time.monotonic() + timeout_s
     delay = 0.05
     while True:
         try:
             client.ping()
-            return client
+            break
         except redis.AuthenticationError as e:
             raise _auth_error(url, e) from None
         except redis.ResponseError as e:
@@ -70,11 +72,22 @@ def connect(url: str, timeout_s: float = 10.0, socket_timeout_s: float = 30.0) -
             raise _auth_error(url, e) from None
         except _TRANSIENT as e:
             if time.monotonic() + delay > deadline:
+                silent = isinstance(e, redis.TimeoutError) and "reading" in str(e).lower()
+                hint = (
+                    "something accepts connections there but does not answer like Redis; "
+                    "check the host and port of buffer.url, or "
+                    if silent
+                    else ""
+                )
                 raise BufferUnavailable(
-                    f"cannot reach Redis at {mask_url(url)} after {timeout_s:.1f}s ({e}); {_FIX}"
+                    f"cannot reach Redis at {mask_url(url)} after {timeout_s:.1f}s ({e}); "
+                    f"{hint}{_FIX}"
                 ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+    client.connection_pool.connection_kwargs["socket_timeout"] = socket_timeout_s
+    client.connection_pool.disconnect()  # the next command reconnects with the long timeout
+    return client
 
 
 def _auth_error(url: str, err: Exception) -> BufferUnavailable:

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -88,7 +89,11 @@ class RedisServer:
         maxmemory: str | None = None,
         appendfsync: str = "always",
         key_prefix: str | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+        pass_fds: tuple[int, ...] = (),
     ) -> None:
+        """``wrap(cmd)`` returns the command line that runs ``cmd`` (the launcher's makes the
+        server die with it: asyncrl/lifeline.py); ``pass_fds`` are inherited by the server."""
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if start_timeout_s <= 0:
@@ -102,6 +107,8 @@ class RedisServer:
         self.maxmemory = maxmemory
         self.appendfsync = appendfsync
         self.key_prefix = key_prefix
+        self._wrap = wrap or (lambda cmd: cmd)
+        self._pass_fds = pass_fds
         self._requested_port = port
         self._previous = self._read_previous_conf()
         self.password = password or self._previous.get("requirepass") or secrets.token_urlsafe(24)
@@ -189,7 +196,10 @@ class RedisServer:
             self._write_private(self.conf_path, self._config_text())
             self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log:
-                self._proc = subprocess.Popen([exe, str(self.conf_path)], stdout=log, stderr=log)
+                cmd = self._wrap([exe, str(self.conf_path)])
+                self._proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=log, pass_fds=self._pass_fds
+                )
             try:
                 self._wait_ready()
                 break
