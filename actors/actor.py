@@ -4,6 +4,7 @@
     producer:      [admission: weights fresh enough? sync quota left?] -> lease (blocks while
                    the buffer is full) -> prompt index from the cursor -> spawn a group task
     group task:    vLLM generate (n, logprobs, per-token versions) -> reward -> commit
+                   (rewards run in a worker thread with a deadline: actors/scoring.py)
 
 Many prompts are in flight at once (``actor.max_inflight``); groups are committed as they
 finish, not in lockstep.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncrl.config import Config
 from asyncrl.metrics import ACTOR_STATES, ActorMetrics, StateClock
@@ -47,6 +48,8 @@ class ActorState:
     committed: int = 0
     duplicates: int = 0
     reward_errors: int = 0
+    reward_errors_by_kind: dict[str, int] = field(default_factory=dict)
+    """Failed reward calls by kind (``actors.rewards.REWARD_ERROR_KINDS``)."""
     groups_generated: int = 0
     samples_generated: int = 0
     tokens_generated: int = 0
@@ -63,12 +66,14 @@ class Actor:
     ):
         from transformers import AutoTokenizer
 
+        from actors.scoring import RewardScorer
+
         self.cfg = cfg
         self.state = ActorState(actor_id)
         self.buffer = buffer
         self.engine = engine
         self.prompts = prompts
-        self.reward_fn = reward_fn
+        self.scorer = RewardScorer(reward_fn, cfg.task, self._say, self._count_reward_error)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self._tasks: dict[asyncio.Task, str] = {}  # group task -> its lease
         self._version_changed = asyncio.Event()
@@ -82,6 +87,14 @@ class Actor:
         self._blocked = "idle"
         self._leftover: list[int] | None = None  # claimed by an earlier run, not committed
         self._claim = buffer.client.register_script(_CLAIM_INDEX)
+
+    def _say(self, text: str) -> None:
+        print(f"[actor {self.state.actor_id}] {text}", flush=True)
+
+    def _count_reward_error(self, kind: str) -> None:
+        by_kind = self.state.reward_errors_by_kind
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+        self.state.reward_errors += 1
 
     def _refresh_state(self) -> None:
         """Derive the clock's state from (paused, in-flight groups, what blocks admission)."""
@@ -178,6 +191,7 @@ class Actor:
         self._block("idle")
         while not self.state.stop:
             if self.error is not None:
+                await self._cancel_groups()  # give their slots back before failing
                 raise self.error
             if not await self._admitted():
                 continue
@@ -346,9 +360,8 @@ class Actor:
 
         A reward function that fails gives its sample reward 0 and the reason in
         ``Sample.reward_error`` (counted in ``reward_errors``); the group is still committed.
+        Too many failures among the recent rewards raise ``actors.scoring.RewardErrorRate``.
         """
-        from actors.rewards import score
-
         prompt = self.prompts.get(index)
         prompt_ids = self.tokenizer.encode(prompt.text)
         seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
@@ -356,17 +369,16 @@ class Actor:
         samples = []
         for c in completions:
             text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            reward, error = score(self.reward_fn, prompt.text, text, prompt.fields)
-            self.state.reward_errors += int(bool(error))
+            scored = await self.scorer.score(prompt.text, text, prompt.fields)
             samples.append(
                 Sample(
                     list(prompt_ids),
                     list(c.token_ids),
                     list(c.logprobs),
                     list(c.token_versions),
-                    float(reward),
+                    scored.value,
                     c.finish_reason,
-                    error,
+                    scored.reason,
                 )
             )
         return Group(f"{self.cfg.task.seed}:{index}", index, self.state.actor_id, samples)

@@ -16,8 +16,10 @@ from pathlib import Path
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from actors.actor import Actor, wait_for_learner
-    from actors.rewards import load_reward_fn, preflight
+    from actors.rewards import check_signature, load_reward_fn, preflight
+    from actors.scoring import RewardErrorRate
     from actors.tasks import PromptSource
+    from asyncrl import fatal
     from asyncrl.control import ControlClient
     from asyncrl.faults import failpoint
     from asyncrl.waiting import StopRequested, Wait
@@ -25,20 +27,14 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from buffer.redis_buffer import ReplayBuffer
 
     b = cfg.buffer
+    prompts = PromptSource(cfg.task.seed, split="train")
     reward_fn = load_reward_fn(cfg.task.reward_fn)
+    check_signature(reward_fn, prompts.get(0).fields, cfg.task.reward_fn)  # as the launcher
     preflight(reward_fn)  # e.g. no sandbox for model-written code: fail now, not score 0
     failpoint("actor.start", actor_id=actor_id)  # tests: an actor that dies at start
     buffer = ReplayBuffer(connect(url), b.name, b.capacity, b.lease_ttl_s)
     engine = await _start_engine(cfg, actor_id, model_dir)
-    actor = Actor(
-        cfg,
-        actor_id,
-        model_dir,
-        buffer,
-        engine,
-        PromptSource(cfg.task.seed, split="train"),
-        reward_fn,
-    )
+    actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
     _serve_metrics(cfg, actor, buffer)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -59,20 +55,29 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         return 0
     print(f"[actor {actor_id}] engine ready; learner control plane at {addr}", flush=True)
     client = ControlClient(addr, actor_id)
+    failed = None
     try:
         await asyncio.gather(actor.control_loop(client), actor.produce())
+    except RewardErrorRate as e:  # a broken reward: exit non-zero, saying so, with the stats
+        failed = e
     finally:
         client.close()
         await engine.shutdown()
     s = actor.state
     stats_path = Path(cfg.run_dir) / f"actor{actor_id}.json"
     stats_path.write_text(json.dumps(actor.stats(), indent=2))
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(s.reward_errors_by_kind.items()))
     print(
-        f"[actor {actor_id}] done: committed {s.committed} groups, duplicates {s.duplicates}, "
-        f"reward errors {s.reward_errors}, final weights v{s.version} "
+        f"[actor {actor_id}] {'stopped' if failed else 'done'}: committed {s.committed} groups, "
+        f"duplicates {s.duplicates}, reward errors {s.reward_errors}"
+        f"{f' ({kinds})' if kinds else ''}, final weights v{s.version} "
         f"({s.weight_syncs} syncs, {s.weight_sync_failures} failed)",
         flush=True,
     )
+    if failed:
+        print(f"[actor {actor_id}] FAILED: {failed}", flush=True)
+        fatal.record(cfg.run_dir, f"actor{actor_id}", failed)  # a restart would fail the same
+        return 1
     return 0
 
 
@@ -90,7 +95,7 @@ async def _start_engine(cfg, actor_id: int, model_dir: str):
         model_dir,
         dtype=cfg.model.dtype,
         max_model_len=_max_model_len(cfg),
-        kv_cache_bytes=int(a.kv_cache_gib * 2**30),
+        kv_cache_bytes=int(a.kv_cache_gib * 2**30) or None,  # 0 = vLLM sizes it
         seed=cfg.seed + actor_id,
         cpu_bind=a.cpu_bind or None,
         torch_threads=a.cpu_threads,
@@ -124,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     if not url:
         print("actor: ASYNCRL_REDIS_URL is not set (the buffer's Redis URL)", file=sys.stderr)
         return 2
+    from asyncrl import fatal
     from asyncrl.configload import config_from_json
 
     cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
-    return asyncio.run(run(cfg, args.actor_id, args.model_dir, url))
+    with fatal.recorded(args.run_dir, f"actor{args.actor_id}"):  # e.g. a damaged buffer
+        return asyncio.run(run(cfg, args.actor_id, args.model_dir, url))
 
 
 if __name__ == "__main__":

@@ -5,16 +5,25 @@ and returns a float or a dict with a ``"score"`` key. ``fields`` are the prompt'
 (``Prompt.fields``, e.g. ``answer``). ``completion`` is the decoded text without the EOS token.
 
 Specs: ``"package.module:function"`` (imported) or ``"path/to/file.py:function"`` (loaded from
-the file with importlib; nothing is ``eval``-ed).
+the file with importlib; nothing is ``eval``-ed). ``check_signature`` refuses, at start, a
+function that cannot be called that way.
+
+A call that fails scores 0 with a reason ``"<kind>: <message>"`` (``Sample.reward_error``),
+``<kind>`` one of ``REWARD_ERROR_KINDS``; ``error_kind`` reads it back (the learner's summary
+counts errors by kind). Actors call the function through ``actors.scoring.RewardScorer``
+(a worker thread with a deadline).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
 import re
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.sandbox import SandboxError, run_untrusted
@@ -88,30 +97,110 @@ def _load_file(spec: str, path: Path):
     return module
 
 
-def score(
-    fn: RewardFn, prompt: str, completion: str, fields: dict | None = None
-) -> tuple[float, str]:
-    """Call ``fn`` and return ``(reward, "")``, or ``(0.0, reason)`` if it failed. Raises only
-    ``SandboxError`` (this machine cannot confine model-written code: no sample can be scored).
+REWARD_ERROR_KINDS = ("raised", "wrong_type", "missing_score", "non_finite", "timeout")
+"""Why a reward call failed: it raised; returned something not a number (a string, None, a
+bool); returned a dict without ``"score"``; returned NaN or an infinity; ran past
+``task.reward_timeout_s`` (``actors.scoring``)."""
 
-    Failure means: ``fn`` raised, returned something that is not a real number (bool counts as
-    invalid) or a dict without a numeric ``"score"``, or returned a non-finite value.
+
+@dataclass(frozen=True)
+class Scored:
+    """The outcome of one reward call."""
+
+    value: float
+    """The reward; 0.0 when the call failed."""
+    kind: str = ""
+    """"" on success, else one of ``REWARD_ERROR_KINDS``."""
+    reason: str = ""
+    """"" on success, else ``"<kind>: <message>"`` (one line; stored in the group)."""
+    detail: str = ""
+    """For the actor's log: the traceback of a raise, the repr of a bad return value."""
+
+
+def score_call(fn: RewardFn, prompt: str, completion: str, fields: dict | None = None) -> Scored:
+    """Call ``fn(prompt, completion, **fields)`` and classify the outcome. Raises only
+    ``SandboxError`` (this machine cannot confine model-written code: no sample can be scored).
     """
     try:
         out = fn(prompt, completion, **(fields or {}))
     except SandboxError:  # the machine cannot confine code: a setup error, not a 0 reward
         raise
     except Exception as exc:  # a user's reward function must not kill the actor
-        return 0.0, f"reward function raised {type(exc).__name__}: {exc}"
-    value = out.get("score") if isinstance(out, dict) else out
+        message = f"reward function raised {type(exc).__name__}: {exc}"
+        return _failed("raised", message, "".join(traceback.format_exception(exc)))
+    returned = f"{fn_name(fn)} returned {_short_repr(out)}"
     if isinstance(out, dict) and "score" not in out:
-        return 0.0, f"reward dict has no 'score' key (keys: {sorted(map(str, out))})"
+        keys = sorted(map(str, out))
+        return _failed("missing_score", f"reward dict has no 'score' key (keys: {keys})", returned)
+    value = out.get("score") if isinstance(out, dict) else out
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return 0.0, f"reward is {type(value).__name__}, expected a float or a dict with 'score'"
+        message = f"reward is {type(value).__name__}, expected a float or a dict with 'score'"
+        return _failed("wrong_type", message, returned)
     value = float(value)
     if not math.isfinite(value):
-        return 0.0, f"reward is not finite: {value}"
-    return value, ""
+        return _failed("non_finite", f"reward is not finite: {value}", returned)
+    return Scored(value)
+
+
+def score(
+    fn: RewardFn, prompt: str, completion: str, fields: dict | None = None
+) -> tuple[float, str]:
+    """``score_call`` as ``(reward, "")``, or ``(0.0, reason)`` if the call failed."""
+    s = score_call(fn, prompt, completion, fields)
+    return s.value, s.reason
+
+
+def _failed(kind: str, message: str, detail: str = "") -> Scored:
+    return Scored(0.0, kind, f"{kind}: {' '.join(message.split())[:500]}", detail)
+
+
+def _short_repr(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def error_kind(reason: str) -> str:
+    """The kind of a ``Sample.reward_error`` (``""`` for none; ``"other"`` for a reason not
+    written by ``score_call``, e.g. by an older actor)."""
+    if not reason:
+        return ""
+    kind = reason.partition(":")[0]
+    return kind if kind in REWARD_ERROR_KINDS else "other"
+
+
+def fn_name(fn: RewardFn) -> str:
+    """``name (file:line)`` where the source is known, for messages about the function."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    try:
+        where = f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+    except (OSError, TypeError):
+        return name
+    return f"{name} ({where})"
+
+
+def check_signature(fn: RewardFn, fields: dict, spec: str = "") -> None:
+    """Raise ``ValueError`` unless ``fn(prompt, completion, **fields)`` binds to ``fn``'s
+    signature for the task's prompt ``fields`` (e.g. ``a``, ``b``, ``answer``).
+
+    Any form that binds passes: ``(prompt, completion, **fields)``, ``(*args, **kwargs)``,
+    ``(prompt, completion, answer=None, **_)``. A function without ``**`` fails when the task
+    has fields it does not name; one whose signature Python cannot read (some builtins)
+    passes, and its first call tells.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind("prompt", "completion", **fields)
+    except TypeError as e:
+        name = getattr(fn, "__name__", "f")
+        raise ValueError(
+            f"reward spec {spec!r}: {fn_name(fn)} has the signature {sig}, but a reward "
+            f"function is called as fn(prompt, completion, **fields) with this task's fields "
+            f"{sorted(fields)}, which fails ({e}); define it as "
+            f"'def {name}(prompt, completion, **fields)'"
+        ) from None
 
 
 def addition_reward(prompt: str, completion: str, answer: str | None = None, **fields) -> float:

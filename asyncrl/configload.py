@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
+import typing
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 from asyncrl.config import Config
@@ -81,7 +82,42 @@ def _not_allowed(key: str) -> str:
     )
 
 
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _expected(key: str) -> str | None:
+    """What the schema field ``key`` (``learner.steps``) holds, in words; None if ``key`` is
+    not a field of a plain type."""
+    hint: object = Config
+    for part in key.split("."):
+        if not is_dataclass(hint):
+            return None
+        hint = typing.get_type_hints(hint).get(part)
+    args = typing.get_args(hint)  # (float, NoneType) for float | None
+    word = _TYPE_WORDS.get(next((a for a in args if a is not type(None)), hint))
+    return word and word + (" or null" if type(None) in args else "")
+
+
+def _type_error(e: BaseException | None) -> str | None:
+    """``learner.steps: expected an integer, got 'abc'`` when ``e`` is (or was caused by) an
+    OmegaConf ValidationError on a schema field: its own text names the converter
+    ("could not be converted to Integer"), and Hydra's wrapper only the override."""
+    from omegaconf.errors import ValidationError
+
+    while e is not None and not isinstance(e, ValidationError):
+        e = e.__cause__ or e.__context__
+    expected = _expected(e.full_key) if e is not None and e.full_key else None
+    if expected is None:
+        return None
+    got = repr(e.value) if e.value is not None else "null"
+    if isinstance(e.value, bool):
+        got = str(e.value).lower()  # as YAML spells it
+    return f"{e.full_key}: expected {expected}, got {got}"
+
+
 def _first_line(e: Exception) -> str:
+    if wrong_type := _type_error(e):
+        return wrong_type
     text = str(e).strip()
     m = re.search(r"Could not override '([^']+)'", text) or re.search(r"full_key: (\S+)", text)
     if m and set(re.split(r"[.\[\]]", m.group(1))) & set(INSTANTIATION_KEYS):

@@ -15,6 +15,9 @@ and a kill on the third); they fire in the order given. Actions:
     sleep:S   sleep S seconds (to widen a race window a test wants to hit)
     trace:P   append ``{"name", "hit", "pid", **ctx}`` as one JSON line to file P (a test
               records what the process did at that point, e.g. which groups a step took)
+    on        nothing, but ``failpoint`` returns True: the code there injects its own fault
+              (``learner.nan_loss``: the policy update's advantages become NaN, so its loss
+              and gradients are NaN; one hit per policy update in each learner rank)
 
 The environment is read once per process. Nothing here runs in production: an unset or
 empty ``ASYNCRL_FAILPOINTS`` makes ``failpoint`` a dictionary miss.
@@ -28,7 +31,7 @@ import time
 
 ENV = "ASYNCRL_FAILPOINTS"
 EXIT_STATUS = 77
-_ACTIONS = ("kill", "exit", "raise", "sleep", "trace")
+_ACTIONS = ("kill", "exit", "raise", "sleep", "trace", "on")
 
 
 class FailpointError(RuntimeError):
@@ -60,15 +63,19 @@ def _armed() -> dict[str, list[tuple[str, int]]]:
     return _spec
 
 
-def failpoint(name: str, **ctx) -> None:
-    """Fire the action armed for ``name`` (see module docstring); ``ctx`` is for messages."""
+def failpoint(name: str, **ctx) -> bool:
+    """Fire the action armed for ``name`` (see module docstring); ``ctx`` is for messages.
+    True if an ``on`` entry fired (the caller injects its fault), else False."""
     armed = _armed()
     if name not in armed:
-        return
+        return False
     _hits[name] = _hits.get(name, 0) + 1
+    on = False
     for action, nth in armed[name]:
         if not nth or _hits[name] == nth:
+            on |= action == "on"
             _fire(action, name, ctx)
+    return on
 
 
 def _fire(action: str, name: str, ctx: dict) -> None:
@@ -81,6 +88,8 @@ def _fire(action: str, name: str, ctx: dict) -> None:
         os._exit(EXIT_STATUS)
     elif action == "raise":
         raise FailpointError(where)
+    elif action == "on":
+        return
     elif action.startswith("trace:"):
         _trace(action.split(":", 1)[1], {"name": name, "hit": _hits[name], "pid": os.getpid()}, ctx)
     else:

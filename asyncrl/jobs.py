@@ -45,8 +45,10 @@ def write_run_info(run_dir: Path, **info) -> None:
     path.write_text(json.dumps({**old, **info}, indent=2))
 
 
-def resolve_model(cfg: Config) -> str:
-    """``demo`` -> build (or reuse) the cached tiny model; else check the local directory."""
+def resolve_model(cfg: Config, weights: bool = True) -> str:
+    """``demo`` -> build (or reuse) the cached tiny model; else check the local directory
+    (its weight files too when ``weights``: not for simulated actors, which read only the
+    config)."""
     if cfg.model.path == "demo":
         from asyncrl.demo.warmstart import prepare_demo_model
 
@@ -54,14 +56,14 @@ def resolve_model(cfg: Config) -> str:
             prepare_demo_model(cfg.model.cache_dir, seed=cfg.seed, sft_steps=cfg.model.sft_steps)
         )
     path = Path(cfg.model.path).expanduser()
-    check_model_dir(path, "model.path")
+    check_model_dir(path, "model.path", weights)
     return str(path.resolve())
 
 
 _WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
 
-def check_model_dir(path: Path, key: str) -> None:
+def check_model_dir(path: Path, key: str, weights: bool = True) -> None:
     """Raise ``FileNotFoundError``/``ValueError`` naming the file when ``path`` is not a
     loadable Hugging Face model directory: no or unreadable ``config.json``, no weights."""
     config = path / "config.json"
@@ -78,7 +80,7 @@ def check_model_dir(path: Path, key: str) -> None:
         ) from None
     if not isinstance(data, dict) or "vocab_size" not in data:
         raise ValueError(f"{config} has no 'vocab_size': not a transformers model config")
-    if not any(next(path.glob(p), None) for p in _WEIGHT_FILES):
+    if weights and not any(next(path.glob(p), None) for p in _WEIGHT_FILES):
         raise FileNotFoundError(
             f"{key}={str(path)!r} has no weights: no *.safetensors or pytorch_model*.bin "
             "files next to config.json; copy the model's weight files there"
@@ -191,11 +193,11 @@ def run_local(cfg: Config) -> int:
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
     check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
+    model_dir = resolve_model(cfg)  # a bad model directory fails before any process starts
     roles: list[Role] = []
     server = None
     try:
         url, server = start_buffer(cfg, run_dir)
-        model_dir = resolve_model(cfg)
         write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
         serve_launcher_metrics(cfg, url, "launcher", roles, server)
         roles.append(spawn_learner(cfg, run_dir, model_dir, role_url(url, server, "learner")))
@@ -213,12 +215,15 @@ def run_local(cfg: Config) -> int:
 
 
 def check_reward_fn(cfg: Config) -> None:
-    """Import ``task.reward_fn`` here, so a wrong name fails at once with the key named
-    (the actors import the same function when they start)."""
-    from actors.rewards import load_reward_fn, preflight
+    """Import ``task.reward_fn`` and check that it can be called as ``fn(prompt, completion,
+    **fields)`` with the task's fields, so a wrong name or signature fails at once with the
+    key named (the actors import and check the same function when they start)."""
+    from actors.rewards import check_signature, load_reward_fn, preflight
+    from actors.tasks import PromptSource
 
     try:
         fn = load_reward_fn(cfg.task.reward_fn)
+        check_signature(fn, PromptSource(cfg.task.seed).get(0).fields, cfg.task.reward_fn)
     except ValueError as e:
         raise ValueError(f"task.reward_fn: {e}") from e
     preflight(fn)  # e.g. python_code_reward: can this machine sandbox model-written code?
@@ -254,7 +259,7 @@ def launch_role(cfg: Config, role: str) -> int:
     start_buffer(cfg, run_dir)  # checks that the URL answers
     if role == "actors":
         check_reward_fn(cfg)
-    model_dir = resolve_model(cfg)
+    model_dir = resolve_model(cfg, weights=role == "learner" or cfg.actor.engine != "sim")
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
     url = cfg.buffer.url
     if role == "learner":

@@ -30,6 +30,7 @@ failure message says why instead of suggesting ``restart_max``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,8 @@ from asyncrl.rundir import describe_os_error
 from asyncrl.torchrun import free_port
 
 _GRACE_S = 20.0
+_ROOT_GRACE_S = 5.0  # a role's own process stops its children first
+_ORPHAN_GRACE_S = 1.0  # then what it left behind is killed
 _TAIL_LINES = 200
 _BACKOFF_S = (0.5, 10.0)  # first restart's delay, cap; doubles with each restart of a role
 
@@ -187,10 +190,32 @@ def show_progress(line: str) -> bool:
 
 
 def log_tail(r: Role, lines: int = 25) -> str:
-    """The role's last output lines (from memory: right even when its log file is not)."""
+    """The role's last output lines (from memory: right even when its log file is not), with
+    torchrun's own report of a failed rank cut down to one line: the rank's traceback above
+    it says what happened."""
     if r.pump is not None:
         r.pump.join(timeout=2.0)  # the pipe's last lines, after the process has exited
-    return "".join(list(r.output)[-lines:])
+    return "".join(_without_torchrun_report(list(r.output))[-lines:])
+
+
+_TORCHRUN_LOG = re.compile(r"^[WIE]\d{4} [\d:.]+ +\d+ .*torch/distributed/elastic/")
+
+
+def _without_torchrun_report(lines: list[str]) -> list[str]:
+    """Drop torchrun's agent traceback, its ``ChildFailedError`` box and its log lines;
+    keep the box's root cause as one line."""
+    kept = [ln for ln in lines if not _TORCHRUN_LOG.match(ln)]
+    for i in range(len(kept) - 1, -1, -1):
+        if kept[i].startswith("Traceback (most recent call last):") and any(
+            "torch/distributed/run.py" in ln for ln in kept[i : i + 30]
+        ):
+            box = "".join(kept[i:])
+            root = box.partition("Root Cause (first observed failure):")[2]
+            rank = re.search(r"rank\s*:\s*(\d+)", root)
+            code = re.search(r"exitcode\s*:\s*(-?\d+)", root)
+            cause = f"rank {rank.group(1)}, exit code {code.group(1)}" if rank and code else "?"
+            return kept[:i] + [f"(torchrun: a learner rank failed; first failure: {cause})\n"]
+    return kept
 
 
 _hurry = threading.Event()
@@ -222,22 +247,32 @@ def hurry() -> None:
 
 
 def stop_roles(roles: list[Role]) -> None:
-    """SIGTERM every live role and all its descendants, then SIGKILL what is left after a grace.
+    """Stop every live role: SIGTERM to each role's own process first (an actor shuts its
+    vLLM engine down, torchrun stops its ranks, each in its own order); what a role leaves
+    behind once its own process is gone is SIGKILLed after ``_ORPHAN_GRACE_S`` (nothing
+    coordinates it any more: e.g. a vLLM engine still starting when its actor died); a role
+    still running after ``_ROOT_GRACE_S`` gets SIGTERM to all its descendants; after
+    ``_GRACE_S`` in all (or at once after a second Ctrl-C, ``hurry``) what is left gets
+    SIGKILL.
 
-    Descendants are collected first and signalled one by one: torchrun starts each rank in a
-    session of its own and vLLM spawns engine/worker processes, so signalling the role's
-    process group alone can orphan them.
+    The process trees are collected first and descendants signalled one by one: torchrun
+    starts each rank in a session of its own and vLLM spawns engine/worker processes, so
+    signalling the role's process group alone could orphan them.
     """
     import psutil
 
-    procs = []
-    for r in roles:
-        procs.extend(process_tree(r.proc.pid))
-    for p in procs:
-        send_signal(p, signal.SIGTERM)
-    alive, deadline = procs, time.monotonic() + _GRACE_S
-    while alive and time.monotonic() < deadline and not _hurry.is_set():
-        _, alive = psutil.wait_procs(alive, timeout=0.2)
+    trees = [tree for r in roles if (tree := process_tree(r.proc.pid))]
+    for tree in trees:
+        send_signal(tree[0], signal.SIGTERM)
+    start = time.monotonic()
+    stages = [_TreeStop(tree) for tree in trees]
+    while any(s.alive for s in stages) and not _hurry.is_set():
+        if time.monotonic() - start > _GRACE_S:
+            break
+        for stage in stages:
+            stage.advance(time.monotonic() - start)
+        psutil.wait_procs([p for s in stages for p in s.alive], timeout=0.2)
+    alive = [p for s in stages for p in s.alive]
     for p in alive:
         send_signal(p, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=10)
@@ -248,6 +283,40 @@ def stop_roles(roles: list[Role]) -> None:
             pass
         if r.proc.poll() is not None:
             kill_leftovers(r)  # orphans of an earlier death of the role's process
+
+
+class _TreeStop:
+    """One role's process tree while ``stop_roles`` stops it (root = the role's process)."""
+
+    def __init__(self, tree: list) -> None:
+        self.root, self.rest = tree[0], tree[1:]
+        self.root_gone_at: float | None = None
+        self.told = False
+
+    @property
+    def alive(self) -> list:
+        return [p for p in [self.root, *self.rest] if _running(p)]
+
+    def advance(self, t: float) -> None:
+        rest = [p for p in self.rest if _running(p)]
+        if not _running(self.root):
+            self.root_gone_at = t if self.root_gone_at is None else self.root_gone_at
+            if rest and t - self.root_gone_at >= _ORPHAN_GRACE_S:
+                for p in rest:
+                    send_signal(p, signal.SIGKILL)
+        elif t >= _ROOT_GRACE_S and not self.told:
+            self.told = True
+            for p in rest:
+                send_signal(p, signal.SIGTERM)
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def process_tree(pid: int) -> list:

@@ -12,6 +12,7 @@ agent's, at ``--master_addr``) is bound that way; the launcher starts the learne
 from __future__ import annotations
 
 import socket
+import sys
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -52,11 +53,21 @@ def _patch_static_rendezvous() -> None:
 
 
 def main() -> None:
-    """``torchrun`` with the loopback-bound rendezvous store."""
+    """``torchrun`` with the loopback-bound rendezvous store. A SIGTERM/SIGINT (the launcher
+    stopping the job) ends it with one line instead of the agent's traceback; the agent has
+    stopped the ranks by then."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 
     _patch_static_rendezvous()
-    torchrun_main()
+    try:
+        torchrun_main()
+    except SignalException as e:
+        name = signal.Signals(e.sigval).name
+        print(f"[torchrun] stopped by {name}; its ranks were stopped", file=sys.stderr)
+        sys.exit(128 + int(e.sigval))
 
 
 if __name__ == "__main__":

@@ -5,14 +5,21 @@
     actor:   lease() --slot--> generate --> commit(lease, group) --XADD--> [ stream N ]
                 (blocks while leased + unread == capacity)                     |
     learner: read(consumer) <--XREADGROUP-- unread ---> pending ---ack()---> trained |
-                 |  invalid payload: dead-letter to N:dead (dropped_invalid)   dropped_stale |
-                 |                                                             dropped_uniform
+                 |  invalid payload or forged entry: dead-letter to N:dead       dropped_stale |
+                 |  (dropped_invalid)                                          dropped_uniform
                  '-- read_pending(consumer) after a restart re-reads pending; an entry
                      delivered max_deliveries times without a completed step is
                      dead-lettered to N:dead (dropped_poison)
 
 Every multi-key change is one Lua script (``buffer/scripts.py``), so no reader ever sees a
 half-applied state and ``stats()`` is a consistent snapshot.
+
+Damage from outside the job (issue 12; tests/faults/test_buffer_damage.py): a
+consumer group destroyed by hand is rebuilt exactly where it was (``_regroup``, a warning);
+an entry that commit() did not add, or whose seq is not the one commit() gave it, is
+dead-lettered as invalid and counted; state that is missing or not a number (a FLUSHDB, a
+hand edit) raises ``BufferDamaged`` naming the key and the fix. ``audit()`` is the learner's
+per-step check of the conservation law.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 
 import redis
 
+from asyncrl.fatal import FatalError
 from asyncrl.types import Group
 from buffer import scripts
 from buffer.codec import DEFAULT_MAX_BYTES, PayloadError, decode_group, encode_group
@@ -35,12 +43,36 @@ log = logging.getLogger(__name__)
 
 ACK_STATES = ("trained", "dropped_stale", "dropped_uniform")
 """States the learner acks with; dropped_invalid/dropped_poison are set by the buffer."""
+TERMINAL_STATES = (
+    "trained",
+    "dropped_stale",
+    "dropped_invalid",
+    "dropped_poison",
+    "dropped_uniform",
+)
+"""Every state a committed group ends in (one counter each in ``N:stats``)."""
 _ENTRY_ID = re.compile(r"[0-9]+-[0-9]+")
-_RESERVED_META = ("capacity", "consumer_group", "learner_version")
+_RESERVED_META = (
+    "capacity",
+    "consumer_group",
+    "learner_version",
+    "delivered_upto",
+    "delivered_to",
+)
+_SCRIPTS = ("LEASE", "COMMIT", "RENEW", "ACK", "DEAD_LETTER", "STATS", "DELIVERED", "REGROUP")
+# Redis errors that mean the buffer's keys hold something the scripts did not write
+_DAMAGE_ERRORS = ("BUFFERSTATE", "NOGROUP", "WRONGTYPE", "not an integer", "not a valid float")
+_SCRIPT_SUFFIX = re.compile(r"\s*script: \w+, on @user_script:\d+\.?$")
 
 
 class LeaseExpired(RuntimeError):
     """A commit came after its lease expired and the buffer had no free slot: not stored."""
+
+
+class BufferDamaged(FatalError):
+    """The buffer's own state in Redis is missing or was changed from outside the job
+    (FLUSHDB, DEL, a hand-edited field). The message names the key and the fix. A restart of
+    the role cannot fix it (asyncrl/fatal.py): the job's counts and queue are gone or wrong."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +103,11 @@ class ReplayBuffer:
 
         committed == trained + dropped_stale + dropped_invalid + dropped_poison
                      + dropped_uniform + unread + pending
+
+    An entry added to the stream from outside (no commit record in ``N:commits``, or another
+    seq) is not a group until it is read: then it is dead-lettered and counted both
+    ``committed`` and ``dropped_invalid``. ``audit()`` checks the law with such unread
+    entries left out and reports any difference (the learner runs it every step).
 
     Nothing is ever trimmed or evicted: a full buffer blocks ``lease`` (backpressure).
     One consumer group (learner job) per buffer ``name``; acked entries are deleted.
@@ -116,19 +153,20 @@ class ReplayBuffer:
         self.max_payload_bytes, self.reconnect_s = max_payload_bytes, reconnect_s
         self.max_deliveries = max_deliveries
         self._where = describe(client)
-        self._k = {s: f"{name}:{s}" for s in ("dead", "leases", "stats", "meta", "group_ids")}
+        keys = ("dead", "leases", "stats", "meta", "group_ids", "commits")
+        self._k = {s: f"{name}:{s}" for s in keys}
         self._k["stream"] = name
-        self._s = {
-            n: client.register_script(getattr(scripts, n))
-            for n in ("LEASE", "COMMIT", "RENEW", "ACK", "DEAD_LETTER", "STATS")
-        }
+        self._s = {n: client.register_script(getattr(scripts, n)) for n in _SCRIPTS}
         self._group_ready = False
         self._handed: dict[str, set[str]] = {}  # consumer -> entry ids handed out, not acked
         self._maybe_lost: set[str] = set()  # consumers whose read reply may have been lost
-        old = self._call(lambda: client.hget(self._k["meta"], "capacity"))
-        if old is not None and int(old) != capacity:
+        self.repairs: list[str] = []
+        """One line per repair of damage from outside (a rebuilt consumer group)."""
+        meta = self._k["meta"]
+        old = self._redis(lambda: client.hget(meta, "capacity"), [meta])
+        if old is not None and self._int(meta, "capacity", old) != capacity:
             log.warning("buffer %s: capacity changed from %s to %d", name, int(old), capacity)
-        self._call(lambda: client.hset(self._k["meta"], "capacity", capacity))
+        self._redis(lambda: client.hset(meta, "capacity", capacity), [meta])
 
     # -- actors --------------------------------------------------------------------------------
 
@@ -143,7 +181,7 @@ class ReplayBuffer:
         deadline = time.monotonic() + timeout_s
         delay = 0.002
         while True:
-            if self._call(lambda: self._s["LEASE"](keys, args)) == 1:
+            if self._run("LEASE", keys, args) == 1:
                 return lease_id
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -160,9 +198,9 @@ class ReplayBuffer:
         no slot is free (the group is not stored), ``ValueError`` for a malformed group.
         """
         payload = encode_group(group)
-        keys = [self._k[k] for k in ("leases", "stream", "meta", "stats", "group_ids")]
+        keys = [self._k[k] for k in ("leases", "stream", "meta", "stats", "group_ids", "commits")]
         args = [lease_id, group.group_id, payload]
-        result = self._call(lambda: self._s["COMMIT"](keys, args))
+        result = self._run("COMMIT", keys, args)
         if result == -1:
             raise LeaseExpired(
                 f"lease {lease_id} expired (lease_ttl_s={self.lease_ttl_s}) and the buffer is "
@@ -173,12 +211,13 @@ class ReplayBuffer:
 
     def release(self, lease_id: str) -> bool:
         """Give a slot back without committing. Returns False if the lease was already gone."""
-        return bool(self._call(lambda: self.client.zrem(self._k["leases"], lease_id)))
+        leases = self._k["leases"]
+        return bool(self._redis(lambda: self.client.zrem(leases, lease_id), [leases]))
 
     def renew(self, lease_id: str) -> bool:
         """Extend a live lease by ``lease_ttl_s`` from now; False if it had already expired."""
         args = [lease_id, int(self.lease_ttl_s * 1000)]
-        return self._call(lambda: self._s["RENEW"]([self._k["leases"]], args)) == 1
+        return self._run("RENEW", [self._k["leases"]], args) == 1
 
     # -- learner -------------------------------------------------------------------------------
 
@@ -200,7 +239,9 @@ class ReplayBuffer:
                 return self._hand(consumer, recovered)
             wait_ms = int((deadline - time.monotonic()) * 1000)
             raw = self._xreadgroup(consumer, ">", count, wait_ms if wait_ms > 0 else None)
-            valid = [e for e in (self._decode(eid, f, 1, vocab_size) for eid, f in raw) if e]
+            seqs = self._delivered(consumer, [eid for eid, _ in raw])
+            decoded = (self._decode(eid, f, 1, vocab_size, seqs.get(eid)) for eid, f in raw)
+            valid = [e for e in decoded if e]
             if valid or (not raw and consumer not in self._maybe_lost):
                 return self._hand(consumer, valid)
 
@@ -225,11 +266,13 @@ class ReplayBuffer:
         orphans = orphans[:count]
         if not orphans:
             return []
-        fields = self._fields(orphans)
+        fields, seqs = self._fields(orphans), self._delivered(consumer, orphans)
         log.warning(
             "buffer %s: recovered %d group(s) whose read reply was lost", self.name, len(orphans)
         )
-        entries = (self._decode(eid, fields.get(eid), 1, vocab_size) for eid in orphans)
+        entries = (
+            self._decode(eid, fields.get(eid), 1, vocab_size, seqs.get(eid)) for eid in orphans
+        )
         return [e for e in entries if e]
 
     def read_pending(self, consumer: str, vocab_size: int | None = None) -> list[Entry]:
@@ -242,12 +285,12 @@ class ReplayBuffer:
         counts = self._delivery_counts(consumer)
         if not counts:
             return []
-        fields = self._fields(list(counts))
+        fields, seqs = self._fields(list(counts)), self._delivered(consumer, list(counts))
         entries = []
         for eid, deliveries in counts.items():
             if deliveries >= self.max_deliveries:
                 self._poison(eid, fields.get(eid), deliveries)
-            elif entry := self._decode(eid, fields.get(eid), deliveries, vocab_size):
+            elif entry := self._decode(eid, fields.get(eid), deliveries, vocab_size, seqs.get(eid)):
                 entries.append(entry)
         return self._hand(consumer, entries)
 
@@ -266,10 +309,12 @@ class ReplayBuffer:
         stream, group = self._k["stream"], self.consumer_group
         for n, ids in by_count.items():
             ids = self._check_ids(ids)
-            self._call(
+            self._redis(
                 lambda ids=ids, n=n: self.client.xclaim(
                     stream, group, consumer, 0, ids, retrycount=n, justid=True
-                )
+                ),
+                [stream],
+                consumer=consumer,
             )
 
     def ack(self, entry_ids: Iterable[str], state: str) -> int:
@@ -285,8 +330,8 @@ class ReplayBuffer:
         self._ensure_group()
         for handed in self._handed.values():
             handed.difference_update(ids)
-        keys = [self._k["stream"], self._k["stats"]]
-        return int(self._call(lambda: self._s["ACK"](keys, [self.consumer_group, state, *ids])))
+        keys = [self._k["stream"], self._k["stats"], self._k["commits"]]
+        return int(self._run("ACK", keys, [self.consumer_group, state, *ids]))
 
     def dead_letters(self, count: int = 100) -> list[tuple[str, str]]:
         """The oldest ``count`` dead letters as (original entry id, reason)."""
@@ -296,12 +341,14 @@ class ReplayBuffer:
     # -- versions, meta, stats -----------------------------------------------------------------
 
     def set_learner_version(self, version: int) -> None:
-        self._call(lambda: self.client.hset(self._k["meta"], "learner_version", int(version)))
+        meta = self._k["meta"]
+        self._redis(lambda: self.client.hset(meta, "learner_version", int(version)), [meta])
 
     def learner_version(self) -> int:
         """The learner's published policy version, -1 before the first publish."""
-        v = self._call(lambda: self.client.hget(self._k["meta"], "learner_version"))
-        return -1 if v is None else int(v)
+        meta = self._k["meta"]
+        v = self._redis(lambda: self.client.hget(meta, "learner_version"), [meta])
+        return -1 if v is None else self._int(meta, "learner_version", v)
 
     def set_meta(self, **kv: str | int | float) -> None:
         """Publish run-wide settings (e.g. ``max_staleness=4``); values are stored as strings."""
@@ -309,20 +356,59 @@ class ReplayBuffer:
         if bad:
             raise ValueError(f"{bad} are managed by ReplayBuffer; use its methods")
         if kv:
-            self._call(lambda: self.client.hset(self._k["meta"], mapping=kv))
+            meta = self._k["meta"]
+            self._redis(lambda: self.client.hset(meta, mapping=kv), [meta])
 
     def meta(self) -> dict[str, str]:
         """All meta fields (including capacity, consumer_group, learner_version) as strings."""
-        raw = self._call(lambda: self.client.hgetall(self._k["meta"]))
+        meta = self._k["meta"]
+        raw = self._redis(lambda: self.client.hgetall(meta), [meta])
         return {_s(k): _s(v) for k, v in raw.items()}
 
     def stats(self) -> dict[str, int]:
-        """One atomic snapshot; see the class docstring for the invariants it satisfies."""
-        keys = [self._k[k] for k in ("stream", "leases", "stats", "meta")]
-        values = self._call(lambda: self._s["STATS"](keys, []))
-        return dict(zip(scripts.STATS_FIELDS, (int(v) for v in values), strict=True))
+        """One atomic snapshot; see the class docstring for the invariants it satisfies.
+
+        Raises ``BufferDamaged`` if a counter or the capacity is missing or not an integer.
+        """
+        values = self._run("STATS", self._stats_keys(), [])
+        return dict(zip(scripts.STATS_FIELDS, (int(v) for v in values[:10]), strict=True))
+
+    def audit(self) -> dict[str, int]:
+        """The learner's check of the buffer, one round trip: ``stats()`` plus
+
+        - ``foreign``: entries in the stream that commit() did not add (not yet read; each is
+          dead-lettered and counted ``committed`` + ``dropped_invalid`` when read),
+        - ``still_buffered``: committed groups not yet in a terminal state
+          (``unread + pending - foreign``),
+        - ``imbalance``: ``committed - (sum of TERMINAL_STATES + still_buffered)``, 0 unless
+          something outside the job changed the counters or deleted entries.
+
+        Raises ``BufferDamaged`` if the meta no longer names this buffer's consumer group (a
+        FLUSHDB or DEL), or a counter, the capacity or ``learner_version`` is not an integer.
+        A consumer group destroyed from outside is rebuilt first (``_regroup``, a warning).
+        """
+        self._ensure_group()
+        for _ in range(2):
+            values = self._run("STATS", self._stats_keys(), [self.consumer_group])
+            fields = scripts.STATS_FIELDS + scripts.AUDIT_FIELDS
+            out = dict(zip(fields, (int(v) for v in values), strict=True))
+            if out.pop("group_ok"):
+                break
+            self._regroup("")
+        foreign = max(0, out.pop("stream_len") - out.pop("commit_records"))
+        buffered = out["unread"] + out["pending"] - foreign
+        terminal = sum(out[k] for k in TERMINAL_STATES)
+        return {
+            **out,
+            "foreign": foreign,
+            "still_buffered": buffered,
+            "imbalance": out["committed"] - terminal - buffered,
+        }
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _stats_keys(self) -> list[str]:
+        return [self._k[k] for k in ("stream", "leases", "stats", "meta", "commits")]
 
     @staticmethod
     def _check_ids(entry_ids: Iterable[str]) -> list[str]:
@@ -336,11 +422,13 @@ class ReplayBuffer:
     def _delivery_counts(self, consumer: str) -> dict[str, int]:
         """{entry id: delivery count} of every entry pending for ``consumer``, oldest first."""
         counts: dict[str, int] = {}
-        start = "-"
-        while rows := self._call(
+        start, stream = "-", self._k["stream"]
+        while rows := self._redis(
             lambda start=start: self.client.xpending_range(
-                self._k["stream"], self.consumer_group, start, "+", 1000, consumer
-            )
+                stream, self.consumer_group, start, "+", 1000, consumer
+            ),
+            [stream],
+            consumer=consumer,
         ):
             counts.update((_s(r["message_id"]), int(r["times_delivered"])) for r in rows)
             start = "(" + _s(rows[-1]["message_id"])
@@ -357,46 +445,115 @@ class ReplayBuffer:
             lo = "(" + _s(rows[-1][0])
         return out
 
+    def _delivered(self, consumer: str, ids: list[str]) -> dict[str, bytes | None]:
+        """Record ``ids`` as delivered to ``consumer`` (meta ``delivered_upto``, which
+        ``_regroup`` needs) and return {entry id: seq that commit() gave it, or None}."""
+        keys, out = [self._k["meta"], self._k["commits"]], {}
+        for i in range(0, len(ids), 1000):  # bounded script arguments
+            chunk = ids[i : i + 1000]
+            seqs = self._run("DELIVERED", keys, [consumer, *chunk])
+            out.update(zip(chunk, seqs, strict=True))
+        return out
+
     def _poison(self, entry_id: str, fields, deliveries: int) -> None:
         """Dead-letter a pending entry that was handed to ``deliveries`` steps in vain."""
         reason = (
             f"poison: delivered {deliveries} times, and no step with it completed (the learner "
             f"crashed or was stopped each time; buffer.max_deliveries={self.max_deliveries})"
         )
-        fields = fields or {}
-        foreign = bool(fields) and b"seq" not in fields  # see _decode
-        self._dead_letter(entry_id, reason, fields.get(b"payload", b""), foreign, "dropped_poison")
+        self._dead_letter(entry_id, reason, (fields or {}).get(b"payload", b""), "dropped_poison")
 
-    def _dead_letter(
-        self, entry_id: str, reason: str, payload: bytes, foreign: bool, counter: str
-    ) -> None:
-        """Move a pending entry to ``N:dead`` with ``reason``, counted as ``counter``."""
-        keys = [self._k["stream"], self._k["dead"], self._k["stats"]]
-        args = [self.consumer_group, entry_id, reason, payload, "1" if foreign else "0", counter]
-        self._call(lambda: self._s["DEAD_LETTER"](keys, args))
+    def _dead_letter(self, entry_id: str, reason: str, payload: bytes, counter: str) -> None:
+        """Move a pending entry to ``N:dead`` with ``reason``, counted as ``counter`` (and as
+        committed too if commit() did not add it: DEAD_LETTER checks its commit record)."""
+        keys = [self._k[k] for k in ("stream", "dead", "stats", "commits")]
+        args = [self.consumer_group, entry_id, reason, payload, counter]
+        self._run("DEAD_LETTER", keys, args)
         log.warning("buffer %s: dead-lettered %s: %s", self.name, entry_id, reason)
 
     def _call(self, fn, on_retry=None):
         return call_with_retries(fn, self._where, self.reconnect_s, on_retry)
 
+    def _run(self, script: str, keys: list[str], args: list, on_retry=None):
+        """Run one of ``buffer/scripts.py`` through ``_redis``."""
+        return self._redis(lambda: self._s[script](keys, args), keys, on_retry)
+
+    def _redis(self, fn, keys: list[str], on_retry=None, consumer: str = ""):
+        """``fn()`` with retries on dropped connections (``_call``). A consumer group that
+        vanished (NOGROUP) is rebuilt once (``_regroup``) and ``fn`` run again; a reply that
+        says the buffer's state is damaged raises ``BufferDamaged`` naming ``keys``."""
+        for attempt in range(2):
+            try:
+                return self._call(fn, on_retry)
+            except redis.ResponseError as e:
+                text = _SCRIPT_SUFFIX.sub("", str(e))
+                if "user executing the script can't run" in text:  # ACL, as outside a script
+                    raise redis.exceptions.NoPermissionError(
+                        f"{text} (on {', '.join(keys)})"
+                    ) from None
+                if not any(m in text for m in _DAMAGE_ERRORS):
+                    raise
+                regroup = attempt == 0 and self._group_ready and text.startswith("NOGROUP")
+                if not regroup:
+                    what = text.removeprefix("BUFFERSTATE ")
+                    if what == text:  # a Redis error, not one of our scripts' reports
+                        what = f"{text} (on {', '.join(keys)})"
+                    raise self._damaged(what) from None
+            self._regroup(consumer)  # outside the except: its errors are not "during" NOGROUP
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _damaged(self, what: str) -> BufferDamaged:
+        return BufferDamaged(
+            f"buffer state damaged: {what}. The buffer {self.name!r} was flushed (FLUSHDB) or "
+            "its keys deleted or edited from outside the job, so its counts and queued groups "
+            f"can no longer be trusted. Keep other clients off the keys {self.name} and "
+            f"{self.name}:*, and restart the job with a fresh buffer (a new buffer.name): the "
+            "learner resumes from its last checkpoint in the run directory"
+        )
+
+    def _int(self, key: str, field: str, value: bytes) -> int:
+        """``value`` of ``key``'s ``field`` as an int; ``BufferDamaged`` if it is not one."""
+        try:
+            return int(value)
+        except ValueError:
+            raise self._damaged(f"{key} field {field} is {_s(value)!r}, not an integer") from None
+
     def _ensure_group(self) -> None:
-        """Register this buffer's single consumer group and create it (MKSTREAM) once."""
+        """Register this buffer's single consumer group and create it (MKSTREAM) once; a
+        group destroyed while no learner held it is rebuilt (``_regroup``)."""
         if self._group_ready:
             return
         meta, group = self._k["meta"], self.consumer_group
-        self._call(lambda: self.client.hsetnx(meta, "consumer_group", group))
-        owner = _s(self._call(lambda: self.client.hget(meta, "consumer_group")))
+        self._redis(lambda: self.client.hsetnx(meta, "consumer_group", group), [meta])
+        owner = _s(self._redis(lambda: self.client.hget(meta, "consumer_group"), [meta]))
         if owner != group:
             raise ValueError(
                 f"buffer {self.name!r} is consumed by group {owner!r}, not {group!r}: one "
                 "learner job per buffer name (use a new buffer name for a new job)"
             )
-        try:
-            self._call(lambda: self.client.xgroup_create(self.name, group, id="0", mkstream=True))
-        except redis.ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise
+        self._regroup("")
+
+    def _regroup(self, consumer: str) -> None:
+        """Create the consumer group, or rebuild it where it was if it was destroyed from
+        outside (``scripts.REGROUP``): the groups delivered before stay pending (their acks
+        still count), none is read again as new. ``BufferDamaged`` if the stream or the meta
+        is gone too (a FLUSHDB): then nothing says which groups were delivered."""
+        keys = [self._k["stream"], self._k["meta"]]
+        args = [self.consumer_group, consumer, "1" if self._group_ready else "0"]
+        reply = self._run("REGROUP", keys, args)
         self._group_ready = True
+        if _s(reply[0]) != "repaired":
+            return
+        upto, n = _s(reply[1]), int(reply[2])
+        text = (
+            f"buffer {self.name}: consumer group {self.consumer_group!r} of stream {self.name!r} "
+            f"was missing (destroyed from outside the job, e.g. XGROUP DESTROY); rebuilt it at "
+            f"the last delivered entry {upto} with the {n} group(s) delivered and not yet "
+            "acked pending again (their delivery counts restart at 1), so none is read again "
+            "as new and their acks still count"
+        )
+        log.warning(text)
+        self.repairs.append(text)
 
     def _clamp_block(self, block_ms: int) -> int:
         # A BLOCK longer than the socket timeout would surface as a spurious TimeoutError.
@@ -407,26 +564,23 @@ class ReplayBuffer:
 
     def _xreadgroup(self, consumer: str, start: str, count: int, block_ms: int | None) -> list:
         """[(entry_id, fields | None)] for ``start`` ('>' new, or an id for pending history)."""
+        stream = self._k["stream"]
 
         def go():
-            try:
-                return self.client.xreadgroup(
-                    self.consumer_group, consumer, {self.name: start}, count=count, block=block_ms
-                )
-            except redis.ResponseError as e:
-                if "NOGROUP" not in str(e):
-                    raise
-                self._group_ready = False  # server lost the group (e.g. flushed): recreate
-                self._ensure_group()
-                return []
+            return self.client.xreadgroup(
+                self.consumer_group, consumer, {stream: start}, count=count, block=block_ms
+            )
 
         lost = (lambda: self._maybe_lost.add(consumer)) if start == ">" else None
-        reply = self._call(go, lost) or []
+        reply = self._redis(go, [stream], lost, consumer=consumer) or []
         streams = reply.items() if isinstance(reply, dict) else reply  # RESP3 | RESP2
         return [(_s(eid), fields) for _, rows in streams for eid, fields in rows or []]
 
-    def _decode(self, entry_id: str, fields, deliveries: int, vocab_size) -> Entry | None:
-        """The entry's group, or None after dead-lettering it with the reason."""
+    def _decode(
+        self, entry_id: str, fields, deliveries: int, vocab_size, seq: bytes | None
+    ) -> Entry | None:
+        """The entry's group, or None after dead-lettering it with the reason. ``seq``: what
+        commit() recorded for this entry id (``N:commits``), None if it did not add it."""
         fields = fields or {}
         payload = fields.get(b"payload", b"")
         try:
@@ -437,6 +591,13 @@ class ReplayBuffer:
             group = decode_group(payload, vocab_size, self.max_payload_bytes)
             if b"seq" not in fields:
                 raise PayloadError("entry was not added by ReplayBuffer.commit (no seq field)")
+            if seq != fields[b"seq"]:
+                given = "none: it added no such entry" if seq is None else _s(seq)
+                raise PayloadError(
+                    f"forged seq: the entry says seq={_s(fields[b'seq'])!r}, commit() gave "
+                    f"entry {entry_id} {given} ({self._k['commits']}); it was written from "
+                    "outside the job"
+                )
             if _s(fields.get(b"group_id", b"")) != group.group_id:
                 raise PayloadError(
                     f"entry group_id {_s(fields.get(b'group_id', b''))!r} != payload "
@@ -444,9 +605,7 @@ class ReplayBuffer:
                 )
             return Entry(entry_id, group, deliveries)
         except PayloadError as e:
-            # Only an entry with fields but no commit marker bypassed commit()'s counting.
-            foreign = bool(fields) and b"seq" not in fields
-            self._dead_letter(entry_id, e.reason, payload, foreign, "dropped_invalid")
+            self._dead_letter(entry_id, e.reason, payload, "dropped_invalid")
             return None
 
 

@@ -197,9 +197,7 @@ class RedisServer:
             self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log:
                 cmd = self._wrap([exe, str(self.conf_path)])
-                self._proc = subprocess.Popen(
-                    cmd, stdout=log, stderr=log, pass_fds=self._pass_fds
-                )
+                self._proc = subprocess.Popen(cmd, stdout=log, stderr=log, pass_fds=self._pass_fds)
             try:
                 self._wait_ready()
                 break

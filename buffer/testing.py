@@ -1,4 +1,5 @@
-"""Seeded fake data for tests and benchmarks of the buffer (no Redis, no model needed)."""
+"""Seeded fake data for tests and benchmarks of the buffer (no Redis, no model needed), and
+``add_as_committed``, which plants an unchecked entry the way ``ReplayBuffer.commit`` would."""
 
 from __future__ import annotations
 
@@ -48,3 +49,25 @@ def random_group(
         )
     gid = group_id if group_id is not None else f"{actor_id}:{prompt_index}"
     return Group(group_id=gid, prompt_index=prompt_index, actor_id=actor_id, samples=samples)
+
+
+# KEYS: stream, stats, commits   ARGV: field, value, ...   (COMMIT's bookkeeping, no checks)
+_ADD_AS_COMMITTED = """
+local seq = redis.call('HINCRBY', KEYS[2], 'committed', 1)
+local id = redis.call('XADD', KEYS[1], '*', 'seq', seq, unpack(ARGV))
+redis.call('HSET', KEYS[3], id, seq)
+return id
+"""
+
+
+def add_as_committed(client, name: str, fields: dict[bytes, bytes]) -> str:
+    """XADD ``fields`` into buffer ``name``'s stream as ``ReplayBuffer.commit`` would (counted
+    committed, a ``seq`` field and its commit record), but without validating anything: how
+    a test plants a bad payload that the buffer must treat as a committed group. Returns the
+    entry id. ``fields`` must not hold ``seq``."""
+    if b"seq" in fields:
+        raise ValueError("add_as_committed sets seq itself")
+    keys = [name, f"{name}:stats", f"{name}:commits"]
+    args = [x for kv in fields.items() for x in kv]
+    entry_id = client.register_script(_ADD_AS_COMMITTED)(keys, args)
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id

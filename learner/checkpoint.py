@@ -8,6 +8,10 @@ says ``V``, so a process killed at any point of a save leaves either the previou
 or the new one, never a partial one (tests/faults/test_checkpoint_kills.py kills it at every
 phase). Only after that are the trained groups acknowledged in the buffer (ack-on-checkpoint).
 
+A checkpoint never holds non-finite weights: ``save_checkpoint`` checks every rank's shards
+of each model first and refuses (``NonFiniteError``) before it writes anything, so the previous
+checkpoint stays the newest.
+
 Failpoints (``asyncrl.faults``, test-only) mark the phases: ``checkpoint.begin``,
 ``checkpoint.after_dcp``, ``checkpoint.after_hf``, ``checkpoint.before_marker``,
 ``checkpoint.before_rename``, ``checkpoint.after_rename``.
@@ -26,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from asyncrl.faults import failpoint
+from learner.finite import NonFiniteError, nonfinite_models
 from learner.model import full_named_tensors
 
 _MARKER = "COMPLETE"
@@ -77,12 +82,19 @@ def save_checkpoint(
     """Collective: every rank calls it. Returns the final checkpoint directory.
 
     ``extra``: more (model, optimizer) pairs saved in the same DCP checkpoint under their
-    name (e.g. ``{"critic": ...}``); only the policy is exported to ``hf/``."""
+    name (e.g. ``{"critic": ...}``); only the policy is exported to ``hf/``. Raises
+    ``NonFiniteError``, writing nothing, if a model has a NaN/inf weight on any rank."""
     import torch.distributed.checkpoint as dcp
 
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{version:06d}"
     tmp = root / f".tmp-step_{version:06d}"
+    broken = nonfinite_models({"policy": model, **{k: m for k, (m, _) in (extra or {}).items()}})
+    if broken:
+        raise NonFiniteError(
+            f"refusing to write checkpoint {final}: the {' and '.join(broken)} weights are "
+            f"non-finite (NaN/inf); the newest checkpoint stays {latest_checkpoint(run_dir)}"
+        )
     if _rank() == 0:
         _remove_leftovers(root)
         tmp.mkdir(parents=True)

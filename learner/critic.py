@@ -22,6 +22,7 @@ from torch import nn
 
 from learner.advantages import value_loss
 from learner.device import current_device
+from learner.finite import step_if_finite
 from learner.losses import make_aggregation
 from learner.model import _DTYPES, attention_impl, check_model_dir, shard_model
 
@@ -64,7 +65,8 @@ class Critic:
         world: int,
     ) -> dict[str, float]:
         """One optimizer update on this rank's rows ``mb`` (a ``Batch``); ``agg_mask`` is the
-        loss mask of the whole minibatch on all ranks. Collective under FSDP2."""
+        loss mask of the whole minibatch on all ranks. Collective under FSDP2. Not applied when
+        the loss or the gradient norm is NaN/inf on any rank (``critic_nonfinite_updates``)."""
         agg = make_aggregation(_VALUE_AGGREGATION, agg_mask)
         values = self.model(mb.input_ids, mb.attention_mask)
         out = value_loss(values, old_values, returns, mb.loss_mask, agg, clip_range=self.value_clip)
@@ -73,9 +75,10 @@ class Critic:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
+        applied = step_if_finite(self.optimizer, out.loss.detach(), grad_norm)
         metrics = {k: v for k, v in out.metrics.items() if k != "tokens"}  # the policy's count
         metrics["critic_grad_norm"] = float(grad_norm)
+        metrics["critic_nonfinite_updates"] = float(not applied)
         metrics["value_explained_var"] = explained_variance(values.detach(), returns, mb.loss_mask)
         return metrics
 

@@ -20,6 +20,7 @@ import signal
 import time
 from pathlib import Path
 
+from actors.scoring import RewardErrorTally
 from asyncrl.config import Config
 from asyncrl.control import ControlServer
 from asyncrl.metrics import (
@@ -38,6 +39,7 @@ from learner.data import GroupSource
 class Hub:
     def __init__(self, cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> None:
         from buffer.connection import connect
+        from buffer.ledger import LedgerWatch
         from buffer.redis_buffer import ReplayBuffer
 
         self.cfg = cfg
@@ -67,6 +69,8 @@ class Hub:
         self._trained_totals = {"groups": 0, "samples": 0, "tokens": 0}
         self._base = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
         self._dropped_seen: dict[str, int] = {}
+        self._reward_errors = RewardErrorTally()  # over the samples trained
+        self.ledger = LedgerWatch(b.name)  # the buffer's conservation law, checked every step
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
@@ -122,7 +126,7 @@ class Hub:
             )
             wait.begin()
             self.control.wait_for_actors(cfg.actor.num_actors, wait)
-            self.sender = _open_weight_channel(self.control, cfg)
+            self.sender = _open_weight_channel(self.control, cfg, self.stop_requested)
         self._last_t = self._ready_t = time.monotonic()
         self.clock.set("busy")
         self._last_totals = self.clock.totals()
@@ -160,6 +164,10 @@ class Hub:
         self._sync["seconds"] += seconds
 
     def after_step(self, state, metrics: dict) -> None:
+        # one round trip: counters + integrity (BufferDamaged names a wiped or edited key)
+        stats = self.buffer.audit()
+        for line in self.ledger.check(stats, state.version - 1, self.buffer.repairs):
+            self.say(line)
         self.buffer.set_learner_version(state.version)
         entries, v = self._step_entries, self._step_version
         self._trained.extend(e.entry_id for e in entries)
@@ -167,7 +175,6 @@ class Hub:
         dt, self._last_t = max(now - self._last_t, 1e-9), now
         stale = [v - e.group.version_min for e in entries]
         groups = [e.group for e in entries]
-        stats = self.buffer.stats()
         reward = sum(sum(g.rewards) for g in groups) / sum(len(g.samples) for g in groups)
         record = {
             "step": state.version - 1,
@@ -179,6 +186,7 @@ class Hub:
             "tokens_per_s": sum(g.num_tokens for g in groups) / dt,
             "dropped_stale": self.source.dropped_stale,
             "dropped_invalid": stats["dropped_invalid"],
+            "ledger_imbalance": stats["imbalance"],
             "reward_errors": sum(1 for g in groups for s in g.samples if s.reward_error),
             "wall_s": state.wall_s,
             **self._step_timing(now),
@@ -212,6 +220,9 @@ class Hub:
         t["groups"] += len(groups)
         t["samples"] += sum(len(g.samples) for g in groups)
         t["tokens"] += sum(g.num_tokens for g in groups)
+        for g in groups:
+            for s in g.samples:
+                self._reward_errors.add(s.reward_error, g.group_id)
         for reason, count in self._dropped_counts(stats).items():
             seen = self._dropped_seen.get(reason, 0)
             self.metrics.dropped.labels(reason).inc(max(0, count - seen))
@@ -256,6 +267,8 @@ class Hub:
             },
             "trained_totals": dict(self._trained_totals),
             "weight_sync": dict(self._sync),
+            "reward_errors": self._reward_errors.to_dict(),
+            "ledger": self.ledger.to_dict(),
         }
 
     def restore_tallies(self, saved: dict) -> None:
@@ -266,11 +279,15 @@ class Hub:
         self._staleness_hist = {int(k): n for k, n in saved["trained_staleness_histogram"].items()}
         self._trained_totals = dict(saved["trained_totals"])
         self._sync.update(saved.get("weight_sync", {}))  # absent before 2026-11-23
+        self._reward_errors = RewardErrorTally(saved.get("reward_errors"))  # absent: from 0
+        self.ledger.restore(saved.get("ledger"))  # absent: from a balanced ledger
 
     def finish(self, state) -> dict:
         """Stop the actors, write summary.json and reward.png; returns the summary."""
         self.control.broadcast({"type": "stop"})
-        stats = self.buffer.stats()
+        stats = self.buffer.audit()
+        for line in self.ledger.check(stats, state.version, self.buffer.repairs):
+            self.say(line)
         extra = {
             "groups_committed": stats["committed"],
             "groups_trained": stats["trained"],
@@ -278,13 +295,15 @@ class Hub:
             "groups_dropped_invalid": stats["dropped_invalid"],
             "groups_dropped_poison": stats["dropped_poison"],
             "groups_dropped_uniform": stats["dropped_uniform"],
-            "groups_still_buffered": stats["unread"] + stats["pending"],
+            "groups_still_buffered": stats["still_buffered"],
             "wall_s": state.wall_s,
             "mode": self.cfg.mode.name,
             "max_staleness": self.cfg.buffer.max_staleness,
             "final_version": state.version,
+            "steps_nonfinite_skipped": state.nonfinite_steps,  # counted in groups_trained
+            "updates_nonfinite_skipped": state.nonfinite_updates,
             "title": f"{self.cfg.mode.name}, max_staleness={self.cfg.buffer.max_staleness}",
-            **self.tallies(),
+            **self.tallies(),  # with "ledger": did the buffer's counts balance (buffer/ledger.py)
             "dropped_by_reason": self._dropped_counts(stats),
         }
         summary = self.log.write_summary(extra)
@@ -295,7 +314,7 @@ class Hub:
         return summary
 
 
-def _open_weight_channel(control: ControlServer, cfg: Config):
+def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False):
     """Tell every actor where to join the weight collective, then host it as rank 0.
 
     One receiver rank per actor (one vLLM worker each on CPU; tensor-parallel actors would
@@ -307,7 +326,8 @@ def _open_weight_channel(control: ControlServer, cfg: Config):
     # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
     wire = _DTYPES[cfg.model.dtype]
     timeout = cfg.learner.weight_sync_timeout_s
-    return ActorWeightChannel(control, timeout_s=timeout, log=_say, wire_dtype=wire).open()
+    channel = ActorWeightChannel(control, timeout_s=timeout, log=_say, wire_dtype=wire, stop=stop)
+    return channel.open()
 
 
 def _say(text: str) -> None:

@@ -7,9 +7,12 @@ with the buffer URL in ``ASYNCRL_REDIS_URL`` (kept out of argv: it carries a pas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 
@@ -19,8 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", required=True)
     args = p.parse_args(argv)
 
+    from asyncrl import fatal
     from asyncrl.configload import config_from_json
-    from learner.trainer import init_distributed, run_learner
+    from learner.trainer import StoppedUntrained, init_distributed, run_learner
 
     cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
     url = os.environ.get("ASYNCRL_REDIS_URL")
@@ -28,13 +32,23 @@ def main(argv: list[str] | None = None) -> int:
         print("learner: ASYNCRL_REDIS_URL is not set (the buffer's Redis URL)", file=sys.stderr)
         return 2
     rank, _ = init_distributed(cfg.learner.device)
-    hub = None
-    if rank == 0:
-        from learner.hub import Hub
+    # rank 0 records an error a restart cannot fix (a diverged loss, a damaged buffer) for
+    # the launcher
+    with fatal.recorded(args.run_dir, "learner") if rank == 0 else contextlib.nullcontext():
+        hub = None
+        if rank == 0:
+            from learner.hub import Hub  # its SIGTERM/SIGINT handler asks the loop to stop
 
-        vocab = json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"]
-        hub = Hub(cfg, args.run_dir, url, vocab)
-    state = run_learner(cfg, args.model_dir, args.run_dir, hub)
+            vocab = json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"]
+            hub = Hub(cfg, args.run_dir, url, vocab)
+        else:
+            follow_rank0_on_stop()
+        try:
+            state = run_learner(cfg, args.model_dir, args.run_dir, hub)
+        except StoppedUntrained as e:
+            if hub:
+                hub.say(str(e))
+            return 130
     if hub:
         summary = hub.finish(state)
         print("[learner] summary " + json.dumps(summary), flush=True)
@@ -43,6 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()  # the ranks leave together (rank 0 may still be writing the summary)
     dist.destroy_process_group()
     return 0
+
+
+def follow_rank0_on_stop(grace_s: float = 60.0) -> None:
+    """A SIGTERM/SIGINT does not kill a rank other than 0: rank 0 decides to stop and tells
+    every rank (``trainer._stop_flag``), so the ranks write the final checkpoint and leave
+    together instead of one dying under the others' collectives (a "Connection closed by
+    peer" traceback on rank 0). A rank not told within ``grace_s`` leaves anyway."""
+
+    def on_signal(*_) -> None:
+        timer = threading.Timer(grace_s, exit_now, args=(143,))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 def exit_now(code: int) -> None:

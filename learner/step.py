@@ -17,16 +17,18 @@ the averaged gradient equals the gradient of the full-batch loss.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from asyncrl.config import AlgorithmConfig
+from asyncrl.faults import failpoint
 from learner.aggregation import mean_over_updates
 from learner.batch import Batch, shard_rows
 from learner.critic import Critic
+from learner.finite import step_if_finite
 from learner.losses import POLICY_LOSSES, LossParams, kl_penalty, make_aggregation, merge_metrics
 from learner.model import token_logprobs
 from learner.reference import reference_logprobs
@@ -87,7 +89,8 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
     Each minibatch is a slice of the full batch; each rank trains on its shard of it, with
     aggregation denominators from the whole minibatch. Returns this rank's metrics over all
     its updates (``mean_over_updates``) plus the step's shaping metrics (combine ranks with
-    ``reduce_metrics``).
+    ``reduce_metrics``), and ``nonfinite_updates``: the optimizer updates (policy and critic)
+    skipped because their loss or gradient norm was NaN/inf (``learner.finite``).
     """
     algo = ctx.algo
     slices = minibatch_slices(batch.num_rows, algo.minibatches, ctx.world)
@@ -98,14 +101,17 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
         if targets.returns is not None:
             sh.returns = _rank_rows(targets.returns[s], ctx.rank, ctx.world)
     updates: list[dict[str, float]] = []
+    skipped = 0.0
     for _ in range(algo.ppo_epochs):
         for sh in shards:
             metrics = _update(ctx, sh)
             if ctx.critic is not None:
                 metrics |= ctx.critic.update(sh.rows, sh.old_values, sh.returns, sh.agg_mask,
                                              ctx.world)  # fmt: skip
+            skipped += metrics.pop("nonfinite_updates") + metrics.pop("critic_nonfinite_updates", 0)
             updates.append(metrics)
-    return {**targets.metrics, **mean_over_updates(updates)}
+    # a count, the same on every rank (the skip decision is collective): any mean keeps it
+    return {**targets.metrics, **mean_over_updates(updates), "nonfinite_updates": skipped}
 
 
 def _forward_no_grad(ctx: StepContext, batch: Batch, rows: slice) -> _Shard:
@@ -156,21 +162,26 @@ def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
     """One policy optimizer update on this rank's rows of one minibatch, accumulating the
     gradient over micro-batches of ``ctx.micro_batch_rows`` rows (0 = all rows at once). The
     aggregation's denominators are the whole minibatch's, so the sum of the micro-batch
-    losses and gradients is the minibatch's (tests/unit/test_losses.py)."""
+    losses and gradients is the minibatch's (tests/unit/test_losses.py). Not applied when the
+    loss or the gradient norm is NaN/inf on any rank (``nonfinite_updates`` = 1)."""
     max_len = ctx.max_tokens or sh.agg_mask.shape[1]
     agg = make_aggregation(ctx.algo.aggregation, sh.agg_mask, max_len)
+    if failpoint("learner.nan_loss"):  # test-only: NaN data, so a NaN loss and gradient
+        sh = replace(sh, advantages=sh.advantages * float("nan"))
     ctx.optimizer.zero_grad(set_to_none=True)
-    parts = []
+    parts, loss = [], 0.0
     for rows in _row_slices(sh.rows.num_rows, ctx.micro_batch_rows):
         out = _policy_loss(ctx, sh, rows, agg)
         (out.loss * ctx.world).backward()
         parts.append(out.metrics)
+        loss = loss + out.loss.detach()  # this rank's share of the minibatch loss
     grad_norm = torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
-    ctx.optimizer.step()
+    applied = step_if_finite(ctx.optimizer, loss, grad_norm)
     metrics = merge_metrics(parts)  # loss shares and tokens summed, the rest token-weighted
     metrics["grad_norm"] = float(grad_norm)
+    metrics["nonfinite_updates"] = float(not applied)
     return metrics
 
 

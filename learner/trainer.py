@@ -4,6 +4,11 @@ rank 0: buffer.read -> drop stale (and, DAPO, all-equal-reward groups) -> collat
 all:    [pi_prox, pi_ref, V_old] -> advantages -> PPO update(s) [+ critic] (FSDP2) -> V += 1
 all:    every sync_every: gather full weights; rank 0 -> "update v" -> actors (collective)
 all:    every checkpoint_every: DCP + HF export (atomic); rank 0 acks the trained groups
+
+An update with a NaN/inf loss or gradient norm is skipped; ``learner.max_nonfinite_steps``
+such steps in a row, or weights made non-finite by a step, fail the run before those weights
+reach the actors or a checkpoint (learner/finite.py). A run that ends before its first step
+fails too: it trained nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.config import Config
+from asyncrl.fatal import FatalError
 from asyncrl.faults import failpoint
 from asyncrl.waiting import StopRequested
 from learner.batch import broadcast_batch, collate
 from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from learner.critic import build_critic
 from learner.device import current_device, init_distributed
+from learner.finite import NonFiniteError, NonFiniteGuard, nonfinite_models
 from learner.model import build_policy
 from learner.reference import build_reference
 from learner.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
@@ -36,6 +43,16 @@ class LearnerState:
     wall_s: float = 0.0
     groups_trained: int = 0
     unacked: list[str] = field(default_factory=list)
+    nonfinite_steps: int = 0
+    """Steps that skipped an update (NaN/inf loss or gradient norm); their groups count as
+    trained: the step consumed them, its metrics record the skip."""
+    nonfinite_updates: int = 0
+    """Optimizer updates skipped (policy and critic)."""
+
+
+class StoppedUntrained(RuntimeError):
+    """A stop request (Ctrl-C/SIGTERM) ended the run before its first step: not a success,
+    not a crash (``learner.main`` exits 130 without a traceback)."""
 
 
 def _stop_flag(rank: int, stop: bool) -> bool:
@@ -43,6 +60,20 @@ def _stop_flag(rank: int, stop: bool) -> bool:
     t = torch.tensor([1 if (rank == 0 and stop) else 0])
     dist.broadcast(t, 0)
     return bool(t.item())
+
+
+def _rank0_text(text: str) -> str:
+    """Rank 0's ``text`` on every rank (collective): the ranks fail with the same message,
+    whichever of them torchrun reports first."""
+    if dist.get_world_size() == 1:
+        return text
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8)
+    size = torch.tensor([data.numel()])
+    dist.broadcast(size, 0)
+    if dist.get_rank() != 0:
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(data, 0)
+    return bytes(data.tolist()).decode()
 
 
 def _start_or_stop(hub, version: int) -> bool:
@@ -106,9 +137,12 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         hub.say(f"{world} rank(s) on {current_device().type} (process group "
                 f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute")  # fmt: skip
     state = _maybe_resume(run_dir, ctx, hub)
+    guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
     start = time.monotonic() - state.wall_s
     if _stop_flag(rank, _start_or_stop(hub, state.version)):
-        return state  # stopped while waiting for the actors: nothing trained, nothing to save
+        if state.version == 0:
+            raise _untrained(cfg, hub, time.monotonic() - start)
+        return state  # stopped while waiting for the actors: its checkpoint is the newest
     sync = cfg.learner.weight_sync
     if sync and state.version > 0:  # the resumed policy differs from the actors' initial weights
         _sync_weights(ctx.model, hub, state.version)
@@ -125,9 +159,14 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         metrics = reduce_metrics(train_on_batch(ctx, batch), world)
         metrics |= batch_metrics(batch, state.version)
         metrics["lr"] = ctx.optimizer.param_groups[0]["lr"]
+        problem = guard.check(state.version, metrics, nonfinite_models(_models(ctx)))
         state.version += 1
         state.groups_trained += batch.rewards.shape[0]
+        state.nonfinite_steps += int(metrics["nonfinite_updates"] > 0)
+        state.nonfinite_updates += int(metrics["nonfinite_updates"])
         state.wall_s = time.monotonic() - start
+        if problem:  # before these weights are synced or checkpointed
+            raise _nonfinite(problem, state, metrics, hub, groups, run_dir)
         if hub:
             hub.source.step_done()  # the step ran: a crash from here on is not its data's fault
         if sync and state.version % cfg.learner.sync_every == 0:
@@ -139,8 +178,47 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
             _checkpoint(run_dir, ctx, state, model_dir, hub)
         failpoint("learner.after_step", version=state.version)
+    if state.version == 0:
+        raise _untrained(cfg, hub, time.monotonic() - start)
     _checkpoint(run_dir, ctx, state, model_dir, hub)
     return state
+
+
+def _untrained(cfg: Config, hub, elapsed_s: float) -> Exception:
+    """The error of a run that ended before its first step (same text on every rank): fatal
+    when ``learner.max_wall_s`` ran out (it would again after a restart), not on a stop request."""
+    stopped = hub is not None and hub.stop_requested()
+    if stopped:
+        why = "a stop request (SIGTERM/Ctrl-C) ended the run before its first step"
+    else:
+        why = (
+            f"learner.max_wall_s={cfg.learner.max_wall_s:g} ran out after {elapsed_s:.1f} s, "
+            "before the first step (its clock starts once the model is loaded and includes the "
+            "wait for the actors); raise it, or set 0 for no limit"
+        )
+    text = _rank0_text(f"no step was trained: {why}" if hub else "")
+    return StoppedUntrained(text) if stopped or hub is None else FatalError(text)
+
+
+def _nonfinite(problem: str, state: LearnerState, metrics: dict, hub, groups, run_dir):
+    """The ``NonFiniteError`` of a failed step (same text on every rank); rank 0 logs the
+    step's record first and names its groups."""
+    text = ""
+    if hub:
+        hub.after_step(state, metrics)  # the failed step's record, in metrics.jsonl
+        ids = [g.group_id for g in groups]
+        shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+        text = (
+            f"{problem}; the step's groups: {shown}; {state.nonfinite_steps} step(s) of this "
+            f"run skipped updates; newest checkpoint: {latest_checkpoint(run_dir) or 'none yet'} "
+            "(none is written with non-finite weights)"
+        )
+    return NonFiniteError(_rank0_text(text))
+
+
+def _models(ctx: StepContext) -> dict:
+    """The models that train: the policy, and the critic when there is one."""
+    return {"policy": ctx.model, **({"critic": ctx.critic.model} if ctx.critic else {})}
 
 
 def _warm_up_lr(ctx: StepContext, cfg: Config, version: int) -> None:
@@ -180,6 +258,8 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) 
         "version": state.version,
         "wall_s": state.wall_s,
         "groups_trained": state.groups_trained,
+        "nonfinite_steps": state.nonfinite_steps,
+        "nonfinite_updates": state.nonfinite_updates,
         "trained_ids": state.unacked,
         "tallies": hub.tallies() if hub else {},  # rank 0's summary totals, for a resume
     }
@@ -199,4 +279,6 @@ def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
         hub.say(f"resumed from {path} at version {saved['version']}")
         hub.ack_ids(saved.get("trained_ids", []))
         hub.restore_tallies(saved.get("tallies", {}))
-    return LearnerState(saved["version"], saved["wall_s"], saved["groups_trained"])
+    return LearnerState(saved["version"], saved["wall_s"], saved["groups_trained"],
+                        nonfinite_steps=saved.get("nonfinite_steps", 0),
+                        nonfinite_updates=saved.get("nonfinite_updates", 0))  # fmt: skip

@@ -19,7 +19,7 @@ the learner does not import vLLM); ``actors.vllm_plugin`` registers it as ``"glo
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,8 +164,12 @@ class ActorWeightChannel:
 
     def __init__(self, control, timeout_s: float = DEFAULT_TIMEOUT_S, ping_s: float | None = None,
                  max_attempts: int = 3, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 log=print, wire_dtype: torch.dtype | None = None) -> None:  # fmt: skip
+                 log=print, wire_dtype: torch.dtype | None = None,
+                 stop: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         self.control = control
+        self.stop = stop
+        """True once the learner is asked to stop: a failed sync is then not retried and a
+        liveness round ends at once (the actors are being stopped too)."""
         self.sender = WeightSender(bucket_bytes=bucket_bytes, timeout_s=timeout_s,
                                    wire_dtype=wire_dtype)  # fmt: skip
         # a survivor may sit in the failed collective until its own deadline before it can
@@ -205,6 +209,9 @@ class ActorWeightChannel:
                 error = e
                 self.failures += 1
                 self.sender.close()
+                if self.stop():
+                    self.log(f"weight sync {version} failed while stopping ({e}); not retried")
+                    return SendStats(bytes=0, tensors=0, seconds=0.0)
                 self.log(f"weight sync {version} failed (attempt {attempt + 1}/"
                          f"{self.max_attempts}, members {self.members}): {e}; rebuilding the "
                          "group with the actors that answer")  # fmt: skip
@@ -243,6 +250,8 @@ class ActorWeightChannel:
         alive: set[int] = set()
         deadline = time.monotonic() + self.ping_s
         while time.monotonic() < deadline and len(alive) < len(self.control.actors):
+            if self.stop():
+                break
             msg = self.control.recv(0.05)
             if msg is None:
                 continue

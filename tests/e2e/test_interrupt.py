@@ -53,3 +53,30 @@ def test_ctrl_c_stops_everything(tmp_path, roles):
         p for u in urls for p in _processes_mentioning(u)
     ]
     assert not leftovers, leftovers
+
+
+def test_ctrl_c_while_the_vllm_engine_starts_stops_everything_within_seconds(tmp_path, roles):
+    """Ctrl-C while the actor's vLLM engine is starting (and the learner waits for it): the
+    launcher stops the actor first and kills what its death left behind (the engine core
+    still starting) instead of waiting out the grace period; no traceback reaches the
+    console (issue 12: it took 22 s)."""
+    needs_full_stack()
+    run_dir = tmp_path / "run"
+    proc = roles.cli("run", "run", "experiment=tiny", "learner.steps=100000", f"run_dir={run_dir}")
+    actor_log = run_dir / "actor0.log"
+    roles.wait_until(
+        lambda: actor_log.is_file() and "EngineCore" in actor_log.read_text(errors="replace"),
+        600,
+        "the actor's vLLM engine to start starting",
+        poll_s=0.1,
+    )
+    assert "engine ready" not in proc.output(), "too late: the engine had started"
+    t0 = time.monotonic()
+    code = roles.signal(proc, signal.SIGINT, 120)
+    took = time.monotonic() - t0
+    out = proc.output()
+    assert code == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert took < 15, f"Ctrl-C during engine start took {took:.1f}s"
+    time.sleep(1.0)
+    assert not _processes_mentioning(str(run_dir)), _processes_mentioning(str(run_dir))

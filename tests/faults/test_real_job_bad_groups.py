@@ -33,6 +33,7 @@ def inject_malformed(run_dir: Path, name: str, per_kind: int) -> int:
     """XADD ``per_kind`` bad entries of every generator (but oversized: the learner's limit
     is the config's) into the live stream, counted as committed; returns how many."""
     from buffer.connection import connect
+    from buffer.testing import add_as_committed
     from tests.faults.test_malformed import GENERATORS
 
     client = connect((run_dir / "redis" / "redis.url").read_text().strip(), timeout_s=5.0)
@@ -43,8 +44,7 @@ def inject_malformed(run_dir: Path, name: str, per_kind: int) -> int:
                 continue
             for i in range(per_kind):
                 fields, _ = gen(rng, f"bad-{kind}-{i}")
-                fields[b"seq"] = str(client.hincrby(f"{name}:stats", "committed", 1)).encode()
-                client.xadd(name, fields)
+                add_as_committed(client, name, fields)
                 n += 1
     finally:
         client.close()

@@ -1,9 +1,13 @@
 """Every YAML under configs/ composes into a validated Config; bad input names the problem."""
 
+import re
 from pathlib import Path
 
 import pytest
 
+from actors import tasks
+from asyncrl import config as config_module
+from asyncrl.config import TaskConfig
 from asyncrl.configload import (
     CONFIG_DIR,
     ConfigError,
@@ -67,3 +71,12 @@ def test_json_round_trip():
     cfg = load_config(["learner.steps=7", "mode=sync"])
     back = config_from_json(config_to_json(cfg))
     assert back == cfg
+
+
+def test_task_names_match_the_prompt_sources():
+    """config._TASKS repeats actors/tasks.py's prompt sources without importing them: one
+    today (PromptSource, the addition task), looked up in its TASKS registry once it has one."""
+    sources = getattr(tasks, "TASKS", {"addition": tasks.PromptSource})
+    assert set(config_module._TASKS) == set(sources)
+    assert re.fullmatch(r"\d+\+\d+=", sources["addition"](seed=0).get(0).text)
+    assert TaskConfig().name in sources and TaskConfig().reward_fn == tasks.REWARD_SPEC

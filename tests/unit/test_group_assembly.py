@@ -10,6 +10,7 @@ import pytest
 from actors.actor import Actor, ActorState
 from actors.engine import Completion
 from actors.rewards import addition_reward
+from actors.scoring import RewardScorer
 from actors.tasks import PromptSource
 from asyncrl.config import Config
 
@@ -37,8 +38,9 @@ def _actor(engine, reward_fn=addition_reward, n=2) -> Actor:
     cfg = Config()
     cfg.actor.n_samples = n
     actor = object.__new__(Actor)  # only what make_group uses: no Redis, no vLLM
-    actor.cfg, actor.engine, actor.reward_fn = cfg, engine, reward_fn
+    actor.cfg, actor.engine = cfg, engine
     actor.state = ActorState(actor_id=3)
+    actor.scorer = RewardScorer(reward_fn, cfg.task, print, actor._count_reward_error)
     actor.prompts = PromptSource(seed=7, split="train")
     actor.tokenizer = CharTokenizer()
     return actor

@@ -83,3 +83,26 @@ def test_a_restarted_role_that_then_succeeds_lets_the_job_succeed(tmp_path):
         stop_roles(roles)
     assert (code, reason) == (0, "")
     assert roles[0].restarts == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_role_with_a_fatal_error_is_not_restarted_and_restart_max_is_not_suggested(tmp_path):
+    marker = tmp_path / "starts"
+    code = (
+        "from asyncrl import fatal; import sys\n"
+        f"open({str(marker)!r}, 'a').write('x')\n"
+        f"with fatal.recorded({str(tmp_path)!r}, 'actor0'):\n"
+        "    raise fatal.FatalError('task.reward_fn failed on 100% of recent rewards')\n"
+    )
+    roles = [
+        role(tmp_path, "learner", "import time; time.sleep(30)"),
+        role(tmp_path, "actor0", code, restart_max=3),
+    ]
+    try:
+        exit_code, reason = supervise(roles, "learner")
+    finally:
+        stop_roles(roles)
+    assert exit_code == 1
+    assert marker.read_text() == "x"  # started once: a restart would fail the same way
+    assert reason.startswith("actor0 exited with code 1: task.reward_fn failed on 100%"), reason
+    assert "was not restarted" in reason and "restart_max" not in reason, reason
