@@ -79,8 +79,17 @@ def test_a_waiting_learner_reports_its_wait_and_stops_promptly_on_sigterm(
     still = roles.wait_line(learner, "still waiting for 1 actor(s)", 40)
     assert "(0/1 registered: [])" in still and "s of 600s" in still, still
     took = _sigterm_stops_the_tree(roles, learner, "learner.main")
-    assert "stopped on request while waiting for 1 actor(s)" in learner.output(), learner.tail()
+    out = learner.output()
+    assert "stopped on request while waiting for 1 actor(s)" in out, learner.tail()
+    # the ranks leave together, and torchrun with one line (no rank or agent traceback)
+    assert "no step was trained: a stop request" in out, learner.tail()
+    assert "Traceback" not in out and "Traceback" not in _run_log(tmp_path), learner.tail()
     print(f"\nSIGTERM stopped the waiting learner launcher and its ranks in {took:.1f}s")
+
+
+def _run_log(tmp_path) -> str:
+    """The learner role's own log (what the ranks and torchrun printed)."""
+    return next((tmp_path / "learner").rglob("learner.log")).read_text(errors="replace")
 
 
 def _sigterm_stops_the_tree(roles, launcher, child: str) -> float:

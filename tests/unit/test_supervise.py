@@ -106,3 +106,28 @@ def test_a_role_with_a_fatal_error_is_not_restarted_and_restart_max_is_not_sugge
     assert marker.read_text() == "x"  # started once: a restart would fail the same way
     assert reason.startswith("actor0 exited with code 1: task.reward_fn failed on 100%"), reason
     assert "was not restarted" in reason and "restart_max" not in reason, reason
+
+
+def test_torchruns_own_report_becomes_one_line_under_the_ranks_traceback():
+    rank = [
+        "[rank1]: Traceback (most recent call last):\n",
+        '[rank1]:   File "learner/trainer.py", line 175, in run_learner\n',
+        "[rank1]: asyncrl.faults.FailpointError: failpoint learner.after_step (hit 2)\n",
+    ]
+    agent = [
+        "W1124 05:53:52.430000 23468 .venv/lib/python3.11/site-packages/torch/distributed/"
+        "elastic/multiprocessing/api.py:1028] Sending process 23474 closing signal SIGTERM\n",
+        "Traceback (most recent call last):\n",
+        '  File "/x/.venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1028\n',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n",
+        "Root Cause (first observed failure):\n",
+        "[0]:\n",
+        "  rank      : 1 (local_rank: 1)\n",
+        "  exitcode  : 1 (pid: 23475)\n",
+        "============================================================\n",
+    ]
+    kept = launcher._without_torchrun_report(rank + agent)
+    assert kept == rank + [
+        "(torchrun: a learner rank failed; first failure: rank 1, exit code 1)\n"
+    ]
+    assert launcher._without_torchrun_report(rank) == rank  # nothing else is touched
