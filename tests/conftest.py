@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -18,6 +19,11 @@ import pytest
 _VLLM_CACHE = tempfile.mkdtemp(prefix="asyncrl-test-vllm-cache-")
 os.environ["VLLM_CACHE_ROOT"] = _VLLM_CACHE
 atexit.register(shutil.rmtree, _VLLM_CACHE, True)
+
+# Ctrl-C must reach the processes tests start (tests/roles.py stops them with SIGINT) also when
+# the test run itself was started in the background, which inherits SIGINT as ignored: an
+# ignored signal stays ignored across exec, a handled one is reset to the default.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # No pickle on our wires (asyncrl/wireguard.py): on in this process and, through the
 # environment, in every role a test starts; a test that trips it fails (below).
