@@ -4,7 +4,8 @@
     producer:      [admission: weights fresh enough? sync quota left?] -> lease (blocks while
                    the buffer is full) -> prompt index from the cursor -> spawn a group task
     group task:    vLLM generate (n, logprobs, per-token versions) -> reward -> commit
-                   (rewards run in a worker thread with a deadline: actors/scoring.py)
+                   (the n rewards at once in a worker pool, each with a deadline:
+                   actors/scoring.py)
 
 Many prompts are in flight at once (``actor.max_inflight``); groups are committed as they
 finish, not in lockstep.
@@ -16,6 +17,13 @@ found already committed). A restarted actor first re-generates the indices left 
 then takes new ones, so no prompt is skipped. A kill between commit and the set removal makes
 the restart generate that prompt again: group ids are deterministic (``task_seed:index``) and
 commit dedupes by group id, so it is stored once (counted as a duplicate by the actor).
+
+End of the data: a finite source (``task.name=file``: ``data.epochs`` passes over the data)
+has an ``end`` index; the claim script refuses indices from there on. The actor then stops
+producing, lets its groups in flight finish and commit, and marks itself exhausted in the
+buffer meta (``exhausted_actor_<i>``); the learner ends the run once every actor is
+exhausted and no group is left to read (learner/data.py). The actor itself stays up, serving
+the control plane, until the learner stops it.
 
 Where the actor's time goes (``asyncrl.metrics.StateClock``, exported as
 ``asyncrl_actor_time_seconds_total{state}``), in priority order::
@@ -58,6 +66,11 @@ class ActorState:
     weight_sync_s: float = 0.0
     weight_sync_failures: int = 0
     """Joins or receives that failed (the learner rebuilt the group and sent again)."""
+    epoch: int = 0
+    """Epoch of the last prompt index claimed (a finite source: ``index // prompts per
+    epoch``; always 0 for an endless one)."""
+    data_exhausted: bool = False
+    """The prompt source has no index left for this actor; it produces no more groups."""
 
 
 class Actor:
@@ -189,6 +202,7 @@ class Actor:
     async def produce(self) -> None:
         limit = asyncio.Semaphore(self.cfg.actor.max_inflight)
         self._block("idle")
+        await asyncio.to_thread(self._publish_data)
         while not self.state.stop:
             if self.error is not None:
                 await self._cancel_groups()  # give their slots back before failing
@@ -203,10 +217,46 @@ class Actor:
                 continue
             self._block("idle")
             index = await asyncio.to_thread(self._next_index)
+            if index is None:  # no prompt left: finish what is in flight, then idle
+                await asyncio.to_thread(self.buffer.release, lease)
+                limit.release()
+                await self._finish_data()
+                return
             task = asyncio.create_task(self._group_task(index, lease, limit))
             self._tasks[task] = lease
             task.add_done_callback(lambda t: self._tasks.pop(t, None))
         await self._cancel_groups()
+
+    def _publish_data(self) -> None:
+        """A finite source: its prompts per epoch for the learner's ``epoch`` metric, and this
+        actor not exhausted (yet: a resumed run may have been given more epochs)."""
+        size = getattr(self.prompts, "size", None)
+        if self.prompts.end is not None and size:
+            self.buffer.set_meta(
+                prompts_per_epoch=size, **{f"exhausted_actor_{self.state.actor_id}": 0}
+            )
+
+    async def _finish_data(self) -> None:
+        """Wait for the groups in flight (a stop cancels them instead), then say so and mark
+        this actor exhausted in the buffer meta."""
+        while self._tasks and not self.state.stop:
+            await asyncio.wait(list(self._tasks), timeout=0.5)
+        if self.state.stop:
+            await self._cancel_groups()
+            return
+        if self.error is not None:
+            raise self.error
+        self.state.data_exhausted = True
+        self._block("idle")
+        await asyncio.to_thread(
+            self.buffer.set_meta, **{f"exhausted_actor_{self.state.actor_id}": 1}
+        )
+        self._say(
+            f"no prompts left ({self.prompts.end} = {getattr(self.prompts, 'epochs', '?')} "
+            f"epoch(s) of {getattr(self.prompts, 'size', '?')} over "
+            f"{self.cfg.actor.num_actors} actor(s)); committed {self.state.committed} groups, "
+            "now idle until the learner ends the run"
+        )
 
     async def _cancel_groups(self) -> None:
         """Stop: cancel the groups in flight and give their slots back (their prompt indices
@@ -270,10 +320,21 @@ class Actor:
                     flush=True,
                 )
         if self._leftover:
-            return self._leftover.pop(0)
+            return self._track_epoch(self._leftover.pop(0))
         keys = [self._key("cursor"), self._key("inflight")]
-        args = [self.state.actor_id, self.cfg.actor.num_actors]
-        return int(self._redis(lambda: self._claim(keys, args)))
+        end = self.prompts.end
+        args = [self.state.actor_id, self.cfg.actor.num_actors, -1 if end is None else end]
+        index = int(self._redis(lambda: self._claim(keys, args)))
+        return None if index < 0 else self._track_epoch(index)
+
+    def _track_epoch(self, index: int) -> int:
+        """Say when this actor's prompts enter a new epoch (finite sources); ``index``."""
+        epoch = self.prompts.epoch_of(index)
+        if epoch > self.state.epoch or (epoch and not self.state.groups_generated):
+            epochs = getattr(self.prompts, "epochs", "?")
+            self._say(f"epoch {epoch + 1}/{epochs} (prompt index {index})")
+        self.state.epoch = max(self.state.epoch, epoch)
+        return index
 
     def _done_index(self, index: int) -> None:
         """The group of ``index`` is in the buffer: it is no longer in flight."""
@@ -363,13 +424,14 @@ class Actor:
         Too many failures among the recent rewards raise ``actors.scoring.RewardErrorRate``.
         """
         prompt = self.prompts.get(index)
-        prompt_ids = self.tokenizer.encode(prompt.text)
+        ids = prompt.token_ids  # set by a source that tokenized it (a chat template)
+        prompt_ids = ids if ids is not None else self.tokenizer.encode(prompt.text)
         seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
         completions = await self._generate(prompt_ids, seed)  # abort-mode cuts resubmitted
+        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
+        rewards = await self.scorer.score_all(prompt.text, texts, prompt.fields)  # at once
         samples = []
-        for c in completions:
-            text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            scored = await self.scorer.score(prompt.text, text, prompt.fields)
+        for c, scored in zip(completions, rewards, strict=True):
             samples.append(
                 Sample(
                     list(prompt_ids),
@@ -379,16 +441,23 @@ class Actor:
                     scored.value,
                     c.finish_reason,
                     scored.reason,
+                    scored.extras,
                 )
             )
         return Group(f"{self.cfg.task.seed}:{index}", index, self.state.actor_id, samples)
 
 
-# KEYS: cursor, inflight   ARGV: actor_id, num_actors. Claims the next index of this actor's
-# stride and records it as in flight, atomically (a kill cannot separate the two).
+# KEYS: cursor, inflight   ARGV: actor_id, num_actors, end (-1 = endless). Claims the next
+# index of this actor's stride and records it as in flight, atomically (a kill cannot separate
+# the two); -1 (and the cursor unchanged) once the stride reaches `end`.
 _CLAIM_INDEX = """
-local k = redis.call('INCR', KEYS[1]) - 1
+local k = tonumber(redis.call('GET', KEYS[1]) or '0')
 local index = tonumber(ARGV[1]) + k * tonumber(ARGV[2])
+local stop = tonumber(ARGV[3])
+if stop >= 0 and index >= stop then
+  return -1
+end
+redis.call('INCR', KEYS[1])
 redis.call('SADD', KEYS[2], index)
 return index
 """

@@ -18,7 +18,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from actors.actor import Actor, wait_for_learner
     from actors.rewards import check_signature, load_reward_fn, preflight
     from actors.scoring import RewardErrorRate
-    from actors.tasks import PromptSource
+    from actors.tasks import build_prompt_source
     from asyncrl import fatal
     from asyncrl.control import ControlClient
     from asyncrl.faults import failpoint
@@ -27,7 +27,8 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from buffer.redis_buffer import ReplayBuffer
 
     b = cfg.buffer
-    prompts = PromptSource(cfg.task.seed, split="train")
+    say = lambda text: print(f"[actor {actor_id}] {text}", flush=True)  # noqa: E731
+    prompts = build_prompt_source(cfg, model_dir, say)  # a dataset: loaded whole, filtered
     reward_fn = load_reward_fn(cfg.task.reward_fn)
     check_signature(reward_fn, prompts.get(0).fields, cfg.task.reward_fn)  # as the launcher
     preflight(reward_fn)  # e.g. no sandbox for model-written code: fail now, not score 0
@@ -62,6 +63,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         failed = e
     finally:
         client.close()
+        actor.scorer.close()  # kills reward worker processes (and a call stuck in one)
         await engine.shutdown()
     s = actor.state
     stats_path = Path(cfg.run_dir) / f"actor{actor_id}.json"
@@ -90,11 +92,12 @@ async def _start_engine(cfg, actor_id: int, model_dir: str):
         vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
         return SimEngine(vocab, a.sim_tokens_per_s, a.sim_mean_len, seed=cfg.seed + actor_id)
     from actors.engine import ActorEngine
+    from actors.tasks import max_model_len
 
     return await ActorEngine.start(
         model_dir,
         dtype=cfg.model.dtype,
-        max_model_len=_max_model_len(cfg),
+        max_model_len=max_model_len(cfg),
         kv_cache_bytes=int(a.kv_cache_gib * 2**30) or None,  # 0 = vLLM sizes it
         seed=cfg.seed + actor_id,
         cpu_bind=a.cpu_bind or None,
@@ -113,10 +116,6 @@ def _serve_metrics(cfg, actor, buffer) -> None:
     if port:
         register_endpoint(buffer.client, cfg.buffer.name, f"actor{aid}", cfg.metrics_host, port)
         print(f"[actor {aid}] metrics on http://{cfg.metrics_host}:{port}/metrics", flush=True)
-
-
-def _max_model_len(cfg) -> int:
-    return 64 + cfg.actor.max_tokens
 
 
 def main(argv: list[str] | None = None) -> int:

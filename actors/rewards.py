@@ -1,17 +1,38 @@
-"""Reward functions: loading by spec, calling safely, and the built-ins.
+"""Reward functions: loading by spec, the two calling conventions, calling safely, and the
+built-ins.
 
-A reward function has the signature ``compute_score(prompt: str, completion: str, **fields)``
-and returns a float or a dict with a ``"score"`` key. ``fields`` are the prompt's extra fields
-(``Prompt.fields``, e.g. ``answer``). ``completion`` is the decoded text without the EOS token.
+Two signatures load from ``task.reward_fn``; ``load_reward_fn`` tells them apart by the
+parameter names and hands every caller (the scorer, ``check_signature``, reward workers) ours:
+
+- **ours**: ``fn(prompt: str, completion: str, **fields)``. ``fields`` are the prompt's fields
+  (``Prompt.fields``: the demo's ``a``, ``b``, ``answer``; a dataset's columns, with
+  ``ground_truth``, ``data_source``, ``extra_info``). ``completion`` is the decoded text
+  without the EOS token. Any function without a parameter named ``solution_str`` is taken as
+  ours (also ``(*args, **kwargs)``); ``check_signature`` then checks, at start, that the call
+  binds with the task's fields.
+- **verl's**: ``compute_score(data_source, solution_str, ground_truth, extra_info)``: any
+  function with a parameter named ``solution_str``. It must accept verl's call, all four
+  by keyword (``data_source=..., solution_str=..., ground_truth=..., extra_info=...``, as
+  verl's reward managers call it; defaults and ``**kwargs`` are fine), else loading fails.
+  ``VerlReward`` wraps it once at load: ``data_source`` = the field (``""`` if absent),
+  ``solution_str`` = the completion, ``ground_truth`` = the ``ground_truth`` field, else
+  ``answer``, ``extra_info`` = a copy of the field (``{}`` if absent).
+
+Either returns a float or a dict with the reward under ``"score"``. A dict's other numeric
+values (bools count as 0/1: verl's ``acc``) are the sample's ``Scored.extras``
+(``Sample.reward_extras``): the learner logs their mean per step as ``reward/<key>``
+(metrics.jsonl); other values (strings) are ignored.
 
 Specs: ``"package.module:function"`` (imported) or ``"path/to/file.py:function"`` (loaded from
-the file with importlib; nothing is ``eval``-ed). ``check_signature`` refuses, at start, a
-function that cannot be called that way.
+the file with importlib; nothing is ``eval``-ed).
 
 A call that fails scores 0 with a reason ``"<kind>: <message>"`` (``Sample.reward_error``),
 ``<kind>`` one of ``REWARD_ERROR_KINDS``; ``error_kind`` reads it back (the learner's summary
 counts errors by kind). Actors call the function through ``actors.scoring.RewardScorer``
-(a worker thread with a deadline).
+(off the event loop, with a deadline).
+
+Built-ins: ``addition_reward`` (the demo), ``math_reward`` and ``math_answer_reward``
+(actors/math_reward.py), ``python_code_reward`` (sandboxed).
 """
 
 from __future__ import annotations
@@ -22,11 +43,17 @@ import inspect
 import math
 import re
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.math_reward import (  # noqa: F401 (specs name them here: actors.rewards:math_reward)
+    extract_final_answer,
+    math_answer_reward,
+    math_reward,
+)
 from asyncrl.sandbox import SandboxError, run_untrusted
+from asyncrl.types import MAX_REWARD_EXTRAS
 
 RewardFn = Callable[..., "float | dict"]
 
@@ -37,14 +64,15 @@ ADDITION_PARTIAL_WEIGHT = 1.0
 ``asyncrl.demo.bare_grpo``: this dense reward learned ~1.5x faster than 0.5 and far faster than
 exact-match only, because groups rarely tie and advantages rank partial answers."""
 _DIGITS = re.compile(r"[0-9]+")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def load_reward_fn(spec: str) -> RewardFn:
-    """Load the reward function named by ``spec`` (``"module:function"`` or ``"file.py:function"``).
+    """Load the reward function named by ``spec`` (``"module:function"`` or ``"file.py:function"``)
+    in our calling convention: a verl-style function comes back wrapped in ``VerlReward``.
 
     Raises ``ValueError`` naming the spec and the fix when the spec is malformed, the module or
-    file cannot be found or imported, the attribute is missing, or it is not callable.
+    file cannot be found or imported, the attribute is missing, it is not callable, or it is
+    verl-style but cannot take verl's call.
     """
     target, sep, attr = (spec or "").rpartition(":")
     if not sep or not target or not attr.isidentifier():
@@ -73,7 +101,7 @@ def load_reward_fn(spec: str) -> RewardFn:
             f"reward spec {spec!r}: {target}:{attr} is a {type(fn).__name__}, not callable; "
             f"point the spec at a function"
         )
-    return fn
+    return VerlReward(fn, spec) if is_verl_style(fn) else fn
 
 
 def _load_file(spec: str, path: Path):
@@ -97,10 +125,59 @@ def _load_file(spec: str, path: Path):
     return module
 
 
-REWARD_ERROR_KINDS = ("raised", "wrong_type", "missing_score", "non_finite", "timeout")
+VERL_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""verl's reward arguments; its reward managers pass all four by keyword."""
+
+
+def is_verl_style(fn: RewardFn) -> bool:
+    """Whether ``fn`` is verl's ``compute_score``: it has a parameter named ``solution_str``
+    (ours calls the completion ``completion``; no task has a field of that name)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # some builtins: taken as ours, the first call tells
+        return False
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return any(p.name == "solution_str" and p.kind in named for p in params)
+
+
+class VerlReward:
+    """A verl ``compute_score(data_source, solution_str, ground_truth, extra_info)`` called as
+    ours, ``reward(prompt, completion, **fields)``; see the module docstring for the mapping.
+
+    Raises ``ValueError`` at construction when ``fn`` cannot take verl's keyword call."""
+
+    def __init__(self, fn: RewardFn, spec: str = "") -> None:
+        sig = inspect.signature(fn)
+        try:
+            sig.bind(**dict.fromkeys(VERL_PARAMS))
+        except TypeError as e:
+            name = getattr(fn, "__name__", "compute_score")
+            raise ValueError(
+                f"reward spec {spec!r}: {fn_name(fn)} has a parameter 'solution_str', so it is "
+                f"taken as verl-style, but its signature {sig} cannot take verl's call "
+                f"compute_score(data_source=..., solution_str=..., ground_truth=..., "
+                f"extra_info=...) ({e}); define it as 'def {name}(data_source, "
+                f"solution_str, ground_truth, extra_info=None, **kwargs)', or as ours, "
+                f"'def {name}(prompt, completion, **fields)'"
+            ) from None
+        self.fn = fn
+        self.preflight = getattr(fn, "preflight", None)
+
+    def __call__(self, prompt: str, completion: str, **fields) -> float | dict:
+        extra_info = fields.get("extra_info")
+        return self.fn(
+            data_source=fields.get("data_source", ""),
+            solution_str=completion,
+            ground_truth=fields.get("ground_truth", fields.get("answer")),
+            # a copy: verl's managers add keys to it; the prompt's fields stay as they were
+            extra_info=dict(extra_info) if isinstance(extra_info, dict) else extra_info or {},
+        )
+
+
+REWARD_ERROR_KINDS = ("raised", "wrong_type", "missing_score", "non_finite", "timeout", "crashed")
 """Why a reward call failed: it raised; returned something not a number (a string, None, a
 bool); returned a dict without ``"score"``; returned NaN or an infinity; ran past
-``task.reward_timeout_s`` (``actors.scoring``)."""
+``task.reward_timeout_s``; its worker process died during the call (``actors.reward_pool``)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +192,8 @@ class Scored:
     """"" on success, else ``"<kind>: <message>"`` (one line; stored in the group)."""
     detail: str = ""
     """For the actor's log: the traceback of a raise, the repr of a bad return value."""
+    extras: dict[str, float] = field(default_factory=dict)
+    """A dict result's other numeric values (``Sample.reward_extras``); {} on failure."""
 
 
 def score_call(fn: RewardFn, prompt: str, completion: str, fields: dict | None = None) -> Scored:
@@ -139,7 +218,21 @@ def score_call(fn: RewardFn, prompt: str, completion: str, fields: dict | None =
     value = float(value)
     if not math.isfinite(value):
         return _failed("non_finite", f"reward is not finite: {value}", returned)
-    return Scored(value)
+    return Scored(value, extras=reward_extras(out) if isinstance(out, dict) else {})
+
+
+def reward_extras(result: dict) -> dict[str, float]:
+    """A dict result's values other than ``"score"`` that are finite numbers (bools as 0/1),
+    by key; the first ``MAX_REWARD_EXTRAS`` keys in sorted order. Anything else is ignored
+    (``python_code_reward``'s ``"sandbox"`` reason, verl's ``"pred"`` string)."""
+    out = {}
+    for key in sorted(k for k in result if isinstance(k, str) and k and k != "score"):
+        value = result[key]
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[key] = float(value)
+            if len(out) == MAX_REWARD_EXTRAS:
+                break
+    return out
 
 
 def score(
@@ -148,6 +241,19 @@ def score(
     """``score_call`` as ``(reward, "")``, or ``(0.0, reason)`` if the call failed."""
     s = score_call(fn, prompt, completion, fields)
     return s.value, s.reason
+
+
+def extras_means(samples: Iterable) -> dict[str, float]:
+    """``{"reward/<key>": mean}`` of the samples' ``reward_extras``, each key averaged over the
+    samples that have it (a failed call has none), sorted by key: the learner's per-step
+    log."""
+    sums: dict[str, list[float]] = {}
+    for s in samples:
+        for key, value in s.reward_extras.items():
+            acc = sums.setdefault(key, [0.0, 0])
+            acc[0] += value
+            acc[1] += 1
+    return {f"reward/{k}": total / n for k, (total, n) in sorted(sums.items())}
 
 
 def _failed(kind: str, message: str, detail: str = "") -> Scored:
@@ -170,6 +276,7 @@ def error_kind(reason: str) -> str:
 
 def fn_name(fn: RewardFn) -> str:
     """``name (file:line)`` where the source is known, for messages about the function."""
+    fn = fn.fn if isinstance(fn, VerlReward) else fn
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     try:
         where = f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
@@ -180,12 +287,13 @@ def fn_name(fn: RewardFn) -> str:
 
 def check_signature(fn: RewardFn, fields: dict, spec: str = "") -> None:
     """Raise ``ValueError`` unless ``fn(prompt, completion, **fields)`` binds to ``fn``'s
-    signature for the task's prompt ``fields`` (e.g. ``a``, ``b``, ``answer``).
+    signature for the task's prompt ``fields`` (e.g. ``a``, ``b``, ``answer``). ``fn`` is what
+    ``load_reward_fn`` returned: a verl-style function is wrapped by then and passes.
 
     Any form that binds passes: ``(prompt, completion, **fields)``, ``(*args, **kwargs)``,
     ``(prompt, completion, answer=None, **_)``. A function without ``**`` fails when the task
     has fields it does not name; one whose signature Python cannot read (some builtins)
-    passes, and its first call tells.
+    passes, and its first call tells. The error names both accepted signatures.
     """
     try:
         sig = inspect.signature(fn)
@@ -198,8 +306,11 @@ def check_signature(fn: RewardFn, fields: dict, spec: str = "") -> None:
         raise ValueError(
             f"reward spec {spec!r}: {fn_name(fn)} has the signature {sig}, but a reward "
             f"function is called as fn(prompt, completion, **fields) with this task's fields "
-            f"{sorted(fields)}, which fails ({e}); define it as "
-            f"'def {name}(prompt, completion, **fields)'"
+            f"{sorted(fields)}, which fails ({e}), and it is not verl's compute_score("
+            f"data_source, solution_str, ground_truth, extra_info) either (that one is told by "
+            f"its parameter 'solution_str'); define it as "
+            f"'def {name}(prompt, completion, **fields)' or as 'def {name}(data_source, "
+            f"solution_str, ground_truth, extra_info=None, **kwargs)'"
         ) from None
 
 
@@ -228,52 +339,6 @@ def _sum_from_prompt(prompt: str) -> str:
     if not m:
         raise ValueError(f"not an addition prompt and no 'answer' field: {prompt!r}")
     return str(int(m.group(1)) + int(m.group(2)))
-
-
-def math_answer_reward(
-    prompt: str, completion: str, answer: str | float | None = None, **fields
-) -> float:
-    """Generic math reward: 1.0 if the final answer equals ``answer``, else 0.0.
-
-    The final answer is the content of the last ``\\boxed{...}`` if there is one, else the last
-    number in the completion. Numbers compare numerically (``"1,000"`` == ``"1000.0"``);
-    anything else compares as whitespace-stripped text.
-    """
-    if answer is None:
-        raise ValueError("math_answer_reward needs an 'answer' field")
-    pred = extract_final_answer(completion)
-    if pred is None:
-        return 0.0
-    a, b = _as_number(pred), _as_number(str(answer))
-    if a is not None and b is not None:
-        return float(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9))
-    return float(_normalize(pred) == _normalize(str(answer)))
-
-
-def extract_final_answer(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (braces balanced), else the last number, else None."""
-    start = text.rfind("\\boxed{")
-    if start >= 0:
-        depth, i = 1, start + len("\\boxed{")
-        for j in range(i, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                return text[i:j].strip()
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
-
-
-def _as_number(s: str) -> float | None:
-    """Parse ``s`` as a number after dropping ``$``, ``,`` and spaces; None if it is not one."""
-    try:
-        return float(s.replace(",", "").replace("$", "").replace(" ", ""))
-    except ValueError:
-        return None
-
-
-def _normalize(s: str) -> str:
-    """Whitespace-free text for non-numeric answer comparison."""
-    return "".join(s.split())
 
 
 CODE_TIMEOUT_S = 10.0

@@ -1,25 +1,28 @@
-"""Calling the reward function from an actor: off the event loop, with a deadline, errors
-counted by kind, the first of each kind logged with its traceback, and the run failed when
-too many recent rewards failed.
+"""Calling the reward function from an actor: off the event loop, several calls at once,
+each with a deadline, errors counted by kind, the first of each kind logged with its
+traceback, and the run failed when too many recent rewards failed.
 
-    make_group (event loop) --await--> RewardScorer.score
-                                         |  one call at a time (an asyncio.Lock)
+    make_group (event loop) --await--> RewardScorer.score_all(prompt, n completions)
+                                         |  the n calls at once, results in sample order
                                          v
-                                       _Worker thread: rewards.score_call(fn, ...)
+                                       RewardPool (actors/reward_pool.py): at most
+                                       task.reward_workers calls at once, in worker
+                                       processes (task.reward_executor=process) or threads;
                                          |  a result; or task.reward_timeout_s passed: the
-                                         |  call scores 0 as a 'timeout' error and its stuck
-                                         |  thread is abandoned for a fresh one
+                                         |  call scores 0 as a 'timeout' error and its worker
+                                         |  is killed (a process) or abandoned (a thread);
+                                         |  a worker process that died: a 'crashed' error
                                          v
                                        ErrorWindow: more than task.max_reward_error_frac of
                                        the last task.reward_error_window rewards failed?
                                          -> RewardErrorRate (the actor exits non-zero)
 
-Why a thread: a reward that blocks (sleeps, waits on a server, runs a sandbox) on the event
-loop held up weight updates and Ctrl-C for as long as it ran. The worker is a daemon thread,
-so a call stuck in user code never holds up a stop or the process's exit. Calls stay one at
-a time, as they were on the loop, so a reward function need not be thread-safe. (A process
-pool, which could also kill a stuck call, is a later issue; until then an abandoned call
-keeps its thread until it returns.)
+Why off the loop: a reward that blocks (sleeps, waits on a server, runs a sandbox) on the
+event loop held up weight updates and Ctrl-C for as long as it ran. Why several at once: a
+group's n rewards one after another cost n times one call per group (8 x 50 ms = 0.4 s), and
+with one call at a time for all groups in flight a slow reward throttled generation
+(benchmarks/reward_pool.py measures it). Which executor, and why processes by default: see
+``TaskConfig.reward_executor`` in asyncrl/config.py.
 
 ``RewardErrorTally`` is the learner's account (summary.json ``reward_errors``) of the reward
 errors in the samples it trained, read from their ``Sample.reward_error``.
@@ -28,15 +31,11 @@ errors in the samples it trained, read from their ``Sample.reward_error``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import queue
-import sys
-import threading
-import traceback
 from collections import deque
 from collections.abc import Callable
 
-from actors.rewards import RewardFn, Scored, error_kind, score_call
+from actors.reward_pool import make_pool
+from actors.rewards import RewardFn, Scored, error_kind
 from asyncrl.fatal import FatalError
 
 
@@ -102,12 +101,14 @@ class RewardErrorTally:
 
 
 class RewardScorer:
-    """``await score(prompt, completion, fields)``: see the module docstring.
+    """``await score(prompt, completion, fields)`` / ``score_all``: see the module docstring.
 
-    ``task`` is the ``TaskConfig`` (its ``reward_fn`` spec, ``reward_timeout_s``,
-    ``max_reward_error_frac``, ``reward_error_window``); ``say`` prints one line to the
-    actor's log (the launcher echoes lines that start with ``[actor``); ``count(kind)`` is
-    called for every failed call (before a ``RewardErrorRate`` it may cause).
+    ``fn`` is the loaded reward function (called by thread workers; process workers load
+    ``task.reward_fn`` themselves). ``task`` is the ``TaskConfig`` (its ``reward_fn`` spec,
+    ``reward_executor``, ``reward_workers``, ``reward_timeout_s``, ``max_reward_error_frac``,
+    ``reward_error_window``); ``say`` prints one line to the actor's log (the launcher echoes
+    lines that start with ``[actor``); ``count(kind)`` is called for every failed call
+    (before a ``RewardErrorRate`` it may cause). ``close()`` stops the workers.
     """
 
     def __init__(
@@ -123,16 +124,27 @@ class RewardScorer:
         """The first error of each kind, in the order they happened."""
         self.failed: RewardErrorRate | None = None
         """Set once the error rate tripped: no more calls (the actor is failing)."""
-        self._lock = asyncio.Lock()
-        self._worker = _Worker()
+        self.pool = make_pool(fn, task)
+
+    async def score_all(self, prompt: str, completions: list[str], fields: dict) -> list[Scored]:
+        """``score`` of each completion, run at once through the pool; results in order. The
+        first exception cancels the other calls and is raised."""
+        calls = [asyncio.ensure_future(self.score(prompt, c, fields)) for c in completions]
+        try:
+            return list(await asyncio.gather(*calls))
+        finally:
+            for call in calls:  # after a failure (or a stop) the rest are of no use
+                call.cancel()
 
     async def score(self, prompt: str, completion: str, fields: dict | None = None) -> Scored:
         """The reward; a failed call scores 0 with its reason. Raises ``RewardErrorRate``
-        once too many recent calls failed, and ``SandboxError`` (see ``score_call``)."""
-        async with self._lock:  # one call at a time; the deadline counts the call alone
-            if self.failed:  # calls queued behind the one that tripped it
-                raise self.failed
-            scored = await self._call(prompt, completion, fields or {})
+        once too many recent calls failed, ``SandboxError`` (see ``score_call``) and
+        ``RewardWorkerError`` (a worker process cannot load the function)."""
+        if self.failed:  # calls queued behind the one that tripped it
+            raise self.failed
+        scored = await self.pool.call(prompt, completion, fields or {})
+        if self.failed:  # it tripped while this call ran: this one is not counted
+            raise self.failed
         if scored.kind:
             self.count(scored.kind)
         if scored.kind and scored.kind not in self.first:
@@ -143,19 +155,9 @@ class RewardScorer:
             raise self.failed
         return scored
 
-    async def _call(self, prompt: str, completion: str, fields: dict) -> Scored:
-        future = self._worker.submit(lambda: score_call(self.fn, prompt, completion, fields))
-        timeout = self.task.reward_timeout_s
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except asyncio.TimeoutError:
-            message = f"the call took longer than task.reward_timeout_s={timeout:g} s"
-            stack = self._worker.stack()
-            return Scored(0.0, "timeout", f"timeout: {message}", f"where it was:\n{stack}")
-        finally:
-            if not future.done():  # timed out, or the group was cancelled (a stop)
-                self._worker.abandon()
-                self._worker = _Worker()
+    def close(self) -> None:
+        """Stop the workers (a process worker is killed, with what it started)."""
+        self.pool.close()
 
     def _log_first(self, scored: Scored, prompt: str) -> None:
         self.say(
@@ -176,36 +178,3 @@ class RewardScorer:
             f"{first.reason}. Fix the reward function, or raise "
             "task.max_reward_error_frac (1.0 = never fail on reward errors)"
         )
-
-
-class _Worker:
-    """One daemon thread running submitted calls in order; ``abandon`` lets it leave once
-    the call it is stuck in returns (a daemon: it never holds up the process's exit)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="reward", daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[[], Scored]) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((fn, future))
-        return future
-
-    def abandon(self) -> None:
-        self._jobs.put(None)
-
-    def stack(self) -> str:
-        """Where the thread is now (the user code a timed-out call is stuck in)."""
-        frame = sys._current_frames().get(self._thread.ident)
-        return "".join(traceback.format_stack(frame)) if frame is not None else "(unknown)\n"
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, future = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as e:  # SandboxError: re-raised in the awaiting task
-                future.set_exception(e)

@@ -3,6 +3,7 @@
 asyncrl run [overrides]                      everything on this machine (the CPU demo)
 asyncrl launch buffer|learner|actors [ovr]   one role on this node group
 asyncrl status [overrides]                   buffer counters of a running job
+asyncrl run|launch ROLE --cfg [overrides]    print the composed config as YAML and exit
 """
 
 from __future__ import annotations
@@ -16,15 +17,19 @@ _OVERRIDES_HELP = (
     "(mode=sync, algorithm=grpo, experiment=tiny). Groups and options: see configs/."
 )
 
+_CFG_HELP = "print the composed config as YAML and exit (Hydra's --cfg job); starts nothing"
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asyncrl", description="Asynchronous off-policy RL for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run buffer, learner and actors on this machine")
     run.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    run.add_argument("--cfg", action="store_true", help=_CFG_HELP)
     launch = sub.add_parser("launch", help="run one role against a shared buffer.url")
     launch.add_argument("role", choices=["learner", "actors", "buffer"])
     launch.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    launch.add_argument("--cfg", action="store_true", help=_CFG_HELP)
     status = sub.add_parser("status", help="print the buffer counters of a job")
     status.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     return p
@@ -55,6 +60,11 @@ def _main(argv: list[str] | None) -> int:
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2
+    if getattr(args, "cfg", False):
+        from asyncrl.configload import config_to_yaml
+
+        print(config_to_yaml(cfg), end="")
+        return 0
     try:
         if args.command == "run":
             from asyncrl.jobs import run_local

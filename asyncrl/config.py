@@ -26,9 +26,11 @@ _KL_ESTIMATORS = ("k1", "k2", "k3")
 _UPDATE_MODES = ("keep", "abort")
 LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
-# the prompt sources of actors/tasks.py; it has one (PromptSource, the addition task) and no
-# registry yet, so tests/unit/test_config.py checks this list against it
-_TASKS = ("addition",)
+# the prompt sources of actors/tasks.py's TASKS registry, repeated here so the CLI validates a
+# config without importing actor code; tests/unit/test_config.py checks they match
+_TASKS = ("addition", "file")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+"""The names ``logger`` takes; asyncrl/trackers.py has one class per external one."""
 SEED_MAX = 2**31 - 1
 """Largest ``seed`` / ``task.seed``: vLLM seeds numpy (unsigned 32-bit) with seed + actor id."""
 _BUFFER_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
@@ -132,16 +134,31 @@ class TaskConfig:
     """Where prompts and rewards come from."""
 
     name: str = "addition"
-    """Prompt source, one of ``_TASKS`` (``addition``: the demo task in actors/tasks.py)."""
+    """Prompt source, one of ``_TASKS``: ``addition`` (the demo task in actors/tasks.py) or
+    ``file`` (prompts from ``data.train_files``: actors/file_source.py)."""
     reward_fn: str = "actors.rewards:addition_reward"
     """``module:function`` or ``path/to/file.py:function``; the only code a config can name."""
     seed: int | None = None
     """Seed of the deterministic prompt stream, 0 .. ``SEED_MAX``; unset (null) follows the
     top-level ``seed``."""
     reward_timeout_s: float = 60.0
-    """Longest one reward call may run (> 0 seconds). Actors call the reward function in a
-    worker thread (actors/scoring.py); a call still running then scores 0 as a reward error
-    of kind ``timeout`` (its thread is left to finish; it holds up no stop or weight sync)."""
+    """Longest one reward call may run (> 0 seconds), counted from when a worker takes it; a
+    call still running then scores 0 as a reward error of kind ``timeout`` (a process worker
+    is killed and replaced; a thread is left to finish). It holds up no stop or weight sync."""
+    reward_executor: str = "process"
+    """Where an actor runs reward calls, off its event loop (actors/scoring.py): ``process``
+    (default): worker processes, each calling the function one call at a time in its main
+    thread, so it need not be thread-safe, CPU-bound Python (math-verify) runs in parallel,
+    signal-based timeouts work and a timed-out call is killed; fields and results travel as
+    JSON lines, and module-level state is per worker. ``thread``: threads in the actor, for
+    rewards that wait on I/O (an HTTP verifier) or release the GIL; with
+    ``reward_workers > 1`` the function runs concurrently and must be thread-safe, and a
+    timed-out call keeps its thread until it returns."""
+    reward_workers: int = 4
+    """Reward calls an actor runs at once (its workers), 1..256; the n samples of a group are
+    scored at once. A pool keeps up while the actor makes fewer than ``reward_workers /
+    latency`` samples/s (4 workers, 50 ms: 80/s; benchmarks/reward_pool.py measured no loss
+    of generated tokens/s at 34 samples/s, and 0.60x with one call at a time)."""
     max_reward_error_frac: float = 0.5
     """Fail the run (the actor exits non-zero, naming the function and its first error) once
     more than this fraction of the last ``reward_error_window`` rewards failed (raised,
@@ -174,6 +191,56 @@ class TaskConfig:
             ":" in self.reward_fn, f"task.reward_fn={self.reward_fn!r} must be 'module:function'"
         )
         _bound(self, "task.seed", ge=0, le=SEED_MAX, hint=" or null")
+        _bound(self, "task.reward_workers", ge=1, le=256)
+        _require(
+            self.reward_executor in ("process", "thread"),
+            f"task.reward_executor must be process or thread, got {self.reward_executor!r}",
+        )
+
+
+@dataclass
+class DataConfig:
+    """Prompt data of ``task.name=file`` (actors/datafile.py, actors/file_source.py), and the
+    prompt length bound of every task."""
+
+    train_files: list[str] = field(default_factory=list)
+    """Parquet (``.parquet``) or JSON Lines (``.jsonl``) files of prompts, read with pyarrow
+    (``data.train_files=[a.parquet,b.jsonl]``); required by ``task.name=file``."""
+    val_files: list[str] = field(default_factory=list)
+    """Held-out prompts in the same format; loaded and checked at launch (no eval loop reads
+    them yet)."""
+    prompt_key: str = "prompt"
+    """Column of the prompt: a string (used as it is) or a list of chat messages
+    ``{role, content}`` (through the tokenizer's chat template, with the generation prompt).
+    Keys may be dotted into struct columns (``reward_model.ground_truth``)."""
+    answer_key: str = "answer"
+    """Column passed to the reward as the field ``ground_truth`` (every column other than the
+    prompt is passed too, under its own name)."""
+    data_source_key: str = ""
+    """Column passed to the reward as ``data_source``; '' = none."""
+    extra_info_key: str = ""
+    """Column passed to the reward as ``extra_info``; '' = none."""
+    prompt_template: str = ""
+    """A Jinja2 file rendered with ``content`` (the prompt; for chat, the last user message)
+    and the record's columns; its output replaces the prompt (EasyR1's ``format_prompt``).
+    '' = none."""
+    max_prompt_length: int = 64
+    """Longest prompt in tokens (>= 1): longer ones are dropped when the data is loaded
+    (counted and shown). vLLM's ``max_model_len`` is this plus ``actor.max_tokens``, which must
+    fit the model's ``max_position_embeddings``."""
+    epochs: int = 1
+    """Passes over ``data.train_files`` (>= 1); then the actors stop and the learner ends the
+    run (before ``learner.steps`` if the data runs out first)."""
+    shuffle: bool = True
+    """Visit each epoch in a different order, seeded by ``task.seed`` and the epoch; false =
+    file order."""
+
+    def __post_init__(self) -> None:
+        _require_finite(self, "data")
+        _bound(self, "data.max_prompt_length", ge=1)
+        _bound(self, "data.epochs", ge=1)
+        _require(bool(self.prompt_key), "data.prompt_key is empty; name the prompt column")
+        _require(bool(self.answer_key), "data.answer_key is empty; name the answer column")
 
 
 @dataclass
@@ -501,6 +568,7 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -516,9 +584,28 @@ class Config:
     port in use falls back to a free one (see docs/metrics.md). All of them must be <= 65535."""
     metrics_host: str = "127.0.0.1"
     """Address the metrics endpoints bind to; loopback unless you mean to expose them."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Where the learner logs each step, any of ``LOGGERS`` (``logger=[console,tensorboard]``):
+    ``console`` the one-line step summary on stdout; ``jsonl`` ``metrics.jsonl``, which is
+    always written whatever the list says (a resumed learner rebuilds the run's records and
+    ``summary.json`` from it); ``tensorboard`` ``<run_dir>/tensorboard``; ``wandb`` offline in
+    ``<run_dir>/wandb`` unless ``WANDB_MODE`` is set; ``mlflow`` the file store
+    ``<run_dir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` is set (asyncrl/trackers.py)."""
+    project_name: str = "asyncrl"
+    """The W&B project and the MLflow experiment the run is logged under."""
+    experiment_name: str = ""
+    """The run's name in W&B and MLflow; '' = the run directory's name."""
 
     def __post_init__(self) -> None:
         _require_finite(self, "")
+        unknown = [name for name in self.logger if name not in LOGGERS]
+        _require(
+            not unknown,
+            f"logger: unknown {', '.join(map(repr, unknown))}; known: {', '.join(LOGGERS)}",
+        )
+        twice = sorted({name for name in self.logger if self.logger.count(name) > 1})
+        _require(not twice, f"logger lists {', '.join(twice)} more than once")
+        _require(bool(self.project_name), "project_name is empty")
         _bound(self, "seed", ge=0, le=SEED_MAX)
         _bound(self, "metrics_port", ge=0, le=65535, hint=" (0 = off)")
         last_port = self.metrics_port + _METRICS_PORTS_BEYOND_ACTORS + self.actor.num_actors - 1
@@ -529,6 +616,16 @@ class Config:
         )
         if self.task.seed is None:
             self.task.seed = self.seed
+        files = self.task.name == "file"
+        _require(
+            not files or bool(self.data.train_files),
+            "task.name=file needs data.train_files=[path.parquet,...] (.parquet or .jsonl)",
+        )
+        _require(
+            files or not (self.data.train_files or self.data.val_files),
+            f"data.train_files / data.val_files are set but task.name={self.task.name} does not "
+            "read them; set task.name=file (and a task.reward_fn for the data)",
+        )
         if self.buffer.capacity == 0:
             self.buffer.capacity = self.learner.batch_groups * max(1, self.buffer.max_staleness)
         rows = self.learner.batch_groups * self.actor.n_samples

@@ -93,6 +93,8 @@ def _expected(key: str) -> str | None:
         if not is_dataclass(hint):
             return None
         hint = typing.get_type_hints(hint).get(part)
+    if typing.get_origin(hint) is list:
+        return "a list ([a,b] in an override)"
     args = typing.get_args(hint)  # (float, NoneType) for float | None
     word = _TYPE_WORDS.get(next((a for a in args if a is not type(None)), hint))
     return word and word + (" or null" if type(None) in args else "")
@@ -130,6 +132,13 @@ def _first_line(e: Exception) -> str:
 def config_to_json(cfg: Config) -> str:
     """The resolved config as JSON (written to ``<run_dir>/config.json``)."""
     return json.dumps(asdict(cfg), indent=2, sort_keys=True)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML (``asyncrl run --cfg``, ``<run_dir>/config.yaml``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
 def config_from_json(text: str) -> Config:

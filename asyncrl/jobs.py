@@ -9,7 +9,7 @@ from pathlib import Path
 
 from asyncrl import rundir
 from asyncrl.config import Config
-from asyncrl.configload import config_to_json
+from asyncrl.configload import config_to_json, config_to_yaml
 from asyncrl.launcher import (
     Role,
     actor_cmd,
@@ -22,16 +22,20 @@ from asyncrl.launcher import (
     supervise,
 )
 from asyncrl.lifeline import child_cmd
+from asyncrl.trackers import check_available
 
 ALL_ROLES = ("buffer", "learner", "actors")
 
 
 def prepare_run_dir(cfg: Config, roles: tuple[str, ...] = ALL_ROLES) -> Path:
-    """Create, check and lock ``run_dir`` for ``roles`` (asyncrl/rundir.py); write the config."""
+    """Create, check and lock ``run_dir`` for ``roles`` (asyncrl/rundir.py); write the config
+    (``config.json``, which the roles read, and the same as ``config.yaml``, for people)."""
     run_dir = rundir.prepare(cfg.run_dir, roles)
     cfg.run_dir = str(run_dir)
+    cfg.experiment_name = cfg.experiment_name or run_dir.name
     try:
         (run_dir / "config.json").write_text(config_to_json(cfg))
+        (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
     except OSError as e:
         why = rundir.describe_os_error(e)
         raise rundir.RunDirError(f"cannot write the run's config: {why}") from None
@@ -193,7 +197,9 @@ def run_local(cfg: Config) -> int:
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
     check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
+    check_available(cfg.logger)  # a tracker's missing library too
     model_dir = resolve_model(cfg)  # a bad model directory fails before any process starts
+    check_data(cfg, model_dir)  # and bad data (files, columns, templates, lengths)
     roles: list[Role] = []
     server = None
     try:
@@ -219,14 +225,22 @@ def check_reward_fn(cfg: Config) -> None:
     **fields)`` with the task's fields, so a wrong name or signature fails at once with the
     key named (the actors import and check the same function when they start)."""
     from actors.rewards import check_signature, load_reward_fn, preflight
-    from actors.tasks import PromptSource
+    from actors.tasks import example_fields
 
+    fields = example_fields(cfg)  # a file task: its first record (bad data fails here)
     try:
         fn = load_reward_fn(cfg.task.reward_fn)
-        check_signature(fn, PromptSource(cfg.task.seed).get(0).fields, cfg.task.reward_fn)
+        check_signature(fn, fields, cfg.task.reward_fn)
     except ValueError as e:
         raise ValueError(f"task.reward_fn: {e}") from e
     preflight(fn)  # e.g. python_code_reward: can this machine sandbox model-written code?
+
+
+def check_data(cfg: Config, model_dir: str) -> None:
+    """Load the prompts as the actors will, so bad data fails before any process starts."""
+    from actors.tasks import check_data as check
+
+    check(cfg, model_dir, lambda text: print(f"[asyncrl] {text}", flush=True))
 
 
 def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | None = None) -> int:
@@ -259,7 +273,11 @@ def launch_role(cfg: Config, role: str) -> int:
     start_buffer(cfg, run_dir)  # checks that the URL answers
     if role == "actors":
         check_reward_fn(cfg)
+    if role == "learner":
+        check_available(cfg.logger)
     model_dir = resolve_model(cfg, weights=role == "learner" or cfg.actor.engine != "sim")
+    if role == "actors":
+        check_data(cfg, model_dir)
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
     url = cfg.buffer.url
     if role == "learner":

@@ -15,14 +15,20 @@ balance: ``balanced``, ``imbalance``, ``imbalanced_steps``, ``first_imbalance_st
 ``foreign_unread``, ``repairs``: buffer/ledger.py). ``metrics.jsonl`` records add per-step ``elapsed_s``,
 ``step_s``, ``busy_s``, ``waiting_data_s``, ``weight_sync_s``, ``checkpoint_s``, ``cpu_s``,
 ``ledger_imbalance``.
-See docs/metrics.md.
+See docs/metrics.md. The same records go to the experiment trackers of ``logger``
+(asyncrl/trackers.py), and the summary's numbers at the end.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from pathlib import Path
+
+from asyncrl.trackers import step_metrics, summary_metrics
+
+_ETA_WINDOW = 20  # steps whose mean time predicts the rest
 
 
 def window_mean(values: list[float], start_frac: float, end_frac: float) -> float:
@@ -43,9 +49,14 @@ class RunLog:
     loaded, so ``summary.json`` covers the whole run, and a step trained again after a resume
     (it was past the last checkpoint) replaces the earlier record of that step in
     ``records``. The file itself is append-only: it keeps both.
+
+    ``trackers`` (asyncrl/trackers.py) get every record, the summary, and are closed with
+    the log; ``total_steps`` (learner.steps) gives the console line its progress and ETA.
     """
 
-    def __init__(self, run_dir: str | Path, quiet: bool = False) -> None:
+    def __init__(
+        self, run_dir: str | Path, quiet: bool = False, total_steps: int = 0, trackers=()
+    ) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "metrics.jsonl"
@@ -54,15 +65,37 @@ class RunLog:
         if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
             self._file.write("\n")  # end a line torn by a killed learner before appending
         self.quiet = quiet
+        self.total_steps = total_steps
+        self.trackers = list(trackers)
+        self._step_s: deque[float] = deque(maxlen=_ETA_WINDOW)
+        # the latest validation reward (validation runs on some steps only)
+        self.val_reward = next(
+            (r["val/reward"] for r in reversed(self.records) if "val/reward" in r), None
+        )
 
     def log(self, record: dict) -> None:
         _append_step(self.records, record)
         self._file.write(json.dumps(record) + "\n")
+        self.val_reward = record.get("val/reward", self.val_reward)
+        if "step_s" in record:
+            self._step_s.append(record["step_s"])
+        for tracker in self.trackers:
+            tracker.log(step_metrics(record), record["step"])
         if not self.quiet:
-            print(console_line(record), flush=True)
+            line = console_line(record, self.total_steps, self.eta_s(record), self.val_reward)
+            print(line, flush=True)
+
+    def eta_s(self, record: dict) -> float | None:
+        """Seconds to ``total_steps`` at the mean pace of the last steps (None: unknown)."""
+        if not self.total_steps or not self._step_s:
+            return None
+        left = max(0, self.total_steps - record["step"] - 1)
+        return left * sum(self._step_s) / len(self._step_s)
 
     def close(self) -> None:
         self._file.close()
+        for tracker in self.trackers:
+            tracker.close()
 
     def write_summary(self, extra: dict) -> dict:
         rewards = [r["reward"] for r in self.records]
@@ -74,6 +107,9 @@ class RunLog:
             **extra,
         }
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        last_step = self.records[-1]["step"] if self.records else 0
+        for tracker in self.trackers:
+            tracker.log_summary(summary_metrics(summary), last_step)
         plot_reward(self.records, self.dir / "reward.png", title=extra.get("title", ""))
         return summary
 
@@ -102,13 +138,40 @@ def _append_step(records: list[dict], record: dict) -> None:
     records.append(record)
 
 
-def console_line(r: dict) -> str:
-    return (
-        f"step {r['step']:4d} | v{r['version']:<4d} | reward {r['reward']:.3f} | "
-        f"stale max {r['staleness_max']} mean {r['staleness_mean']:.2f} | "
-        f"{r['groups_per_s']:.1f} groups/s {r['tokens_per_s']:.0f} tok/s | "
-        f"dropped stale {r['dropped_stale']} invalid {r['dropped_invalid']}"
-    )
+def console_line(
+    r: dict, total_steps: int = 0, eta_s: float | None = None, val_reward: float | None = None
+) -> str:
+    """``step   41 | 42/400 ETA 3m05s | reward 0.512 | loss 0.0123 | kl_behave 0.0011 |
+    val_reward 0.600 | stale ... | dropped ...``: steps done (= the version) of
+    ``total_steps``, the loss and the k3 KL of the behaviour policy to the trained one
+    (``approx_kl_behave``) when the step reported them, the latest validation reward when
+    there was one. Tests and users match ``^step +N |``: keep it first."""
+    done = f"{r['version']}/{total_steps}" if total_steps else f"v{r['version']}"
+    if eta_s is not None:
+        done += f" ETA {format_duration(eta_s)}"
+    parts = [f"step {r['step']:4d}", done, f"reward {r['reward']:.3f}"]
+    if "loss" in r:
+        parts.append(f"loss {r['loss']:.4g}")
+    if "approx_kl_behave" in r:
+        parts.append(f"kl_behave {r['approx_kl_behave']:.3g}")
+    if val_reward is not None:
+        parts.append(f"val_reward {val_reward:.3f}")
+    parts += [
+        f"stale max {r['staleness_max']} mean {r['staleness_mean']:.2f}",
+        f"{r['groups_per_s']:.1f} groups/s {r['tokens_per_s']:.0f} tok/s",
+        f"dropped stale {r['dropped_stale']} invalid {r['dropped_invalid']}",
+    ]
+    return " | ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    """``59s``, ``3m05s``, ``2h07m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def plot_reward(records: list[dict], path: Path, title: str = "") -> None:

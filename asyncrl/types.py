@@ -17,13 +17,17 @@ from dataclasses import dataclass, field
 
 FINISH_REASONS = ("stop", "length", "abort")
 """Allowed ``Sample.finish_reason`` values; stored as int8 codes (index in this tuple)."""
+MAX_REWARD_EXTRAS = 32
+"""Most ``Sample.reward_extras`` keys: each becomes a ``reward/<key>`` column of every
+metrics.jsonl record, so a reward returning a large dict cannot flood the log."""
 
 
 @dataclass
 class Sample:
     """One completion of a prompt.
 
-    Invariants: ``len(completion_ids) == len(behavior_logprobs) == len(token_versions) >= 1``.
+    Invariants: ``len(completion_ids) == len(behavior_logprobs) == len(token_versions) >= 1``;
+    ``len(reward_extras) <= MAX_REWARD_EXTRAS``, its values finite.
     """
 
     prompt_ids: list[int]
@@ -40,6 +44,9 @@ class Sample:
     """One of ``FINISH_REASONS``."""
     reward_error: str = ""
     """Empty when the reward function succeeded, else the reason it failed."""
+    reward_extras: dict[str, float] = field(default_factory=dict)
+    """The reward dict's other numeric values by key (e.g. verl's ``acc``; ``{}`` for a float
+    reward or a failed call): the learner logs their per-step means as ``reward/<key>``."""
 
 
 @dataclass

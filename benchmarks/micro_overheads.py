@@ -107,6 +107,7 @@ async def engine_and_actor(cfg, model_dir: str, prompts, url: str) -> dict:
     dt = time.perf_counter() - t0
     actor.state.stop = True
     await task
+    actor.scorer.close()
     s = actor.state
     result["actor"] = {"seconds": dt, "groups": s.committed, "completion_tokens": s.tokens_generated,
                        "tokens_per_s": s.tokens_generated / dt, "time_s": actor.clock.totals()}  # fmt: skip

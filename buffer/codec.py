@@ -10,11 +10,16 @@ Wire format (Arrow IPC *stream* format, exactly one record batch, one row per sa
     reward             float32          finite scalar reward
     finish_reason      int8             index into ``asyncrl.types.FINISH_REASONS``
     reward_error       string           "" when the reward function succeeded
+    reward_extras      map<string,      the reward dict's other numeric values by key
+                           float64>     (``Sample.reward_extras``): finite, distinct keys,
+                                        at most ``MAX_REWARD_EXTRAS``; {} for none
 
 Group-level fields live in the schema metadata (not as constant columns: they are scalars
 of the group, and metadata keeps them out of the per-row buffers)::
 
-    asyncrl.schema_version  "1"
+    asyncrl.schema_version  "2" ("1": the same without reward_extras, written before it
+                            existed; still decoded, with {} extras, so a buffer kept
+                            across an upgrade stays readable)
     asyncrl.group_id        non-empty utf-8 string
     asyncrl.prompt_index    decimal int >= 0
     asyncrl.actor_id        decimal int >= 0
@@ -35,9 +40,9 @@ import struct
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from asyncrl.types import FINISH_REASONS, Group, Sample
+from asyncrl.types import FINISH_REASONS, MAX_REWARD_EXTRAS, Group, Sample
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """64 MiB: 16x a large group (64 samples x 16k tokens x 12 bytes/token is ~12 MiB)."""
 
@@ -53,9 +58,12 @@ SCHEMA = pa.schema(
         pa.field("reward", pa.float32()),
         pa.field("finish_reason", pa.int8()),
         pa.field("reward_error", pa.string()),
+        pa.field("reward_extras", pa.map_(pa.string(), pa.float64())),
     ]
 )
-"""The exact column schema (metadata aside) every payload must have."""
+"""The exact column schema (metadata aside) every payload ``encode_group`` writes has."""
+_SCHEMAS = {str(SCHEMA_VERSION): SCHEMA, "1": pa.schema(list(SCHEMA)[:-1])}
+"""The column schema each readable ``asyncrl.schema_version`` must have."""
 
 
 class PayloadError(ValueError):
@@ -84,6 +92,8 @@ def encode_group(group: Group) -> bytes:
             raise ValueError(
                 f"sample {i}: finish_reason {s.finish_reason!r} not in {FINISH_REASONS}"
             )
+        if reason := _extras_problem(list(s.reward_extras.items())):
+            raise ValueError(f"group {group.group_id!r} sample {i}: {reason}")
     ss = group.samples
     columns = [
         [s.prompt_ids for s in ss],
@@ -93,6 +103,7 @@ def encode_group(group: Group) -> bytes:
         [s.reward for s in ss],
         [FINISH_REASONS.index(s.finish_reason) for s in ss],
         [s.reward_error for s in ss],
+        [list(s.reward_extras.items()) for s in ss],
     ]
     arrays = [pa.array(col, type=f.type) for col, f in zip(columns, SCHEMA, strict=True)]
     meta = {"asyncrl.schema_version": str(SCHEMA_VERSION), "asyncrl.group_id": group.group_id}
@@ -121,12 +132,16 @@ def decode_group(
         meta = _check_schema(batch.schema)
         _check_values(batch, vocab_size)
         _check_versions(batch, meta["version_min"], meta["version_max"])
-        cols = {name: batch.column(name).to_pylist() for name in SCHEMA.names}
+        cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
     except UnicodeDecodeError as e:
         # Arrow's full validation does not check utf-8 of every string; Python does.
         raise PayloadError(f"invalid utf-8 in a name or string value: {e}") from None
     if any(p != cols["prompt_ids"][0] for p in cols["prompt_ids"]):
         raise PayloadError("prompt_ids differ between samples of one group")
+    extras = cols.get("reward_extras", [[]] * batch.num_rows)  # version 1: none
+    for i, items in enumerate(extras):
+        if reason := _extras_problem(items):
+            raise PayloadError(f"row {i}: {reason}")
     samples = [
         Sample(
             prompt_ids=cols["prompt_ids"][i],
@@ -136,6 +151,7 @@ def decode_group(
             reward=cols["reward"][i],
             finish_reason=FINISH_REASONS[cols["finish_reason"][i]],
             reward_error=cols["reward_error"][i],
+            reward_extras=dict(extras[i]),
         )
         for i in range(batch.num_rows)
     ]
@@ -232,13 +248,16 @@ def _check_schema(schema: pa.Schema) -> dict:
     except UnicodeDecodeError:
         raise PayloadError("schema metadata is not valid utf-8") from None
     version = meta.get("asyncrl.schema_version")
-    if version != str(SCHEMA_VERSION):
-        raise PayloadError(f"schema version is {version!r}, expected {str(SCHEMA_VERSION)!r}")
-    if not schema.remove_metadata().equals(SCHEMA):
-        missing = [n for n in SCHEMA.names if n not in schema.names]
+    expected = _SCHEMAS.get(version)
+    if expected is None:
+        raise PayloadError(
+            f"schema version is {version!r}, expected {str(SCHEMA_VERSION)!r} (or '1')"
+        )
+    if not schema.remove_metadata().equals(expected):
+        missing = [n for n in expected.names if n not in schema.names]
         if missing:
             raise PayloadError(f"missing column(s) {missing}")
-        raise PayloadError(f"schema mismatch: got {schema.remove_metadata()}, expected {SCHEMA}")
+        raise PayloadError(f"schema mismatch: got {schema.remove_metadata()}, expected {expected}")
     out: dict = {"group_id": meta.get("asyncrl.group_id", "")}
     if not out["group_id"]:
         raise PayloadError("metadata asyncrl.group_id is missing or empty")
@@ -257,7 +276,7 @@ def _check_values(batch: pa.RecordBatch, vocab_size: int | None) -> None:
     """Per-row length agreement and value ranges, vectorized with pyarrow.compute."""
     if batch.num_rows < 1:
         raise PayloadError("group has no samples (0 rows)")
-    for name in SCHEMA.names:
+    for name in batch.schema.names:
         col = batch.column(name)
         if col.null_count or (pa.types.is_list(col.type) and col.flatten().null_count):
             raise PayloadError(f"column {name} contains nulls")
@@ -290,6 +309,23 @@ def _check_values(batch: pa.RecordBatch, vocab_size: int | None) -> None:
     lo, hi = _min_max(batch.column("finish_reason"))
     if lo < 0 or hi >= len(FINISH_REASONS):
         raise PayloadError(f"finish_reason code out of range [0, {len(FINISH_REASONS)})")
+
+
+def _extras_problem(items: list[tuple[str, float | None]]) -> str:
+    """What is wrong with one sample's ``reward_extras`` items ("" if nothing): at most
+    ``MAX_REWARD_EXTRAS`` distinct non-empty keys, finite values."""
+    if len(items) > MAX_REWARD_EXTRAS:
+        return f"reward_extras has {len(items)} keys, more than {MAX_REWARD_EXTRAS}"
+    if len({k for k, _ in items}) < len(items):
+        return "reward_extras repeats a key"
+    for key, value in items:
+        if not isinstance(key, str) or not key:
+            return f"reward_extras key {key!r} is not a non-empty string"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"reward_extras[{key!r}] is {value!r}, expected a finite number"
+        if not math.isfinite(value):
+            return f"reward_extras[{key!r}]: NaN or infinite value"
+    return ""
 
 
 def _check_versions(batch: pa.RecordBatch, version_min: int, version_max: int) -> None:

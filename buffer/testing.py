@@ -25,7 +25,8 @@ def random_group(
 ) -> Group:
     """A valid group: ``n`` samples (1..8 if None) sharing one prompt, completions of
     1..``max_len`` tokens in ``[0, vocab_size)``, per-token versions in ``versions`` (inclusive,
-    non-decreasing along a completion as in vLLM), float32-exact logprobs <= 0 and rewards.
+    non-decreasing along a completion as in vLLM), float32-exact logprobs <= 0 and rewards,
+    and reward extras (``acc``, ``len``) on the samples whose reward did not fail.
     """
     n = n if n is not None else rng.randint(1, 8)
     prompt_index = rng.randrange(10**6)
@@ -36,15 +37,21 @@ def random_group(
         length = rng.randint(1, max_len)
         start = rng.randint(*versions)
         token_versions = sorted(rng.randint(start, versions[1]) for _ in range(length))
+        # drawn in the order they always were, so a seed's groups stay what they were
+        completion = [rng.randrange(vocab_size) for _ in range(length)]
+        logprobs = [f32(-rng.expovariate(1.0)) for _ in range(length)]
+        reward, finish = f32(rng.uniform(-1.0, 1.0)), rng.choice(FINISH_REASONS)
+        error = rng.choice(["", "timeout", "bad answer: ∑ ≠ 4"])
         samples.append(
             Sample(
                 prompt_ids=list(prompt),
-                completion_ids=[rng.randrange(vocab_size) for _ in range(length)],
-                behavior_logprobs=[f32(-rng.expovariate(1.0)) for _ in range(length)],
+                completion_ids=completion,
+                behavior_logprobs=logprobs,
                 token_versions=token_versions,
-                reward=f32(rng.uniform(-1.0, 1.0)),
-                finish_reason=rng.choice(FINISH_REASONS),
-                reward_error=rng.choice(["", "timeout", "bad answer: ∑ ≠ 4"]),
+                reward=reward,
+                finish_reason=finish,
+                reward_error=error,
+                reward_extras={} if error else {"acc": float(reward > 0), "len": float(length)},
             )
         )
     gid = group_id if group_id is not None else f"{actor_id}:{prompt_index}"

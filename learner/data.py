@@ -26,6 +26,12 @@ new groups a suspect is batched with are untested, so an innocent group that lan
 (its reason says so); with rare poison this does not happen. The failpoint
 ``learner.step/<group_id>`` (``asyncrl/faults.py``, tests only) fires right before the step
 for each group of the batch.
+
+End of the data (a finite prompt source, ``task.name=file``): ``exhausted()`` says that every
+actor is out of prompts and has committed all its groups (actors/actor.py). Checked *before* a
+read, an empty read after it means nothing more can arrive, so ``next_batch`` raises
+``DataExhausted`` (a ``StopRequested``: the loop ends with its final checkpoint, like on a
+stop). The groups of a last, partial batch stay pending (verl's ``drop_last``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncrl.faults import failpoint
-from asyncrl.waiting import Wait, never
+from asyncrl.waiting import StopRequested, Wait, never
 from buffer.staleness import split_by_staleness
 from learner.advantages import all_equal_groups
 
@@ -46,6 +52,14 @@ _UNIFORM_ATOL = 1e-6  # rewards closer than this are "equal" (float noise of rew
 
 class DataTimeout(TimeoutError):
     """No fresh group arrived within ``learner.data_timeout_s``."""
+
+
+class DataExhausted(StopRequested):
+    """Every actor is out of prompts (``data.epochs`` done) and no group is left to read."""
+
+    def __init__(self, text: str) -> None:
+        Exception.__init__(self, text)
+        self.what = "fresh groups"
 
 
 @dataclass
@@ -65,6 +79,8 @@ class GroupSource:
     """True once a stop was requested: a wait for data raises ``StopRequested`` at once."""
     say: Callable[[str], None] = print
     """Prints a progress line of a long wait for data (asyncrl/waiting.py)."""
+    exhausted: Callable[[], bool] = never
+    """True once every actor is out of prompts and committed its last group (module doc)."""
     _pending: list = field(default_factory=list)
     _last_batch: list = field(default_factory=list)
     _resumed: set = field(default_factory=set)
@@ -89,10 +105,19 @@ class GroupSource:
         while len(fresh) < count:
             want = count - len(fresh)
             entries = self._take_pending(want, fresh)
+            done = not entries and self.exhausted()  # before the read: see module docstring
             if not entries:
                 entries = self.buffer.read(self.consumer, want, 1000, self.vocab_size)
             if not entries and self._pending:  # only suspects left and no new data: mix them
                 entries, self._pending = self._pending[:want], self._pending[want:]
+            if not entries and done:
+                left = (
+                    f" ({len(fresh)} group(s) of a partial batch stay untrained)" if fresh else ""
+                )
+                raise DataExhausted(
+                    "the actors have no prompts left (data.epochs done) and no group is left "
+                    f"to read: ending the run at version {version}{left}"
+                )
             ok, stale = split_by_staleness(entries, version, self.max_staleness)
             if stale:
                 self.buffer.ack([e.entry_id for e in stale], "dropped_stale")

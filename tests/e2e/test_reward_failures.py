@@ -8,6 +8,7 @@ Real processes throughout (launcher, redis-server, learner, actor) with the simu
 (``actor.engine=sim``), so each run takes seconds; reward functions: tests/e2e/bad_rewards.py.
 """
 
+import contextlib
 import json
 import re
 import shutil
@@ -15,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.roles import Roles
@@ -138,34 +140,52 @@ def test_reward_failing_on_most_calls_fails_the_run_naming_function_fraction_and
 
 
 @pytest.mark.timeout(180)
-def test_ctrl_c_with_a_reward_sleeping_30s_exits_within_seconds(tmp_path, roles):
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_ctrl_c_with_a_reward_sleeping_30s_exits_within_seconds(tmp_path, roles, executor):
     run_dir, mark = tmp_path / "run", tmp_path / "reward_started"
     proc = roles.cli(
-        "run", "run", *SIM, reward("sleeps"), f"run_dir={run_dir}",
-        env={"REWARD_MARK": str(mark), "REWARD_SLEEP_S": "30"},
+        "run", "run", *SIM, reward("sleeps"), f"task.reward_executor={executor}",
+        f"run_dir={run_dir}", env={"REWARD_MARK": str(mark), "REWARD_SLEEP_S": "30"},
     )  # fmt: skip
     roles.wait_until(mark.exists, 120, "the reward function to start its 30 s sleep")
     time.sleep(1.0)  # well inside the sleep
+    workers = _reward_workers(proc.pid)
+    assert bool(workers) == (executor == "process"), workers
     t0 = time.monotonic()
     code = roles.signal(proc, signal.SIGINT, 60)
     took = time.monotonic() - t0
     assert code == 130, proc.tail()
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive, f"reward worker processes outlived the run: {alive}"
     # before issue 12: ~21 s (the actor's loop sat in the reward; the launcher's grace, then
-    # SIGKILL); now the actor stops at once and leaves its stuck reward thread behind
+    # SIGKILL); now the actor stops at once, killing its reward worker processes (process)
+    # or leaving its stuck reward threads behind (thread)
     assert took < 10, f"Ctrl-C took {took:.1f} s\n{proc.tail()}"
     actor_log = (run_dir / "actor0.log").read_text()
     assert re.search(r"^\[actor 0\] done: ", actor_log, re.M), "the actor did not exit itself"
 
 
+def _reward_workers(pid: int) -> list[psutil.Process]:
+    """The reward worker processes (actors/reward_worker.py) under process ``pid``."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "actors.reward_worker" in child.cmdline():
+                found.append(child)
+    return found
+
+
 @pytest.mark.timeout(240)
-def test_slow_rewards_under_the_timeout_do_not_hold_up_weight_syncs(tmp_path, roles):
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_slow_rewards_under_the_timeout_do_not_hold_up_weight_syncs(tmp_path, roles, executor):
     """Each reward call takes 1 s (task.reward_timeout_s=10): a group of 2 takes 2 s to score,
     during which the learner finishes a step and sends weights. Before issue 12 that sync
     waited for the actor's event loop (~2 s per sync); now the actor receives at once."""
     run_dir = tmp_path / "run"
     proc = roles.cli(
         "run", "run", *SIM, reward("sleeps"), "task.reward_timeout_s=10", "actor.n_samples=2",
-        "learner.batch_groups=1", "learner.steps=4", f"run_dir={run_dir}",
+        f"task.reward_executor={executor}", "learner.batch_groups=1", "learner.steps=4",
+        f"run_dir={run_dir}",
         env={"REWARD_SLEEP_S": "1.0"},
     )  # fmt: skip
     code = roles.wait(proc, 180)

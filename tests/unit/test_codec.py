@@ -7,11 +7,14 @@ import random
 import pyarrow as pa
 import pytest
 
-from asyncrl.types import FINISH_REASONS, Group, Sample
+from asyncrl.types import FINISH_REASONS, MAX_REWARD_EXTRAS, Group, Sample
 from buffer.codec import SCHEMA, PayloadError, decode_group, encode_group
 from buffer.testing import random_group
 
 VOCAB = 50
+
+
+EXTRAS = {"acc": 1.0, "format": 0.5}
 
 
 def _group() -> Group:
@@ -20,7 +23,7 @@ def _group() -> Group:
         prompt_index=17,
         actor_id=3,
         samples=[
-            Sample([1, 2, 3], [4, 5, 6], [-0.5, -0.25, -1.0], [2, 2, 3], 1.0),
+            Sample([1, 2, 3], [4, 5, 6], [-0.5, -0.25, -1.0], [2, 2, 3], 1.0, reward_extras=EXTRAS),
             Sample([1, 2, 3], [7], [-2.0], [2], 0.0, "length", "reward timed out"),
         ],
     )
@@ -36,12 +39,13 @@ def _columns(group: Group) -> dict[str, list]:
         "reward": [s.reward for s in ss],
         "finish_reason": [FINISH_REASONS.index(s.finish_reason) for s in ss],
         "reward_error": [s.reward_error for s in ss],
+        "reward_extras": [list(s.reward_extras.items()) for s in ss],
     }
 
 
 def _meta(group: Group) -> dict[str, str]:
     return {
-        "asyncrl.schema_version": "1",
+        "asyncrl.schema_version": "2",
         "asyncrl.group_id": group.group_id,
         "asyncrl.prompt_index": str(group.prompt_index),
         "asyncrl.actor_id": str(group.actor_id),
@@ -100,7 +104,8 @@ def _empty_rows(c: dict, m: dict) -> None:
 
 
 REJECTIONS = {
-    "wrong schema version": (_set_meta("asyncrl.schema_version", "2"), "schema version is '2'"),
+    "wrong schema version": (_set_meta("asyncrl.schema_version", "3"), "schema version is '3'"),
+    "v1 with extras": (_set_meta("asyncrl.schema_version", "1"), "schema mismatch"),
     "no schema version": (_set_meta("asyncrl.schema_version", None), "schema version is None"),
     "missing column": (_drop("token_versions"), "missing column(s) ['token_versions']"),
     "token id >= vocab": (_set("completion_ids", 0, [4, VOCAB, 6]), f"token id {VOCAB} >= vocab"),
@@ -137,6 +142,15 @@ REJECTIONS = {
     "no group_id": (_set_meta("asyncrl.group_id", None), "asyncrl.group_id is missing"),
     "bad actor_id": (_set_meta("asyncrl.actor_id", "x1"), "asyncrl.actor_id is 'x1'"),
     "negative prompt_index": (_set_meta("asyncrl.prompt_index", "-4"), "prompt_index is -4"),
+    "NaN extra": (_set("reward_extras", 0, [("acc", float("nan"))]), "['acc']: NaN or infinite"),
+    "null extra": (_set("reward_extras", 1, [("acc", None)]), "['acc'] is None"),
+    "null extras": (_set("reward_extras", 1, None), "column reward_extras contains nulls"),
+    "repeated extra": (_set("reward_extras", 0, [("a", 1.0), ("a", 2.0)]), "repeats a key"),
+    "empty extra key": (_set("reward_extras", 0, [("", 1.0)]), "key '' is not a non-empty"),
+    "too many extras": (
+        _set("reward_extras", 0, [(f"k{i}", 1.0) for i in range(MAX_REWARD_EXTRAS + 1)]),
+        f"more than {MAX_REWARD_EXTRAS}",
+    ),
 }
 
 
@@ -150,6 +164,28 @@ def test_rejects_with_specific_reason(case: str) -> None:
         decode_group(_payload(columns, meta), vocab_size=VOCAB)
     assert expected in err.value.reason
     assert isinstance(err.value, ValueError)
+
+
+def test_reward_extras_round_trip() -> None:
+    g = decode_group(encode_group(_group()))
+    assert [s.reward_extras for s in g.samples] == [EXTRAS, {}]
+
+
+def test_version_1_payloads_still_decode_without_extras() -> None:
+    """Groups written before reward extras existed (a buffer kept across an upgrade)."""
+    g = _group()
+    columns, meta = _columns(g), _meta(g) | {"asyncrl.schema_version": "1"}
+    del columns["reward_extras"]
+    decoded = decode_group(_payload(columns, meta), vocab_size=VOCAB)
+    g.samples[0].reward_extras = {}
+    assert decoded == g
+
+
+def test_encode_rejects_bad_extras() -> None:
+    g = _group()
+    g.samples[1].reward_extras = {"acc": float("inf")}
+    with pytest.raises(ValueError, match=r"sample 1: reward_extras\['acc'\]: NaN or infinite"):
+        encode_group(g)
 
 
 def test_rejects_wrong_column_type() -> None:

@@ -37,6 +37,7 @@ class CharTokenizer:
 def _actor(engine, reward_fn=addition_reward, n=2) -> Actor:
     cfg = Config()
     cfg.actor.n_samples = n
+    cfg.task.reward_executor = "thread"  # calls the test's own reward_fn, not the spec's
     actor = object.__new__(Actor)  # only what make_group uses: no Redis, no vLLM
     actor.cfg, actor.engine = cfg, engine
     actor.state = ActorState(actor_id=3)

@@ -175,7 +175,10 @@ def test_a_wrong_signature_is_refused_naming_the_expected_one(fn, why):
 
 
 def _task(**kw) -> TaskConfig:
-    return TaskConfig(reward_fn="my_reward.py:f", **kw)
+    """One thread calling the test's own function (the process pool: test_reward_pool.py)."""
+    return TaskConfig(
+        reward_fn="my_reward.py:f", **{"reward_executor": "thread", "reward_workers": 1, **kw}
+    )
 
 
 def _scorer(fn, lines: list[str] | None = None, kinds: list[str] | None = None, **kw):
