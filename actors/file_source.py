@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.datafile import DataError, DataKeys, Row, read_rows
-from actors.tasks import Prompt
+from actors.prompt import Prompt
 
 _ENCODE_CHUNK = 1024  # prompts tokenized per batch at load (only their lengths are kept)
 

@@ -27,8 +27,9 @@ import hashlib
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from actors.prompt import Prompt
 
 SPLITS = ("train", "eval")
 DIGIT_WEIGHTS = (0.40, 0.35, 0.15, 0.07, 0.03)
@@ -37,23 +38,6 @@ EVAL_FRACTION = 0.1
 """Fraction of the problem space held out for the eval split."""
 REWARD_SPEC = "actors.rewards:addition_reward"
 """The reward function that scores this task's completions."""
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One task instance: ``text`` is fed to the model, ``fields`` to the reward function."""
-
-    index: int
-    """Position in its source's stream (the cursor value that produced it)."""
-    text: str
-    """Prompt text, e.g. ``"27+5="``."""
-    fields: dict = field(default_factory=dict)
-    """JSON-serialisable extras passed to ``compute_score(prompt, completion, **fields)``:
-    the addition task's ``a``, ``b`` and ``"answer"`` (the exact expected completion text,
-    without EOS); a dataset's columns and ``ground_truth`` (actors/datafile.py)."""
-    token_ids: list[int] | None = None
-    """The prompt's tokens when the source tokenized it (chat-templated prompts); None = the
-    actor encodes ``text`` with the model's tokenizer."""
 
 
 def _in_eval_split(a: int, b: int, eval_fraction: float) -> bool:
@@ -138,7 +122,7 @@ class PromptSource:
 
 
 def _file_source(cfg, model_dir: str, log=print):
-    from actors.file_source import FileSource  # imports this module (Prompt)
+    from actors.file_source import FileSource
 
     return FileSource.from_config(cfg, model_dir, log)
 
