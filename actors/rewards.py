@@ -31,8 +31,9 @@ A call that fails scores 0 with a reason ``"<kind>: <message>"`` (``Sample.rewar
 counts errors by kind). Actors call the function through ``actors.scoring.RewardScorer``
 (off the event loop, with a deadline).
 
-Built-ins: ``addition_reward`` (the demo), ``math_reward`` and ``math_answer_reward``
-(actors/math_reward.py), ``python_code_reward`` (sandboxed).
+Built-ins: ``math_reward`` and ``math_answer_reward``
+(actors/math_reward.py), ``python_code_reward`` (sandboxed); the demo's
+``addition_reward`` lives with its task in actors/addition.py.
 """
 
 from __future__ import annotations
@@ -56,14 +57,6 @@ from asyncrl.sandbox import SandboxError, run_untrusted
 from asyncrl.types import MAX_REWARD_EXTRAS
 
 RewardFn = Callable[..., "float | dict"]
-
-ADDITION_PARTIAL_WEIGHT = 1.0
-"""Scale of the per-digit credit of a wrong addition answer (``weight * matching / max(len)``).
-
-1.0 (the reward is the fraction of digits right, exact match 1.0) was picked with
-``asyncrl.demo.bare_grpo``: this dense reward learned ~1.5x faster than 0.5 and far faster than
-exact-match only, because groups rarely tie and advantages rank partial answers."""
-_DIGITS = re.compile(r"[0-9]+")
 
 
 def load_reward_fn(spec: str) -> RewardFn:
@@ -312,33 +305,6 @@ def check_signature(fn: RewardFn, fields: dict, spec: str = "") -> None:
             f"'def {name}(prompt, completion, **fields)' or as 'def {name}(data_source, "
             f"solution_str, ground_truth, extra_info=None, **kwargs)'"
         ) from None
-
-
-def addition_reward(prompt: str, completion: str, answer: str | None = None, **fields) -> float:
-    """Demo-task reward on [0, 1]: 1.0 for the exact sum, else credit per correct digit.
-
-    The completion (surrounding whitespace ignored) must be digits only, otherwise 0.0 (this is
-    what teaches the model to stop: a rambling completion that hits ``max_tokens`` earns
-    nothing). Digits are compared aligned on the right (units with units) and the score is
-    ``ADDITION_PARTIAL_WEIGHT * matching / max(len(pred), len(answer))``, so too-long or
-    too-short answers lose credit. ``answer`` defaults to the sum parsed from ``"a+b="``.
-    """
-    target = answer if answer is not None else _sum_from_prompt(prompt)
-    pred = completion.strip()
-    if pred == target:
-        return 1.0
-    if not _DIGITS.fullmatch(pred):
-        return 0.0
-    hits = sum(p == t for p, t in zip(reversed(pred), reversed(target), strict=False))
-    return ADDITION_PARTIAL_WEIGHT * hits / max(len(pred), len(target))
-
-
-def _sum_from_prompt(prompt: str) -> str:
-    """``"12+30="`` -> ``"42"``; raises ``ValueError`` for anything else."""
-    m = re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*=\s*", prompt)
-    if not m:
-        raise ValueError(f"not an addition prompt and no 'answer' field: {prompt!r}")
-    return str(int(m.group(1)) + int(m.group(2)))
 
 
 CODE_TIMEOUT_S = 10.0

@@ -134,9 +134,9 @@ class TaskConfig:
     """Where prompts and rewards come from."""
 
     name: str = "addition"
-    """Prompt source, one of ``_TASKS``: ``addition`` (the demo task in actors/tasks.py) or
+    """Prompt source, one of ``_TASKS``: ``addition`` (the demo task in actors/addition.py) or
     ``file`` (prompts from ``data.train_files``: actors/file_source.py)."""
-    reward_fn: str = "actors.rewards:addition_reward"
+    reward_fn: str = "actors.addition:addition_reward"
     """``module:function`` or ``path/to/file.py:function``; the only code a config can name."""
     seed: int | None = None
     """Seed of the deterministic prompt stream, 0 .. ``SEED_MAX``; unset (null) follows the

@@ -36,7 +36,7 @@ from benchmarks.common import REPO, write_result
 
 def _demo_cfg(extra: list[str]):
     from asyncrl.configload import load_config
-    from asyncrl.jobs import resolve_model
+    from asyncrl.orchestration.jobs import resolve_model
 
     cfg = load_config(["metrics_port=0", *extra])
     return cfg, resolve_model(cfg)
@@ -45,10 +45,10 @@ def _demo_cfg(extra: list[str]):
 def _prompts(cfg, model_dir: str, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from actors.tasks import PromptSource
+    from actors.addition import AdditionSource
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    src = PromptSource(cfg.task.seed, split="train")
+    src = AdditionSource(cfg.task.seed, split="train")
     return [tok.encode(src.get(i).text) for i in range(count)]
 
 
@@ -72,9 +72,9 @@ def bare_vllm(model_dir: str, prompts, a, max_len: int) -> dict:
 
 async def engine_and_actor(cfg, model_dir: str, prompts, url: str) -> dict:
     from actors.actor import Actor
+    from actors.addition import AdditionSource
     from actors.engine import ActorEngine
     from actors.rewards import load_reward_fn
-    from actors.tasks import PromptSource
     from buffer.connection import connect
     from buffer.redis_buffer import ReplayBuffer
 
@@ -98,7 +98,7 @@ async def engine_and_actor(cfg, model_dir: str, prompts, url: str) -> dict:
     result = {"engine": {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt}}
 
     buf = ReplayBuffer(connect(url), "overheads", capacity=len(prompts) + 8)
-    actor = Actor(cfg, 0, model_dir, buf, engine, PromptSource(cfg.task.seed, split="train"),
+    actor = Actor(cfg, 0, model_dir, buf, engine, AdditionSource(cfg.task.seed, split="train"),
                   load_reward_fn(cfg.task.reward_fn))  # fmt: skip
     t0 = time.perf_counter()
     task = asyncio.create_task(actor.produce())

@@ -43,7 +43,7 @@ def demo_model() -> dict:
     from safetensors.torch import load_file
 
     from asyncrl.configload import load_config
-    from asyncrl.jobs import resolve_model
+    from asyncrl.orchestration.jobs import resolve_model
 
     model_dir = resolve_model(load_config([]))
     return load_file(f"{model_dir}/model.safetensors")

@@ -72,7 +72,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from asyncrl.configload import load_config
-    from asyncrl.jobs import resolve_model
+    from asyncrl.orchestration.jobs import resolve_model
     from learner.model import build_policy, full_named_tensors, token_logprobs
     from learner.step import train_on_batch
     from learner.trainer import init_distributed

@@ -42,7 +42,7 @@ from benchmarks.common import RESULTS, write_result
 SLEEP_S = 0.05
 SPEC = "benchmarks.reward_pool:sleep_50ms_reward"
 ARMS = {  # name: (reward spec, executor, workers)
-    "instant": ("actors.rewards:addition_reward", "process", 4),
+    "instant": ("actors.addition:addition_reward", "process", 4),
     "sleep50_process": (SPEC, "process", 4),
     "sleep50_thread": (SPEC, "thread", 4),
     "sleep50_thread1": (SPEC, "thread", 1),
@@ -70,9 +70,9 @@ def _cfg(args, arm: str, buffer_name: str):
 
 async def _run_arm(args, arm: str, url: str, model_dir: str, rep: int) -> dict:
     from actors.actor import Actor
+    from actors.addition import AdditionSource
     from actors.rewards import load_reward_fn
     from actors.sim_engine import SimEngine
-    from actors.tasks import PromptSource
     from buffer.connection import connect
     from buffer.redis_buffer import ReplayBuffer
 
@@ -80,7 +80,7 @@ async def _run_arm(args, arm: str, url: str, model_dir: str, rep: int) -> dict:
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     engine = SimEngine(vocab, args.tokens_per_s, args.mean_len, seed=rep)
     buf = ReplayBuffer(connect(url), cfg.buffer.name, cfg.buffer.capacity)
-    prompts = PromptSource(cfg.task.seed, split="train")
+    prompts = AdditionSource(cfg.task.seed, split="train")
     actor = Actor(cfg, 0, model_dir, buf, engine, prompts, load_reward_fn(cfg.task.reward_fn))
     task = asyncio.create_task(actor.produce())
     try:
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # before transformers loads numpy
         os.environ[var] = "1"
 
-    from asyncrl.demo.tokenizer import save_tokenizer
+    from asyncrl.orchestration.demo.tokenizer import save_tokenizer
     from buffer.server import RedisServer
 
     runs: dict[str, list[dict]] = {a: [] for a in arms}

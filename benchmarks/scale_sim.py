@@ -40,7 +40,7 @@ def learner_point(k: int, args, runs_dir: Path) -> dict:
         "metrics_port=0", f"buffer.max_staleness={args.max_staleness}", f"run_dir={run_dir}",
     ]  # fmt: skip
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "run", *overrides], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.orchestration.cli", "run", *overrides], cwd=REPO,
                           capture_output=True, text=True, timeout=1800)  # fmt: skip
     if proc.returncode:
         return {"actors": k, "error": proc.stdout[-2000:] + proc.stderr[-2000:]}

@@ -77,7 +77,7 @@ def run_one(args, loss: str, seed: int, sync: bool = False) -> dict:
     t0 = time.monotonic()
     if not (args.reuse and _finished(run_dir, overrides)):
         shutil.rmtree(run_dir, ignore_errors=True)
-        cmd = [sys.executable, "-m", "asyncrl.cli", "run", *overrides]
+        cmd = [sys.executable, "-m", "asyncrl.orchestration.cli", "run", *overrides]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

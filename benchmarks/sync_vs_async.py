@@ -111,7 +111,14 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> 
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", *overrides, f"run_dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl.orchestration.cli",
+        "run",
+        *overrides,
+        f"run_dir={run_dir}",
+    ]
     log = run_dir.parent / f"{run_dir.name}.log"
     t0, load = time.monotonic(), os.getloadavg()[0]
     with open(log, "w") as out:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.launcher import describe_exit, process_tree, send_signal
+from asyncrl.orchestration.launcher import describe_exit, process_tree, send_signal
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.2
@@ -118,8 +118,8 @@ class Roles:
         return proc
 
     def cli(self, name: str, *args: str, **kw) -> Proc:
-        """``python -m asyncrl.cli ARGS`` (the ``asyncrl`` command); ``kw`` as for ``start``."""
-        return self.start(name, [sys.executable, "-m", "asyncrl.cli", *args], **kw)
+        """``python -m asyncrl.orchestration.cli ARGS`` (the ``asyncrl`` command); ``kw`` as for ``start``."""
+        return self.start(name, [sys.executable, "-m", "asyncrl.orchestration.cli", *args], **kw)
 
     def python(self, name: str, *args: str, **kw) -> Proc:
         """``python ARGS`` (``-m module ...`` or a script path); ``kw`` as for ``start``."""

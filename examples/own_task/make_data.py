@@ -14,7 +14,7 @@ Each record is what verl's ``examples/data_preprocess/*.py`` scripts write::
     extra_info    {"index": 0}
 
 The wording is lowercase because the demo model's tokenizer has no capital letters
-(asyncrl/demo/tokenizer.py); chat-templated, the longest prompt is 61 tokens, under
+(asyncrl/orchestration/demo/tokenizer.py); chat-templated, the longest prompt is 61 tokens, under
 ``data.max_prompt_length=64`` (the demo model's context is 256 tokens, less than ``data=verl``'s
 default of 512 plus ``actor.max_tokens``). Walk-through: docs/own_task.md.
 """

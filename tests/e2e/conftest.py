@@ -27,7 +27,7 @@ def _importable(mod: str) -> bool:
 
 
 def asyncrl_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "asyncrl.cli", *args]
+    return [sys.executable, "-m", "asyncrl.orchestration.cli", *args]
 
 
 def run_cli(args: list[str], timeout: float, cwd: Path = REPO) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ SIM = ("actor.engine=sim", "experiment=tiny", "metrics_port=0", "learner.nproc=1
 
 def asyncrl(*args: str, env: dict | None = None, timeout: float = 120):
     return subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", *args], cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-m", "asyncrl.orchestration.cli", *args], cwd=REPO, capture_output=True, text=True,
         timeout=timeout, env={**os.environ, **(env or {})},
     )  # fmt: skip
 

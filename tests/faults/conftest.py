@@ -49,7 +49,7 @@ def buffer_name() -> str:
 @pytest.fixture(scope="module")
 def sim_model_dir(tmp_path_factory) -> str:
     """A model directory for the simulated engine: the demo tokenizer and a config.json."""
-    from asyncrl.demo.tokenizer import save_tokenizer
+    from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
     path = tmp_path_factory.mktemp("sim_model")
     tok = save_tokenizer(path)

@@ -84,16 +84,16 @@ class Producers(threading.Thread):
 
     async def _main(self) -> None:
         from actors.actor import Actor
+        from actors.addition import AdditionSource
         from actors.rewards import load_reward_fn
         from actors.sim_engine import SimEngine
-        from actors.tasks import PromptSource
 
         reward = load_reward_fn(self.cfg.task.reward_fn)
         vocab = json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"]
         for i in range(self.cfg.actor.num_actors):
             engine = SimEngine(vocab, FAST_TOK_S, 4.0, seed=i)
             buf = self.buffer_factory()
-            prompts = PromptSource(self.cfg.task.seed, split="train")
+            prompts = AdditionSource(self.cfg.task.seed, split="train")
             self.actors.append(Actor(self.cfg, i, self.model_dir, buf, engine, prompts, reward))
             self.engines.append(engine)
         self.ready.set()

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Launcher:
-    """``python -m asyncrl.cli ARGS`` started through ``roles`` (tests/roles.py), so every
+    """``python -m asyncrl.orchestration.cli ARGS`` started through ``roles`` (tests/roles.py), so every
     wait of the test fails at once, with the launcher's log, if the launcher dies."""
 
     def __init__(self, roles: Roles, *args: str, env: dict | None = None) -> None:
@@ -83,7 +83,7 @@ def free_port() -> int:
 
 def restarts_metric(client, name: str, role: str) -> float | None:
     """``asyncrl_launcher_role_restarts_total{role}`` scraped from the launcher's endpoint."""
-    from asyncrl.status import scrape
+    from asyncrl.orchestration.status import scrape
 
     addr = client.hget(f"{name}:endpoints", "launcher-actors")
     samples = scrape(addr.decode()) if addr else None

@@ -1,6 +1,6 @@
 """The demo model directory: loads with transformers, tokenizer round-trips, seeded weights.
 
-vLLM loading is checked by ``python -m asyncrl.demo.check_vllm`` (it starts an engine, ~30 s).
+vLLM loading is checked by ``python -m asyncrl.orchestration.demo.check_vllm`` (it starts an engine, ~30 s).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from asyncrl.demo.model import VOCAB_SIZE, build_demo_model  # noqa: E402
-from asyncrl.demo.tokenizer import ALPHABET  # noqa: E402
+from asyncrl.orchestration.demo.model import VOCAB_SIZE, build_demo_model  # noqa: E402
+from asyncrl.orchestration.demo.tokenizer import ALPHABET  # noqa: E402
 
 SMALL = dict(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1)
 
@@ -61,7 +61,7 @@ def test_weights_are_deterministic_per_seed(model_dir, tmp_path):
 
 
 def test_warm_start_is_cached_by_its_arguments(tmp_path):
-    from asyncrl.demo.warmstart import prepare_demo_model
+    from asyncrl.orchestration.demo.warmstart import prepare_demo_model
 
     lines: list[str] = []
     kw = dict(sft_steps=2, batch_size=4, num_layers=1, hidden_size=32, log_every=1)

@@ -16,7 +16,7 @@ from actors.rewards import math_answer_reward
 from actors.sim_engine import SimEngine
 from actors.tasks import build_prompt_source
 from asyncrl.configload import load_config
-from asyncrl.demo.tokenizer import save_tokenizer
+from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 from buffer.redis_buffer import ReplayBuffer
 from learner.data import DataExhausted, GroupSource
 

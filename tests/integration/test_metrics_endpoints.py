@@ -24,7 +24,7 @@ from asyncrl.metrics import (
     role_port,
     serve,
 )
-from asyncrl.status import scrape
+from asyncrl.orchestration.status import scrape
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 _ROW = re.compile(r"^\| `(asyncrl_[a-z0-9_]+)` \| (\w+) \| (\w+) \|")

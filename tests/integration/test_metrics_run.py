@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.status import scrape
+from asyncrl.orchestration.status import scrape
 from tests.e2e.conftest import needs_full_stack, run_cli
 from tests.integration.test_metrics_endpoints import free_port, missing_names
 from tests.roles import Roles

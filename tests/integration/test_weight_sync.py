@@ -53,7 +53,7 @@ def build_model_dir(path) -> torch.nn.Module:
     model = Qwen2ForCausalLM(cfg).float().eval()
     model.save_pretrained(path)
     try:
-        from asyncrl.demo.tokenizer import save_tokenizer
+        from asyncrl.orchestration.demo.tokenizer import save_tokenizer
     except ImportError:  # the engine then runs with skip_tokenizer_init
         return model
     save_tokenizer(path)

@@ -50,7 +50,7 @@ def test_target_in_config_json_is_refused():
 
 
 def test_default_config_loads():
-    assert load_config([]).task.reward_fn == "actors.rewards:addition_reward"
+    assert load_config([]).task.reward_fn == "actors.addition:addition_reward"
 
 
 def test_no_code_instantiates_objects_from_config():

@@ -196,7 +196,7 @@ def test_missing_layers_refuse_to_run_the_code(tmp_path, monkeypatch):
     launcher's start-up check raise it instead of scoring samples 0."""
     from actors.rewards import python_code_reward, score
     from asyncrl.config import Config
-    from asyncrl.jobs import check_reward_fn
+    from asyncrl.orchestration.jobs import check_reward_fn
 
     monkeypatch.setattr(sandbox, "_TEST_WITHOUT", ("landlock",))
     work = tmp_path / "w"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from actors import tasks
+from actors import addition, tasks
 from asyncrl import config as config_module
 from asyncrl.config import TaskConfig
 from asyncrl.configload import (
@@ -79,4 +79,4 @@ def test_task_names_match_the_prompt_sources():
     sources = tasks.TASKS
     assert set(config_module._TASKS) == set(sources)
     assert re.fullmatch(r"\d+\+\d+=", sources["addition"](load_config()).get(0).text)
-    assert TaskConfig().name in sources and TaskConfig().reward_fn == tasks.REWARD_SPEC
+    assert TaskConfig().name in sources and TaskConfig().reward_fn == addition.REWARD_SPEC

@@ -6,28 +6,27 @@ from collections import Counter
 
 import pytest
 
-from actors.rewards import addition_reward
-from actors.tasks import REWARD_SPEC, PromptSource
+from actors.addition import REWARD_SPEC, AdditionSource, addition_reward
 
 
 def test_same_seed_and_index_give_the_same_prompt():
-    a, b = PromptSource(seed=3), PromptSource(seed=3)
+    a, b = AdditionSource(seed=3), AdditionSource(seed=3)
     assert [a.get(i) for i in range(50)] == [b.get(i) for i in reversed(range(50))][::-1]
     assert a.get(7) == a.get(7)
-    assert [p.text for p in PromptSource(seed=4).batch(0, 50)] != [p.text for p in a.batch(0, 50)]
+    assert [p.text for p in AdditionSource(seed=4).batch(0, 50)] != [p.text for p in a.batch(0, 50)]
 
 
 def test_cursor_advances_and_resumes():
-    src = PromptSource(seed=1)
+    src = AdditionSource(seed=1)
     first = [src.next() for _ in range(5)]
     assert [p.index for p in first] == [0, 1, 2, 3, 4]
     assert src.cursor == 5
-    resumed = PromptSource(seed=1, start=3)
+    resumed = AdditionSource(seed=1, start=3)
     assert resumed.next() == first[3]
 
 
 def test_prompt_fields_are_consistent():
-    for p in PromptSource(seed=0).batch(0, 200):
+    for p in AdditionSource(seed=0).batch(0, 200):
         a, b = p.fields["a"], p.fields["b"]
         assert p.text == f"{a}+{b}="
         assert p.fields["answer"] == str(a + b)
@@ -37,7 +36,7 @@ def test_train_and_eval_splits_are_disjoint():
     def problems(split, seed):
         return {
             frozenset((p.fields["a"], p.fields["b"]))
-            for p in PromptSource(seed=seed, split=split).batch(0, 3000)
+            for p in AdditionSource(seed=seed, split=split).batch(0, 3000)
         }
 
     train = problems("train", 0) | problems("train", 1)
@@ -47,7 +46,7 @@ def test_train_and_eval_splits_are_disjoint():
 
 
 def test_answer_lengths_vary_with_a_long_tail():
-    lengths = Counter(len(p.fields["answer"]) for p in PromptSource(seed=0).batch(0, 4000))
+    lengths = Counter(len(p.fields["answer"]) for p in AdditionSource(seed=0).batch(0, 4000))
     assert set(lengths) >= {1, 2, 3, 4, 5}
     # Skewed: the mode is 2 digits, then every extra digit is rarer (a long tail).
     assert lengths.most_common(1)[0][0] == 2
@@ -57,15 +56,15 @@ def test_answer_lengths_vary_with_a_long_tail():
 
 def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="split"):
-        PromptSource(split="test")
+        AdditionSource(split="test")
     with pytest.raises(ValueError, match="index"):
-        PromptSource().get(-1)
+        AdditionSource().get(-1)
     with pytest.raises(ValueError, match="digit_weights"):
-        PromptSource(digit_weights=(0.0, 0.0))
+        AdditionSource(digit_weights=(0.0, 0.0))
 
 
 def test_reward_spec_names_the_addition_reward():
-    assert REWARD_SPEC == "actors.rewards:addition_reward"
+    assert REWARD_SPEC == "actors.addition:addition_reward"
 
 
 @pytest.mark.parametrize(

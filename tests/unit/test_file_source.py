@@ -17,7 +17,7 @@ from actors.datafile import DataError, DataKeys, read_rows
 from actors.file_source import FileSource, load_template
 from actors.tasks import TASKS, build_prompt_source, check_data, example_fields, max_model_len
 from asyncrl.configload import ConfigError, load_config
-from asyncrl.demo.tokenizer import CHAT_TEMPLATE, save_tokenizer
+from asyncrl.orchestration.demo.tokenizer import CHAT_TEMPLATE, save_tokenizer
 
 VERL_ROWS = [
     {

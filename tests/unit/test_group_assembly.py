@@ -8,10 +8,9 @@ import asyncio
 import pytest
 
 from actors.actor import Actor, ActorState
+from actors.addition import AdditionSource, addition_reward
 from actors.engine import Completion
-from actors.rewards import addition_reward
 from actors.scoring import RewardScorer
-from actors.tasks import PromptSource
 from asyncrl.config import Config
 
 
@@ -42,7 +41,7 @@ def _actor(engine, reward_fn=addition_reward, n=2) -> Actor:
     actor.cfg, actor.engine = cfg, engine
     actor.state = ActorState(actor_id=3)
     actor.scorer = RewardScorer(reward_fn, cfg.task, print, actor._count_reward_error)
-    actor.prompts = PromptSource(seed=7, split="train")
+    actor.prompts = AdditionSource(seed=7, split="train")
     actor.tokenizer = CharTokenizer()
     return actor
 

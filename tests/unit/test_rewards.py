@@ -12,9 +12,9 @@ import time
 
 import pytest
 
+from actors.addition import AdditionSource, addition_reward
 from actors.rewards import (
     REWARD_ERROR_KINDS,
-    addition_reward,
     check_signature,
     error_kind,
     extract_final_answer,
@@ -24,13 +24,12 @@ from actors.rewards import (
     score,
 )
 from actors.scoring import ErrorWindow, RewardErrorRate, RewardErrorTally, RewardScorer
-from actors.tasks import PromptSource
 from asyncrl.config import TaskConfig
 from asyncrl.sandbox import SandboxError
 
 
 def test_load_by_module_spec():
-    assert load_reward_fn("actors.rewards:addition_reward") is addition_reward
+    assert load_reward_fn("actors.addition:addition_reward") is addition_reward
     assert load_reward_fn("actors.rewards:math_answer_reward") is math_answer_reward
 
 
@@ -72,7 +71,7 @@ def test_missing_attribute():
 
 def test_not_callable():
     with pytest.raises(ValueError, match=r"ADDITION_PARTIAL_WEIGHT is a float, not callable"):
-        load_reward_fn("actors.rewards:ADDITION_PARTIAL_WEIGHT")
+        load_reward_fn("actors.addition:ADDITION_PARTIAL_WEIGHT")
 
 
 def test_score_passes_fields_and_accepts_dicts():
@@ -112,7 +111,7 @@ def test_error_kind_of_foreign_reasons():
 
 # -- the signature check (asyncrl run refuses a function that cannot be called) --------------
 
-FIELDS = PromptSource(0).get(0).fields  # the demo task's: a, b, answer
+FIELDS = AdditionSource(0).get(0).fields  # the demo task's: a, b, answer
 
 
 def _keyword_answer(prompt, completion, answer=None, **_):

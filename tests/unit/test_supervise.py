@@ -1,4 +1,4 @@
-"""``asyncrl.launcher.supervise`` with real (tiny) child processes: failures name the role and
+"""``asyncrl.orchestration.launcher.supervise`` with real (tiny) child processes: failures name the role and
 how it ended; ``restart_max`` restarts a dead role with a backoff and counts it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from asyncrl import launcher
-from asyncrl.launcher import Role, describe_exit, spawn, stop_roles, supervise
+from asyncrl.orchestration import launcher
+from asyncrl.orchestration.launcher import Role, describe_exit, spawn, stop_roles, supervise
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """At ``max_staleness=0`` the async learner's step is the synchronous on-policy GRPO step.
 
 The reference is an independent implementation: the bare on-policy loop of
-``asyncrl.demo.bare_grpo`` (the sync trainer the demo is checked against), which scores,
+``asyncrl.orchestration.demo.bare_grpo`` (the sync trainer the demo is checked against), which scores,
 normalises rewards per group and takes a PPO-clip step with ``old = logprobs.detach()``. The
 async path is the learner's ``train_on_batch`` with the default preset (``decoupled_ppo`` +
 ``grpo``, truncated importance weights) on the same groups, whose behaviour log-probs are the
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from asyncrl.configload import load_config
-from asyncrl.demo.bare_grpo import grpo_advantages, ppo_clip_loss
-from asyncrl.demo.sampling import completion_logprobs
+from asyncrl.orchestration.demo.bare_grpo import grpo_advantages, ppo_clip_loss
+from asyncrl.orchestration.demo.sampling import completion_logprobs
 from asyncrl.types import Group, Sample
 from learner.batch import collate
 from learner.model import build_policy

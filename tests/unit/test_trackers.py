@@ -208,7 +208,7 @@ def _numbers(summary: dict) -> dict:
 def test_cfg_prints_the_composed_config_and_starts_nothing(tmp_path):
     overrides = ["learner.steps=7", "logger=[console,tensorboard]", f"run_dir={tmp_path}/new"]
     out = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "run", "--cfg", *overrides],
+        [sys.executable, "-m", "asyncrl.orchestration.cli", "run", "--cfg", *overrides],
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=True,
     )  # fmt: skip
     printed = yaml.safe_load(out.stdout)

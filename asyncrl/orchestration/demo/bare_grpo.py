@@ -5,7 +5,7 @@ policy (temperature 1.0), scores them with the task's reward, normalises rewards
 group (GRPO advantages), and takes one on-policy PPO-clip step with Adam (token-mean loss).
 If this loop cannot raise the reward, the full system will not either. Usage::
 
-    python -m asyncrl.demo.bare_grpo --seed 0            # the chosen defaults below
+    python -m asyncrl.orchestration.demo.bare_grpo --seed 0            # the chosen defaults below
 
 Chosen settings (the defaults): warm start 500 SFT steps, label smoothing 0.5; 16 prompts x 8
 samples, temperature 1.0, max 8 new tokens, Adam lr 2e-4 with 10 warm-up steps, clip 0.2,
@@ -50,8 +50,8 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.
 
 def evaluate(model, tokenizer, prompts, max_new_tokens: int) -> dict:
     """Greedy decoding on ``prompts``: mean reward and exact-match rate."""
-    from actors.rewards import addition_reward
-    from asyncrl.demo.sampling import sample
+    from actors.addition import addition_reward
+    from asyncrl.orchestration.demo.sampling import sample
 
     ids = [tokenizer.encode(p.text) for p in prompts]
     outs = sample(
@@ -71,8 +71,8 @@ def grpo_step(model, opt, tokenizer, prompts, args, generator) -> dict:
     """Sample ``args.samples`` completions per prompt, score, and take one optimizer step."""
     import torch
 
-    from actors.rewards import addition_reward
-    from asyncrl.demo.sampling import completion_logprobs, sample
+    from actors.addition import addition_reward
+    from asyncrl.orchestration.demo.sampling import completion_logprobs, sample
 
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     flat = [p for p in prompts for _ in range(args.samples)]
@@ -103,8 +103,8 @@ def run(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actors.tasks import PromptSource
-    from asyncrl.demo.warmstart import prepare_demo_model
+    from actors.addition import AdditionSource
+    from asyncrl.orchestration.demo.warmstart import prepare_demo_model
 
     torch.set_num_threads(args.threads)
     t_start = time.time()
@@ -121,8 +121,8 @@ def run(args) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0
     )
-    source = PromptSource(seed=args.seed, split="train")
-    eval_prompts = PromptSource(seed=args.seed, split="eval").batch(0, args.eval_prompts)
+    source = AdditionSource(seed=args.seed, split="train")
+    eval_prompts = AdditionSource(seed=args.seed, split="eval").batch(0, args.eval_prompts)
     eval_before = evaluate(model, tokenizer, eval_prompts, args.max_tokens)
     history, t0 = [], time.time()
     for step in range(args.steps):
@@ -177,7 +177,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json-out", default=None)
     args = p.parse_args(argv)
-    from asyncrl.demo.warmstart import SFT_LABEL_SMOOTHING, SFT_STEPS
+    from asyncrl.orchestration.demo.warmstart import SFT_LABEL_SMOOTHING, SFT_STEPS
 
     if args.sft_steps is None:
         args.sft_steps = SFT_STEPS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncrl.demo.tokenizer import save_tokenizer
+from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
 VOCAB_SIZE = 64
 """Embedding rows: exactly the tokenizer's 64 ids, so every id the model samples decodes."""
@@ -27,7 +27,7 @@ def demo_config(
     """Return the ``Qwen2Config`` of the demo model (head_dim = hidden_size / num_heads)."""
     from transformers import Qwen2Config
 
-    from asyncrl.demo.tokenizer import build_tokenizer
+    from asyncrl.orchestration.demo.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     if hidden_size % num_heads or num_heads % num_kv_heads:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m asyncrl.demo.check_vllm [MODEL_DIR] [--gpu-memory-utilization F]
+    python -m asyncrl.orchestration.demo.check_vllm [MODEL_DIR] [--gpu-memory-utilization F]
 
 Without ``MODEL_DIR`` it builds a random demo model in a temp dir. Starts a real engine (about
 20-30 s on CPU), samples a few completions with logprobs and checks that the text decodes to
@@ -65,7 +65,7 @@ def main() -> None:
     if args.model_dir:
         check(args.model_dir, args.gpu_memory_utilization)
         return
-    from asyncrl.demo.model import build_demo_model
+    from asyncrl.orchestration.demo.model import build_demo_model
 
     with tempfile.TemporaryDirectory() as d:
         check(str(build_demo_model(d)), args.gpu_memory_utilization)

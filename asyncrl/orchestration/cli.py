@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     # First thing: Ctrl-C or SIGTERM at any moment (even while torch imports) ends the command
     # with a message, not a traceback, also when SIGINT was inherited as ignored (a job
     # started in the background by a shell, nohup, some CI runners). A second signal while the
-    # job stops hurries it instead of breaking the shutdown (asyncrl.launcher.on_stop_signal).
-    from asyncrl.launcher import on_stop_signal
+    # job stops hurries it instead of breaking the shutdown (asyncrl.orchestration.launcher.on_stop_signal).
+    from asyncrl.orchestration.launcher import on_stop_signal
 
     signal.signal(signal.SIGINT, on_stop_signal)
     signal.signal(signal.SIGTERM, on_stop_signal)
@@ -67,14 +67,14 @@ def _main(argv: list[str] | None) -> int:
         return 0
     try:
         if args.command == "run":
-            from asyncrl.jobs import run_local
+            from asyncrl.orchestration.jobs import run_local
 
             return run_local(cfg)
         if args.command == "launch":
-            from asyncrl.jobs import launch_role
+            from asyncrl.orchestration.jobs import launch_role
 
             return launch_role(cfg, args.role)
-        from asyncrl.status import print_status
+        from asyncrl.orchestration.status import print_status
 
         return print_status(cfg)
     except (FileNotFoundError, ValueError, ConnectionError, TimeoutError, RuntimeError) as e:

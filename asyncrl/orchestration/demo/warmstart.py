@@ -33,7 +33,9 @@ SFT_LR = 1e-3
 SFT_BATCH = 64
 SFT_LABEL_SMOOTHING = 0.5
 """Weight of the uniform distribution over the 61 characters in the SFT target."""
-_FIRST_CHAR_ID = 3  # ids 0..2 are PAD, EOS, UNK (asyncrl.demo.tokenizer); smoothing skips them
+_FIRST_CHAR_ID = (
+    3  # ids 0..2 are PAD, EOS, UNK (asyncrl.orchestration.demo.tokenizer); smoothing skips them
+)
 
 
 def _sft_batch(tokenizer, prompts) -> tuple:
@@ -147,9 +149,9 @@ def prepare_demo_model(
     """
     import torch
 
-    from actors.tasks import PromptSource
-    from asyncrl.demo.model import demo_config, init_model, save_model_dir
-    from asyncrl.demo.tokenizer import build_tokenizer
+    from actors.addition import AdditionSource
+    from asyncrl.orchestration.demo.model import demo_config, init_model, save_model_dir
+    from asyncrl.orchestration.demo.tokenizer import build_tokenizer
 
     args = dict(seed=seed, sft_steps=sft_steps, lr=lr, batch_size=batch_size)
     args.update(label_smoothing=label_smoothing, num_layers=num_layers, hidden_size=hidden_size)
@@ -162,7 +164,7 @@ def prepare_demo_model(
     log(f"warm start: building demo model {args} -> {final}")
     model = init_model(demo_config(num_layers=num_layers, hidden_size=hidden_size), seed=seed)
     # SFT data: a seed stream of the train split other than the RL stream (which uses `seed`).
-    source = PromptSource(seed=1_000_003 + seed, split="train")
+    source = AdditionSource(seed=1_000_003 + seed, split="train")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         losses = train_sft(

@@ -10,7 +10,8 @@ from pathlib import Path
 from asyncrl import rundir
 from asyncrl.config import Config
 from asyncrl.configload import config_to_json, config_to_yaml
-from asyncrl.launcher import (
+from asyncrl.lifeline import child_cmd
+from asyncrl.orchestration.launcher import (
     Role,
     actor_cmd,
     begin_shutdown,
@@ -21,7 +22,6 @@ from asyncrl.launcher import (
     stop_roles,
     supervise,
 )
-from asyncrl.lifeline import child_cmd
 from asyncrl.trackers import check_available
 
 ALL_ROLES = ("buffer", "learner", "actors")
@@ -54,7 +54,7 @@ def resolve_model(cfg: Config, weights: bool = True) -> str:
     (its weight files too when ``weights``: not for simulated actors, which read only the
     config)."""
     if cfg.model.path == "demo":
-        from asyncrl.demo.warmstart import prepare_demo_model
+        from asyncrl.orchestration.demo.warmstart import prepare_demo_model
 
         return str(
             prepare_demo_model(cfg.model.cache_dir, seed=cfg.seed, sft_steps=cfg.model.sft_steps)
