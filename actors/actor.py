@@ -414,7 +414,10 @@ class Actor:
             return None
 
     async def _generate(self, prompt_ids: list[int], seed: int) -> list:
-        return await _generate_whole(self.engine, prompt_ids, self.cfg.actor, seed)
+        a = self.cfg.actor
+        return await generate_whole(
+            self.engine, prompt_ids, a.n_samples, a.max_tokens, a.temperature, seed
+        )
 
     async def make_group(self, index: int) -> Group:
         """Prompt ``index`` -> ``n_samples`` whole completions -> rewards -> one Group.
@@ -466,12 +469,12 @@ _LEARNER_QUIET_S = 5.0  # no learner message for this long: check its address in
 _MAX_RESUBMITS = 10  # update_mode=abort: a request cut by more syncs than this is an error
 
 
-async def _generate_whole(engine, prompt_ids: list[int], a, seed: int) -> list:
+async def generate_whole(
+    engine, prompt_ids: list[int], n: int, max_tokens: int, temperature: float, seed: int
+) -> list:
     """n completions, none of them aborted (``abort`` updates cut requests: resubmit them)."""
     for _ in range(_MAX_RESUBMITS):
-        completions = await engine.generate(
-            prompt_ids, a.n_samples, a.max_tokens, a.temperature, seed
-        )
+        completions = await engine.generate(prompt_ids, n, max_tokens, temperature, seed)
         if all(c.finish_reason != "abort" for c in completions):
             return completions
     raise RuntimeError(f"a request was aborted by {_MAX_RESUBMITS} weight updates in a row")

@@ -81,9 +81,10 @@ class AdditionSource:
     """Endless: every index ``>= 0`` has a prompt."""
 
     @classmethod
-    def from_config(cls, cfg, model_dir: str = "", log=print) -> AdditionSource:
-        """The RL stream of ``cfg`` (the ``train`` split, seeded by ``task.seed``)."""
-        return cls(cfg.task.seed, split="train")
+    def from_config(cls, cfg, model_dir: str = "", log=print, split="train") -> AdditionSource:
+        """The RL stream of ``cfg`` (``split="train"``, seeded by ``task.seed``) or its
+        validation prompts (``"val"``: the ``eval`` split)."""
+        return cls(cfg.task.seed, split="eval" if split == "val" else "train")
 
     def epoch_of(self, index: int) -> int:
         return 0

@@ -25,14 +25,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.fatal import FatalError
+
 RESERVED_FIELDS = ("ground_truth", "data_source", "extra_info")
 """Reward field names set from ``data.answer_key``, ``data_source_key``, ``extra_info_key``."""
 _PARQUET = (".parquet", ".pq")
 _JSONL = (".jsonl", ".json", ".ndjson")
 
 
-class DataError(ValueError):
-    """A dataset cannot be used as configured; the message names the key and the fix."""
+class DataError(ValueError, FatalError):
+    """A dataset cannot be used as configured; the message names the key and the fix.
+
+    A ``ValueError`` (callers catch it as one) and a ``FatalError``: loading the same data
+    again fails the same way, so an actor that raises it records it (asyncrl/fatal.py) and
+    the launcher does not restart it."""
 
 
 @dataclass(frozen=True)

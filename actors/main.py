@@ -15,6 +15,7 @@ from pathlib import Path
 
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
+    from actors import data_identity
     from actors.actor import Actor, wait_for_learner
     from actors.rewards import check_signature, load_reward_fn, preflight
     from actors.scoring import RewardErrorRate
@@ -34,8 +35,11 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     preflight(reward_fn)  # e.g. no sandbox for model-written code: fail now, not score 0
     failpoint("actor.start", actor_id=actor_id)  # tests: an actor that dies at start
     buffer = ReplayBuffer(connect(url), b.name, b.capacity, b.lease_ttl_s)
+    # the data the buffer's prompt cursors count in: FatalError if it changed since they began
+    data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
+    validator = _validator(cfg, actor, model_dir, say)
     _serve_metrics(cfg, actor, buffer)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -58,7 +62,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     client = ControlClient(addr, actor_id)
     failed = None
     try:
-        await asyncio.gather(actor.control_loop(client), actor.produce())
+        await asyncio.gather(actor.control_loop(client), actor.produce(), *validator)
     except RewardErrorRate as e:  # a broken reward: exit non-zero, saying so, with the stats
         failed = e
     finally:
@@ -104,6 +108,22 @@ async def _start_engine(cfg, actor_id: int, model_dir: str):
         torch_threads=a.cpu_threads,
         max_num_seqs=a.max_inflight * a.n_samples,
     )
+
+
+def _validator(cfg, actor, model_dir: str, say) -> list:
+    """``[Validator.run()]`` when ``eval`` validates (it publishes the set's size in the
+    buffer meta, ``val_prompts``, for the learner), else ``[]``."""
+    from actors.tasks import build_val_source
+    from actors.validation import Validator, validation_size
+    from buffer.eval_queue import EvalQueue
+
+    source = build_val_source(cfg, model_dir, say)
+    if source is None:
+        return []
+    size = validation_size(cfg, source)
+    actor.buffer.set_meta(val_prompts=size)
+    say(f"validation set: {size} prompt(s), {cfg.eval.n_samples} sample(s) each")
+    return [Validator(actor, source, size, EvalQueue(actor.buffer)).run()]
 
 
 def _serve_metrics(cfg, actor, buffer) -> None:

@@ -16,14 +16,14 @@ from pathlib import Path
 from actors.addition import AdditionSource
 
 
-def _file_source(cfg, model_dir: str, log=print):
+def _file_source(cfg, model_dir: str, log=print, split="train"):
     from actors.file_source import FileSource
 
-    return FileSource.from_config(cfg, model_dir, log)
+    return FileSource.from_config(cfg, model_dir, log, split=split)
 
 
 TASKS: dict[str, Callable] = {"addition": AdditionSource.from_config, "file": _file_source}
-"""``task.name`` -> ``factory(cfg, model_dir, log)``; asyncrl/config.py ``_TASKS`` repeats the
+"""``task.name`` -> ``factory(cfg, model_dir, log, split="train" | "val")``; asyncrl/config.py ``_TASKS`` repeats the
 names (it imports no actor code) and tests/unit/test_config.py checks they match."""
 
 
@@ -35,6 +35,14 @@ def build_prompt_source(cfg, model_dir: str, log: Callable[[str], None] = print)
     if cfg.task.name not in TASKS:  # the config refuses it first; this is the seam's own check
         raise ValueError(f"task.name={cfg.task.name!r}; known tasks: {', '.join(TASKS)}")
     return TASKS[cfg.task.name](cfg, model_dir, log)
+
+
+def build_val_source(cfg, model_dir: str, log: Callable[[str], None] = print):
+    """The validation prompts of ``task.name`` (``data.val_files``, file order, one pass; the
+    addition task's ``eval`` split), or None when ``eval`` validates nothing."""
+    if not cfg.eval.enabled:
+        return None
+    return TASKS[cfg.task.name](cfg, model_dir, log, split="val")
 
 
 def max_model_len(cfg) -> int:

@@ -7,10 +7,13 @@ Overrides are ``key=value`` (``learner.steps=50``) or group choices (``mode=sync
 
 from __future__ import annotations
 
-import math
-import operator
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+
+from asyncrl.config_checks import bound as _bound
+from asyncrl.config_checks import require as _require
+from asyncrl.config_checks import require_finite as _require_finite
+from asyncrl.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, TaskConfig  # noqa: F401
 
 # registry keys, repeated here so the CLI validates a config without importing torch;
 # tests/unit/test_step_registry.py checks they match learner.losses / learner.advantages
@@ -26,58 +29,12 @@ _KL_ESTIMATORS = ("k1", "k2", "k3")
 _UPDATE_MODES = ("keep", "abort")
 LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
-# the prompt sources of actors/tasks.py's TASKS registry, repeated here so the CLI validates a
-# config without importing actor code; tests/unit/test_config.py checks they match
-_TASKS = ("addition", "file")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """The names ``logger`` takes; asyncrl/trackers.py has one class per external one."""
-SEED_MAX = 2**31 - 1
-"""Largest ``seed`` / ``task.seed``: vLLM seeds numpy (unsigned 32-bit) with seed + actor id."""
 _BUFFER_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 # the ports a job serves metrics on: metrics_port + 0..1 (launcher, learner), + 2 + i (actor i);
 # asyncrl.metrics.*_OFFSET (not imported here: it imports prometheus_client)
 _METRICS_PORTS_BEYOND_ACTORS = 2
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(f"invalid config: {message}")
-
-
-def _require_finite(cfg: object, group: str) -> None:
-    """Refuse nan / inf / -inf in every float field of the dataclass ``cfg`` (Optional ones
-    when set): no range check below catches ``inf > 0``, and a non-finite lr or timeout only
-    fails later, as a NaN loss or an overflowing deadline. Call first in ``__post_init__``."""
-    for f in fields(cfg):
-        value = getattr(cfg, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            key = f"{group}.{f.name}" if group else f.name
-            _require(False, f"{key}={value} is not a finite number")
-
-
-_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
-
-
-def _bound(
-    cfg: object,
-    key: str,
-    *,
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-    hint: str = "",
-) -> None:
-    """Require the field ``key`` (``group.field``) of ``cfg`` to be ``> gt``, ``>= ge``,
-    ``< lt`` and ``<= le`` (the limits given); a null Optional field passes (null = off).
-    ``hint`` says what special values mean, e.g. ``" (0 = no limit)"``."""
-    value = getattr(cfg, key.rpartition(".")[2])
-    if value is None:
-        return
-    rules = {sym: v for sym, v in ((">", gt), (">=", ge), ("<", lt), ("<=", le)) if v is not None}
-    if not all(_OPS[sym](value, limit) for sym, limit in rules.items()):
-        want = " and ".join(f"{sym} {limit}" for sym, limit in rules.items())
-        _require(False, f"{key} must be {want}{hint}, got {value!r}")
 
 
 def parse_cores(spec: str) -> list[int]:
@@ -127,120 +84,6 @@ class ModelConfig:
             self.attn_implementation in _ATTN_IMPLS,
             f"model.attn_implementation={self.attn_implementation!r}, expected one of {_ATTN_IMPLS}",
         )
-
-
-@dataclass
-class TaskConfig:
-    """Where prompts and rewards come from."""
-
-    name: str = "addition"
-    """Prompt source, one of ``_TASKS``: ``addition`` (the demo task in actors/addition.py) or
-    ``file`` (prompts from ``data.train_files``: actors/file_source.py)."""
-    reward_fn: str = "actors.addition:addition_reward"
-    """``module:function`` or ``path/to/file.py:function``; the only code a config can name."""
-    seed: int | None = None
-    """Seed of the deterministic prompt stream, 0 .. ``SEED_MAX``; unset (null) follows the
-    top-level ``seed``."""
-    reward_timeout_s: float = 60.0
-    """Longest one reward call may run (> 0 seconds), counted from when a worker takes it; a
-    call still running then scores 0 as a reward error of kind ``timeout`` (a process worker
-    is killed and replaced; a thread is left to finish). It holds up no stop or weight sync."""
-    reward_executor: str = "process"
-    """Where an actor runs reward calls, off its event loop (actors/scoring.py): ``process``
-    (default): worker processes, each calling the function one call at a time in its main
-    thread, so it need not be thread-safe, CPU-bound Python (math-verify) runs in parallel,
-    signal-based timeouts work and a timed-out call is killed; fields and results travel as
-    JSON lines, and module-level state is per worker. ``thread``: threads in the actor, for
-    rewards that wait on I/O (an HTTP verifier) or release the GIL; with
-    ``reward_workers > 1`` the function runs concurrently and must be thread-safe, and a
-    timed-out call keeps its thread until it returns."""
-    reward_workers: int = 4
-    """Reward calls an actor runs at once (its workers), 1..256; the n samples of a group are
-    scored at once. A pool keeps up while the actor makes fewer than ``reward_workers /
-    latency`` samples/s (4 workers, 50 ms: 80/s; benchmarks/reward_pool.py measured no loss
-    of generated tokens/s at 34 samples/s, and 0.60x with one call at a time)."""
-    max_reward_error_frac: float = 0.5
-    """Fail the run (the actor exits non-zero, naming the function and its first error) once
-    more than this fraction of the last ``reward_error_window`` rewards failed (raised,
-    returned a non-number or NaN, timed out); 0..1, 1.0 = never fail on reward errors."""
-    reward_error_window: int = 256
-    """How many of an actor's most recent rewards ``max_reward_error_frac`` looks at (>= 1).
-    Before that many were scored the missing ones count as successes, so a run fails only
-    after more than ``max_reward_error_frac * reward_error_window`` errors."""
-
-    def __post_init__(self) -> None:
-        _require_finite(self, "task")
-        _require(
-            self.reward_timeout_s > 0,
-            f"task.reward_timeout_s must be > 0, got {self.reward_timeout_s}",
-        )
-        _require(
-            0.0 <= self.max_reward_error_frac <= 1.0,
-            f"task.max_reward_error_frac must be in [0, 1] (1.0 = never fail), "
-            f"got {self.max_reward_error_frac}",
-        )
-        _require(
-            self.reward_error_window >= 1,
-            f"task.reward_error_window must be >= 1, got {self.reward_error_window}",
-        )
-        _require(
-            self.name in _TASKS,
-            f"task.name={self.name!r} is not a known task; known tasks: {', '.join(_TASKS)}",
-        )
-        _require(
-            ":" in self.reward_fn, f"task.reward_fn={self.reward_fn!r} must be 'module:function'"
-        )
-        _bound(self, "task.seed", ge=0, le=SEED_MAX, hint=" or null")
-        _bound(self, "task.reward_workers", ge=1, le=256)
-        _require(
-            self.reward_executor in ("process", "thread"),
-            f"task.reward_executor must be process or thread, got {self.reward_executor!r}",
-        )
-
-
-@dataclass
-class DataConfig:
-    """Prompt data of ``task.name=file`` (actors/datafile.py, actors/file_source.py), and the
-    prompt length bound of every task."""
-
-    train_files: list[str] = field(default_factory=list)
-    """Parquet (``.parquet``) or JSON Lines (``.jsonl``) files of prompts, read with pyarrow
-    (``data.train_files=[a.parquet,b.jsonl]``); required by ``task.name=file``."""
-    val_files: list[str] = field(default_factory=list)
-    """Held-out prompts in the same format; loaded and checked at launch (no eval loop reads
-    them yet)."""
-    prompt_key: str = "prompt"
-    """Column of the prompt: a string (used as it is) or a list of chat messages
-    ``{role, content}`` (through the tokenizer's chat template, with the generation prompt).
-    Keys may be dotted into struct columns (``reward_model.ground_truth``)."""
-    answer_key: str = "answer"
-    """Column passed to the reward as the field ``ground_truth`` (every column other than the
-    prompt is passed too, under its own name)."""
-    data_source_key: str = ""
-    """Column passed to the reward as ``data_source``; '' = none."""
-    extra_info_key: str = ""
-    """Column passed to the reward as ``extra_info``; '' = none."""
-    prompt_template: str = ""
-    """A Jinja2 file rendered with ``content`` (the prompt; for chat, the last user message)
-    and the record's columns; its output replaces the prompt (EasyR1's ``format_prompt``).
-    '' = none."""
-    max_prompt_length: int = 64
-    """Longest prompt in tokens (>= 1): longer ones are dropped when the data is loaded
-    (counted and shown). vLLM's ``max_model_len`` is this plus ``actor.max_tokens``, which must
-    fit the model's ``max_position_embeddings``."""
-    epochs: int = 1
-    """Passes over ``data.train_files`` (>= 1); then the actors stop and the learner ends the
-    run (before ``learner.steps`` if the data runs out first)."""
-    shuffle: bool = True
-    """Visit each epoch in a different order, seeded by ``task.seed`` and the epoch; false =
-    file order."""
-
-    def __post_init__(self) -> None:
-        _require_finite(self, "data")
-        _bound(self, "data.max_prompt_length", ge=1)
-        _bound(self, "data.epochs", ge=1)
-        _require(bool(self.prompt_key), "data.prompt_key is empty; name the prompt column")
-        _require(bool(self.answer_key), "data.answer_key is empty; name the answer column")
 
 
 @dataclass
@@ -574,6 +417,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     mode: ModeConfig = field(default_factory=ModeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run_dir: str = ""
     """Where metrics, checkpoints, logs and the private Redis live ( = runs/<timestamp>)."""
     seed: int = 0
@@ -620,6 +464,18 @@ class Config:
         _require(
             not files or bool(self.data.train_files),
             "task.name=file needs data.train_files=[path.parquet,...] (.parquet or .jsonl)",
+        )
+        _require(
+            not (files and self.eval.enabled) or bool(self.data.val_files),
+            "eval.every / eval.at_start / eval.at_end validate on data.val_files, which is "
+            "empty; set data.val_files=[path.parquet,...] or turn validation off (eval.every=0 "
+            "eval.at_start=false eval.at_end=false)",
+        )
+        _require(
+            not self.eval.enabled or self.learner.weight_sync,
+            "eval validates weight versions the learner sends to the actors, and "
+            "learner.weight_sync=false sends none; set learner.weight_sync=true or turn "
+            "validation off (eval.every=0 eval.at_start=false eval.at_end=false)",
         )
         _require(
             files or not (self.data.train_files or self.data.val_files),

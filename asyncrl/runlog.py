@@ -68,9 +68,12 @@ class RunLog:
         self.total_steps = total_steps
         self.trackers = list(trackers)
         self._step_s: deque[float] = deque(maxlen=_ETA_WINDOW)
+        val_path = self.dir / "val.jsonl"
+        self.val_records: list[dict] = _read_val(val_path)
+        self._val_file = open(val_path, "a", buffering=1)
         # the latest validation reward (validation runs on some steps only)
         self.val_reward = next(
-            (r["val/reward"] for r in reversed(self.records) if "val/reward" in r), None
+            (r["val/reward"] for r in reversed(self.val_records) if "val/reward" in r), None
         )
 
     def log(self, record: dict) -> None:
@@ -85,6 +88,18 @@ class RunLog:
             line = console_line(record, self.total_steps, self.eta_s(record), self.val_reward)
             print(line, flush=True)
 
+    def log_val(self, record: dict) -> None:
+        """One validation (learner/validation.py): ``val.jsonl``, the trackers at its
+        ``step``, and a console line."""
+        self.val_records.append(record)
+        self._val_file.write(json.dumps(record) + "\n")
+        self.val_reward = record.get("val/reward", self.val_reward)
+        metrics = {k: float(v) for k, v in record.items() if k.startswith("val/")}
+        for tracker in self.trackers:
+            tracker.log(step_metrics(metrics), record["step"])
+        if not self.quiet:
+            print(val_line(record), flush=True)
+
     def eta_s(self, record: dict) -> float | None:
         """Seconds to ``total_steps`` at the mean pace of the last steps (None: unknown)."""
         if not self.total_steps or not self._step_s:
@@ -92,10 +107,23 @@ class RunLog:
         left = max(0, self.total_steps - record["step"] - 1)
         return left * sum(self._step_s) / len(self._step_s)
 
-    def close(self) -> None:
+    def close(self, status: str = "FINISHED") -> None:
+        """Close the files and end every tracker's run as ``status`` (``FINISHED``, ``FAILED``
+        after a crash, ``KILLED``: asyncrl/trackers.py ``CLOSE_STATUSES``). Every tracker is
+        closed even if one fails (the first error is raised after); a second call does
+        nothing (a crash while finishing closes again)."""
+        if self._file.closed:
+            return
         self._file.close()
+        self._val_file.close()
+        errors = []
         for tracker in self.trackers:
-            tracker.close()
+            try:
+                tracker.close(status)
+            except Exception as e:  # one tracker's failure must not leave the others open
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def write_summary(self, extra: dict) -> dict:
         rewards = [r["reward"] for r in self.records]
@@ -105,12 +133,14 @@ class RunLog:
             "reward_final": window_mean(rewards, 0.8, 1.0),
             "max_trained_staleness": max((r["staleness_max"] for r in self.records), default=0),
             **extra,
+            "validation": self.val_records,
         }
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
         last_step = self.records[-1]["step"] if self.records else 0
         for tracker in self.trackers:
             tracker.log_summary(summary_metrics(summary), last_step)
         plot_reward(self.records, self.dir / "reward.png", title=extra.get("title", ""))
+        plot_validation(self.val_records, self.dir / "val.png", title=extra.get("title", ""))
         return summary
 
 
@@ -128,6 +158,35 @@ def _read_records(path: Path) -> list[dict]:
         if isinstance(record, dict) and "step" in record:
             _append_step(records, record)
     return records
+
+
+def _read_val(path: Path) -> list[dict]:
+    """The validations an earlier learner of this run logged (a torn last line is skipped)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "val/version" in record:
+            out.append(record)
+    return out
+
+
+def val_line(r: dict) -> str:
+    """``validation v40 (step 41) | val/reward 0.612 | pass@1 0.45 | length 4.1 | 64 prompts
+    in 3.2 s``."""
+    parts = [f"validation v{r['val/version']:.0f} (step {r['step']})"]
+    if "val/reward" in r:
+        parts.append(f"val/reward {r['val/reward']:.3f}")
+    parts += [f"{k[4:]} {r[k]:.3f}" for k in sorted(r) if k.startswith("val/pass@")]
+    if "val/response_length" in r:
+        parts.append(f"length {r['val/response_length']:.1f}")
+    done = "" if r.get("val/complete", 1.0) else " (INCOMPLETE: timed out)"
+    parts.append(f"{r['val/prompts']:.0f} prompts in {r['val/seconds']:.1f} s{done}")
+    return " | ".join(parts)
 
 
 def _append_step(records: list[dict], record: dict) -> None:
@@ -195,6 +254,31 @@ def plot_reward(records: list[dict], path: Path, title: str = "") -> None:
     ax.set_xlabel("wall-clock seconds")
     ax.set_ylabel("reward")
     ax.set_title(title or "reward")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_validation(records: list[dict], path: Path, title: str = "") -> None:
+    """Validation reward and pass@k against the weight version validated (no file when the
+    run validated nothing)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [r for r in records if "val/reward" in r]
+    if not records:
+        return
+    x = [r["val/version"] for r in records]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(x, [r["val/reward"] for r in records], marker="o", label="val/reward")
+    for key in sorted({k for r in records for k in r if k.startswith("val/pass@")}):
+        ax.plot(x, [r.get(key, float("nan")) for r in records], marker=".", alpha=0.7, label=key)
+    ax.set_xlabel("weight version (learner steps)")
+    ax.set_ylabel("validation")
+    ax.set_title(f"validation: {title}" if title else "validation")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

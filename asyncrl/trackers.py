@@ -24,16 +24,28 @@ summary at the last step. Where each writes:
     mlflow       file:<run_dir>/mlruns unless MLFLOW_TRACKING_URI is set (the config as
                  params, keys dotted: learner.lr); experiment = project_name
 
-A resumed learner (``learner.restart_max``) opens a new tracker run; its steps from the
-checkpoint on appear twice in TensorBoard.
+One run across restarts: ``open_trackers`` keeps each tracker's run id in
+``<run_dir>/trackers.json`` (written by learner rank 0 alone), so a learner restarted after a
+crash (``learner.restart_max``) or a run resumed in its run_dir continues the same tracker run:
+MLflow reopens it (RUNNING again; a config param it has keeps its first value, MLflow params
+being immutable, and a changed one is set as the tag ``config_changed/<key>``), W&B inits
+with that id and ``resume="allow"`` (offline: another ``offline-run-*`` directory with the
+same id, which ``wandb sync`` appends), TensorBoard appends to the same directory. Steps
+re-trained after a resume from a checkpoint appear twice, at the same step.
+
+How a run ends (``close(status)``, ``CLOSE_STATUSES``): ``FINISHED`` (the run ended: steps,
+data or a stop after training), ``FAILED`` (the learner crashed), ``KILLED`` (stopped before
+its first step). MLflow records it as the run's status, W&B as the exit code.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Protocol
@@ -41,6 +53,10 @@ from typing import Protocol
 EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 """logger name -> the pip extra (``pip install 'asyncrl[<extra>]'``) that installs it."""
 _MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+CLOSE_STATUSES = {"FINISHED": 0, "FAILED": 1, "KILLED": 130}
+"""How a tracker run ends (MLflow's run status) -> W&B's exit code (the learner's, for KILLED)."""
+RUN_IDS = "trackers.json"
+"""``<run_dir>/trackers.json``: ``{tracker name: run id}`` of the runs a restart continues."""
 _TIME_KEYS = frozenset(
     ("elapsed_s", "step_s", "busy_s", "waiting_data_s", "weight_sync_s", "checkpoint_s", "cpu_s",
      "wall_s")
@@ -61,7 +77,15 @@ class Tracker(Protocol):
     def log_summary(self, summary: dict[str, float], step: int) -> None:
         """The final ``summary.json`` numbers (flat, ``a/b`` for nested keys)."""
 
-    def close(self) -> None: ...
+    def close(self, status: str = "FINISHED") -> None:
+        """End the run as ``status`` (a key of ``CLOSE_STATUSES``)."""
+
+
+def exit_code(status: str) -> int:
+    """W&B's exit code for ``status``; ``ValueError`` for one not in ``CLOSE_STATUSES``."""
+    if status not in CLOSE_STATUSES:
+        raise ValueError(f"tracker close status {status!r}; one of {', '.join(CLOSE_STATUSES)}")
+    return CLOSE_STATUSES[status]
 
 
 def _missing(name: str, why: str) -> TrackerUnavailable:
@@ -89,6 +113,12 @@ def metric_name(key: str) -> str:
     if "/" in key:
         return key
     return f"time/{key}" if key in _TIME_KEYS else f"train/{key}"
+
+
+def mlflow_name(key: str) -> str:
+    """MLflow refuses metric names outside ``[A-Za-z0-9_./ -]``: ``val/pass@4`` ->
+    ``val/pass_at_4``, any other such character -> ``_``."""
+    return re.sub(r"[^A-Za-z0-9_./ -]", "_", key.replace("@", "_at_"))
 
 
 def step_metrics(record: dict) -> dict[str, float]:
@@ -121,19 +151,25 @@ def summary_metrics(summary: dict) -> dict[str, float]:
 
 def open_trackers(cfg, run_dir: str | Path) -> list:
     """The trackers ``cfg.logger`` names (``console`` and ``jsonl`` are RunLog's own), open,
-    with the run's config logged (``buffer.url``'s password masked)."""
+    with the run's config logged (``buffer.url``'s password masked). Each continues the run
+    whose id ``<run_dir>/trackers.json`` holds, if any (module docstring); the ids of the runs
+    open now are written there before anything is logged."""
     from dataclasses import asdict
 
     from buffer.connection import mask_url
 
     run_dir = Path(run_dir)
     project, name = cfg.project_name, cfg.experiment_name or run_dir.name
+    ids = read_run_ids(run_dir)
     makers = {
         "tensorboard": lambda: TensorBoardTracker(run_dir),
-        "wandb": lambda: WandbTracker(run_dir, project, name),
-        "mlflow": lambda: MlflowTracker(run_dir, project, name),
+        "wandb": lambda: WandbTracker(run_dir, project, name, ids.get("wandb")),
+        "mlflow": lambda: MlflowTracker(run_dir, project, name, ids.get("mlflow")),
     }
-    trackers = [makers[n]() for n in cfg.logger if n in makers]
+    opened = {n: makers[n]() for n in cfg.logger if n in makers}
+    if any(t.run_id for t in opened.values()):
+        _write_run_ids(run_dir, ids | {n: t.run_id for n, t in opened.items() if t.run_id})
+    trackers = list(opened.values())
     config = asdict(cfg)
     if config["buffer"]["url"]:
         config["buffer"]["url"] = mask_url(config["buffer"]["url"])
@@ -142,8 +178,27 @@ def open_trackers(cfg, run_dir: str | Path) -> list:
     return trackers
 
 
+def read_run_ids(run_dir: Path) -> dict[str, str]:
+    """``<run_dir>/trackers.json`` (``{}`` when absent or unreadable: new runs are opened)."""
+    try:
+        ids = json.loads((run_dir / RUN_IDS).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(ids, dict):
+        return {}
+    return {k: v for k, v in ids.items() if isinstance(k, str) and isinstance(v, str) and v}
+
+
+def _write_run_ids(run_dir: Path, ids: dict[str, str]) -> None:
+    tmp = run_dir / f".{RUN_IDS}.tmp"
+    tmp.write_text(json.dumps(ids, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, run_dir / RUN_IDS)  # a learner killed mid-write leaves the old file
+
+
 class TensorBoardTracker:
     """``torch.utils.tensorboard.SummaryWriter`` on ``<run_dir>/tensorboard``."""
+
+    run_id = ""  # the directory is the run: a restart appends to it
 
     def __init__(self, run_dir: Path) -> None:
         _import("tensorboard")  # torch's writer needs it; name the extra, not torch's message
@@ -166,14 +221,16 @@ class TensorBoardTracker:
     def log_summary(self, summary: dict[str, float], step: int) -> None:
         self.log({f"summary/{k}": v for k, v in summary.items()}, step)
 
-    def close(self) -> None:
+    def close(self, status: str = "FINISHED") -> None:
+        exit_code(status)  # checked; TensorBoard has nowhere to put it
         self.writer.close()
 
 
 class WandbTracker:
-    """A W&B run in ``<run_dir>/wandb``, offline unless ``WANDB_MODE`` is set."""
+    """A W&B run in ``<run_dir>/wandb``, offline unless ``WANDB_MODE`` is set; with
+    ``run_id``, that run continued (``resume="allow"``: a new one if W&B has none by that id)."""
 
-    def __init__(self, run_dir: Path, project: str, name: str) -> None:
+    def __init__(self, run_dir: Path, project: str, name: str, run_id: str | None = None) -> None:
         os.environ.setdefault("WANDB_SILENT", "true")  # our console line is the progress
         self._wandb = wandb = _import("wandb")
         self.run = wandb.init(
@@ -181,9 +238,12 @@ class WandbTracker:
             name=name,
             dir=str(run_dir),
             mode=os.environ.get("WANDB_MODE") or "offline",
+            id=run_id,
+            resume="allow" if run_id else None,
             # console="off": no wrapping of the learner's stdout (it is the launcher's log)
             settings=wandb.Settings(console="off", silent=True),
         )
+        self.run_id: str = self.run.id
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -194,8 +254,8 @@ class WandbTracker:
     def log_summary(self, summary: dict[str, float], step: int) -> None:
         self.run.summary.update(summary)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, status: str = "FINISHED") -> None:
+        self.run.finish(exit_code=exit_code(status))
         # wait for W&B's service process to write everything: finish() can return before
         # the run file is flushed, and the learner leaves by os._exit (no atexit hooks)
         self._wandb.teardown()
@@ -205,36 +265,65 @@ class MlflowTracker:
     """An MLflow run in experiment ``project``: ``file:<run_dir>/mlruns`` unless
     ``MLFLOW_TRACKING_URI`` is set. MLflow 3 keeps the file store in maintenance mode behind
     ``MLFLOW_ALLOW_FILE_STORE``, set here for the default store; telemetry is off unless
-    ``MLFLOW_DISABLE_TELEMETRY`` says otherwise (a run must not need the network)."""
+    ``MLFLOW_DISABLE_TELEMETRY`` says otherwise (a run must not need the network). With
+    ``run_id``, that run is reopened (RUNNING again) if the store has it, else a new one."""
 
-    _PARAMS_PER_CALL = 100  # MLflow's log_batch limit
+    _PARAMS_PER_CALL = 100  # MLflow's log_batch limit (params, and tags)
 
-    def __init__(self, run_dir: Path, project: str, name: str) -> None:
+    def __init__(self, run_dir: Path, project: str, name: str, run_id: str | None = None) -> None:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"file:{(run_dir / 'mlruns').resolve()}"
         if uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         mlflow = _import("mlflow")
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric, Param, RunTag
 
-        self._metric, self._param = Metric, Param
+        self._metric, self._param, self._tag = Metric, Param, RunTag
         self.client = mlflow.tracking.MlflowClient(uri)
-        experiment = self.client.get_experiment_by_name(project)
-        exp_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
-        self.run_id = self.client.create_run(exp_id, run_name=name).info.run_id
+        self._old_params = self._reopen(run_id)
+        if self._old_params is None:
+            experiment = self.client.get_experiment_by_name(project)
+            exp = experiment.experiment_id if experiment else self.client.create_experiment(project)
+            self.run_id = self.client.create_run(exp, run_name=name).info.run_id
+
+    def _reopen(self, run_id: str | None) -> dict | None:
+        """The params of run ``run_id``, set RUNNING again; None if there is no such live run
+        (no id, another tracking store, a deleted run)."""
+        from mlflow.exceptions import MlflowException
+
+        if not run_id:
+            return None
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            return None
+        if run.info.lifecycle_stage != "active":
+            return None
+        self.run_id = run_id
+        self.client.update_run(run_id, status="RUNNING")
+        return dict(run.data.params)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        batch = [self._metric(k, v, now, step) for k, v in metrics.items()]
+        batch = [self._metric(mlflow_name(k), v, now, step) for k, v in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
 
     def log_config(self, config: dict) -> None:
-        params = [self._param(k, str(v)) for k, v in sorted(flatten(config, ".").items())]
-        for i in range(0, len(params), self._PARAMS_PER_CALL):
-            self.client.log_batch(self.run_id, params=params[i : i + self._PARAMS_PER_CALL])
+        """Params; a reopened run's keep their first values (MLflow refuses a change), and a
+        changed one goes to the tag ``config_changed/<key>``."""
+        old = self._old_params or {}
+        flat = {k: str(v) for k, v in sorted(flatten(config, ".").items())}
+        params = [self._param(k, v) for k, v in flat.items() if k not in old]
+        tags = [self._tag(f"config_changed/{k}", v) for k, v in flat.items() if old.get(k, v) != v]
+        n = self._PARAMS_PER_CALL
+        for i in range(0, len(params), n):
+            self.client.log_batch(self.run_id, params=params[i : i + n])
+        for i in range(0, len(tags), n):
+            self.client.log_batch(self.run_id, tags=tags[i : i + n])
 
     def log_summary(self, summary: dict[str, float], step: int) -> None:
         self.log({f"summary/{k}": v for k, v in summary.items()}, step)
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, status: str = "FINISHED") -> None:
+        exit_code(status)  # checked: one of CLOSE_STATUSES, which are MLflow's own names
+        self.client.set_terminated(self.run_id, status=status)

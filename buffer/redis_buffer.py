@@ -359,6 +359,20 @@ class ReplayBuffer:
             meta = self._k["meta"]
             self._redis(lambda: self.client.hset(meta, mapping=kv), [meta])
 
+    def claim_meta(self, key: str, value: str) -> str | None:
+        """Set meta ``key`` to ``value`` unless it is set: None when this call set it, else
+        the value set before (HSETNX: of concurrent callers exactly one sets it, and every
+        other one gets that value). Once set, only ``set_meta`` changes it."""
+        if key in _RESERVED_META:
+            raise ValueError(f"{key!r} is managed by ReplayBuffer; use its methods")
+        meta = self._k["meta"]
+        if self._redis(lambda: self.client.hsetnx(meta, key, value), [meta]):
+            return None
+        old = self._redis(lambda: self.client.hget(meta, key), [meta])
+        if old is None:  # set a moment ago, deleted since: nothing but a hand edit does that
+            raise self._damaged(f"{meta} field {key} vanished right after it was set")
+        return _s(old)
+
     def meta(self) -> dict[str, str]:
         """All meta fields (including capacity, consumer_group, learner_version) as strings."""
         meta = self._k["meta"]

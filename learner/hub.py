@@ -64,6 +64,7 @@ class Hub:
         self.sender = None
         self._trained: list[str] = []
         self._step_entries: list = []
+        self._step_version = 0
         self._last_t = time.monotonic()
         self._stop = False
         self.clock = StateClock(LEARNER_STATES, "starting")
@@ -80,6 +81,7 @@ class Hub:
         self._per_epoch = 0  # prompts per epoch of a finite source (actors publish it)
         self._epoch: int | None = None
         self.ledger = LedgerWatch(b.name)  # the buffer's conservation law, checked every step
+        self.validation = _validation(cfg, self.buffer, self.log, self.say)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
@@ -207,6 +209,44 @@ class Hub:
         loss_metrics = {k: float(x) for k, x in metrics.items() if not k.startswith("dropped_")}
         self.metrics.observe_step(state.version, groups, stale, reward, dt, loss_metrics)
         self.log.log(record)
+        if self.validation is not None:
+            self.validation.poll(state.version - 1)
+
+    # ---- validation (learner/validation.py) --------------------------------------------------
+    def weights_at_actors(self, version: int, start: bool = False) -> None:
+        """The actors hold the weights of ``version`` now: validate them if due."""
+        v = self.validation
+        if v is not None and v.due(version, start=start):
+            v.request(version)
+
+    def sync_allowed(self, lag: int) -> bool:
+        """May the weights go to the actors now, ``lag`` versions after the last sync? Not
+        while a validation runs, unless the actors' groups would be too stale to train: then
+        wait for it (up to ``eval.timeout_s``) and say so."""
+        v = self.validation
+        if v is None or not v.holding:
+            return True
+        v.poll(self._step_version)
+        if v.holding and lag > self.cfg.buffer.max_staleness:
+            self.clock.set("waiting_data")
+            try:
+                v.wait(self._step_version, self.stop_requested)
+            finally:
+                self.clock.set("busy")
+        return not v.holding
+
+    def end_validation_due(self, version: int) -> bool:
+        """After the last step: finish a validation under way; validate ``version`` too?"""
+        v = self.validation
+        if v is None:
+            return False
+        v.wait(version - 1, self.stop_requested)
+        return v.due(version, end=True) and not self.stop_requested()
+
+    def validate_final(self, version: int) -> None:
+        """Validate the final weights (at the actors now) and wait for the result."""
+        self.validation.request(version)
+        self.validation.wait(version - 1, self.stop_requested)
 
     def data_exhausted(self) -> bool:
         """Every actor is out of prompts and committed its last group (actors/actor.py)."""
@@ -311,6 +351,8 @@ class Hub:
 
     def finish(self, state) -> dict:
         """Stop the actors, write summary.json and reward.png; returns the summary."""
+        if self.validation is not None:
+            self.validation.abandon(state.version - 1)
         self.control.broadcast({"type": "stop"})
         stats = self.buffer.audit()
         for line in self.ledger.check(stats, state.version, self.buffer.repairs):
@@ -336,7 +378,7 @@ class Hub:
             "dropped_by_reason": self._dropped_counts(stats),
         }
         summary = self.log.write_summary(extra)
-        self.log.close()
+        self.log.close("KILLED" if self._stop else "FINISHED")  # a stop request ended it
         if self.sender is not None:
             self.sender.close()
         self.control.close()
@@ -357,6 +399,15 @@ def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False
     timeout = cfg.learner.weight_sync_timeout_s
     channel = ActorWeightChannel(control, timeout_s=timeout, log=_say, wire_dtype=wire, stop=stop)
     return channel.open()
+
+
+def _validation(cfg: Config, buffer, log: RunLog, say):
+    """``learner.validation.Validation`` when ``eval`` asks for it, else None."""
+    if not cfg.eval.enabled:
+        return None
+    from learner.validation import Validation
+
+    return Validation(cfg, buffer, log.log_val, say)
 
 
 def _say(text: str) -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -43,14 +44,17 @@ def main(argv: list[str] | None = None) -> int:
             hub = Hub(cfg, args.run_dir, url, vocab)
         else:
             follow_rank0_on_stop()
-        try:
-            state = run_learner(cfg, args.model_dir, args.run_dir, hub)
-        except StoppedUntrained as e:
-            if hub:
-                hub.say(str(e))
-            return 130
+        with tracker_runs_failed_on_error(hub):  # not left RUNNING forever by a crash
+            try:
+                state = run_learner(cfg, args.model_dir, args.run_dir, hub)
+            except StoppedUntrained as e:
+                if hub:
+                    hub.say(str(e))
+                    hub.log.close("KILLED")
+                return 130
     if hub:
-        summary = hub.finish(state)
+        with tracker_runs_failed_on_error(hub):
+            summary = hub.finish(state)  # closes the tracker runs FINISHED
         print("[learner] summary " + json.dumps(summary), flush=True)
     import torch.distributed as dist
 
@@ -59,9 +63,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def tracker_runs_failed_on_error(hub) -> Iterator[None]:
+    """An exception leaving the block ends the experiment trackers' runs as ``FAILED`` (MLflow
+    status, W&B exit code 1: asyncrl/trackers.py) before it propagates; a restarted learner
+    reopens the same runs. ``hub`` None (ranks other than 0): nothing to close."""
+    try:
+        yield
+    except BaseException:
+        if hub is not None:
+            try:
+                hub.log.close("FAILED")  # a no-op if the log was closed already
+            except Exception as e:  # the crash is the error to show, not this one
+                print(f"[learner] closing the experiment trackers failed: {e!r}", flush=True)
+        raise
+
+
 def follow_rank0_on_stop(grace_s: float = 60.0) -> None:
     """A SIGTERM/SIGINT does not kill a rank other than 0: rank 0 decides to stop and tells
-    every rank (``trainer._stop_flag``), so the ranks write the final checkpoint and leave
+    every rank (``trainer._rank0_flag``), so the ranks write the final checkpoint and leave
     together instead of one dying under the others' collectives (a "Connection closed by
     peer" traceback on rank 0). A rank not told within ``grace_s`` leaves anyway."""
 

@@ -55,9 +55,9 @@ class StoppedUntrained(RuntimeError):
     not a crash (``learner.main`` exits 130 without a traceback)."""
 
 
-def _stop_flag(rank: int, stop: bool) -> bool:
+def _rank0_flag(rank: int, flag) -> bool:
     """Rank 0 decides; every rank learns the decision (a 1-element broadcast)."""
-    t = torch.tensor([1 if (rank == 0 and stop) else 0])
+    t = torch.tensor([1 if (rank == 0 and flag) else 0])
     dist.broadcast(t, 0)
     return bool(t.item())
 
@@ -139,18 +139,21 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     state = _maybe_resume(run_dir, ctx, hub)
     guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
     start = time.monotonic() - state.wall_s
-    if _stop_flag(rank, _start_or_stop(hub, state.version)):
+    if _rank0_flag(rank, _start_or_stop(hub, state.version)):
         if state.version == 0:
             raise _untrained(cfg, hub, time.monotonic() - start)
         return state  # stopped while waiting for the actors: its checkpoint is the newest
     sync = cfg.learner.weight_sync
     if sync and state.version > 0:  # the resumed policy differs from the actors' initial weights
         _sync_weights(ctx.model, hub, state.version)
+    synced = state.version  # the version the actors hold
+    if hub:
+        hub.weights_at_actors(synced, start=True)  # eval.at_start
     while state.version < cfg.learner.steps:
         over = cfg.learner.max_wall_s and time.monotonic() - start > cfg.learner.max_wall_s
         stop = bool(over) or (hub is not None and hub.stop_requested())
         groups, stop = _read_or_stop(hub, state.version, stop)  # a stop may end the read
-        if _stop_flag(rank, stop):
+        if _rank0_flag(rank, stop):
             break
         failpoint("learner.after_read", version=state.version,
                   groups=[g.group_id for g in groups] if hub else None)  # fmt: skip
@@ -169,8 +172,17 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
             raise _nonfinite(problem, state, metrics, hub, groups, run_dir)
         if hub:
             hub.source.step_done()  # the step ran: a crash from here on is not its data's fault
-        if sync and state.version % cfg.learner.sync_every == 0:
+        lag = state.version - synced
+        # a validation under way holds syncs while training can go on (learner/validation.py)
+        if (
+            sync
+            and lag >= cfg.learner.sync_every
+            and _rank0_flag(rank, hub and hub.sync_allowed(lag))
+        ):
             _sync_weights(ctx.model, hub, state.version)
+            synced = state.version
+            if hub:
+                hub.weights_at_actors(synced)
         if hub:
             metrics["dropped_uniform"] = hub.source.dropped_uniform
             hub.after_step(state, metrics)
@@ -181,6 +193,11 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     if state.version == 0:
         raise _untrained(cfg, hub, time.monotonic() - start)
     _checkpoint(run_dir, ctx, state, model_dir, hub)
+    if _rank0_flag(rank, hub and hub.end_validation_due(state.version)):  # eval.at_end
+        if synced != state.version:
+            _sync_weights(ctx.model, hub, state.version)
+        if hub:
+            hub.validate_final(state.version)
     return state
 
 

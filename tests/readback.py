@@ -93,5 +93,19 @@ def wandb_offline_run(wandb_dir: Path) -> dict:
     return out
 
 
+def wandb_offline_runs(wandb_dir: Path) -> list[dict]:
+    """Every offline run directory under ``wandb_dir``, oldest first (a resumed run writes
+    another one with the same id): ``id``, ``steps`` (the ``_step`` of each ``log``) and
+    ``exit_code`` (None if it did not finish)."""
+    out = []
+    for path in sorted(wandb_dir.glob("offline-run-*/run-*.wandb"), key=lambda p: p.parent.name):
+        records = wandb_records(path)
+        (run,) = [r.run for r in records if r.HasField("run")]
+        exits = [r.exit.exit_code for r in records if r.HasField("exit")]
+        steps = [_items(r.history.item)["_step"] for r in records if r.HasField("history")]
+        out.append({"id": run.run_id, "steps": steps, "exit_code": exits[-1] if exits else None})
+    return out
+
+
 def _items(items) -> dict:
     return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}

@@ -186,7 +186,10 @@ def actor_cmd(run_dir: Path, model_dir: str, actor_id: int) -> list[str]:
 
 
 def show_progress(line: str) -> bool:
-    return line.startswith(("step ", "[learner]", "[actor", "Traceback")) or "Error" in line[:80]
+    return (
+        line.startswith(("step ", "validation v", "[learner]", "[actor", "Traceback"))
+        or "Error" in line[:80]
+    )
 
 
 def log_tail(r: Role, lines: int = 25) -> str:

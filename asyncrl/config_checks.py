@@ -1,0 +1,49 @@
+"""The checks every config dataclass runs in ``__post_init__``: each failure is a
+``ValueError`` that starts ``invalid config:`` and names the key, the value and the fix."""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import fields
+
+
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid config: {message}")
+
+
+def require_finite(cfg: object, group: str) -> None:
+    """Refuse nan / inf / -inf in every float field of the dataclass ``cfg`` (Optional ones
+    when set): no range check below catches ``inf > 0``, and a non-finite lr or timeout only
+    fails later, as a NaN loss or an overflowing deadline. Call first in ``__post_init__``."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            key = f"{group}.{f.name}" if group else f.name
+            require(False, f"{key}={value} is not a finite number")
+
+
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+
+
+def bound(
+    cfg: object,
+    key: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    hint: str = "",
+) -> None:
+    """Require the field ``key`` (``group.field``) of ``cfg`` to be ``> gt``, ``>= ge``,
+    ``< lt`` and ``<= le`` (the limits given); a null Optional field passes (null = off).
+    ``hint`` says what special values mean, e.g. ``" (0 = no limit)"``."""
+    value = getattr(cfg, key.rpartition(".")[2])
+    if value is None:
+        return
+    rules = {sym: v for sym, v in ((">", gt), (">=", ge), ("<", lt), ("<=", le)) if v is not None}
+    if not all(OPS[sym](value, limit) for sym, limit in rules.items()):
+        want = " and ".join(f"{sym} {limit}" for sym, limit in rules.items())
+        require(False, f"{key} must be {want}{hint}, got {value!r}")

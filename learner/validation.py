@@ -1,0 +1,168 @@
+"""Validation during training, the learner's side (rank 0): when to validate, holding weight
+syncs while a validation runs, and the ``val/*`` metrics.
+
+    weights of V reach the actors (a sync, or the run's start) and V is due
+      -> post "validate V" (buffer/eval_queue.py); actors validate between their groups
+      -> every step: read the records that arrived; all N in, or eval.timeout_s passed
+      -> log val/* tagged val/version = V; release the hold
+
+Why hold syncs: every token of a validation must come from the weights of V, and actors
+load new weights for everyone at once (one collective). So while a validation runs, the
+learner keeps training but sends no weights, until it must: once the actors' V is more than
+``buffer.max_staleness`` versions behind, the groups they make are too stale to train, and
+the learner waits for the validation before it syncs (``must_sync``). With
+``max_staleness >= 1`` validation overlaps training; with 0 (on-policy) training waits for it.
+
+Metrics (one record per validation; pure math in ``summarize``): ``val/reward`` (mean over
+samples), ``val/<key>`` (a dict reward's extras), ``val/pass@k`` for k = 1, 2, 4, ... <= n
+(unbiased estimator, solved = reward >= ``eval.pass_threshold``), ``val/response_length``
+(tokens), ``val/prompts``, ``val/complete`` (1: every prompt came back), ``val/off_version``
+(prompts left out: a token from another version), ``val/reward_errors``, ``val/seconds``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from buffer.eval_queue import EvalQueue
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are solved (Chen et al., 2021):
+    ``1 - C(n - c, k) / C(n, k)``; requires ``1 <= k <= n``."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def ks(n: int) -> list[int]:
+    """k = 1, 2, 4, ... up to ``n``, and ``n`` itself."""
+    out = [k for k in (2**i for i in range(11)) if k <= n]
+    return out if out[-1] == n else [*out, n]
+
+
+def summarize(records: list[dict], threshold: float) -> dict[str, float]:
+    """``val/*`` means over prompt records (actors/validation.py); records with off-version
+    tokens or a malformed body are counted and left out."""
+    good = [r for r in records if "rewards" in r and not r.get("off_version") and r["rewards"]]
+    out: dict[str, float] = {
+        "val/prompts": float(len(good)),
+        "val/off_version": float(sum(1 for r in records if r.get("off_version"))),
+        "val/malformed": float(sum(1 for r in records if "malformed" in r)),
+    }
+    if not good:
+        return out
+    rewards = [x for r in good for x in r["rewards"]]
+    lengths = [x for r in good for x in r["lengths"]]
+    out["val/reward"] = sum(rewards) / len(rewards)
+    out["val/response_length"] = sum(lengths) / len(lengths)
+    out["val/reward_errors"] = float(sum(r.get("errors", 0) for r in good))
+    keys = sorted({k for r in good for k in r.get("extras", {})})
+    for key in keys:
+        values = [x for r in good for x in r.get("extras", {}).get(key, [])]
+        if values:
+            out[f"val/{key}"] = sum(values) / len(values)
+    n = min(len(r["rewards"]) for r in good)
+    for k in ks(n):
+        solved = [sum(x >= threshold for x in r["rewards"][:n]) for r in good]
+        out[f"val/pass@{k}"] = sum(pass_at_k(n, c, k) for c in solved) / len(good)
+    return out
+
+
+class Validation:
+    """Rank 0's validation state. ``log(record)`` receives each finished validation."""
+
+    def __init__(self, cfg, buffer, log: Callable[[dict], None], say: Callable[[str], None]):
+        self.cfg = cfg
+        self.queue = EvalQueue(buffer)
+        self.buffer = buffer
+        self.log = log
+        self.say = say
+        self.active: dict | None = None  # {"version", "size", "t0", "records"}
+        self.last_bucket = 0  # every: the newest `version // every` validated (or started at)
+        self.done_versions: set[int] = set()
+        self.queue.clear()  # a restarted learner: nothing is under way
+
+    # ---- when ---------------------------------------------------------------------------
+    def due(self, version: int, *, start: bool = False, end: bool = False) -> bool:
+        """Validate the weights of ``version`` now that they reached the actors?"""
+        e = self.cfg.eval
+        if self.active is not None or version in self.done_versions:
+            return False
+        if start and e.every:  # a resumed run: the next interval counts from its version
+            self.last_bucket = max(self.last_bucket, version // e.every)
+        if (start and e.at_start) or (end and e.at_end):
+            return True
+        return bool(e.every) and version // e.every > self.last_bucket
+
+    def request(self, version: int) -> None:
+        """Post "validate ``version``" (its weights are at the actors now)."""
+        size = int(self.buffer.meta().get("val_prompts", 0))
+        if not size:
+            self.say("validation skipped: the actors published no validation set (val_prompts "
+                     "in the buffer meta); are they an older asyncrl?")  # fmt: skip
+            return
+        self.queue.post(version, size, self.cfg.eval.chunk_prompts)
+        self.active = {"version": version, "size": size, "t0": time.monotonic(), "records": []}
+        if self.cfg.eval.every:
+            self.last_bucket = max(self.last_bucket, version // self.cfg.eval.every)
+        self.say(f"validating v{version} on {size} prompt(s) while training goes on")
+
+    # ---- holding and collecting --------------------------------------------------------------
+    @property
+    def holding(self) -> bool:
+        """A validation is under way: weight syncs wait (module docstring)."""
+        return self.active is not None
+
+    def poll(self, step: int) -> None:
+        """Read the records that arrived; log and release the hold once all are in or the
+        deadline passed."""
+        a = self.active
+        if a is None:
+            return
+        a["records"].extend(self.queue.results(a["version"], len(a["records"])))
+        late = time.monotonic() - a["t0"] > self.cfg.eval.timeout_s
+        if len(a["records"]) >= a["size"] or late:
+            self._finish(step, complete=not late)
+
+    def wait(self, step: int, stop: Callable[[], bool]) -> None:
+        """Poll until the validation under way ends (its deadline bounds this), or a stop."""
+        last_say = time.monotonic()
+        while self.active is not None and not stop():
+            self.poll(step)
+            if self.active is not None and time.monotonic() - last_say > 15:
+                a, last_say = self.active, time.monotonic()
+                self.say(f"waiting for validation of v{a['version']}: {len(a['records'])}/"
+                         f"{a['size']} prompts in (eval.timeout_s={self.cfg.eval.timeout_s:g})")  # fmt: skip
+            time.sleep(0.1)
+
+    def _finish(self, step: int, complete: bool) -> None:
+        a, self.active = self.active, None
+        seconds = time.monotonic() - a["t0"]
+        self.queue.finish(a["version"])
+        self.done_versions.add(a["version"])
+        metrics = summarize(a["records"][: a["size"]], self.cfg.eval.pass_threshold)
+        record = {"step": step, "val/version": float(a["version"]), **metrics,
+                  "val/complete": float(complete), "val/seconds": seconds}  # fmt: skip
+        if not complete:
+            self.say(f"validation of v{a['version']} timed out after {seconds:.0f} s "
+                     f"(eval.timeout_s) with {len(a['records'])}/{a['size']} prompts; logged "
+                     "what came back (val/complete 0). Are the actors alive and is "
+                     "eval.timeout_s long enough for the set?")  # fmt: skip
+        if metrics.get("val/off_version"):
+            self.say(f"validation of v{a['version']}: {metrics['val/off_version']:.0f} prompt(s) "
+                     "had tokens of another version and were left out")  # fmt: skip
+        self.log(record)
+
+    def abandon(self, step: int) -> None:
+        """The run ends: log a validation that has just come in; withdraw one still running."""
+        self.poll(step)
+        a = self.active
+        if a is not None:
+            self.active = None
+            self.queue.finish(a["version"])
+            self.say(f"validation of v{a['version']} was still running when the run ended "
+                     f"({len(a['records'])}/{a['size']} prompts in); not logged (eval.at_end "
+                     "waits for the final one)")  # fmt: skip

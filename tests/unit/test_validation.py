@@ -1,0 +1,232 @@
+"""Validation during training: pass@k, the val/* summary, when the learner validates and how
+long it holds weight syncs (learner/validation.py), and an actor's records
+(actors/validation.py) from a scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from actors.actor import ActorState
+from actors.addition import AdditionSource, addition_reward
+from actors.engine import Completion
+from actors.scoring import RewardScorer
+from actors.validation import Validator, validation_size
+from asyncrl.config import Config
+from asyncrl.configload import ConfigError, load_config
+from learner.validation import Validation, ks, pass_at_k, summarize
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 4) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(4, 2))  # 0.5
+    assert pass_at_k(5, 3, 3) == 1.0  # n - c < k: every k-subset holds a solved sample
+    assert ks(1) == [1] and ks(4) == [1, 2, 4] and ks(6) == [1, 2, 4, 6]
+
+
+def test_summarize_means_extras_pass_at_k_and_left_out_records():
+    records = [
+        {"rewards": [1.0, 0.0], "lengths": [2, 4], "extras": {"acc": [1.0, 0.0]}, "errors": 0},
+        {"rewards": [0.5, 0.5], "lengths": [3, 3], "extras": {"acc": [0.0, 0.0]}, "errors": 1},
+        {"rewards": [1.0, 1.0], "lengths": [9, 9], "off_version": 1},  # left out
+        {"malformed": "'{not json'"},  # left out
+    ]
+    s = summarize(records, threshold=1.0)
+    assert s["val/prompts"] == 2 and s["val/off_version"] == 1 and s["val/malformed"] == 1
+    assert s["val/reward"] == pytest.approx(0.5) and s["val/acc"] == pytest.approx(0.25)
+    assert s["val/response_length"] == pytest.approx(3.0) and s["val/reward_errors"] == 1
+    assert s["val/pass@1"] == pytest.approx(0.25)  # (1/2 + 0) / 2
+    assert s["val/pass@2"] == pytest.approx(0.5)  # (1 + 0) / 2
+    assert summarize([], 1.0) == {"val/prompts": 0.0, "val/off_version": 0.0, "val/malformed": 0.0}
+
+
+class FakeBuffer:
+    """Meta only; the queue is replaced by ``FakeQueue``."""
+
+    name = "fake"
+    client = None
+
+    def __init__(self, size: int):
+        self._meta = {"val_prompts": str(size)}
+
+    def meta(self):
+        return self._meta
+
+
+class FakeQueue:
+    def __init__(self):
+        self.posted, self.records, self.finished = [], [], []
+
+    def post(self, version, size, chunk):
+        self.posted.append((version, size, chunk))
+
+    def results(self, version, start=0):
+        return self.records[start:]
+
+    def finish(self, version):
+        self.finished.append(version)
+
+    def clear(self):
+        pass
+
+
+def _validation(monkeypatch, size=2, **eval_kv) -> tuple[Validation, list, list]:
+    import learner.validation as module
+
+    monkeypatch.setattr(module, "EvalQueue", lambda buffer: FakeQueue())
+    cfg = Config()
+    for k, v in eval_kv.items():
+        setattr(cfg.eval, k, v)
+    logged, said = [], []
+    return Validation(cfg, FakeBuffer(size), logged.append, said.append), logged, said
+
+
+def test_due_at_start_at_every_interval_once_and_at_end(monkeypatch):
+    v, _, _ = _validation(monkeypatch, every=4, at_start=True, at_end=True)
+    assert v.due(0, start=True) and not v.due(0) and not v.due(3)
+    assert v.due(4) and v.due(5)  # the first sync at or after step 4
+    v.request(5)
+    assert not v.due(6)  # one at a time
+    v.active = None
+    assert not v.due(7) and v.due(8) and v.due(9, end=True)
+    off, _, _ = _validation(monkeypatch)
+    assert not off.due(0, start=True) and not off.due(8) and not off.due(8, end=True)
+
+
+def test_hold_until_every_record_is_in_then_log_tagged_with_the_version(monkeypatch):
+    v, logged, said = _validation(monkeypatch, size=2, every=2)
+    v.request(2)
+    assert v.queue.posted == [(2, 2, v.cfg.eval.chunk_prompts)] and v.holding
+    v.queue.records.append({"rewards": [1.0], "lengths": [1], "extras": {}})
+    v.poll(step=2)
+    assert v.holding and not logged  # 1 of 2 prompts in
+    v.queue.records.append({"rewards": [0.0], "lengths": [3], "extras": {}})
+    v.poll(step=3)
+    assert not v.holding and v.queue.finished == [2]
+    (record,) = logged
+    assert record["step"] == 3 and record["val/version"] == 2.0 and record["val/complete"] == 1
+    assert record["val/reward"] == 0.5 and record["val/pass@1"] == 0.5
+
+
+def test_a_validation_past_its_deadline_logs_what_came_back_and_says_so(monkeypatch):
+    v, logged, said = _validation(monkeypatch, size=3, every=1, timeout_s=0.05)
+    v.request(1)
+    v.queue.records.append({"rewards": [1.0], "lengths": [1], "extras": {}})
+    v.wait(step=1, stop=lambda: False)  # returns at the deadline
+    (record,) = logged
+    assert record["val/complete"] == 0 and record["val/prompts"] == 1
+    assert any("timed out" in s and "1/3 prompts" in s for s in said), said
+
+
+def test_the_end_of_a_run_withdraws_a_validation_still_running(monkeypatch):
+    v, logged, said = _validation(monkeypatch, size=3, every=1)
+    v.request(1)
+    v.abandon(step=5)
+    assert not v.holding and v.queue.finished == [1] and not logged
+    assert any("still running when the run ended" in s for s in said), said
+
+
+def test_no_validation_set_published_is_said_not_silently_skipped(monkeypatch):
+    v, _, said = _validation(monkeypatch, size=0, every=1)
+    v.request(1)
+    assert not v.holding and "published no validation set" in said[0]
+
+
+def test_config_refuses_validation_without_val_files_or_weight_sync():
+    with pytest.raises(ConfigError, match="data.val_files"):
+        load_config(["task=file", "data.train_files=[a.jsonl]", "eval.every=5"])
+    with pytest.raises(ConfigError, match="learner.weight_sync=false"):
+        load_config(["eval.at_end=true", "learner.weight_sync=false"])
+    assert not load_config([]).eval.enabled and load_config(["eval.every=3"]).eval.enabled
+
+
+# -- the actor's side --------------------------------------------------------------------------
+
+
+class ScriptedEngine:
+    def __init__(self, version: int, texts: list[str], mixed: bool = False):
+        self.version, self.texts, self.mixed, self.calls = version, texts, mixed, []
+
+    async def generate(self, prompt_ids, n, max_tokens, temperature, seed):
+        self.calls.append((n, max_tokens, temperature, seed))
+        out = []
+        for text in self.texts[:n]:
+            ids = [ord(c) for c in text]
+            versions = [self.version] * len(ids)
+            if self.mixed and versions:
+                versions[-1] += 1
+            out.append(Completion(ids, [-0.1] * len(ids), versions, "stop"))
+        return out
+
+
+class CharTokenizer:
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+class ListQueue:
+    def __init__(self):
+        self.put_records = []
+
+    def put(self, version, record):
+        self.put_records.append((version, record))
+
+
+def _actor(engine, n_samples=1):
+    cfg = Config()
+    cfg.eval.n_samples = n_samples
+    cfg.task.reward_executor = "thread"
+
+    class A:  # what Validator reads of an Actor
+        pass
+
+    a = A()
+    a.cfg, a.engine, a.state, a.tokenizer = cfg, engine, ActorState(actor_id=0), CharTokenizer()
+    a.state.version = engine.version
+    a.scorer = RewardScorer(addition_reward, cfg.task, print, lambda kind: None)
+    return a
+
+
+def test_an_actor_validates_greedily_and_posts_one_record_per_prompt():
+    source = AdditionSource(seed=0, split="eval")
+    answers = [source.get(i).fields["answer"] for i in range(2)]
+    engine = ScriptedEngine(version=6, texts=[answers[0]])
+    actor, queue = _actor(engine), ListQueue()
+    validator = Validator(actor, source, 2, queue)
+    asyncio.run(validator.score_chunk(range(0, 1), 6))
+    (version, record), = queue.put_records  # fmt: skip
+    assert version == 6 and record["index"] == 0 and record["version"] == 6
+    assert record["rewards"] == [1.0] and record["lengths"] == [len(answers[0])]
+    assert record["errors"] == 0 and record["off_version"] == 0
+    n, max_tokens, temperature, _ = engine.calls[0]
+    assert (n, temperature) == (1, 0.0) and max_tokens == actor.cfg.actor.max_tokens  # greedy
+
+
+def test_sampled_validation_uses_eval_temperature_and_flags_off_version_tokens():
+    source = AdditionSource(seed=0, split="eval")
+    engine = ScriptedEngine(version=2, texts=["1", "22", "333"], mixed=True)
+    actor, queue = _actor(engine, n_samples=3), ListQueue()
+    actor.cfg.eval.temperature = 0.7
+    asyncio.run(Validator(actor, source, 1, queue).score_chunk(range(1), 2))
+    record = queue.put_records[0][1]
+    assert len(record["rewards"]) == 3 and record["off_version"] == 3
+    assert engine.calls[0][0] == 3 and engine.calls[0][2] == 0.7
+
+
+def test_validation_size_caps_a_finite_set_and_sizes_the_endless_one():
+    cfg = Config()
+
+    class Finite:
+        size = 10
+
+    assert validation_size(cfg, Finite()) == 10
+    cfg.eval.max_prompts = 4
+    assert validation_size(cfg, Finite()) == 4 and validation_size(cfg, AdditionSource()) == 4
+    cfg.eval.max_prompts = 0
+    assert validation_size(cfg, AdditionSource()) == 64
