@@ -14,7 +14,8 @@ by_kind, first: actors/scoring.py ``RewardErrorTally``), ``ledger`` (did those c
 balance: ``balanced``, ``imbalance``, ``imbalanced_steps``, ``first_imbalance_step``,
 ``foreign_unread``, ``repairs``: buffer/ledger.py). ``metrics.jsonl`` records add per-step ``elapsed_s``,
 ``step_s``, ``busy_s``, ``waiting_data_s``, ``weight_sync_s``, ``checkpoint_s``, ``cpu_s``,
-``ledger_imbalance``.
+``ledger_imbalance``. ``summary.json`` ``validation`` lists the run's validations, as in
+``val.jsonl`` (one record per validation: learner/validation.py); ``val.png`` plots them.
 See docs/metrics.md. The same records go to the experiment trackers of ``logger``
 (asyncrl/trackers.py), and the summary's numbers at the end.
 """
