@@ -145,24 +145,9 @@ class RunLog:
         return summary
 
 
-def _read_records(path: Path) -> list[dict]:
-    """The step records of an earlier learner of this run, in step order (a torn last line,
-    from a learner killed mid-write, is skipped)."""
-    if not path.is_file():
-        return []
-    records: list[dict] = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "step" in record:
-            _append_step(records, record)
-    return records
-
-
-def _read_val(path: Path) -> list[dict]:
-    """The validations an earlier learner of this run logged (a torn last line is skipped)."""
+def _jsonl_dicts(path: Path, key: str) -> list[dict]:
+    """The JSON objects with ``key`` in the lines of ``path`` (none if it is missing); a torn
+    line, from a learner killed mid-write, is skipped."""
     if not path.is_file():
         return []
     out = []
@@ -171,9 +156,22 @@ def _read_val(path: Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and "val/version" in record:
+        if isinstance(record, dict) and key in record:
             out.append(record)
     return out
+
+
+def _read_records(path: Path) -> list[dict]:
+    """The step records of an earlier learner of this run, in step order."""
+    records: list[dict] = []
+    for record in _jsonl_dicts(path, "step"):
+        _append_step(records, record)
+    return records
+
+
+def _read_val(path: Path) -> list[dict]:
+    """The validations an earlier learner of this run logged."""
+    return _jsonl_dicts(path, "val/version")
 
 
 def val_line(r: dict) -> str:

@@ -55,7 +55,7 @@ def _args(arm: str, data: dict[str, Path], args, run_dir: Path) -> list[str]:
     common = [f"learner.steps={args.steps}", f"run_dir={run_dir}", "metrics_port=0",
               f"seed={args.seed}"]  # fmt: skip
     val = [f"eval.every={args.every}", "eval.at_start=true", "eval.at_end=true",
-           f"eval.max_prompts={args.val_prompts}"]  # fmt: skip
+           f"eval.max_prompts={args.val_prompts}", f"eval.n_samples={args.val_samples}"]  # fmt: skip
     if arm.startswith("parquet_verl"):
         d = data["parquet"]
         task = ["task=file", "data=verl", f"data.train_files=[{d}/train.parquet]",
@@ -103,6 +103,8 @@ def _run(arm: str, data, args, tmp: Path, rep: int) -> dict:
         else 0,
         "threads": cores,
         "reward_curve": [r["reward"] for r in _records(run_dir)],
+        "busy_s": [r["busy_s"] for r in _records(run_dir)],
+        "waiting_data_s": sum(r["waiting_data_s"] for r in _records(run_dir)),
     }
 
 
@@ -119,6 +121,8 @@ def _report(runs: list[dict]) -> dict:
     by_arm = {a: [r for r in runs if r["arm"] == a] for a in ARMS}
     out = {}
     for arm, rs in by_arm.items():
+        if not rs:
+            continue
         out[arm] = {
             "steps_per_s": mean_std([r["steps_per_s"] for r in rs]),
             "reward_initial": mean_std([r["reward_initial"] for r in rs]),
@@ -128,12 +132,20 @@ def _report(runs: list[dict]) -> dict:
         if vals:
             out[arm]["val_reward_first"] = mean_std([v[0]["val/reward"] for v in vals])
             out[arm]["val_reward_last"] = mean_std([v[-1]["val/reward"] for v in vals])
-    ratios = [
-        a["steps_per_s"] / b["steps_per_s"]
-        for a, b in zip(by_arm["parquet_verl"], by_arm["parquet_verl_noeval"], strict=True)
-    ]
-    out["validation_steps_per_s_ratio"] = mean_std(ratios) | {"per_rep": ratios}
+    pairs = list(zip(by_arm["parquet_verl"], by_arm["parquet_verl_noeval"], strict=False))
+    if pairs:
+        ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in pairs]
+        busy = [_median_busy(a) / _median_busy(b) for a, b in pairs]
+        out["validation_steps_per_s_ratio"] = mean_std(ratios) | {"per_rep": ratios}
+        out["validation_busy_s_ratio"] = mean_std(busy) | {"per_rep": busy}
     return out
+
+
+def _median_busy(run: dict) -> float:
+    """The median of the learner's per-step ``busy_s`` (compute, starved or not)."""
+    import statistics
+
+    return statistics.median(run["busy_s"])
 
 
 def _plot(runs: list[dict], path: Path) -> None:
@@ -167,11 +179,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--every", type=int, default=10, help="eval.every")
     p.add_argument("--val-prompts", type=int, default=64, help="eval.max_prompts")
+    p.add_argument("--val-samples", type=int, default=1, help="eval.n_samples (1 = greedy)")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--timeout-s", type=float, default=1800)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default="own_task", help="results/<name>.{json,png}")
     args = p.parse_args()
     arms = args.arms.split(",")
     runs = []
@@ -185,9 +199,12 @@ def main() -> None:
                 print(f"[own_task]   reward {r['reward_initial']:.3f} -> {r['reward_final']:.3f},"
                       f" {r['steps_per_s']:.3f} steps/s, val "
                       f"{[round(v['val/reward'], 3) for v in r['validation']]}", flush=True)  # fmt: skip
-    report = _report(runs) if set(arms) == set(ARMS) else {}
-    config = {k: getattr(args, k) for k in ("steps", "every", "val_prompts", "reps", "seed")}
-    path = write_result("own_task", {"config": config, "report": report, "runs": runs}, args.out)
+    report = _report(runs)
+    config = {
+        k: getattr(args, k)
+        for k in ("steps", "every", "val_prompts", "val_samples", "reps", "seed", "arms")
+    }
+    path = write_result(args.name, {"config": config, "report": report, "runs": runs}, args.out)
     _plot(runs, path.with_suffix(".png"))
     print(json.dumps(report, indent=2))
     print(f"[own_task] wrote {path} and {path.with_suffix('.png')}")
