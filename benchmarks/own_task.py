@@ -7,20 +7,23 @@ what does validation cost in training steps/s? (issue 13)
 Each arm is one ``asyncrl run`` (the CLI, as a user runs it) on data written by
 ``examples/own_task/make_data.py`` (2000 train / 200 val prompts):
 
-    parquet_verl         verl's parquet layout (chat messages, reward_model.ground_truth),
-                         ``data=verl``, the verl-signature examples/own_task/reward.py:
-                         compute_score; validation every ``--every`` steps, at start and end,
-                         on ``--val-prompts`` prompts; TensorBoard on
-    parquet_verl_noeval  the same without validation (the steps/s baseline)
-    jsonl_ours           JSON Lines of plain-text prompts, the asyncrl-signature
-                         examples/own_task/reward_plain.py:score, validation as above
+    parquet_verl   verl's parquet layout (chat messages, reward_model.ground_truth),
+                   ``data=verl``, the verl-signature examples/own_task/reward.py:compute_score;
+                   validation every ``--every`` steps, at start and at end, on
+                   ``--val-prompts`` prompts x ``--val-samples`` samples (at the actors'
+                   temperature; 1 = greedy); TensorBoard on
+    jsonl_ours     JSON Lines of plain-text prompts, the asyncrl-signature
+                   examples/own_task/reward_plain.py:score, validation as above
+    cost_noeval    parquet_verl without validation: the steps/s baseline
+    cost_eval      parquet_verl with the default greedy validation (``eval.n_samples=1``)
+                   every ``--every`` steps: its steps/s over cost_noeval's is the cost
 
 Arms run in turn ``--reps`` times (interleaved: drift on this shared machine hits each alike).
 Per run: ``reward_initial`` / ``reward_final`` (summary.json: first 10% / last 20% of steps),
 the validation curve (val.jsonl), and training steps/s = steps / ``train_wall_s`` (from the
 moment the actors connected; validation at the end is after the last step and not in it).
-The cost of validation is ``steps/s(parquet_verl) / steps/s(parquet_verl_noeval)``, the mean
-over reps with the per-rep ratios. Threads: the launcher's defaults for 2 cores (learner 2
+The cost of validation is ``steps/s(cost_eval) / steps/s(cost_noeval)``, the mean over reps with
+the per-rep ratios (and the same ratio of the learner's median per-step ``busy_s``). Threads: the launcher's defaults for 2 cores (learner 2
 ranks x 1 thread, 1 actor x 1 thread, unpinned), recorded per run from its log.
 """
 
@@ -38,7 +41,7 @@ from pathlib import Path
 from benchmarks.common import REPO, RESULTS, mean_std, write_result
 
 EXAMPLE = "examples/own_task"
-ARMS = ("parquet_verl", "parquet_verl_noeval", "jsonl_ours")
+ARMS = ("parquet_verl", "jsonl_ours", "cost_noeval", "cost_eval")
 
 
 def _data(tmp: Path) -> dict[str, Path]:
@@ -54,19 +57,21 @@ def _data(tmp: Path) -> dict[str, Path]:
 def _args(arm: str, data: dict[str, Path], args, run_dir: Path) -> list[str]:
     common = [f"learner.steps={args.steps}", f"run_dir={run_dir}", "metrics_port=0",
               f"seed={args.seed}"]  # fmt: skip
-    val = [f"eval.every={args.every}", "eval.at_start=true", "eval.at_end=true",
-           f"eval.max_prompts={args.val_prompts}", f"eval.n_samples={args.val_samples}"]  # fmt: skip
-    if arm.startswith("parquet_verl"):
-        d = data["parquet"]
-        task = ["task=file", "data=verl", f"data.train_files=[{d}/train.parquet]",
-                f"data.val_files=[{d}/val.parquet]", "data.max_prompt_length=64",
-                f"task.reward_fn={EXAMPLE}/reward.py:compute_score"]  # fmt: skip
-        extra = ["logger=[console,jsonl,tensorboard]"] + (val if arm == "parquet_verl" else [])
-        return common + task + extra
-    d = data["jsonl"]
-    return common + ["task=file", f"data.train_files=[{d}/train.jsonl]",
-                     f"data.val_files=[{d}/val.jsonl]",
-                     f"task.reward_fn={EXAMPLE}/reward_plain.py:score"] + val  # fmt: skip
+    val = [f"eval.every={args.every}", f"eval.max_prompts={args.val_prompts}"]
+    if arm in ("parquet_verl", "jsonl_ours"):
+        val += ["eval.at_start=true", "eval.at_end=true", f"eval.n_samples={args.val_samples}"]
+    if arm == "jsonl_ours":
+        d = data["jsonl"]
+        return common + val + ["task=file", f"data.train_files=[{d}/train.jsonl]",
+                               f"data.val_files=[{d}/val.jsonl]",
+                               f"task.reward_fn={EXAMPLE}/reward_plain.py:score"]  # fmt: skip
+    d = data["parquet"]
+    task = ["task=file", "data=verl", f"data.train_files=[{d}/train.parquet]",
+            f"data.val_files=[{d}/val.parquet]", "data.max_prompt_length=64",
+            f"task.reward_fn={EXAMPLE}/reward.py:compute_score"]  # fmt: skip
+    if arm == "parquet_verl":
+        return common + task + val + ["logger=[console,jsonl,tensorboard]"]
+    return common + task + (val if arm == "cost_eval" else [])
 
 
 def _run(arm: str, data, args, tmp: Path, rep: int) -> dict:
@@ -132,7 +137,7 @@ def _report(runs: list[dict]) -> dict:
         if vals:
             out[arm]["val_reward_first"] = mean_std([v[0]["val/reward"] for v in vals])
             out[arm]["val_reward_last"] = mean_std([v[-1]["val/reward"] for v in vals])
-    pairs = list(zip(by_arm["parquet_verl"], by_arm["parquet_verl_noeval"], strict=False))
+    pairs = list(zip(by_arm["cost_eval"], by_arm["cost_noeval"], strict=False))
     if pairs:
         ratios = [a["steps_per_s"] / b["steps_per_s"] for a, b in pairs]
         busy = [_median_busy(a) / _median_busy(b) for a, b in pairs]
@@ -179,8 +184,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--every", type=int, default=10, help="eval.every")
     p.add_argument("--val-prompts", type=int, default=64, help="eval.max_prompts")
-    p.add_argument("--val-samples", type=int, default=1, help="eval.n_samples (1 = greedy)")
-    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--val-samples", type=int, default=4,
+                   help="eval.n_samples of parquet_verl and jsonl_ours (1 = greedy)")  # fmt: skip
+    p.add_argument("--reps", type=int, default=1, help="runs of each arm (interleaved)")
+    p.add_argument("--cost-reps", type=int, default=3, help="runs of each cost arm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--timeout-s", type=float, default=1800)
@@ -191,18 +198,28 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory(prefix="own_task_") as tmp:
         data = _data(Path(tmp))
-        for rep in range(args.reps):
-            for arm in arms:
-                print(f"[own_task] {arm} rep {rep + 1}/{args.reps}", flush=True)
-                runs.append(_run(arm, data, args, Path(tmp), rep))
-                r = runs[-1]
-                print(f"[own_task]   reward {r['reward_initial']:.3f} -> {r['reward_final']:.3f},"
-                      f" {r['steps_per_s']:.3f} steps/s, val "
-                      f"{[round(v['val/reward'], 3) for v in r['validation']]}", flush=True)  # fmt: skip
+        plan = [(rep, a) for rep in range(args.reps) for a in arms if not a.startswith("cost")]
+        plan += [(rep, a) for rep in range(args.cost_reps) for a in arms if a.startswith("cost")]
+        for rep, arm in plan:
+            print(f"[own_task] {arm} rep {rep + 1}", flush=True)
+            runs.append(_run(arm, data, args, Path(tmp), rep))
+            r = runs[-1]
+            print(f"[own_task]   reward {r['reward_initial']:.3f} -> {r['reward_final']:.3f},"
+                  f" {r['steps_per_s']:.3f} steps/s, val "
+                  f"{[round(v['val/reward'], 3) for v in r['validation']]}", flush=True)  # fmt: skip
     report = _report(runs)
     config = {
         k: getattr(args, k)
-        for k in ("steps", "every", "val_prompts", "val_samples", "reps", "seed", "arms")
+        for k in (
+            "steps",
+            "every",
+            "val_prompts",
+            "val_samples",
+            "reps",
+            "cost_reps",
+            "seed",
+            "arms",
+        )
     }
     path = write_result(args.name, {"config": config, "report": report, "runs": runs}, args.out)
     _plot(runs, path.with_suffix(".png"))

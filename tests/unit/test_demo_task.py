@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,23 @@ def test_addition_reward_values(completion, expected):
 def test_addition_reward_parses_the_prompt_without_answer_field():
     assert addition_reward("7+5=", "12") == 1.0
     assert addition_reward("7+5=", "13") == pytest.approx(1 / 2)
+
+
+def test_the_demo_model_is_warm_started_on_the_own_task_examples_chat_question():
+    """examples/own_task asks the demo model's chat SFT question, through its chat template, so
+    the example starts where the demo does (a real instruct model knows its template)."""
+    import importlib.util
+
+    from asyncrl.orchestration.demo.tokenizer import build_tokenizer
+    from asyncrl.orchestration.demo.warmstart import CHAT_QUESTION, chat_text
+
+    path = Path(__file__).resolve().parents[2] / "examples/own_task/make_data.py"
+    spec = importlib.util.spec_from_file_location("make_data", path)
+    make_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_data)
+    assert make_data.QUESTION == CHAT_QUESTION
+    prompt = AdditionSource(seed=0).get(0)
+    a, b = prompt.fields["a"], prompt.fields["b"]
+    assert chat_text(build_tokenizer(), prompt) == (
+        f"user: what is {a}+{b}? answer with the number only.\nassistant: "
+    )

@@ -15,7 +15,8 @@ alphabet in order. No BOS is prepended on encode (like Qwen2): prompt ids are it
 The tokenizer has a chat template (``CHAT_TEMPLATE``: ``"<role>: <content>\n"`` per message,
 then ``"assistant: "`` as the generation prompt, all in the alphabet), so datasets of chat
 messages run on the demo model through the same ``apply_chat_template`` path as on a real one.
-The addition task's own prompts are plain text and do not use it.
+The addition task's own prompts are plain text and do not use it; the warm start trains on
+chat-formatted sums too (asyncrl/orchestration/demo/warmstart.py ``CHAT_QUESTION``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Supervised warm start of the demo model on the task's answer format, cached on disk.
 
+Every SFT step trains on plain ``a+b=`` prompts (the demo task) and on the same sums asked in
+chat form (``CHAT_QUESTION`` through the tokenizer's chat template), so the demo model, like a
+real instruct model, answers chat-formatted prompts too (examples/own_task trains on those).
+
 RL from a random model would spend its budget learning to emit digits then EOS. A short SFT run
 gives a policy that knows the format and, greedily decoded, about half the answers; trained with
 label smoothing it stays *under-confident*, so sampled at temperature 1 it often emits a wrong
@@ -25,9 +29,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-WARMSTART_VERSION = 4
+WARMSTART_VERSION = 5
 """Bump when the SFT recipe or the saved model directory changes so stale cached models are
-not reused (4: the tokenizer carries a chat template; the weights are those of 3)."""
+not reused (4: the tokenizer carries a chat template; 5: SFT on chat-formatted questions too)."""
+CHAT_QUESTION = "what is {a}+{b}? answer with the number only."
+"""The user message of the chat-formatted SFT examples (examples/own_task/make_data.py asks the
+same), so the demo model, like a real instruct model, knows its chat template."""
+CHAT_BATCH = 16
+"""Chat-formatted examples per SFT step, besides ``batch_size`` plain ``a+b=`` ones."""
+CHAT_WEIGHT = 0.25
+"""Weight of the chat examples' loss beside the plain ones' (1.0). Equal weight halved the
+greedy accuracy on plain prompts (0.86 -> 0.41 on 128 eval-split prompts) in this 3-layer
+model; a quarter keeps the plain task first and gives the chat form a start that RL raises."""
 SFT_STEPS = 500
 SFT_LR = 1e-3
 SFT_BATCH = 64
@@ -38,13 +51,22 @@ _FIRST_CHAR_ID = (
 )
 
 
-def _sft_batch(tokenizer, prompts) -> tuple:
-    """``(ids, attention_mask, labels)`` [B, T], right-padded; labels -100 except answer + EOS."""
+def chat_text(tokenizer, prompt) -> str:
+    """The addition ``prompt`` asked as ``CHAT_QUESTION`` through the tokenizer's chat template
+    (with the generation prompt)."""
+    question = CHAT_QUESTION.format(a=prompt.fields["a"], b=prompt.fields["b"])
+    messages = [{"role": "user", "content": question}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _sft_batch(tokenizer, prompts, chat: bool = False) -> tuple:
+    """``(ids, attention_mask, labels)`` [B, T], right-padded; labels -100 except answer + EOS.
+    ``chat``: each prompt asked through the chat template (``chat_text``)."""
     import torch
 
     seqs, labels = [], []
     for p in prompts:
-        prompt = tokenizer.encode(p.text)
+        prompt = tokenizer.encode(chat_text(tokenizer, p) if chat else p.text)
         answer = tokenizer.encode(p.fields["answer"]) + [tokenizer.eos_token_id]
         seqs.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
@@ -88,8 +110,11 @@ def train_sft(
 ) -> list[float]:
     """Run ``steps`` AdamW steps of ``sft_loss`` on ``source`` prompts; return the losses.
 
-    Step ``s`` uses prompts ``s * batch_size .. (s + 1) * batch_size - 1`` of ``source``. The
-    learning rate warms up linearly over 5% of the steps, then decays by cosine to 10% of ``lr``.
+    Step ``s`` uses prompts ``s * batch_size .. (s + 1) * batch_size - 1`` of ``source`` as
+    plain text, and the first ``CHAT_BATCH`` of them again through the chat template (a
+    separate forward pass, so the short plain rows are not padded to the chat rows' length;
+    the chat loss weighs ``CHAT_WEIGHT``). The learning rate warms up linearly over 5% of the steps,
+    then decays by cosine to 10% of ``lr``.
     """
     import torch
 
@@ -105,8 +130,11 @@ def train_sft(
     model.train()
     losses, t0 = [], time.time()
     for step in range(steps):
-        ids, mask, labels = _sft_batch(tokenizer, source.batch(step * batch_size, batch_size))
-        loss = sft_loss(model, ids, mask, labels, label_smoothing)
+        prompts = source.batch(step * batch_size, batch_size)
+        plain = sft_loss(model, *_sft_batch(tokenizer, prompts), label_smoothing)
+        chat = sft_loss(model, *_sft_batch(tokenizer, prompts[:CHAT_BATCH], chat=True),
+                        label_smoothing)  # fmt: skip
+        loss = (plain + CHAT_WEIGHT * chat) / (1 + CHAT_WEIGHT)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
