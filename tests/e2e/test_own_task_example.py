@@ -62,3 +62,32 @@ def test_own_task_example_runs_as_documented(tmp_path):
     wb = readback.wandb_offline_run(run_dir / "wandb")
     assert wb["finished"]
     assert [h["val/reward"] for h in wb["history"] if "val/reward" in h] == pytest.approx(want)
+
+
+def test_the_jsonl_variant_with_an_asyncrl_signature_reward_runs_as_documented(tmp_path):
+    """``make_data.py --format jsonl`` and the second command of docs/own_task.md: plain-text
+    prompts used as they are, ``reward_plain.py:score(prompt, completion, answer)``."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("install redis-server (apt-get install -y redis-server) to run this test")
+    data = tmp_path / "own_jsonl"
+    make = [sys.executable, "examples/own_task/make_data.py", str(data), "--format", "jsonl",
+            "--train-size", "64", "--val-size", "8"]  # fmt: skip
+    subprocess.run(make, cwd=REPO, check=True, capture_output=True, text=True, timeout=60)
+    run_dir = tmp_path / "run"
+    args = ["run", "task=file", f"data.train_files=[{data}/train.jsonl]",
+            f"data.val_files=[{data}/val.jsonl]",
+            "task.reward_fn=examples/own_task/reward_plain.py:score", "eval.every=2",
+            "eval.at_start=true", "eval.max_prompts=64", "eval.n_samples=4",
+            "actor.engine=sim", "experiment=tiny", "metrics_port=0", "learner.nproc=1",
+            f"run_dir={run_dir}"]  # fmt: skip
+    proc = run_cli(args, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "data.train_files: 64 records" in out and "data.val_files: 8 records" in out
+    summary = read_summary(run_dir)
+    assert summary["steps"] == 4 and summary["reward_errors"]["count"] == 0, summary
+    val = summary["validation"]
+    # at start, and the first sync at or after step 2; the one of v4, requested after the last
+    # step without eval.at_end, is logged if it came in before the run ended, else withdrawn
+    assert [r["val/version"] for r in val] in ([0.0, 2.0], [0.0, 2.0, 4.0]), val
+    assert all(r["val/prompts"] == 8 and "val/pass@4" in r for r in val), val
