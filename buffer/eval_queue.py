@@ -5,14 +5,14 @@ Keys (``<name>`` = ``buffer.name``)::
 
     <name>:eval:request       JSON {"version": V, "size": N, "chunk": C}: the one validation
                               under way (absent: none); posting a new one replaces it
-    <name>:eval:<V>:next      claim counter: INCRBY C hands out prompt indices [s, s + C)
+    <name>:eval:<V>:todo      list of chunk starts s; LPOP hands out prompt indices [s, s + C)
     <name>:eval:<V>:results   list of JSON records, one per prompt (actors/validation.py)
 
-Invariants: a prompt index in ``[0, N)`` is claimed by at most one actor (INCRBY is atomic);
-the learner reads results from an offset, so each record is read once; ``finish`` deletes a
-version's keys, and a restarted learner clears every key here before its first request.
-A chunk claimed by an actor that dies is not handed out again: the learner's deadline
-(``eval.timeout_s``) ends that validation with the prompts that finished.
+Invariants: a chunk start is popped by one actor (LPOP is atomic) until the learner puts it
+back (``requeue``: the chunk of an actor that died, or is slow, goes to another actor; the
+learner keeps the first record of each prompt index); the learner reads results from an
+offset, so each record is read once; ``finish`` deletes a version's keys, and a restarted
+learner clears every key here before its first request.
 """
 
 from __future__ import annotations
@@ -38,9 +38,16 @@ class EvalQueue:
     def post(self, version: int, size: int, chunk: int) -> None:
         """Ask the actors to validate ``size`` prompts with the weights of ``version``."""
         request = json.dumps({"version": int(version), "size": int(size), "chunk": int(chunk)})
-        keys = [self._key(version, "next"), self._key(version, "results")]
+        keys = [self._key(version, "todo"), self._key(version, "results")]
         self._call(lambda: self.client.delete(*keys))
+        self.requeue(version, range(0, size, chunk))
         self._call(lambda: self.client.set(f"{self._prefix}:request", request))
+
+    def requeue(self, version: int, starts) -> None:
+        """Hand the chunks starting at ``starts`` out again."""
+        starts = [int(s) for s in starts]
+        if starts:
+            self._call(lambda: self.client.rpush(self._key(version, "todo"), *starts))
 
     def request(self) -> dict | None:
         """The validation under way, or None."""
@@ -60,10 +67,12 @@ class EvalQueue:
         """The next chunk of prompt indices of ``request`` for this actor; None when all are
         handed out."""
         c, n = request["chunk"], request["size"]
-        key = self._key(request["version"], "next")
-        end = int(self._call(lambda: self.client.incrby(key, c)))
-        start = end - c
-        return range(start, min(end, n)) if start < n else None
+        key = self._key(request["version"], "todo")
+        raw = self._call(lambda: self.client.lpop(key))
+        if raw is None:
+            return None
+        start = int(raw)
+        return range(start, min(start + c, n))
 
     def put(self, version: int, record: dict) -> None:
         """Post one prompt's record (JSON-serialisable) for the learner."""
@@ -88,7 +97,7 @@ class EvalQueue:
         current = self.request()
         if current is not None and current["version"] == version:
             self._call(lambda: self.client.delete(f"{self._prefix}:request"))
-        keys = [self._key(version, "next"), self._key(version, "results")]
+        keys = [self._key(version, "todo"), self._key(version, "results")]
         self._call(lambda: self.client.delete(*keys))
 
     def clear(self) -> None:

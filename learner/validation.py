@@ -28,6 +28,10 @@ from collections.abc import Callable
 
 from buffer.eval_queue import EvalQueue
 
+REQUEUE_FRACTION = 4
+"""No prompt back for ``eval.timeout_s / REQUEUE_FRACTION`` (75 s by default): the chunks still
+missing prompts are handed out again, so the other actors finish the set of one that died."""
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from ``n`` samples of which ``c`` are solved (Chen et al., 2021):
@@ -105,7 +109,11 @@ class Validation:
                      "in the buffer meta); are they an older asyncrl?")  # fmt: skip
             return
         self.queue.post(version, size, self.cfg.eval.chunk_prompts)
-        self.active = {"version": version, "size": size, "t0": time.monotonic(), "records": []}
+        now = time.monotonic()
+        # by_index: the first record of each prompt; other: malformed ones; progress: when the
+        # last new prompt came in (a requeue restarts it)
+        self.active = {"version": version, "size": size, "t0": now, "progress": now, "read": 0,
+                       "by_index": {}, "other": []}  # fmt: skip
         if self.cfg.eval.every:
             self.last_bucket = max(self.last_bucket, version // self.cfg.eval.every)
         self.say(f"validating v{version} on {size} prompt(s) while training goes on")
@@ -122,10 +130,36 @@ class Validation:
         a = self.active
         if a is None:
             return
-        a["records"].extend(self.queue.results(a["version"], len(a["records"])))
-        late = time.monotonic() - a["t0"] > self.cfg.eval.timeout_s
-        if len(a["records"]) >= a["size"] or late:
+        self._collect(a)
+        now, timeout = time.monotonic(), self.cfg.eval.timeout_s
+        late = now - a["t0"] > timeout
+        if len(a["by_index"]) >= a["size"] or late:
             self._finish(step, complete=not late)
+        elif now - a["progress"] > timeout / REQUEUE_FRACTION:
+            self._requeue(a)
+
+    def _collect(self, a: dict) -> None:
+        """Read the new records; keep the first of each prompt index."""
+        new = self.queue.results(a["version"], a["read"])
+        a["read"] += len(new)
+        for record in new:
+            index = record.get("index")
+            if not isinstance(index, int) or not 0 <= index < a["size"]:
+                a["other"].append(record)
+            elif index not in a["by_index"]:
+                a["by_index"][index] = record
+                a["progress"] = time.monotonic()
+
+    def _requeue(self, a: dict) -> None:
+        """No prompt came back for a while: hand the chunks still missing prompts out again
+        (an actor holding them died, or is slow: then the first record of a prompt counts)."""
+        c = self.cfg.eval.chunk_prompts
+        starts = sorted({i - i % c for i in range(a["size"]) if i not in a["by_index"]})
+        self.queue.requeue(a["version"], starts)
+        a["progress"] = time.monotonic()
+        self.say(f"validation of v{a['version']}: no prompt came back for "
+                 f"{self.cfg.eval.timeout_s / REQUEUE_FRACTION:.0f} s; handing {len(starts)} "
+                 "chunk(s) out again (an actor holding them may have died)")  # fmt: skip
 
     def wait(self, step: int, stop: Callable[[], bool]) -> None:
         """Poll until the validation under way ends (its deadline bounds this), or a stop."""
@@ -134,7 +168,7 @@ class Validation:
             self.poll(step)
             if self.active is not None and time.monotonic() - last_say > 15:
                 a, last_say = self.active, time.monotonic()
-                self.say(f"waiting for validation of v{a['version']}: {len(a['records'])}/"
+                self.say(f"waiting for validation of v{a['version']}: {len(a['by_index'])}/"
                          f"{a['size']} prompts in (eval.timeout_s={self.cfg.eval.timeout_s:g})")  # fmt: skip
             time.sleep(0.1)
 
@@ -143,12 +177,13 @@ class Validation:
         seconds = time.monotonic() - a["t0"]
         self.queue.finish(a["version"])
         self.done_versions.add(a["version"])
-        metrics = summarize(a["records"][: a["size"]], self.cfg.eval.pass_threshold)
+        records = [a["by_index"][i] for i in sorted(a["by_index"])] + a["other"]
+        metrics = summarize(records, self.cfg.eval.pass_threshold)
         record = {"step": step, "val/version": float(a["version"]), **metrics,
                   "val/complete": float(complete), "val/seconds": seconds}  # fmt: skip
         if not complete:
             self.say(f"validation of v{a['version']} timed out after {seconds:.0f} s "
-                     f"(eval.timeout_s) with {len(a['records'])}/{a['size']} prompts; logged "
+                     f"(eval.timeout_s) with {len(a['by_index'])}/{a['size']} prompts; logged "
                      "what came back (val/complete 0). Are the actors alive and is "
                      "eval.timeout_s long enough for the set?")  # fmt: skip
         if metrics.get("val/off_version"):
@@ -164,5 +199,5 @@ class Validation:
             self.active = None
             self.queue.finish(a["version"])
             self.say(f"validation of v{a['version']} was still running when the run ended "
-                     f"({len(a['records'])}/{a['size']} prompts in); not logged (eval.at_end "
+                     f"({len(a['by_index'])}/{a['size']} prompts in); not logged (eval.at_end "
                      "waits for the final one)")  # fmt: skip

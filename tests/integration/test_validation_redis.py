@@ -45,6 +45,9 @@ def test_concurrent_claims_hand_out_every_prompt_once(redis_client, buffer_name)
     for t in threads:
         t.join(10)
     assert sorted(got) == list(range(23))
+    assert queue.claim(request) is None
+    queue.requeue(7, [20, 4])  # an actor holding them died: the others take them
+    assert [queue.claim(request), queue.claim(request)] == [range(20, 23), range(4, 8)]
     for i in range(3):
         queue.put(7, {"index": i})
     redis_client.rpush(f"{buffer_name}:eval:7:results", b"{torn")

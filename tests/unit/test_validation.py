@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -58,10 +59,13 @@ class FakeBuffer:
 
 class FakeQueue:
     def __init__(self):
-        self.posted, self.records, self.finished = [], [], []
+        self.posted, self.records, self.finished, self.requeued = [], [], [], []
 
     def post(self, version, size, chunk):
         self.posted.append((version, size, chunk))
+
+    def requeue(self, version, starts):
+        self.requeued.append((version, list(starts)))
 
     def results(self, version, start=0):
         return self.records[start:]
@@ -100,10 +104,11 @@ def test_hold_until_every_record_is_in_then_log_tagged_with_the_version(monkeypa
     v, logged, said = _validation(monkeypatch, size=2, every=2)
     v.request(2)
     assert v.queue.posted == [(2, 2, v.cfg.eval.chunk_prompts)] and v.holding
-    v.queue.records.append({"rewards": [1.0], "lengths": [1], "extras": {}})
+    v.queue.records.append({"index": 1, "rewards": [1.0], "lengths": [1], "extras": {}})
+    v.queue.records.append({"index": 1, "rewards": [0.0], "lengths": [9], "extras": {}})
     v.poll(step=2)
-    assert v.holding and not logged  # 1 of 2 prompts in
-    v.queue.records.append({"rewards": [0.0], "lengths": [3], "extras": {}})
+    assert v.holding and not logged  # 1 of 2 prompts in (a second record of 1 is ignored)
+    v.queue.records.append({"index": 0, "rewards": [0.0], "lengths": [3], "extras": {}})
     v.poll(step=3)
     assert not v.holding and v.queue.finished == [2]
     (record,) = logged
@@ -114,11 +119,29 @@ def test_hold_until_every_record_is_in_then_log_tagged_with_the_version(monkeypa
 def test_a_validation_past_its_deadline_logs_what_came_back_and_says_so(monkeypatch):
     v, logged, said = _validation(monkeypatch, size=3, every=1, timeout_s=0.05)
     v.request(1)
-    v.queue.records.append({"rewards": [1.0], "lengths": [1], "extras": {}})
+    v.queue.records.append({"index": 2, "rewards": [1.0], "lengths": [1], "extras": {}})
     v.wait(step=1, stop=lambda: False)  # returns at the deadline
     (record,) = logged
     assert record["val/complete"] == 0 and record["val/prompts"] == 1
     assert any("timed out" in s and "1/3 prompts" in s for s in said), said
+
+
+def test_chunks_missing_prompts_are_handed_out_again_after_a_quiet_spell(monkeypatch):
+    v, logged, said = _validation(monkeypatch, size=10, every=1, chunk_prompts=4, timeout_s=0.4)
+    v.request(1)
+    for i in (0, 1, 2, 3, 5):  # chunk 0 whole, chunk 4 partly, chunk 8 not at all
+        v.queue.records.append({"index": i, "rewards": [1.0], "lengths": [1], "extras": {}})
+    v.poll(step=1)
+    assert not v.queue.requeued  # prompts just came in
+    time.sleep(0.12)  # > timeout_s / 4 without a new prompt
+    v.poll(step=1)
+    assert v.queue.requeued == [(1, [4, 8])] and v.holding
+    assert any("handing 2 chunk(s) out again" in s for s in said), said
+    for i in (4, 6, 7, 8, 9):
+        v.queue.records.append({"index": i, "rewards": [0.0], "lengths": [1], "extras": {}})
+    v.poll(step=2)
+    (record,) = logged
+    assert record["val/prompts"] == 10 and record["val/complete"] == 1
 
 
 def test_the_end_of_a_run_withdraws_a_validation_still_running(monkeypatch):
