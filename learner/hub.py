@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from actors.rewards import extras_means
-from actors.scoring import RewardErrorTally
 from asyncrl.config import Config
 from asyncrl.control import ControlServer
 from asyncrl.metrics import (
@@ -36,6 +35,7 @@ from asyncrl.runlog import RunLog
 from asyncrl.trackers import open_trackers
 from asyncrl.waiting import Wait
 from learner.data import GroupSource
+from learner.totals import RunTotals
 
 
 class Hub:
@@ -72,12 +72,8 @@ class Hub:
         self._ready_t = time.monotonic()
         self._last_totals = self.clock.totals()
         self._last_cpu = time.process_time()
-        self._staleness_hist: dict[int, int] = {}
-        self._sync = {"count": 0, "bytes": 0, "seconds": 0.0, "failures": 0, "regroups": 0}
-        self._trained_totals = {"groups": 0, "samples": 0, "tokens": 0}
-        self._base = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
+        self.totals = RunTotals()
         self._dropped_seen: dict[str, int] = {}
-        self._reward_errors = RewardErrorTally()  # over the samples trained
         self._per_epoch = 0  # prompts per epoch of a finite source (actors publish it)
         self._epoch: int | None = None
         self.ledger = LedgerWatch(b.name)  # the buffer's conservation law, checked every step
@@ -165,14 +161,11 @@ class Hub:
             regroups = self.sender.rebuilds - before[1]
             self.metrics.sync_failures.inc(failures)
             self.metrics.sync_regroups.inc(regroups)
-            self._sync["failures"] += failures
-            self._sync["regroups"] += regroups
+            self.totals.count_sync_faults(failures, regroups)
         seconds = time.monotonic() - t0
         self.metrics.sync_seconds.observe(seconds)
         self.metrics.sync_bytes.inc(stats.bytes)
-        self._sync["count"] += 1
-        self._sync["bytes"] += stats.bytes
-        self._sync["seconds"] += seconds
+        self.totals.count_sync(stats.bytes, seconds)
 
     def after_step(self, state, metrics: dict) -> None:
         # one round trip: counters + integrity (BufferDamaged names a wiped or edited key)
@@ -281,15 +274,7 @@ class Hub:
         }
 
     def _count_trained(self, groups: list, stale: list[int], stats: dict) -> None:
-        for s in stale:
-            self._staleness_hist[s] = self._staleness_hist.get(s, 0) + 1
-        t = self._trained_totals
-        t["groups"] += len(groups)
-        t["samples"] += sum(len(g.samples) for g in groups)
-        t["tokens"] += sum(g.num_tokens for g in groups)
-        for g in groups:
-            for s in g.samples:
-                self._reward_errors.add(s.reward_error, g.group_id)
+        self.totals.count_trained(groups, stale)
         for reason, count in self._dropped_counts(stats).items():
             seen = self._dropped_seen.get(reason, 0)
             self.metrics.dropped.labels(reason).inc(max(0, count - seen))
@@ -320,33 +305,15 @@ class Hub:
             self.buffer.ack(ids, "trained")
 
     def tallies(self) -> dict:
-        """The run's totals so far, saved in each checkpoint so that a resumed run's summary
-        covers the whole run (``restore_tallies``), as its steps and rewards do."""
-        time_s = self.clock.totals()
-        return {
-            "learner_time_s": {
-                k: self._base["learner_time_s"].get(k, 0.0) + time_s.get(k, 0.0)
-                for k in set(time_s) | set(self._base["learner_time_s"])
-            },
-            "train_wall_s": self._base["train_wall_s"] + time.monotonic() - self._ready_t,
-            "trained_staleness_histogram": {
-                str(k): n for k, n in sorted(self._staleness_hist.items())
-            },
-            "trained_totals": dict(self._trained_totals),
-            "weight_sync": dict(self._sync),
-            "reward_errors": self._reward_errors.to_dict(),
-            "ledger": self.ledger.to_dict(),
-        }
+        """The run's totals so far (learner/totals.py), saved in each checkpoint."""
+        wall = time.monotonic() - self._ready_t
+        return self.totals.to_dict(self.clock.totals(), wall, self.ledger.to_dict())
 
     def restore_tallies(self, saved: dict) -> None:
         """Start from a checkpoint's ``tallies()`` (absent in older checkpoints: from 0)."""
         if not saved:
             return
-        self._base = {k: saved[k] for k in ("learner_time_s", "train_wall_s")}
-        self._staleness_hist = {int(k): n for k, n in saved["trained_staleness_histogram"].items()}
-        self._trained_totals = dict(saved["trained_totals"])
-        self._sync.update(saved.get("weight_sync", {}))  # absent before 2026-11-23
-        self._reward_errors = RewardErrorTally(saved.get("reward_errors"))  # absent: from 0
+        self.totals.restore(saved)
         self.ledger.restore(saved.get("ledger"))  # absent: from a balanced ledger
 
     def finish(self, state) -> dict:
