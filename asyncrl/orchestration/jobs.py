@@ -15,6 +15,7 @@ from asyncrl.orchestration.launcher import (
     Role,
     actor_cmd,
     begin_shutdown,
+    import_heavy_modules,
     learner_cmd,
     role_env,
     show_progress,
@@ -196,6 +197,7 @@ def run_local(cfg: Config) -> int:
     """Everything on this machine: buffer, learner (torchrun) and actors; returns an exit code."""
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
+    import_heavy_modules()  # a stop during torch's import takes effect after it
     check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
     check_available(cfg.logger)  # a tracker's missing library too
     model_dir = resolve_model(cfg)  # a bad model directory fails before any process starts
@@ -271,6 +273,7 @@ def launch_role(cfg: Config, role: str) -> int:
             "(start one with `asyncrl launch buffer`, which prints it)"
         )
     start_buffer(cfg, run_dir)  # checks that the URL answers
+    import_heavy_modules()
     if role == "actors":
         check_reward_fn(cfg)
     if role == "learner":

@@ -243,6 +243,29 @@ def on_stop_signal(signum: int, frame) -> None:
         os.write(2, b"[asyncrl] already stopping; killing the roles now (SIGKILL)\n")
 
 
+def import_heavy_modules() -> None:
+    """Import torch and transformers with Ctrl-C/SIGTERM held until the imports finish, then
+    act on a signal that came meanwhile as ``on_stop_signal`` would.
+
+    A ``KeyboardInterrupt`` raised inside torch's import (its C++ extension initialising) can
+    abort the interpreter at exit (SIGABRT) or be lost in it, leaving the job running:
+    tests/faults/test_job_lifecycle.py caught both under load. The imports take a few
+    seconds, so a stop is deferred by that much at most.
+    """
+    held: list[int] = []
+    old = {
+        s: signal.signal(s, lambda n, _f: held.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if held:
+        on_stop_signal(held[0], None)
+
+
 def hurry() -> None:
     """Make ``stop_roles`` SIGKILL at once instead of waiting out its grace period (a second
     Ctrl-C while the job is stopping)."""
