@@ -10,22 +10,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from asyncrl.config_algorithm import (  # noqa: F401 (registry names: tests import them here)
+    _ADVANTAGES,
+    _AGGREGATIONS,
+    _KL_ESTIMATORS,
+    _LOSSES,
+    AlgorithmConfig,
+)
 from asyncrl.config_checks import bound as _bound
 from asyncrl.config_checks import require as _require
 from asyncrl.config_checks import require_finite as _require_finite
 from asyncrl.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, TaskConfig  # noqa: F401
 
-# registry keys, repeated here so the CLI validates a config without importing torch;
-# tests/unit/test_step_registry.py checks they match learner.losses / learner.advantages
-_LOSSES = ("decoupled_ppo", "bypass_ppo", "tis", "masked_is", "gspo", "cispo")
-_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
-_AGGREGATIONS = (
-    "token_mean",
-    "seq_mean_token_sum",
-    "seq_mean_token_mean",
-    "seq_mean_token_sum_norm",
-)
-_KL_ESTIMATORS = ("k1", "k2", "k3")
 _UPDATE_MODES = ("keep", "abort")
 LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
@@ -240,123 +236,6 @@ class LearnerConfig:
             self.device in LEARNER_DEVICES,
             f"learner.device={self.device!r}, expected one of {LEARNER_DEVICES}",
         )
-
-
-@dataclass
-class AlgorithmConfig:
-    """Loss, advantage estimator, reward shaping and the optional critic / reference model.
-
-    Every field is a key ``algorithm.<field>``; ``configs/algorithm/<preset>.yaml`` sets the
-    ones a recipe changes. Formulas and when to use each: docs/algorithms.md. The learner
-    looks the loss and estimator up by name (``POLICY_LOSSES``, ``ADVANTAGE_ESTIMATORS``) and
-    passes each estimator the fields named like its keyword arguments.
-    """
-
-    name: str = "grpo"
-    """Preset name (informational)."""
-    policy_loss: str = "decoupled_ppo"
-    """A ``learner.losses.POLICY_LOSSES`` key."""
-    advantage: str = "grpo"
-    """A ``learner.advantages.ADVANTAGE_ESTIMATORS`` key; ``gae`` trains a critic."""
-    aggregation: str = "token_mean"
-    """How token losses become one loss (``learner.aggregation.AGGREGATION_MODES``)."""
-    # -- advantage estimator arguments (passed by name to the estimator that takes them)
-    std_normalize: bool = True
-    """grpo: divide by the group's reward std."""
-    group_baseline: bool = False
-    """reinforce_pp: subtract the group mean before whitening (REINFORCE++-baseline)."""
-    gamma: float = 1.0
-    """gae: discount per token, in (0, 1]."""
-    lam: float = 1.0
-    """gae: lambda of GAE, in [0, 1] (1 = Monte-Carlo return minus V)."""
-    whiten: bool = False
-    """gae: normalise advantages over the batch's tokens."""
-    # -- policy loss (learner.losses.LossParams: same names)
-    eps_low: float = 0.2
-    """PPO clip lower bound ``1 - eps_low``; eps_low in [0, 1)."""
-    eps_high: float = 0.2
-    """PPO clip upper bound ``1 + eps_high``, >= 0 (> eps_low = DAPO clip-higher)."""
-    clip_c: float | None = None
-    """Dual-clip constant (> 1) or null."""
-    is_cap: float | None = 2.0
-    """Truncate importance weights pi_prox/pi_behave at this value, > 0 (null = no cap)."""
-    is_level: str = "token"
-    """Importance weights per ``token`` or per ``sequence`` (geometric mean)."""
-    mask_low: float = 0.5
-    """masked_is: keep units with ``mask_low <= weight <= mask_high``; 0 <= mask_low."""
-    mask_high: float = 2.0
-    """masked_is: upper end of the kept weights (> mask_low)."""
-    is_objective: str = "ppo"
-    """tis / masked_is: ``ppo`` (clipped, recomputes pi_prox) or ``pg`` (REINFORCE)."""
-    cispo_eps_low: float | None = None
-    """cispo: weight >= 1 - this, in [0, 1) (null = no lower bound)."""
-    cispo_eps_high: float = 4.0
-    """cispo: weight <= 1 + this (>= 0)."""
-    # -- KL to the reference policy and entropy bonus
-    kl_coef: float = 0.0
-    """Weight of KL(pi || pi_ref), >= 0; > 0 loads the reference model (the initial policy)."""
-    kl_estimator: str = "k3"
-    """``k1``, ``k2`` or ``k3``."""
-    kl_mode: str = "loss"
-    """``loss``: add kl_coef*KL to the loss; ``reward``: subtract it from the rewards."""
-    entropy_coef: float = 0.0
-    """Entropy bonus: loss -= entropy_coef * entropy (>= 0; a bonus, never a penalty)."""
-    # -- critic (advantage estimators that take values, i.e. gae)
-    critic_lr: float | None = None
-    """Critic learning rate, > 0 (null = learner.lr; same warm-up)."""
-    value_clip: float | None = 0.2
-    """Clip the new value to old +- this in the value loss, > 0 (null = no clipping)."""
-    # -- DAPO data and reward shaping
-    dynamic_sampling: bool = False
-    """Drop groups whose rewards are all equal (no signal) and read more to fill the batch."""
-    overlong_frac: float = 0.0
-    """Soft overlong penalty over the last ``overlong_frac * actor.max_tokens`` tokens (0 = off)."""
-    overlong_penalty: float = 1.0
-    """Reward penalty at (and beyond) ``actor.max_tokens`` (>= 0)."""
-    # -- updates per step
-    ppo_epochs: int = 1
-    """Passes over the batch per step (>= 1)."""
-    minibatches: int = 1
-    """Optimizer updates per pass (slices of the batch), >= 1."""
-
-    def __post_init__(self) -> None:
-        _require_finite(self, "algorithm")
-        a, name = self, "algorithm"
-        _require(a.policy_loss in _LOSSES, f"{name}.policy_loss={a.policy_loss!r} not in {_LOSSES}")
-        _require(
-            a.advantage in _ADVANTAGES, f"{name}.advantage={a.advantage!r} not in {_ADVANTAGES}"
-        )
-        _require(a.aggregation in _AGGREGATIONS, f"{name}.aggregation not in {_AGGREGATIONS}")
-        _bound(a, "algorithm.eps_low", ge=0, lt=1)
-        _bound(a, "algorithm.eps_high", ge=0)
-        _bound(a, "algorithm.clip_c", gt=1, hint=" or null")
-        _bound(a, "algorithm.is_cap", gt=0, hint=" or null (no cap)")
-        _require(a.is_level in ("token", "sequence"), "algorithm.is_level in (token, sequence)")
-        _bound(a, "algorithm.mask_low", ge=0)
-        _require(
-            a.mask_low < a.mask_high,
-            f"need algorithm.mask_low < algorithm.mask_high, got {a.mask_low} and {a.mask_high}",
-        )
-        _require(a.is_objective in ("ppo", "pg"), "algorithm.is_objective in (ppo, pg)")
-        _bound(a, "algorithm.cispo_eps_low", ge=0, lt=1, hint=" or null (no lower bound)")
-        _bound(a, "algorithm.cispo_eps_high", ge=0)
-        _bound(a, "algorithm.kl_coef", ge=0)
-        _bound(a, "algorithm.entropy_coef", ge=0)
-        _require(a.kl_estimator in _KL_ESTIMATORS, f"algorithm.kl_estimator in {_KL_ESTIMATORS}")
-        _require(a.kl_mode in ("loss", "reward"), "algorithm.kl_mode in (loss, reward)")
-        _require(
-            not (a.kl_coef > 0 and a.kl_mode == "loss" and a.kl_estimator == "k1"),
-            "algorithm.kl_estimator=k1 as a loss term has zero expected gradient; "
-            "use kl_mode=reward, or k2/k3",
-        )
-        _bound(a, "algorithm.gamma", gt=0, le=1)
-        _bound(a, "algorithm.lam", ge=0, le=1)
-        _bound(a, "algorithm.critic_lr", gt=0, hint=" or null (= learner.lr)")
-        _bound(a, "algorithm.value_clip", gt=0, hint=" or null (no clipping)")
-        _bound(a, "algorithm.overlong_frac", ge=0, le=1, hint=" (0 = off)")
-        _bound(a, "algorithm.overlong_penalty", ge=0)
-        _bound(a, "algorithm.ppo_epochs", ge=1)
-        _bound(a, "algorithm.minibatches", ge=1)
 
 
 @dataclass

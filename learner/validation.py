@@ -104,6 +104,8 @@ class Validation:
     def request(self, version: int) -> None:
         """Post "validate ``version``" (its weights are at the actors now)."""
         size = int(self.buffer.meta().get("val_prompts", 0))
+        if self.cfg.eval.every:  # due once per interval, whether or not it can run
+            self.last_bucket = max(self.last_bucket, version // self.cfg.eval.every)
         if not size:
             self.say("validation skipped: the actors published no validation set (val_prompts "
                      "in the buffer meta); are they an older asyncrl?")  # fmt: skip
@@ -114,8 +116,6 @@ class Validation:
         # last new prompt came in (a requeue restarts it)
         self.active = {"version": version, "size": size, "t0": now, "progress": now, "read": 0,
                        "by_index": {}, "other": []}  # fmt: skip
-        if self.cfg.eval.every:
-            self.last_bucket = max(self.last_bucket, version // self.cfg.eval.every)
         self.say(f"validating v{version} on {size} prompt(s) while training goes on")
 
     # ---- holding and collecting --------------------------------------------------------------

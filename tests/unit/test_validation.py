@@ -156,6 +156,7 @@ def test_no_validation_set_published_is_said_not_silently_skipped(monkeypatch):
     v, _, said = _validation(monkeypatch, size=0, every=1)
     v.request(1)
     assert not v.holding and "published no validation set" in said[0]
+    assert not v.due(1) and v.due(2)  # said once per interval, not at every sync
 
 
 def test_config_refuses_validation_without_val_files_or_weight_sync():
