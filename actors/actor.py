@@ -10,16 +10,15 @@
 Many prompts are in flight at once (``actor.max_inflight``); groups are committed as they
 finish, not in lockstep.
 
-Prompt cursor (survives SIGKILL): actor i takes prompts i, i+K, i+2K, ... (K actors). Claiming
-an index is one Lua script that advances ``<buffer>:cursor:<i>`` and adds the index to the set
-``<buffer>:inflight:<i>``; the index leaves that set only after its group was committed (or
-found already committed). A restarted actor first re-generates the indices left in the set,
-then takes new ones, so no prompt is skipped. A kill between commit and the set removal makes
-the restart generate that prompt again: group ids are deterministic (``task_seed:index``) and
-commit dedupes by group id, so it is stored once (counted as a duplicate by the actor).
+Prompt cursor (survives SIGKILL; ``buffer.cursors.PromptCursor``): actor i takes prompts i,
+i+K, i+2K, ... (K actors). A claimed index stays in flight in the buffer until its group was
+committed (or found already committed); a restarted actor first re-generates the indices left
+in flight, then claims new ones, so no prompt is skipped. A kill between commit and ``done``
+makes the restart generate that prompt again: group ids are deterministic (``task_seed:index``)
+and commit dedupes by group id, so it is stored once (counted as a duplicate by the actor).
 
 End of the data: a finite source (``task.name=file``: ``data.epochs`` passes over the data)
-has an ``end`` index; the claim script refuses indices from there on. The actor then stops
+has an ``end`` index; the cursor claims no index from there on. The actor then stops
 producing, lets its groups in flight finish and commit, and marks itself exhausted in the
 buffer meta (``exhausted_actor_<i>``); the learner ends the run once every actor is
 exhausted and no group is left to read (learner/data.py). The actor itself stays up, serving
@@ -42,9 +41,12 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from actors.engine_protocol import Engine
 from asyncrl.config import Config
 from asyncrl.metrics import ACTOR_STATES, ActorMetrics, StateClock
 from asyncrl.types import Group, Sample
+from buffer.cursors import PromptCursor, SyncQuota
+from buffer.staleness import within_staleness
 
 
 @dataclass
@@ -74,8 +76,18 @@ class ActorState:
 
 
 class Actor:
+    """One actor: ``produce`` (admission -> lease -> cursor -> group tasks) and
+    ``control_loop`` (weight syncs), over a ``ReplayBuffer`` and an ``Engine``."""
+
     def __init__(
-        self, cfg: Config, actor_id: int, model_dir: str, buffer, engine, prompts, reward_fn
+        self,
+        cfg: Config,
+        actor_id: int,
+        model_dir: str,
+        buffer,
+        engine: Engine,
+        prompts,
+        reward_fn,
     ):
         from transformers import AutoTokenizer
 
@@ -98,8 +110,9 @@ class Actor:
         self._inflight = 0
         self._paused = False
         self._blocked = "idle"
-        self._leftover: list[int] | None = None  # claimed by an earlier run, not committed
-        self._claim = buffer.client.register_script(_CLAIM_INDEX)
+        # the stride: every actor of the job (num_actors on each of actor.nnodes hosts)
+        self.cursor = PromptCursor(buffer, actor_id, cfg.actor.total, prompts.end)
+        self.quota = SyncQuota(buffer, cfg.learner.batch_groups)  # used in mode=sync only
 
     def _say(self, text: str) -> None:
         print(f"[actor {self.state.actor_id}] {text}", flush=True)
@@ -162,17 +175,24 @@ class Actor:
         that restarted (or a run dir reused, whose meta held the previous learner's address
         until the new one published its own) listens elsewhere. Re-register there; it sends
         ``weights_init`` and the current weights as to any newly registered actor."""
-        addr = (await asyncio.to_thread(self.buffer.meta)).get("control_addr")
-        if addr and addr != client.address:
-            print(f"[actor {self.state.actor_id}] the learner's control plane moved to {addr} "
-                  "(a restarted learner); registering there", flush=True)  # fmt: skip
-            client.connect(addr)
+        from asyncrl.control import Endpoint
+
+        endpoint = Endpoint.from_meta(await asyncio.to_thread(self.buffer.meta))
+        if endpoint and endpoint != client.endpoint:
+            print(f"[actor {self.state.actor_id}] the learner's control plane moved to "
+                  f"{endpoint.address} (a restarted learner); registering there",
+                  flush=True)  # fmt: skip
+            client.connect(endpoint)
             await client.send({"type": "register"})
 
     async def _on_control(self, client, msg: dict) -> None:
         kind = msg["type"]
         if kind == "weights_init":
-            await self.engine.join_weight_sync({k: v for k, v in msg.items() if k != "type"})
+            info = {k: v for k, v in msg.items() if k != "type"}
+            # gloo binds this host's own address (the learner's is master_address)
+            await self.engine.join_weight_sync(
+                {**info, "local_address": self.cfg.network.interface}
+            )
         elif kind == "update":
             await self._update_weights(int(msg["version"]))
             self._version_changed.set()
@@ -203,6 +223,7 @@ class Actor:
         limit = asyncio.Semaphore(self.cfg.actor.max_inflight)
         self._block("idle")
         await asyncio.to_thread(self._publish_data)
+        await asyncio.to_thread(self._resume_prompts)
         while not self.state.stop:
             if self.error is not None:
                 await self._cancel_groups()  # give their slots back before failing
@@ -254,7 +275,7 @@ class Actor:
         self._say(
             f"no prompts left ({self.prompts.end} = {getattr(self.prompts, 'epochs', '?')} "
             f"epoch(s) of {getattr(self.prompts, 'size', '?')} over "
-            f"{self.cfg.actor.num_actors} actor(s)); committed {self.state.committed} groups, "
+            f"{self.cfg.actor.total} actor(s)); committed {self.state.committed} groups, "
             "now idle until the learner ends the run"
         )
 
@@ -269,12 +290,15 @@ class Actor:
         await asyncio.to_thread(lambda: [self.buffer.release(x) for x in held.values()])
 
     async def _admitted(self) -> bool:
-        """Weights fresh enough for the staleness bound, and (sync) the version's quota left."""
+        """Weights fresh enough for the staleness bound (``buffer.staleness``), and (sync)
+        the version's quota left (``buffer.cursors.SyncQuota``)."""
         learner_v = await asyncio.to_thread(self.buffer.learner_version)
-        valid = getattr(self.engine, "weights_valid", True)  # False after a failed sync
-        fresh = valid and learner_v - self.state.version <= self.cfg.buffer.max_staleness
+        valid = self.engine.weights_valid  # False after a failed sync
+        k = self.cfg.buffer.max_staleness
+        fresh = valid and within_staleness(learner_v, self.state.version, k)
         quota_ok = fresh and (
-            self.cfg.mode.name != "sync" or await asyncio.to_thread(self._take_quota)
+            self.cfg.mode.name != "sync"
+            or await asyncio.to_thread(self.quota.take, self.state.version)
         )
         if fresh and quota_ok:
             return True
@@ -286,46 +310,19 @@ class Actor:
             pass
         return False
 
-    def _take_quota(self) -> bool:
-        """Sync barrier: at most ``batch_groups`` groups generated per weight version."""
-        key = f"{self.cfg.buffer.name}:quota:{self.state.version}"
-        return self.buffer.client.incr(key) <= self.cfg.learner.batch_groups
+    def _resume_prompts(self) -> None:
+        """Read the prompt indices an earlier run of this actor left in flight (the cursor
+        hands them out first) and say so."""
+        left = self.cursor.resume()
+        if left:
+            self._say(
+                f"resuming {len(left)} prompt(s) left in flight by an earlier run: {left[:8]}"
+            )
 
-    def _key(self, what: str) -> str:
-        return f"{self.cfg.buffer.name}:{what}:{self.state.actor_id}"
-
-    def _redis(self, fn):
-        """``fn()`` with the buffer's reconnect-and-retry policy (a real ``ReplayBuffer``)."""
-        call = getattr(self.buffer, "_call", None)
-        return call(fn) if call is not None else fn()
-
-    def leftover_indices(self) -> list[int]:
-        """Indices an earlier run of this actor claimed but did not commit (ascending)."""
-        raw = self._redis(lambda: self.buffer.client.smembers(self._key("inflight")))
-        return sorted(int(i) for i in raw)
-
-    def _next_index(self) -> int:
-        """The next prompt index: an earlier run's leftovers first, then a fresh claim.
-
-        Deterministic cursor: actor i takes prompts i, i+K, i+2K, ... (K actors). The claim
-        advances the cursor and records the index as in flight in one script, so a kill at
-        any point leaves every claimed-but-uncommitted index in ``<buffer>:inflight:<i>``.
-        """
-        if self._leftover is None:
-            self._leftover = self.leftover_indices()
-            if self._leftover:
-                print(
-                    f"[actor {self.state.actor_id}] resuming {len(self._leftover)} prompt(s) "
-                    f"left in flight by an earlier run: {self._leftover[:8]}",
-                    flush=True,
-                )
-        if self._leftover:
-            return self._track_epoch(self._leftover.pop(0))
-        keys = [self._key("cursor"), self._key("inflight")]
-        end = self.prompts.end
-        args = [self.state.actor_id, self.cfg.actor.num_actors, -1 if end is None else end]
-        index = int(self._redis(lambda: self._claim(keys, args)))
-        return None if index < 0 else self._track_epoch(index)
+    def _next_index(self) -> int | None:
+        """The next prompt index (an earlier run's leftovers first); None when out of data."""
+        index = self.cursor.next()
+        return None if index is None else self._track_epoch(index)
 
     def _track_epoch(self, index: int) -> int:
         """Say when this actor's prompts enter a new epoch (finite sources); ``index``."""
@@ -335,10 +332,6 @@ class Actor:
             self._say(f"epoch {epoch + 1}/{epochs} (prompt index {index})")
         self.state.epoch = max(self.state.epoch, epoch)
         return index
-
-    def _done_index(self, index: int) -> None:
-        """The group of ``index`` is in the buffer: it is no longer in flight."""
-        self._redis(lambda: self.buffer.client.srem(self._key("inflight"), index))
 
     async def _group_task(self, index: int, lease: str, limit: asyncio.Semaphore) -> None:
         self._inflight += 1
@@ -373,7 +366,7 @@ class Actor:
         fresh = await asyncio.to_thread(self._commit, lease, group)
         if fresh is None:  # stopping with no slot: the index stays in flight for a restart
             return
-        await asyncio.to_thread(self._done_index, index)
+        await asyncio.to_thread(self.cursor.done, index)
         self.state.committed += int(fresh)
         self.state.duplicates += int(not fresh)
         (self.metrics.committed if fresh else self.metrics.duplicates).inc()
@@ -450,27 +443,12 @@ class Actor:
         return Group(f"{self.cfg.task.seed}:{index}", index, self.state.actor_id, samples)
 
 
-# KEYS: cursor, inflight   ARGV: actor_id, num_actors, end (-1 = endless). Claims the next
-# index of this actor's stride and records it as in flight, atomically (a kill cannot separate
-# the two); -1 (and the cursor unchanged) once the stride reaches `end`.
-_CLAIM_INDEX = """
-local k = tonumber(redis.call('GET', KEYS[1]) or '0')
-local index = tonumber(ARGV[1]) + k * tonumber(ARGV[2])
-local stop = tonumber(ARGV[3])
-if stop >= 0 and index >= stop then
-  return -1
-end
-redis.call('INCR', KEYS[1])
-redis.call('SADD', KEYS[2], index)
-return index
-"""
-
 _LEARNER_QUIET_S = 5.0  # no learner message for this long: check its address in the meta
 _MAX_RESUBMITS = 10  # update_mode=abort: a request cut by more syncs than this is an error
 
 
 async def generate_whole(
-    engine, prompt_ids: list[int], n: int, max_tokens: int, temperature: float, seed: int
+    engine: Engine, prompt_ids: list[int], n: int, max_tokens: int, temperature: float, seed: int
 ) -> list:
     """n completions, none of them aborted (``abort`` updates cut requests: resubmit them)."""
     for _ in range(_MAX_RESUBMITS):
@@ -480,16 +458,19 @@ async def generate_whole(
     raise RuntimeError(f"a request was aborted by {_MAX_RESUBMITS} weight updates in a row")
 
 
-async def wait_for_learner(buffer, wait) -> str:
-    """The learner publishes its control address in the buffer's meta; wait for it.
+async def wait_for_learner(buffer, wait):
+    """The learner publishes its control endpoint (``asyncrl.control.Endpoint``: address and
+    keys) in the buffer's meta; wait for it.
 
     ``wait`` (``asyncrl.waiting.Wait``) reports progress, raises ``TimeoutError`` at its
     deadline and ``StopRequested`` once a stop was requested.
     """
+    from asyncrl.control import Endpoint
+
     wait.begin()
     while True:
-        addr = (await asyncio.to_thread(buffer.meta)).get("control_addr")
-        if addr:
-            return addr
+        endpoint = Endpoint.from_meta(await asyncio.to_thread(buffer.meta))
+        if endpoint:
+            return endpoint
         wait.check()
         await asyncio.sleep(0.5)

@@ -1,7 +1,7 @@
 """What the buffer's prompt cursors depend on, and the check that a (re)started actor agrees.
 
 Actor ``a`` of ``K`` takes prompt indices ``a, a+K, a+2K, ...`` through its cursor in Redis
-(actors/actor.py). That is exactly-once only while the mapping index -> prompt and the stride
+(buffer/cursors.py). That is exactly-once only while the mapping index -> prompt and the stride
 ``K`` stay what they were when the buffer's first actor started: a restarted actor, or a run
 resumed in the same run_dir and buffer with other data, would otherwise skip or repeat prompts
 without a word. So the first actor to start claims the buffer meta field ``data_identity``
@@ -51,7 +51,7 @@ def identity(cfg, source) -> dict:
     parts: dict = {
         "task.name": cfg.task.name,
         "task.seed": cfg.task.seed,
-        "actor.num_actors": cfg.actor.num_actors,
+        "actor.num_actors": cfg.actor.total,
     }
     if cfg.task.name == "file":
         d = cfg.data

@@ -108,7 +108,8 @@ def _completion(out: Any) -> Completion:
 
 
 class ActorEngine:
-    """One vLLM engine with versioned weight sync. Build with ``await ActorEngine.start(...)``."""
+    """One vLLM engine with versioned weight sync (an ``actors.engine_protocol.Engine``).
+    Build with ``await ActorEngine.start(...)``."""
 
     def __init__(self, llm: Any, version: int):
         self._llm = llm

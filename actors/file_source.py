@@ -18,7 +18,7 @@ position ``i % N`` of epoch ``i // N``; each epoch visits every kept prompt exac
 an order that is a pure function of ``(task.seed, epoch)`` (``random.Random`` seeded with a
 string: stable across processes and Python versions), or file order when
 ``data.shuffle=false``. So ``get(i)`` is a pure function of ``i`` and the data, and the actors'
-cursor (actors/actor.py) stays exactly-once across restarts and resumes, epochs included.
+cursor (buffer/cursors.py) stays exactly-once across restarts and resumes, epochs included.
 Indices ``>= end`` do not exist: the source is exhausted there.
 """
 

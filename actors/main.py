@@ -53,13 +53,14 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         "raise actor.learner_wait_s",
     )
     try:
-        addr = await wait_for_learner(buffer, wait)
+        endpoint = await wait_for_learner(buffer, wait)
     except StopRequested as e:
         print(f"[actor {actor_id}] {e}", flush=True)
         await engine.shutdown()
         return 0
-    print(f"[actor {actor_id}] engine ready; learner control plane at {addr}", flush=True)
-    client = ControlClient(addr, actor_id)
+    print(f"[actor {actor_id}] engine ready; learner control plane at {endpoint.address}",
+          flush=True)  # fmt: skip
+    client = ControlClient(endpoint, actor_id)
     failed = None
     try:
         await asyncio.gather(actor.control_loop(client), actor.produce(), *validator)
@@ -131,11 +132,11 @@ def _serve_metrics(cfg, actor, buffer) -> None:
 
     aid = actor.state.actor_id
     port = serve(
-        actor.metrics.registry, role_port(cfg.metrics_port, "actor", aid), cfg.metrics_host
+        actor.metrics.registry, role_port(cfg.metrics_port, "actor", aid), cfg.network.metrics
     )
     if port:
-        register_endpoint(buffer.client, cfg.buffer.name, f"actor{aid}", cfg.metrics_host, port)
-        print(f"[actor {aid}] metrics on http://{cfg.metrics_host}:{port}/metrics", flush=True)
+        register_endpoint(buffer.client, cfg.buffer.name, f"actor{aid}", cfg.network.metrics, port)
+        print(f"[actor {aid}] metrics on http://{cfg.network.metrics}:{port}/metrics", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

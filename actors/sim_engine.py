@@ -1,7 +1,8 @@
 """SimEngine: a stand-in for ``ActorEngine`` with no model (``actor.engine=sim``).
 
 It lets the learner and the buffer be driven by many actor processes on a small machine
-(``benchmarks/scale_sim.py``). Same interface as ``ActorEngine``:
+(``benchmarks/scale_sim.py``). Same interface as ``ActorEngine``
+(``actors.engine_protocol.Engine``):
 
 - ``generate``: completion lengths are geometric with mean ``mean_len`` (truncated to
   ``[1, max_tokens]``), tokens uniform in ``[0, vocab_size)``, log-probs ``-1.0``, every token
@@ -70,7 +71,7 @@ class SimEngine:
             self._group = None
         self._group = await asyncio.to_thread(
             GlooGroup, i["master_address"], i["master_port"], i["rank_offset"],
-            i["world_size"], i.get("timeout_s", 120.0),
+            i["world_size"], i.get("timeout_s", 120.0), i.get("local_address", ""),
         )  # fmt: skip
 
     async def update_weights(self, version: int, mode: str = "keep", update_info=None) -> None:

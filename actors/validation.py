@@ -40,9 +40,7 @@ class Validator:
     def _ready_for(self, request: dict | None) -> bool:
         a = self.actor
         return (
-            request is not None
-            and request["version"] == a.state.version
-            and getattr(a.engine, "weights_valid", True)
+            request is not None and request["version"] == a.state.version and a.engine.weights_valid
         )
 
     async def run(self) -> None:

@@ -37,6 +37,8 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
     world_size: int
     rank_offset: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
+    local_address: str = ""
+    """This actor host's own address for gloo's sockets ('' = ``master_address``)."""
 
 
 @dataclass
@@ -70,6 +72,7 @@ class GlooWeightTransferEngine(
             init_info.rank_offset + worker_rank,
             init_info.world_size,
             init_info.timeout_s,
+            local_address=init_info.local_address,
         )
 
     def start_weight_update(self) -> None:

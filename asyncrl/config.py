@@ -20,6 +20,7 @@ from asyncrl.config_algorithm import (  # noqa: F401 (registry names: tests impo
 from asyncrl.config_checks import bound as _bound
 from asyncrl.config_checks import require as _require
 from asyncrl.config_checks import require_finite as _require_finite
+from asyncrl.config_network import NetworkConfig, is_loopback
 from asyncrl.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, TaskConfig  # noqa: F401
 
 _UPDATE_MODES = ("keep", "abort")
@@ -87,7 +88,12 @@ class ActorConfig:
     """vLLM actor processes."""
 
     num_actors: int = 1
-    """Actor processes (each one vLLM engine), >= 1."""
+    """Actor processes (each one vLLM engine) this launch starts, >= 1: per node group member
+    with ``asyncrl launch actors``, so the job has ``num_actors * nnodes`` actors."""
+    nnodes: int = 1
+    """How many ``asyncrl launch actors`` commands (hosts) the job has, >= 1. Each claims
+    ``num_actors`` actor ids in the buffer (buffer/actor_ids.py); the learner waits for them
+    all, and prompts are dealt over ``num_actors * nnodes`` cursors."""
     n_samples: int = 8
     """Completions per prompt (the group size), >= 2: group baselines need two."""
     max_tokens: int = 8
@@ -127,9 +133,15 @@ class ActorConfig:
     the buffer (the learner may still be loading the model or starting its ranks), > 0. The
     wait prints every 15 s and stops at once on SIGTERM/Ctrl-C."""
 
+    @property
+    def total(self) -> int:
+        """Actors in the whole job: ``num_actors`` on each of ``nnodes`` hosts."""
+        return self.num_actors * self.nnodes
+
     def __post_init__(self) -> None:
         _require_finite(self, "actor")
         _bound(self, "actor.num_actors", ge=1)
+        _bound(self, "actor.nnodes", ge=1)
         _bound(self, "actor.n_samples", ge=2, hint=" (group baselines need 2+)")
         _bound(self, "actor.max_tokens", ge=1)
         _bound(self, "actor.temperature", gt=0)
@@ -152,7 +164,16 @@ class LearnerConfig:
     """The FSDP2 learner (torchrun ranks)."""
 
     nproc: int = 2
-    """Learner ranks (torchrun --nproc_per_node), >= 1."""
+    """Learner ranks per node (torchrun --nproc_per_node), >= 1."""
+    nnodes: int = 1
+    """Learner nodes (torchrun --nnodes), >= 1. Above 1, every learner node runs
+    ``asyncrl launch learner`` with the same ``rdzv_endpoint`` and its own ``node_rank``."""
+    node_rank: int = 0
+    """This node's rank among the learner nodes, 0 .. nnodes-1; node 0 hosts the rendezvous
+    (at ``rdzv_endpoint``, which must be its address)."""
+    rdzv_endpoint: str = ""
+    """``HOST:PORT`` of torchrun's c10d rendezvous when ``nnodes > 1`` (learner node 0's
+    ``network.bind`` address and a free port)."""
     steps: int = 400
     """Optimizer steps to run (>= 1)."""
     batch_groups: int = 16
@@ -212,9 +233,21 @@ class LearnerConfig:
     step's ``nonfinite_updates``); this many steps in a row with a skipped update fail the run
     (>= 1), naming the step, its groups and the metric (learner/finite.py)."""
 
+    @property
+    def world_size(self) -> int:
+        """Learner ranks in all: ``nproc`` on each of ``nnodes`` nodes."""
+        return self.nproc * self.nnodes
+
     def __post_init__(self) -> None:
         _require_finite(self, "learner")
         _bound(self, "learner.nproc", ge=1)
+        _bound(self, "learner.nnodes", ge=1)
+        _bound(self, "learner.node_rank", ge=0, lt=self.nnodes, hint=" (below learner.nnodes)")
+        _require(
+            self.nnodes == 1 or _is_endpoint(self.rdzv_endpoint),
+            f"learner.nnodes={self.nnodes} needs learner.rdzv_endpoint=HOST:PORT (learner node "
+            f"0's address and a free port), got {self.rdzv_endpoint!r}",
+        )
         _bound(self, "learner.steps", ge=1)
         _bound(self, "learner.batch_groups", ge=1)
         _bound(self, "learner.micro_batch_rows", ge=0, hint=" (0 = a rank's whole share)")
@@ -243,7 +276,12 @@ class BufferConfig:
     """The Redis Streams replay buffer."""
 
     url: str | None = None
-    """Existing Redis (``redis://:PASSWORD@host:port/0``); null = start a private redis-server."""
+    """Existing Redis (``redis://USER:PASSWORD@host:port/0``); null = start a private
+    redis-server. A password on the command line is visible to every user of the host (``ps``):
+    prefer ``buffer.url_file``."""
+    url_file: str = ""
+    """A file holding ``buffer.url`` (e.g. the ``redis.learner.url`` that ``asyncrl launch
+    buffer`` writes), readable by its owner only (mode 0600): keeps the password out of argv."""
     name: str = "asyncrl"
     """Stream key prefix; one job per name. Letters, digits and ``_ - . :`` only (it names
     Redis keys and the ACL key pattern of the roles' users)."""
@@ -263,6 +301,8 @@ class BufferConfig:
 
     def __post_init__(self) -> None:
         _require_finite(self, "buffer")
+        if self.url_file and not self.url:
+            self.url = _read_secret_file(self.url_file, "buffer.url_file")
         _require(
             bool(_BUFFER_NAME.fullmatch(self.name)),
             f"buffer.name={self.name!r}: give a non-empty name of letters, digits and _ - . : "
@@ -297,6 +337,7 @@ class Config:
     buffer: BufferConfig = field(default_factory=BufferConfig)
     mode: ModeConfig = field(default_factory=ModeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     run_dir: str = ""
     """Where metrics, checkpoints, logs and the private Redis live ( = runs/<timestamp>)."""
     seed: int = 0
@@ -305,8 +346,6 @@ class Config:
     metrics_port: int = 9490
     """Prometheus ``/metrics`` base port (0 = off): launcher P, learner P+1, actor i P+2+i; a
     port in use falls back to a free one (see docs/metrics.md). All of them must be <= 65535."""
-    metrics_host: str = "127.0.0.1"
-    """Address the metrics endpoints bind to; loopback unless you mean to expose them."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """Where the learner logs each step, any of ``LOGGERS`` (``logger=[console,tensorboard]``):
     ``console`` the one-line step summary on stdout; ``jsonl`` ``metrics.jsonl``, which is
@@ -331,10 +370,10 @@ class Config:
         _require(bool(self.project_name), "project_name is empty")
         _bound(self, "seed", ge=0, le=SEED_MAX)
         _bound(self, "metrics_port", ge=0, le=65535, hint=" (0 = off)")
-        last_port = self.metrics_port + _METRICS_PORTS_BEYOND_ACTORS + self.actor.num_actors - 1
+        last_port = self.metrics_port + _METRICS_PORTS_BEYOND_ACTORS + self.actor.total - 1
         _require(
             self.metrics_port == 0 or last_port <= 65535,
-            f"metrics_port={self.metrics_port} with actor.num_actors={self.actor.num_actors}: "
+            f"metrics_port={self.metrics_port} with {self.actor.total} actor(s): "
             f"the last actor's port would be {last_port} > 65535; lower metrics_port (0 = off)",
         )
         if self.task.seed is None:
@@ -365,9 +404,10 @@ class Config:
             self.buffer.capacity = self.learner.batch_groups * max(1, self.buffer.max_staleness)
         rows = self.learner.batch_groups * self.actor.n_samples
         _require(
-            rows % (self.learner.nproc * self.algorithm.minibatches) == 0,
-            f"batch_groups*n_samples={rows} must split evenly over learner.nproc="
-            f"{self.learner.nproc} ranks x algorithm.minibatches={self.algorithm.minibatches}",
+            rows % (self.learner.world_size * self.algorithm.minibatches) == 0,
+            f"batch_groups*n_samples={rows} must split evenly over {self.learner.world_size} "
+            f"learner rank(s) (learner.nproc x learner.nnodes) x algorithm.minibatches="
+            f"{self.algorithm.minibatches}",
         )
         # weights of version v sample groups trained up to version v + sync_every - 1
         _require(
@@ -384,6 +424,7 @@ class Config:
             "(learner.device=cuda or auto on a GPU machine); use auto or sdpa with "
             "learner.device=cpu",
         )
+        _check_buffer_url(self.buffer.url, self.network)
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             # actors make exactly batch_groups groups per version there: nothing could refill
@@ -392,3 +433,44 @@ class Config:
                 "mode=sync cannot refill groups dropped by algorithm.dynamic_sampling; "
                 "use mode=async or algorithm.dynamic_sampling=false",
             )
+
+
+def _is_endpoint(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) <= 65535
+
+
+def _check_buffer_url(url: str | None, network: NetworkConfig) -> None:
+    """Off loopback, Redis must authenticate: a ``buffer.url`` to another host, or any URL
+    in a job that binds beyond loopback, needs a password."""
+    if not url:
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    remote = parts.scheme != "unix" and not is_loopback(parts.hostname or "")
+    _require(
+        bool(parts.password) or not (remote or not network.local),
+        f"buffer.url has no password and the job is not confined to loopback (host "
+        f"{parts.hostname!r}, network.bind={network.bind}); use the URL `asyncrl launch "
+        "buffer` writes (redis://USER:PASSWORD@HOST:PORT/0), or a Redis with requirepass/ACL",
+    )
+
+
+def _read_secret_file(path: str, key: str) -> str:
+    """The first line of a file only its owner can read (mode 0600 or stricter)."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+        text = open(path).read().strip()
+    except OSError as e:
+        _require(False, f"{key}={path!r} cannot be read: {e.strerror}")
+    _require(
+        not mode & (stat.S_IRWXG | stat.S_IRWXO),
+        f"{key}={path!r} is readable by other users (mode {stat.S_IMODE(mode):o}); it holds a "
+        f"password: chmod 600 {path}",
+    )
+    _require(bool(text), f"{key}={path!r} is empty; it should hold redis://USER:PASSWORD@...")
+    return text.splitlines()[0]

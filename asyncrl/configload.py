@@ -130,15 +130,24 @@ def _first_line(e: Exception) -> str:
 
 
 def config_to_json(cfg: Config) -> str:
-    """The resolved config as JSON (written to ``<run_dir>/config.json``)."""
-    return json.dumps(asdict(cfg), indent=2, sort_keys=True)
+    """The resolved config as JSON (written to ``<run_dir>/config.json``), without secrets:
+    ``buffer.url``'s password is masked (roles get the URL through their environment)."""
+    return json.dumps(_masked(asdict(cfg)), indent=2, sort_keys=True)
 
 
 def config_to_yaml(cfg: Config) -> str:
-    """The resolved config as YAML (``asyncrl run --cfg``, ``<run_dir>/config.yaml``)."""
+    """The resolved config as YAML (``asyncrl run --cfg``, ``<run_dir>/config.yaml``), with
+    ``buffer.url``'s password masked."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    return OmegaConf.to_yaml(OmegaConf.create(_masked(asdict(cfg))))
+
+
+def _masked(raw: dict) -> dict:
+    url = raw["buffer"]["url"]
+    if url:
+        raw["buffer"]["url"] = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    return raw
 
 
 def config_from_json(text: str) -> Config:

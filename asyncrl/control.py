@@ -1,6 +1,6 @@
 """Control plane: ZeroMQ with JSON messages between learner rank 0 and the actors.
 
-    learner rank 0 (ROUTER, bound on loopback)  <---->  actor i (DEALER)
+    learner rank 0 (ROUTER, bound on network.bind)  <---->  actor i (DEALER)
       <- {"type": "register", "actor_id": i}
       -> {"type": "weights_init", "rank": r, "world_size": w, "host": h, "port": p}
       -> {"type": "update", "version": v}      (then both sides enter the weight collective)
@@ -8,14 +8,69 @@
       -> {"type": "stop"}
 
 Tensors never travel here (they go over the weight-transfer collective); nothing is pickled.
-The learner publishes its address in the buffer's metadata (``control_addr``).
+
+Authenticated and encrypted with CURVE, on loopback too (one path). Each learner start makes
+fresh keys (``ControlKeys``): the server's key pair and one client key pair for the actors.
+It publishes its advertised address and the keys the actors need in the buffer's metadata
+(``control_addr``, ``control_keys``), which only holders of the job's Redis credentials can
+read; the server admits only the job's client key (a ZAP handler), so a peer without the
+keys cannot register or send a command: its handshake fails before any message is read.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+
+@dataclass(frozen=True)
+class ControlKeys:
+    """CURVE keys of one learner start (Z85 text). The actors get ``public()``: the server's
+    public key and the shared client key pair; the server's secret key never leaves it."""
+
+    server_public: str
+    server_secret: str
+    client_public: str
+    client_secret: str
+
+    @classmethod
+    def generate(cls) -> ControlKeys:
+        server_public, server_secret = zmq.curve_keypair()
+        client_public, client_secret = zmq.curve_keypair()
+        return cls(*(k.decode() for k in (server_public, server_secret, client_public,
+                                          client_secret)))  # fmt: skip
+
+    def for_actors(self) -> str:
+        """JSON for the buffer meta's ``control_keys``."""
+        return json.dumps({"server_public": self.server_public,
+                           "client_public": self.client_public,
+                           "client_secret": self.client_secret})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where an actor reaches the learner: its address and the keys to do it with."""
+
+    address: str
+    server_public: str
+    client_public: str
+    client_secret: str
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> Endpoint | None:
+        """The endpoint a learner published in the buffer meta; None before it did. Raises
+        ``ValueError`` naming the key when the meta is damaged."""
+        address, keys = meta.get("control_addr"), meta.get("control_keys")
+        if not address or not keys:
+            return None
+        try:
+            k = json.loads(keys)
+            return cls(address, k["server_public"], k["client_public"], k["client_secret"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"the buffer meta's control_keys cannot be read ({e!r})") from None
 
 
 def _encode(msg: dict) -> bytes:
@@ -29,19 +84,41 @@ def _decode(raw: bytes) -> dict:
     return msg
 
 
-class ControlServer:
-    """Learner side. ``host`` is loopback unless configured otherwise."""
+class _OnlyKey:
+    """ZAP credentials provider: admit exactly one client public key."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._ctx = zmq.Context.instance()
+    def __init__(self, key: str) -> None:
+        self.key = key.encode()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key == self.key
+
+
+class ControlServer:
+    """Learner side: binds ``host`` (``network.bind``) and announces ``advertise`` (where
+    actors connect; '' = ``host``). Only clients holding ``keys.client_secret`` get in."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, advertise: str = "",
+                 keys: ControlKeys | None = None) -> None:  # fmt: skip
+        self.keys = keys or ControlKeys.generate()
+        self._ctx = zmq.Context()
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve_callback("*", _OnlyKey(self.keys.client_public))
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.curve_server = True
+        self._sock.curve_secretkey = self.keys.server_secret.encode()
         if port:
             self._sock.bind(f"tcp://{host}:{port}")
         else:
             port = self._sock.bind_to_random_port(f"tcp://{host}")
-        self.address = f"tcp://{host}:{port}"
+        self.address = f"tcp://{_url_host(advertise or host)}:{port}"
         self.actors: dict[int, bytes] = {}
+
+    def meta(self) -> dict[str, str]:
+        """What the actors need, for the buffer meta (``Endpoint.from_meta`` reads it)."""
+        return {"control_addr": self.address, "control_keys": self.keys.for_actors()}
 
     def recv(self, timeout_s: float) -> dict | None:
         """One message (with ``_from`` identity) or None on timeout."""
@@ -70,26 +147,39 @@ class ControlServer:
 
     def close(self) -> None:
         self._sock.close(0)
+        self._auth.stop()
+        self._ctx.term()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class ControlClient:
     """Actor side (asyncio)."""
 
-    def __init__(self, address: str, actor_id: int) -> None:
+    def __init__(self, endpoint: Endpoint, actor_id: int) -> None:
         self.actor_id = actor_id
         self._sock = None
-        self.connect(address)
+        self.connect(endpoint)
 
-    def connect(self, address: str) -> None:
-        """(Re)connect to the learner at ``address``; messages queued for the old one drop."""
+    def connect(self, endpoint: Endpoint) -> None:
+        """(Re)connect to the learner at ``endpoint``; messages queued for the old one drop."""
         import zmq.asyncio
 
         if self._sock is not None:
             self._sock.close(0)
-        self._sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(address)
-        self.address = address
+        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_serverkey = endpoint.server_public.encode()
+        sock.curve_publickey = endpoint.client_public.encode()
+        sock.curve_secretkey = endpoint.client_secret.encode()
+        sock.connect(endpoint.address)
+        self._sock, self.endpoint = sock, endpoint
+
+    @property
+    def address(self) -> str:
+        return self.endpoint.address
 
     async def send(self, msg: dict) -> None:
         await self._sock.send(_encode({**msg, "actor_id": self.actor_id}))

@@ -6,7 +6,10 @@ network write rendezvous keys (gloo peer addresses). ``listen_fd(host, port)`` b
 listens on ``host`` only and hands the socket to TCPStore (``master_listen_fd``).
 
 ``python -m asyncrl.torchrun ARGS`` is ``torchrun ARGS`` whose static rendezvous store (the
-agent's, at ``--master_addr``) is bound that way; the launcher starts the learner with it.
+agent's, at ``--master_addr``) is bound that way; the launcher starts the learner with it,
+on one node or across ``learner.nnodes`` (``--nnodes --node_rank --master_addr``: node 0 hosts
+the store at ``learner.rdzv_endpoint``, and its ranks 0..nproc-1 include rank 0, which runs
+the hub; docs/multinode.md says why static rather than c10d).
 """
 
 from __future__ import annotations

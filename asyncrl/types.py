@@ -8,7 +8,8 @@ groups, the buffer stores one group per stream entry (one Arrow record batch, se
 Versions: the learner's policy version ``V`` is the number of optimizer steps applied.
 Every completion token is tagged with the version of the weights that sampled it
 (``token_versions``); a group records ``version_min``/``version_max`` over all its tokens.
-A group may be trained at learner version ``V`` only if ``V - version_min <= max_staleness``.
+A group may be trained at learner version ``V`` only if ``V - version_min <= max_staleness``
+(the rule lives in ``buffer/staleness.py``).
 """
 
 from __future__ import annotations
@@ -82,7 +83,3 @@ class Group:
     def num_tokens(self) -> int:
         """Total completion tokens in the group."""
         return sum(len(s.completion_ids) for s in self.samples)
-
-    def staleness(self, learner_version: int) -> int:
-        """How many versions older than ``learner_version`` the oldest token is."""
-        return learner_version - self.version_min

@@ -63,7 +63,11 @@ class SyncStats:
 class GlooGroup:
     """A private gloo process group (rank 0 = sender) with a deadline on every collective."""
 
-    def __init__(self, address: str, port: int, rank: int, world_size: int, timeout_s: float):
+    def __init__(self, address: str, port: int, rank: int, world_size: int, timeout_s: float,
+                 local_address: str = "", bind: str = "") -> None:  # fmt: skip
+        """Rank 0 hosts the store on ``bind`` (default ``address``); every rank's gloo
+        sockets use ``local_address``, this host's own interface (default ``address``: right
+        on one host; across hosts each side names its own)."""
         if world_size < 2:
             raise ValueError(f"world_size must be >= 2 (sender + receivers), got {world_size}")
         if not 0 <= rank < world_size:
@@ -73,7 +77,7 @@ class GlooGroup:
         try:
             # Rank 0 hosts the store and waits (bounded) until every receiver has connected.
             # It listens on ``address`` only (TCPStore alone would bind every interface).
-            bound = {"master_listen_fd": listen_fd(address, port)} if rank == 0 else {}
+            bound = {"master_listen_fd": listen_fd(bind or address, port)} if rank == 0 else {}
             self._store = dist.TCPStore(
                 address,
                 port,
@@ -85,7 +89,7 @@ class GlooGroup:
             )
             opts = dist.ProcessGroupGloo._Options()
             opts._timeout = self.timeout
-            opts._devices = [_gloo_device(address)]
+            opts._devices = [_gloo_device(local_address or address)]
             prefix = dist.PrefixStore("asyncrl/weights", self._store)
             self._pg = dist.ProcessGroupGloo(prefix, rank, world_size, opts)
         except Exception as e:  # DistStoreError, DistNetworkError, RuntimeError from gloo
@@ -121,11 +125,10 @@ class GlooGroup:
 
 
 def _gloo_device(address: str):
-    """Loopback groups bind gloo to loopback; others use gloo's default interface choice
-    (hostname or ``GLOO_SOCKET_IFNAME``), since a receiver cannot bind the sender's address."""
+    """gloo's sockets on ``address``, an address of this host (``network.interface``)."""
     if address in (LOOPBACK, "localhost"):
         return dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)
-    return dist.ProcessGroupGloo.create_default_device()
+    return dist.ProcessGroupGloo.create_device(hostname=address)
 
 
 def _align(n: int) -> int:

@@ -1,4 +1,5 @@
-"""A private ``redis-server`` for one run: loopback or unix socket, password, AOF, no eviction.
+"""A private ``redis-server`` for one run: loopback (or ``host``) or unix socket, password, ACL
+users, AOF, no eviction.
 
 Files in ``run_dir``::
 
@@ -72,10 +73,12 @@ class RedisServerError(RuntimeError):
 class RedisServer:
     """Owns one ``redis-server`` child process. Use as a context manager or start()/stop().
 
-    ``port=0`` picks a free loopback port; ``unix_socket=True`` listens on
-    ``run_dir/redis.sock`` only (no TCP). The server binds 127.0.0.1 only, requires a password
-    (``secrets.token_urlsafe``), appends every write to the AOF, and refuses writes rather
-    than evicting keys when ``maxmemory`` (e.g. ``"2gb"``) is reached.
+    ``port=0`` picks a free port; ``unix_socket=True`` listens on ``run_dir/redis.sock``
+    only (no TCP). The server binds ``host`` only (127.0.0.1 by default; ``network.bind``),
+    and its URLs name ``advertise`` (default ``host``): where clients on other hosts connect.
+    It requires a password (``secrets.token_urlsafe``) for every user, appends every write to
+    the AOF, and refuses writes rather than evicting keys when ``maxmemory`` (e.g. ``"2gb"``)
+    is reached.
     """
 
     def __init__(
@@ -91,6 +94,8 @@ class RedisServer:
         key_prefix: str | None = None,
         wrap: Callable[[list[str]], list[str]] | None = None,
         pass_fds: tuple[int, ...] = (),
+        host: str = "127.0.0.1",
+        advertise: str = "",
     ) -> None:
         """``wrap(cmd)`` returns the command line that runs ``cmd`` (the launcher's makes the
         server die with it: asyncrl/lifeline.py); ``pass_fds`` are inherited by the server."""
@@ -101,6 +106,7 @@ class RedisServer:
         if appendfsync not in ("always", "everysec"):
             raise ValueError(f"appendfsync must be 'always' or 'everysec', got {appendfsync!r}")
         self.run_dir = Path(run_dir).resolve()
+        self.host, self.advertise = host, advertise or host
         self.unix_socket = unix_socket
         self.executable = executable
         self.start_timeout_s = start_timeout_s
@@ -146,7 +152,15 @@ class RedisServer:
             return f"unix://:{self.password}@{self.socket_path}?db=0"
         if self.port is None:
             raise RuntimeError("RedisServer.url is known only after start()")
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@{_url_host(self.advertise)}:{self.port}/0"
+
+    @property
+    def _local_url(self) -> str:
+        """The admin URL from this host (startup checks, SHUTDOWN): the bound address."""
+        if self.unix_socket:
+            return self.url
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"redis://:{self.password}@{_url_host(host)}:{self.port}/0"
 
     def url_for(self, user: str) -> str:
         """The URL of the least-privilege ACL user ``user`` ("actor" or "learner").
@@ -160,7 +174,7 @@ class RedisServer:
             return f"unix://{user}:{pw}@{self.socket_path}?db=0"
         if self.port is None:
             raise RuntimeError("RedisServer.url_for is known only after start()")
-        return f"redis://{user}:{pw}@127.0.0.1:{self.port}/0"
+        return f"redis://{user}:{pw}@{_url_host(self.advertise)}:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -258,7 +272,7 @@ class RedisServer:
         if proc is None or proc.poll() is not None:
             return
         try:
-            client = redis.Redis.from_url(self.url, socket_timeout=timeout_s)
+            client = redis.Redis.from_url(self._local_url, socket_timeout=timeout_s)
             client.shutdown()
         except redis.RedisError:
             proc.terminate()  # SIGTERM also makes redis flush the AOF and exit cleanly
@@ -283,7 +297,7 @@ class RedisServer:
     def _config_text(self) -> str:
         lines = [
             "# Written by asyncrl buffer/server.py. Holds the password: keep it mode 0600.",
-            "bind 127.0.0.1",
+            f"bind {self.host}",
             "protected-mode yes",
             f"port {self.port or 0}",
             f"requirepass {self.password}",
@@ -309,10 +323,10 @@ class RedisServer:
         if self._requested_port:
             return self._requested_port
         previous = int(self._previous.get("port", "0"))
-        if previous and _port_free(previous):
+        if previous and _port_free(previous, self.host):
             return previous
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
+        with socket.socket(_family(self.host), socket.SOCK_STREAM) as s:
+            s.bind((self.host, 0))
             return s.getsockname()[1]
 
     def _wait_ready(self) -> None:
@@ -327,7 +341,7 @@ class RedisServer:
                     f"(config {self.conf_path}).{hint} Last lines of {self.log_path}:\n{tail}"
                 )
             try:
-                redis.Redis.from_url(self.url, socket_timeout=1.0).ping()
+                redis.Redis.from_url(self._local_url, socket_timeout=1.0).ping()
                 return
             except redis.BusyLoadingError:
                 pass  # still replaying a large AOF: keep waiting until the deadline
@@ -419,12 +433,20 @@ class RedisServer:
             f.write(text)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         # Like redis itself, ignore TIME_WAIT leftovers of the previous server on this port.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True

@@ -1,10 +1,17 @@
-"""Staleness control: the hard filter at consumption and the soft gate at admission.
+"""The staleness rule, written once: the learner's filter and the actors' admission use it.
 
 Contract (DESIGN.md section 4): a group may be trained at learner version ``V`` only if
-``V - group.version_min <= max_staleness``. The learner enforces it with
-``split_by_staleness`` right before the step that would use the groups (the stale ones are
-acked as ``dropped_stale``, so every drop is counted). Actors pre-filter with
-``may_generate`` so they do not spend compute on groups that would arrive already stale.
+``V - group.version_min <= max_staleness`` (``within_staleness``). Three callers, one rule:
+
+- the learner's hard filter, ``split_by_staleness``, right before the step that would use the
+  groups (the stale ones are acked as ``dropped_stale``, so every drop is counted);
+- the actor's admission (actors/actor.py): it starts a group only while
+  ``within_staleness(learner_version, its weights' version, max_staleness)``. A group started
+  then has ``version_min >=`` the actor's weights' version, so it is fresh at the learner
+  version of that moment; it can still turn stale if the learner advances before it is
+  consumed, and the hard filter catches that;
+- the learner's hold on weight syncs during a validation (learner/hub.py ``sync_allowed``):
+  the hold ends once the actors' weights would fail their own admission.
 """
 
 from __future__ import annotations
@@ -17,15 +24,21 @@ from asyncrl.types import Group
 T = TypeVar("T")
 
 
-def _check_max_staleness(max_staleness: int) -> None:
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+def staleness(learner_version: int, oldest_version: int) -> int:
+    """How many versions ``oldest_version`` (a group's ``version_min``, or the weights an
+    actor holds) lags behind ``learner_version``; negative if it is newer."""
+    return learner_version - oldest_version
 
 
-def is_fresh(group: Group, learner_version: int, max_staleness: int) -> bool:
-    """True iff ``learner_version - group.version_min <= max_staleness``."""
-    _check_max_staleness(max_staleness)
-    return learner_version - group.version_min <= max_staleness
+def within_staleness(learner_version: int, oldest_version: int, max_staleness: int) -> bool:
+    """The rule: True iff ``learner_version - oldest_version <= max_staleness``.
+
+    ``max_staleness = 0`` admits only data sampled entirely at ``learner_version`` (or newer):
+    strictly on-policy. A learner version not yet published (``-1``) admits every version
+    ``>= -1 - max_staleness``, so every real one. Raises ValueError for ``max_staleness < 0``.
+    """
+    _check_bound(max_staleness)
+    return staleness(learner_version, oldest_version) <= max_staleness
 
 
 def split_by_staleness(
@@ -35,38 +48,18 @@ def split_by_staleness(
 
     ``entries`` are ``Group`` objects or records with a ``.group`` (e.g. ``buffer.Entry``).
     Invariants: ``len(fresh) + len(stale) == len(entries)``; every fresh group satisfies
-    ``learner_version - version_min <= max_staleness``; every stale one violates it.
-    ``max_staleness = 0`` keeps exactly the groups sampled entirely at ``learner_version``
-    (or newer), i.e. strictly on-policy data.
+    ``within_staleness(learner_version, version_min, max_staleness)``; every stale one fails it.
     """
-    _check_max_staleness(max_staleness)
+    _check_bound(max_staleness)  # also with no entries
     fresh: list[T] = []
     stale: list[T] = []
     for e in entries:
         group = e if isinstance(e, Group) else e.group  # type: ignore[attr-defined]
-        (fresh if learner_version - group.version_min <= max_staleness else stale).append(e)
+        ok = within_staleness(learner_version, group.version_min, max_staleness)
+        (fresh if ok else stale).append(e)
     return fresh, stale
 
 
-class AdmissionGate:
-    """Whether an actor may start generating with the weights it holds.
-
-    Invariant: with ``may_generate`` true, a group started now has ``version_min >=
-    actor_weights_version >= learner_version - max_staleness``, so it is fresh at the current
-    learner version. It can still turn stale if the learner advances before it is consumed;
-    the hard filter (``split_by_staleness``) catches that.
-    """
-
-    @staticmethod
-    def may_generate(actor_weights_version: int, learner_version: int, max_staleness: int) -> bool:
-        """False iff the actor's weights are older than ``learner_version - max_staleness``.
-
-        ``learner_version < 0`` (not yet published) always admits.
-        """
-        _check_max_staleness(max_staleness)
-        if learner_version < 0:
-            return True
-        return actor_weights_version >= learner_version - max_staleness
-
-
-may_generate = AdmissionGate.may_generate
+def _check_bound(max_staleness: int) -> None:
+    if max_staleness < 0:
+        raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")

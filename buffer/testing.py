@@ -78,3 +78,15 @@ def add_as_committed(client, name: str, fields: dict[bytes, bytes]) -> str:
     args = [x for kv in fields.items() for x in kv]
     entry_id = client.register_script(_ADD_AS_COMMITTED)(keys, args)
     return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+class UnreachableBuffer:
+    """A stand-in for ``ReplayBuffer`` where a test's code must not touch the buffer (e.g.
+    ``Actor.make_group``): it has the ``name`` that key names are built from; any other
+    attribute raises AssertionError, so a call that would reach Redis fails the test."""
+
+    def __init__(self, name: str = "unit") -> None:
+        self.name = name
+
+    def __getattr__(self, attr: str):
+        raise AssertionError(f"the buffer was used ({attr}) where it must not be")

@@ -1,8 +1,9 @@
 """Rank 0's I/O for the learner loop: buffer, control plane, weight sender, run log.
 
 The loop in ``learner/trainer.py`` calls, in order: ``start`` once, then per step
-``next_groups`` -> (train) -> ``send_weights`` (every sync_every) -> ``after_step``, and at a
-checkpoint ``trained_ids`` -> (save) -> ``ack_trained``; ``finish`` at the end.
+``next_groups`` -> (train) -> ``step_done`` -> ``send_weights`` (every sync_every) ->
+``after_step``, and at a checkpoint ``trained_ids`` -> (save) -> ``ack_trained``; ``finish``
+at the end. The other ranks call the same methods on a ``learner.null_hub.NullHub``.
 
 Where the learner's time goes is read off those calls (``asyncrl.metrics.StateClock``)::
 
@@ -16,6 +17,7 @@ Where the learner's time goes is read off those calls (``asyncrl.metrics.StateCl
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -34,6 +36,7 @@ from asyncrl.metrics import (
 from asyncrl.runlog import RunLog
 from asyncrl.trackers import open_trackers
 from asyncrl.waiting import Wait
+from buffer.staleness import staleness, within_staleness
 from learner.data import GroupSource
 from learner.totals import RunTotals
 
@@ -54,7 +57,8 @@ class Hub:
             self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
             stop=self.stop_requested, say=self.say, exhausted=self.data_exhausted,
         )  # fmt: skip
-        self.control = ControlServer()
+        net = cfg.network
+        self.control = ControlServer(net.bind, advertise=net.advertise)
         self.log = RunLog(
             run_dir,
             quiet="console" not in cfg.logger,
@@ -89,13 +93,13 @@ class Hub:
         }
         self.metrics = LearnerMetrics(info, self.clock, self.buffer)
         port = serve(
-            self.metrics.registry, role_port(cfg.metrics_port, "learner"), cfg.metrics_host
+            self.metrics.registry, role_port(cfg.metrics_port, "learner"), cfg.network.metrics
         )
         if port:
             register_endpoint(
-                self.buffer.client, cfg.buffer.name, "learner", cfg.metrics_host, port
+                self.buffer.client, cfg.buffer.name, "learner", cfg.network.metrics, port
             )
-            self.say(f"metrics on http://{cfg.metrics_host}:{port}/metrics")
+            self.say(f"metrics on http://{cfg.network.metrics}:{port}/metrics")
 
     def _on_signal(self, *_) -> None:
         self._stop = True
@@ -110,7 +114,7 @@ class Hub:
         """Publish meta, re-read pending entries, wait for actors, open the weight channel."""
         cfg = self.cfg
         self.buffer.set_meta(
-            control_addr=self.control.address,
+            **self.control.meta(),
             max_staleness=cfg.buffer.max_staleness,
             mode=cfg.mode.name,
             batch_groups=cfg.learner.batch_groups,
@@ -122,7 +126,7 @@ class Hub:
         if cfg.learner.weight_sync:
             self.say(f"control plane on {self.control.address}")
             wait = Wait(
-                f"{cfg.actor.num_actors} actor(s) to register",
+                f"{cfg.actor.total} actor(s) to register",
                 cfg.learner.actor_wait_s,
                 self.say,
                 self.stop_requested,
@@ -132,12 +136,20 @@ class Hub:
                 ),
             )
             wait.begin()
-            self.control.wait_for_actors(cfg.actor.num_actors, wait)
+            self.control.wait_for_actors(cfg.actor.total, wait)
             self.sender = _open_weight_channel(self.control, cfg, self.stop_requested)
         self._last_t = self._ready_t = time.monotonic()
         self.clock.set("busy")
         self._last_totals = self.clock.totals()
         self._last_cpu = time.process_time()
+
+    def set_dynamic_sampling(self, on: bool) -> None:
+        """DAPO dynamic sampling: drop groups whose rewards are all equal where they are read."""
+        self.source.drop_uniform = on
+
+    def step_done(self) -> None:
+        """The step of the last batch ran: a crash from here on is not its data's fault."""
+        self.source.step_done()
 
     def next_groups(self, version: int) -> list:
         self.clock.set("waiting_data")
@@ -168,6 +180,7 @@ class Hub:
         self.totals.count_sync(stats.bytes, seconds)
 
     def after_step(self, state, metrics: dict) -> None:
+        metrics = {**metrics, "dropped_uniform": self.source.dropped_uniform}
         # one round trip: counters + integrity (BufferDamaged names a wiped or edited key)
         stats = self.buffer.audit()
         for line in self.ledger.check(stats, state.version - 1, self.buffer.repairs):
@@ -177,7 +190,7 @@ class Hub:
         self._trained.extend(e.entry_id for e in entries)
         now = time.monotonic()
         dt, self._last_t = max(now - self._last_t, 1e-9), now
-        stale = [v - e.group.version_min for e in entries]
+        stale = [staleness(v, e.group.version_min) for e in entries]
         groups = [e.group for e in entries]
         reward = sum(sum(g.rewards) for g in groups) / sum(len(g.samples) for g in groups)
         record = {
@@ -212,15 +225,16 @@ class Hub:
         if v is not None and v.due(version, start=start):
             v.request(version)
 
-    def sync_allowed(self, lag: int) -> bool:
-        """May the weights go to the actors now, ``lag`` versions after the last sync? Not
-        while a validation runs, unless the actors' groups would be too stale to train: then
-        wait for it (up to ``eval.timeout_s``) and say so."""
+    def sync_allowed(self, version: int, synced: int) -> bool:
+        """May the weights of ``version`` go to the actors, which hold ``synced``, now? Not
+        while a validation runs, unless the actors' weights fail their own admission
+        (``buffer.staleness.within_staleness``: their groups would be too stale to train):
+        then wait for it (up to ``eval.timeout_s``) and say so."""
         v = self.validation
         if v is None or not v.holding:
             return True
         v.poll(self._step_version)
-        if v.holding and lag > self.cfg.buffer.max_staleness:
+        if v.holding and not within_staleness(version, synced, self.cfg.buffer.max_staleness):
             self.clock.set("waiting_data")
             try:
                 v.wait(self._step_version, self.stop_requested)
@@ -244,7 +258,7 @@ class Hub:
     def data_exhausted(self) -> bool:
         """Every actor is out of prompts and committed its last group (actors/actor.py)."""
         meta = self.buffer.meta()
-        n = self.cfg.actor.num_actors
+        n = self.cfg.actor.total
         return all(meta.get(f"exhausted_actor_{i}") == "1" for i in range(n))
 
     def _epoch_of(self, groups: list) -> dict:
@@ -316,8 +330,12 @@ class Hub:
         self.totals.restore(saved)
         self.ledger.restore(saved.get("ledger"))  # absent: from a balanced ledger
 
+    def close_log(self, status: str) -> None:
+        """End the run log and the experiment trackers' runs with ``status`` (idempotent)."""
+        self.log.close(status)
+
     def finish(self, state) -> dict:
-        """Stop the actors, write summary.json and reward.png; returns the summary."""
+        """Stop the actors, write summary.json and reward.png, print the summary; returns it."""
         if self.validation is not None:
             self.validation.abandon(state.version - 1)
         self.control.broadcast({"type": "stop"})
@@ -349,6 +367,7 @@ class Hub:
         if self.sender is not None:
             self.sender.close()
         self.control.close()
+        self.say("summary " + json.dumps(summary))
         return summary
 
 
@@ -364,7 +383,8 @@ def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False
     # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
     wire = _DTYPES[cfg.model.dtype]
     timeout = cfg.learner.weight_sync_timeout_s
-    channel = ActorWeightChannel(control, timeout_s=timeout, log=_say, wire_dtype=wire, stop=stop)
+    channel = ActorWeightChannel(control, timeout_s=timeout, log=_say, wire_dtype=wire, stop=stop,
+                                 network=cfg.network)  # fmt: skip
     return channel.open()
 
 

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from asyncrl import fatal
     from asyncrl.configload import config_from_json
+    from learner.null_hub import NullHub
     from learner.trainer import StoppedUntrained, init_distributed, run_learner
 
     cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
@@ -36,26 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     # rank 0 records an error a restart cannot fix (a diverged loss, a damaged buffer) for
     # the launcher
     with fatal.recorded(args.run_dir, "learner") if rank == 0 else contextlib.nullcontext():
-        hub = None
         if rank == 0:
-            from learner.hub import Hub  # its SIGTERM/SIGINT handler asks the loop to stop
-
-            vocab = json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"]
-            hub = Hub(cfg, args.run_dir, url, vocab)
+            hub = _rank0_hub(cfg, args.run_dir, args.model_dir, url)
         else:
+            hub = NullHub()  # the loop calls the same methods on every rank
             follow_rank0_on_stop()
         with tracker_runs_failed_on_error(hub):  # not left RUNNING forever by a crash
             try:
                 state = run_learner(cfg, args.model_dir, args.run_dir, hub)
             except StoppedUntrained as e:
-                if hub:
-                    hub.say(str(e))
-                    hub.log.close("KILLED")
+                hub.say(str(e))
+                hub.close_log("KILLED")
                 return 130
-    if hub:
-        with tracker_runs_failed_on_error(hub):
-            summary = hub.finish(state)  # closes the tracker runs FINISHED
-        print("[learner] summary " + json.dumps(summary), flush=True)
+    with tracker_runs_failed_on_error(hub):
+        hub.finish(state)  # summary.json, printed; closes the tracker runs FINISHED
     import torch.distributed as dist
 
     dist.barrier()  # the ranks leave together (rank 0 may still be writing the summary)
@@ -63,19 +58,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _rank0_hub(cfg, run_dir: str, model_dir: str, url: str):
+    """Rank 0's ``learner.hub.Hub`` (its SIGTERM/SIGINT handler asks the loop to stop)."""
+    from learner.hub import Hub
+
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    return Hub(cfg, run_dir, url, vocab)
+
+
 @contextlib.contextmanager
 def tracker_runs_failed_on_error(hub) -> Iterator[None]:
     """An exception leaving the block ends the experiment trackers' runs as ``FAILED`` (MLflow
     status, W&B exit code 1: asyncrl/trackers.py) before it propagates; a restarted learner
-    reopens the same runs. ``hub`` None (ranks other than 0): nothing to close."""
+    reopens the same runs. A ``NullHub`` (ranks other than 0) has nothing to close."""
     try:
         yield
     except BaseException:
-        if hub is not None:
-            try:
-                hub.log.close("FAILED")  # a no-op if the log was closed already
-            except Exception as e:  # the crash is the error to show, not this one
-                print(f"[learner] closing the experiment trackers failed: {e!r}", flush=True)
+        try:
+            hub.close_log("FAILED")  # a no-op if the log was closed already
+        except Exception as e:  # the crash is the error to show, not this one
+            print(f"[learner] closing the experiment trackers failed: {e!r}", flush=True)
         raise
 
 

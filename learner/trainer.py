@@ -78,8 +78,6 @@ def _rank0_text(text: str) -> str:
 
 def _start_or_stop(hub, version: int) -> bool:
     """Rank 0: ``hub.start`` (waits for the actors); True if a stop request ended the wait."""
-    if hub is None:
-        return False
     try:
         hub.start(version)
     except StopRequested as e:
@@ -92,9 +90,10 @@ def _read_or_stop(hub, version: int, stop: bool) -> tuple[list | None, bool]:
     """Rank 0 reads the next batch before the ranks decide whether to go on: (groups, stop).
 
     A stop request during the read ends it; the groups read so far stay pending in the buffer
-    (re-read on resume) and the loop ends with the usual final checkpoint.
+    (re-read on resume) and the loop ends with the usual final checkpoint. The other ranks
+    read nothing (None): they receive the batch.
     """
-    if hub is None or stop:
+    if stop:
         return None, stop
     try:
         return hub.next_groups(version), False
@@ -122,42 +121,41 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
 
 
 def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
-    """Train until ``learner.steps`` (or ``max_wall_s``); ``hub`` is rank 0's I/O (else None).
+    """Train until ``learner.steps`` (or ``max_wall_s``).
 
-    ``hub`` (``learner.hub.Hub``) owns the buffer, the control plane, the weight sender and
-    the run log, so this loop only sees tensors.
+    ``hub`` is rank 0's I/O (``learner.hub.Hub``: the buffer, the control plane, the weight
+    sender and the run log), a ``learner.null_hub.NullHub`` on the other ranks, so this loop
+    only sees tensors and calls the same methods on every rank.
     """
     rank, world = init_distributed(cfg.learner.device)
     torch.set_num_threads(cfg.learner.cpu_threads)
     torch.manual_seed(cfg.seed)
     ctx = build_step_context(cfg, model_dir, rank, world)
-    if hub:  # DAPO dynamic sampling happens where groups are read
-        hub.source.drop_uniform = cfg.algorithm.dynamic_sampling
-    if hub:
-        hub.say(f"{world} rank(s) on {current_device().type} (process group "
-                f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute")  # fmt: skip
+    hub.set_dynamic_sampling(cfg.algorithm.dynamic_sampling)  # DAPO: where groups are read
+    hub.say(
+        f"{world} rank(s) on {current_device().type} (process group "
+        f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute"
+    )
     state = _maybe_resume(run_dir, ctx, hub)
     guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
     start = time.monotonic() - state.wall_s
     if _rank0_flag(rank, _start_or_stop(hub, state.version)):
         if state.version == 0:
-            raise _untrained(cfg, hub, time.monotonic() - start)
+            raise _untrained(cfg, hub, rank, time.monotonic() - start)
         return state  # stopped while waiting for the actors: its checkpoint is the newest
     sync = cfg.learner.weight_sync
     if sync and state.version > 0:  # the resumed policy differs from the actors' initial weights
         _sync_weights(ctx.model, hub, state.version)
     synced = state.version  # the version the actors hold
-    if hub:
-        hub.weights_at_actors(synced, start=True)  # eval.at_start
+    hub.weights_at_actors(synced, start=True)  # eval.at_start
     while state.version < cfg.learner.steps:
         over = cfg.learner.max_wall_s and time.monotonic() - start > cfg.learner.max_wall_s
-        stop = bool(over) or (hub is not None and hub.stop_requested())
+        stop = bool(over) or hub.stop_requested()
         groups, stop = _read_or_stop(hub, state.version, stop)  # a stop may end the read
         if _rank0_flag(rank, stop):
             break
-        failpoint("learner.after_read", version=state.version,
-                  groups=[g.group_id for g in groups] if hub else None)  # fmt: skip
-        batch = broadcast_batch(collate(groups) if hub else None).to(current_device())
+        failpoint("learner.after_read", version=state.version, groups=_ids(groups))
+        batch = broadcast_batch(_collate(groups)).to(current_device())
         _warm_up_lr(ctx, cfg, state.version)
         metrics = reduce_metrics(train_on_batch(ctx, batch), world)
         metrics |= batch_metrics(batch, state.version)
@@ -170,41 +168,43 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         state.wall_s = time.monotonic() - start
         if problem:  # before these weights are synced or checkpointed
             raise _nonfinite(problem, state, metrics, hub, groups, run_dir)
-        if hub:
-            hub.source.step_done()  # the step ran: a crash from here on is not its data's fault
-        lag = state.version - synced
+        hub.step_done()  # the step ran: a crash from here on is not its data's fault
+        due = sync and state.version - synced >= cfg.learner.sync_every
         # a validation under way holds syncs while training can go on (learner/validation.py)
-        if (
-            sync
-            and lag >= cfg.learner.sync_every
-            and _rank0_flag(rank, hub and hub.sync_allowed(lag))
-        ):
+        if due and _rank0_flag(rank, hub.sync_allowed(state.version, synced)):
             _sync_weights(ctx.model, hub, state.version)
             synced = state.version
-            if hub:
-                hub.weights_at_actors(synced)
-        if hub:
-            metrics["dropped_uniform"] = hub.source.dropped_uniform
-            hub.after_step(state, metrics)
+            hub.weights_at_actors(synced)
+        hub.after_step(state, metrics)
         every = cfg.learner.checkpoint_every
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
             _checkpoint(run_dir, ctx, state, model_dir, hub)
         failpoint("learner.after_step", version=state.version)
     if state.version == 0:
-        raise _untrained(cfg, hub, time.monotonic() - start)
+        raise _untrained(cfg, hub, rank, time.monotonic() - start)
     _checkpoint(run_dir, ctx, state, model_dir, hub)
-    if _rank0_flag(rank, hub and hub.end_validation_due(state.version)):  # eval.at_end
+    if _rank0_flag(rank, hub.end_validation_due(state.version)):  # eval.at_end
         if synced != state.version:
             _sync_weights(ctx.model, hub, state.version)
-        if hub:
-            hub.validate_final(state.version)
+        hub.validate_final(state.version)
     return state
 
 
-def _untrained(cfg: Config, hub, elapsed_s: float) -> Exception:
+def _ids(groups: list | None) -> list[str] | None:
+    """The group ids of rank 0's batch, for the ``learner.after_read`` trace; None elsewhere."""
+    return None if groups is None else [g.group_id for g in groups]
+
+
+def _collate(groups: list | None):
+    """Rank 0's batch; None on the other ranks (``broadcast_batch`` fills it in there)."""
+    return None if groups is None else collate(groups)
+
+
+def _untrained(cfg: Config, hub, rank: int, elapsed_s: float) -> Exception:
     """The error of a run that ended before its first step (same text on every rank): fatal
-    when ``learner.max_wall_s`` ran out (it would again after a restart), not on a stop request."""
-    stopped = hub is not None and hub.stop_requested()
+    on rank 0 when ``learner.max_wall_s`` ran out (it would again after a restart), not on a
+    stop request; the other ranks leave quietly with rank 0's text (``StoppedUntrained``)."""
+    stopped = hub.stop_requested()
     if stopped:
         why = "a stop request (SIGTERM/Ctrl-C) ended the run before its first step"
     else:
@@ -213,23 +213,21 @@ def _untrained(cfg: Config, hub, elapsed_s: float) -> Exception:
             "before the first step (its clock starts once the model is loaded and includes the "
             "wait for the actors); raise it, or set 0 for no limit"
         )
-    text = _rank0_text(f"no step was trained: {why}" if hub else "")
-    return StoppedUntrained(text) if stopped or hub is None else FatalError(text)
+    text = _rank0_text(f"no step was trained: {why}")
+    return FatalError(text) if rank == 0 and not stopped else StoppedUntrained(text)
 
 
 def _nonfinite(problem: str, state: LearnerState, metrics: dict, hub, groups, run_dir):
-    """The ``NonFiniteError`` of a failed step (same text on every rank); rank 0 logs the
+    """The ``NonFiniteError`` of a failed step (rank 0's text on every rank); rank 0 logs the
     step's record first and names its groups."""
-    text = ""
-    if hub:
-        hub.after_step(state, metrics)  # the failed step's record, in metrics.jsonl
-        ids = [g.group_id for g in groups]
-        shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
-        text = (
-            f"{problem}; the step's groups: {shown}; {state.nonfinite_steps} step(s) of this "
-            f"run skipped updates; newest checkpoint: {latest_checkpoint(run_dir) or 'none yet'} "
-            "(none is written with non-finite weights)"
-        )
+    hub.after_step(state, metrics)  # the failed step's record, in metrics.jsonl
+    ids = _ids(groups) or []
+    shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+    text = (
+        f"{problem}; the step's groups: {shown}; {state.nonfinite_steps} step(s) of this "
+        f"run skipped updates; newest checkpoint: {latest_checkpoint(run_dir) or 'none yet'} "
+        "(none is written with non-finite weights)"
+    )
     return NonFiniteError(_rank0_text(text))
 
 
@@ -257,8 +255,7 @@ def _sync_weights(model, hub, version: int) -> None:
     # collective on every rank; each full tensor goes to host memory as it is gathered (the
     # gloo engine sends from the host), so a GPU holds one full tensor at a time, not the model
     named = [(name, t.cpu()) for name, t in full_named_tensors(model)]
-    if hub:
-        hub.send_weights(named, version)
+    hub.send_weights(named, version)
 
 
 def _extra_state(ctx: StepContext) -> dict:
@@ -267,8 +264,7 @@ def _extra_state(ctx: StepContext) -> dict:
 
 
 def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) -> None:
-    if hub:
-        state.unacked = hub.trained_ids()
+    state.unacked = hub.trained_ids()
     # the ids of the groups this checkpoint contains: acked right after it is durable, and
     # acked again on resume in case the learner died in between (ack is idempotent)
     payload = {
@@ -278,13 +274,12 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) 
         "nonfinite_steps": state.nonfinite_steps,
         "nonfinite_updates": state.nonfinite_updates,
         "trained_ids": state.unacked,
-        "tallies": hub.tallies() if hub else {},  # rank 0's summary totals, for a resume
+        "tallies": hub.tallies(),  # rank 0's summary totals, for a resume
     }
     save_checkpoint(run_dir, state.version, ctx.model, ctx.optimizer, payload, model_dir,
                     extra=_extra_state(ctx))  # fmt: skip
     failpoint("learner.before_ack", version=state.version)  # durable, groups not yet acked
-    if hub:
-        hub.ack_trained()
+    hub.ack_trained()
 
 
 def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
@@ -292,10 +287,9 @@ def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
     if path is None:
         return LearnerState()
     saved = load_checkpoint(Path(path), ctx.model, ctx.optimizer, extra=_extra_state(ctx))
-    if hub:
-        hub.say(f"resumed from {path} at version {saved['version']}")
-        hub.ack_ids(saved.get("trained_ids", []))
-        hub.restore_tallies(saved.get("tallies", {}))
+    hub.say(f"resumed from {path} at version {saved['version']}")
+    hub.ack_ids(saved.get("trained_ids", []))
+    hub.restore_tallies(saved.get("tallies", {}))
     return LearnerState(saved["version"], saved["wall_s"], saved["groups_trained"],
                         nonfinite_steps=saved.get("nonfinite_steps", 0),
                         nonfinite_updates=saved.get("nonfinite_updates", 0))  # fmt: skip

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.config_network import NetworkConfig
 from asyncrl.weights import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
@@ -72,6 +73,7 @@ class WeightSender:
         self.wire_dtype = wire_dtype
         self._group: GlooGroup | None = None
         self.address: str = LOOPBACK
+        self.bind: str = LOOPBACK
         self.port: int = 0
         self.world_size: int = 0
 
@@ -93,12 +95,21 @@ class WeightSender:
             "timeout_s": timeout_s,
         }
 
-    def connect(self, port: int, world_size: int, address: str = LOOPBACK) -> None:
-        """Host the rendezvous at ``address:port`` and wait (up to ``timeout_s``) until all
-        ``world_size - 1`` receivers have joined. Raises WeightSyncError on timeout."""
+    def connect(self, port: int, world_size: int, address: str = LOOPBACK, bind: str = "",
+                interface: str = "") -> None:  # fmt: skip
+        """Host the rendezvous on ``bind:port`` (default ``address``, where receivers
+        connect) with gloo on ``interface`` (default ``address``), and wait (up to
+        ``timeout_s``) until all ``world_size - 1`` receivers have joined. Raises
+        WeightSyncError on timeout."""
         self.close()
-        self._group = GlooGroup(address, port, 0, world_size, self.timeout_s)
-        self.address, self.port, self.world_size = address, port, world_size
+        self._group = GlooGroup(address, port, 0, world_size, self.timeout_s,
+                                local_address=interface, bind=bind)  # fmt: skip
+        self.address, self.bind, self.port, self.world_size = (
+            address,
+            bind or address,
+            port,
+            world_size,
+        )
 
     @property
     def connected(self) -> bool:
@@ -165,8 +176,12 @@ class ActorWeightChannel:
     def __init__(self, control, timeout_s: float = DEFAULT_TIMEOUT_S, ping_s: float | None = None,
                  max_attempts: int = 3, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  log=print, wire_dtype: torch.dtype | None = None,
-                 stop: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+                 stop: Callable[[], bool] = lambda: False,
+                 network: NetworkConfig | None = None) -> None:  # fmt: skip
+        """``network``: where the group's store binds and what the actors are told (its
+        ``address``); loopback by default."""
         self.control = control
+        self.network = network or NetworkConfig()
         self.stop = stop
         """True once the learner is asked to stop: a failed sync is then not retried and a
         liveness round ends at once (the actors are being stopped too)."""
@@ -272,13 +287,14 @@ class ActorWeightChannel:
         if not self.members:
             self.log("weight sync: no live actor; the next sync retries when one registers")
             return
-        port, world = _free_port(), 1 + len(self.members)
+        net = self.network
+        port, world = _free_port(net.bind), 1 + len(self.members)
         for i, actor_id in enumerate(self.members):
-            info = WeightSender.worker_init_info(LOOPBACK, port, world, rank_offset=1 + i,
+            info = WeightSender.worker_init_info(net.address, port, world, rank_offset=1 + i,
                                                  timeout_s=self.timeout_s)  # fmt: skip
             self.control.send(actor_id, {"type": "weights_init", **info})
         self._dirty = True  # until connect succeeds
-        self.sender.connect(port, world)
+        self.sender.connect(port, world, net.address, bind=net.bind, interface=net.interface)
         self._dirty = False
         self.rebuilds += 1
         if reason is not None:

@@ -60,6 +60,11 @@ def _main(argv: list[str] | None) -> int:
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2
+    problem = secret_in_argv(args.overrides, cfg)
+    if problem:
+        print(f"asyncrl: {problem}", file=sys.stderr)
+        if not problem.startswith("warning"):
+            return 2
     if getattr(args, "cfg", False):
         from asyncrl.configload import config_to_yaml
 
@@ -80,6 +85,27 @@ def _main(argv: list[str] | None) -> int:
     except (FileNotFoundError, ValueError, ConnectionError, TimeoutError, RuntimeError) as e:
         print(f"asyncrl: error: {e}", file=sys.stderr)
         return 1
+
+
+def secret_in_argv(overrides: list[str], cfg) -> str:
+    """'' when no password is on the command line; else the problem: an error off loopback,
+    a warning on a job confined to loopback (other users of the host can still read argv)."""
+    from urllib.parse import urlsplit
+
+    from asyncrl.config_network import is_loopback
+
+    urls = [o.partition("=")[2] for o in overrides if o.lstrip("+").startswith("buffer.url=")]
+    if not any(urlsplit(u).password for u in urls):
+        return ""
+    host = urlsplit(urls[-1]).hostname or ""
+    fix = (
+        "buffer.url on the command line carries a password that every user of this host can "
+        "read (ps, /proc/PID/cmdline); put the URL in a file only you can read (chmod 600) and "
+        "pass buffer.url_file=PATH (asyncrl launch buffer writes such files)"
+    )
+    if cfg.network.local and (is_loopback(host) or urlsplit(urls[-1]).scheme == "unix"):
+        return f"warning: {fix}"
+    return fix
 
 
 if __name__ == "__main__":

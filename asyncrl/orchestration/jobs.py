@@ -11,6 +11,7 @@ from asyncrl import rundir
 from asyncrl.config import Config
 from asyncrl.configload import config_to_json, config_to_yaml
 from asyncrl.lifeline import child_cmd
+from asyncrl.orchestration.actor_ids import IdKeeper
 from asyncrl.orchestration.launcher import (
     Role,
     actor_cmd,
@@ -110,8 +111,9 @@ def _redis_server(cfg: Config, run_dir: Path):
     from buffer.server import RedisServer
 
     return RedisServer(
-        run_dir / "redis", key_prefix=cfg.buffer.name, wrap=child_cmd, pass_fds=rundir.held_fds()
-    )
+        run_dir / "redis", key_prefix=cfg.buffer.name, wrap=child_cmd, pass_fds=rundir.held_fds(),
+        host=cfg.network.bind, advertise=cfg.network.advertise,
+    )  # fmt: skip
 
 
 def role_url(url: str, server, role: str) -> str:
@@ -150,11 +152,14 @@ def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
     return role
 
 
-def spawn_actors(cfg: Config, run_dir: Path, model_dir: str, url: str) -> list[Role]:
-    """One process per actor; each may be restarted ``actor.restart_max`` times if it dies."""
+def spawn_actors(
+    cfg: Config, run_dir: Path, model_dir: str, url: str, ids: list[int]
+) -> list[Role]:
+    """One process per actor id; each may be restarted ``actor.restart_max`` times if it dies
+    (keeping its id, so it resumes its prompt cursor)."""
     env = role_env(cfg, url, cfg.actor.cpu_threads)
     roles = []
-    for i in range(cfg.actor.num_actors):
+    for i in ids:
         cmd = actor_cmd(run_dir, model_dir, i)
         role = spawn(f"actor{i}", cmd, env, run_dir, show_progress, cfg.actor.cpu_affinity)
         role.restart_max, role.restart_key = cfg.actor.restart_max, "actor.restart_max"
@@ -163,16 +168,10 @@ def spawn_actors(cfg: Config, run_dir: Path, model_dir: str, url: str) -> list[R
 
 
 def record_restarts(run_dir: Path, roles: list[Role]) -> dict[str, int]:
-    """Restarts per role, into ``run.json`` and (when the learner wrote it) ``summary.json``."""
+    """Restarts per role, into ``run.json`` (the launcher's record; ``summary.json`` is the
+    learner's alone)."""
     restarts = {r.name: r.restarts for r in roles}
     write_run_info(run_dir, role_restarts=restarts)
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        try:
-            data = json.loads(summary.read_text())
-        except ValueError:  # a half-written summary of a failed run: leave it alone
-            return restarts
-        summary.write_text(json.dumps({**data, "role_restarts": restarts}, indent=2))
     return restarts
 
 
@@ -185,16 +184,17 @@ def serve_launcher_metrics(
 
     info = {"buffer_name": cfg.buffer.name, "mode": cfg.mode.name}
     metrics = LauncherMetrics(info, lambda: list(roles), server)
-    port = serve(metrics.registry, role_port(cfg.metrics_port, "launcher"), cfg.metrics_host)
+    port = serve(metrics.registry, role_port(cfg.metrics_port, "launcher"), cfg.network.metrics)
     if port:
         client = connect(url)
-        register_endpoint(client, cfg.buffer.name, name, cfg.metrics_host, port)
+        register_endpoint(client, cfg.buffer.name, name, cfg.network.metrics, port)
         client.close()
-        print(f"[asyncrl] metrics: http://{cfg.metrics_host}:{port}/metrics", flush=True)
+        print(f"[asyncrl] metrics: http://{cfg.network.metrics}:{port}/metrics", flush=True)
 
 
 def run_local(cfg: Config) -> int:
     """Everything on this machine: buffer, learner (torchrun) and actors; returns an exit code."""
+    check_network(cfg)
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
     import_heavy_modules()  # a stop during torch's import takes effect after it
@@ -203,23 +203,44 @@ def run_local(cfg: Config) -> int:
     model_dir = resolve_model(cfg)  # a bad model directory fails before any process starts
     check_data(cfg, model_dir)  # and bad data (files, columns, templates, lengths)
     roles: list[Role] = []
-    server = None
+    server = keeper = None
     try:
         url, server = start_buffer(cfg, run_dir)
         write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
         serve_launcher_metrics(cfg, url, "launcher", roles, server)
         roles.append(spawn_learner(cfg, run_dir, model_dir, role_url(url, server, "learner")))
-        roles.extend(spawn_actors(cfg, run_dir, model_dir, role_url(url, server, "actor")))
+        actor_url = role_url(url, server, "actor")
+        keeper = IdKeeper(cfg, actor_url, run_dir, _say)
+        roles.extend(spawn_actors(cfg, run_dir, model_dir, actor_url, keeper.claim()))
         code, reason = supervise(roles, "learner")
     except KeyboardInterrupt:
         code, reason = 130, "interrupted (Ctrl-C or SIGTERM); all roles stopped"
     finally:
         begin_shutdown()  # from here on a signal hurries the shutdown instead of breaking it
         stop_roles(roles)
+        if keeper:
+            keeper.close()
         if server:
             server.stop()
             write_run_info(run_dir, redis_restarts=server.restarts)
     return _report(run_dir, code, reason, record_restarts(run_dir, roles))
+
+
+def check_network(cfg: Config) -> None:
+    """This host holds ``network.bind`` (else ValueError listing its addresses); off loopback
+    say what listens where and that every service authenticates."""
+    from asyncrl import hostnet
+
+    hostnet.check(cfg.network)
+    if not cfg.network.local:
+        net = cfg.network
+        print(
+            f"[asyncrl] network: binding {net.bind}, advertised as {net.address}: Redis "
+            "(password, ACL users), the control plane (CURVE keys) and the weight group "
+            "(no authentication: keep this address on the cluster network) are reachable "
+            "from other hosts; metrics stay on loopback",
+            flush=True,
+        )
 
 
 def check_reward_fn(cfg: Config) -> None:
@@ -245,6 +266,10 @@ def check_data(cfg: Config, model_dir: str) -> None:
     check(cfg, model_dir, lambda text: print(f"[asyncrl] {text}", flush=True))
 
 
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
 def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | None = None) -> int:
     restarted = {k: v for k, v in (restarts or {}).items() if v}
     if restarted:
@@ -264,6 +289,7 @@ def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | No
 
 def launch_role(cfg: Config, role: str) -> int:
     """One role on this node group, against ``buffer.url`` (``buffer``: start that server)."""
+    check_network(cfg)
     run_dir = prepare_run_dir(cfg, (role,))
     if role == "buffer":
         return _serve_buffer(cfg, run_dir)
@@ -283,18 +309,25 @@ def launch_role(cfg: Config, role: str) -> int:
         check_data(cfg, model_dir)
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
     url = cfg.buffer.url
-    if role == "learner":
-        roles = [spawn_learner(cfg, run_dir, model_dir, url)]
-    else:
-        roles = spawn_actors(cfg, run_dir, model_dir, url)
-    serve_launcher_metrics(cfg, url, f"launcher-{role}", roles)
+    keeper = None
+    roles: list[Role] = []
     try:
+        if role == "learner":
+            roles.append(spawn_learner(cfg, run_dir, model_dir, url))
+        else:
+            keeper = IdKeeper(cfg, url, run_dir, _say)
+            ids = keeper.claim()
+            _say(f"[asyncrl] actor ids {ids} of {cfg.actor.total} (buffer {cfg.buffer.name!r})")
+            roles.extend(spawn_actors(cfg, run_dir, model_dir, url, ids))
+        serve_launcher_metrics(cfg, url, f"launcher-{role}", roles)
         code, reason = supervise(roles, roles[0].name)
     except KeyboardInterrupt:
         code, reason = 130, "interrupted (Ctrl-C or SIGTERM)"
     finally:
         begin_shutdown()
         stop_roles(roles)
+        if keeper:
+            keeper.close()
     restarts = record_restarts(run_dir, roles)
     if role == "learner":
         return _report(run_dir, code, reason, restarts)
@@ -310,11 +343,10 @@ def _serve_buffer(cfg: Config, run_dir: Path) -> int:
         f"[buffer] redis-server ready; its URL (with password) is in {url_file} (mode 0600)",
         flush=True,
     )
-    print(f"[buffer] pass it to the other roles: buffer.url=$(cat {url_file})", flush=True)
     print(
-        f"[buffer] or least privilege (ACL users): actors buffer.url=$(cat "
-        f"{server.run_dir / 'redis.actor.url'}), learner buffer.url=$(cat "
-        f"{server.run_dir / 'redis.learner.url'})",
+        f"[buffer] give each role its least-privilege ACL user's URL file (copy it to the "
+        f"role's hosts, mode 0600): learner buffer.url_file={server.run_dir / 'redis.learner.url'}"
+        f", actors buffer.url_file={server.run_dir / 'redis.actor.url'}",
         flush=True,
     )
     try:

@@ -75,7 +75,12 @@ class Role:
 
 
 def role_env(cfg, redis_url: str, threads: int) -> dict[str, str]:
+    """A role's environment: the buffer URL (never argv: it holds a password), thread counts,
+    and gloo/NCCL kept on ``network.interface`` off loopback (asyncrl/hostnet.py)."""
+    from asyncrl.hostnet import socket_env
+
     env = dict(os.environ)
+    env.update(socket_env(cfg.network))
     env.update(
         ASYNCRL_REDIS_URL=redis_url,
         OMP_NUM_THREADS=str(threads),
@@ -170,10 +175,20 @@ def spawn(
 
 
 def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
+    """torchrun for this node's learner ranks; its rendezvous store binds one address only
+    (asyncrl/torchrun.py): this host's ``network.interface`` on one node, else
+    ``learner.rdzv_endpoint`` (hosted by node 0)."""
+    ln = cfg.learner
+    if ln.nnodes == 1:
+        host = cfg.network.interface
+        master = [f"--master_addr={host}", f"--master_port={free_port(host)}"]
+    else:
+        host, _, port = ln.rdzv_endpoint.rpartition(":")
+        master = [f"--master_addr={host.strip('[]')}", f"--master_port={port}"]
     return [
-        sys.executable, "-m", "asyncrl.torchrun",  # torchrun, rendezvous on loopback only
-        f"--nproc_per_node={cfg.learner.nproc}", f"--master_port={free_port()}",
-        "--master_addr=127.0.0.1", "-m", "learner.main",
+        sys.executable, "-m", "asyncrl.torchrun",
+        f"--nnodes={ln.nnodes}", f"--node_rank={ln.node_rank}",
+        f"--nproc_per_node={ln.nproc}", *master, "-m", "learner.main",
         "--run-dir", str(run_dir), "--model-dir", model_dir,
     ]  # fmt: skip
 

@@ -63,6 +63,6 @@ def announced_learner(redis_client, buffer_name):
     from asyncrl.control import ControlServer
 
     server = ControlServer()
-    redis_client.hset(f"{buffer_name}:meta", "control_addr", server.address)
+    redis_client.hset(f"{buffer_name}:meta", mapping=server.meta())
     yield server
     server.close()

@@ -56,12 +56,17 @@ def spawn_actor(roles, run_dir: Path, model_dir: str, actor_id: int, url: str):
 
 
 def cursor(client, name: str, actor_id: int) -> int:
-    """How many indices actor ``actor_id`` has claimed so far."""
-    return int(client.get(f"{name}:cursor:{actor_id}") or 0)
+    """How many indices actor ``actor_id`` has claimed so far (buffer/cursors.py)."""
+    from buffer.cursors import cursor_key
+
+    return int(client.get(cursor_key(name, actor_id)) or 0)
 
 
 def inflight(client, name: str, actor_id: int) -> set[int]:
-    return {int(i) for i in client.smembers(f"{name}:inflight:{actor_id}")}
+    """The indices actor ``actor_id`` claimed and has not marked done (buffer/cursors.py)."""
+    from buffer.cursors import inflight_key
+
+    return {int(i) for i in client.smembers(inflight_key(name, actor_id))}
 
 
 def assert_conserved(stats: dict) -> None:

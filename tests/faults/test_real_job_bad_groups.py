@@ -81,7 +81,6 @@ def test_real_job_dead_letters_malformed_and_poison_groups_and_finishes(tmp_path
     restarts = json.loads((run_dir / "run.json").read_text())["role_restarts"]
     assert restarts == {"learner": MAX_DELIVERIES, "actor0": 0}, restarts
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["role_restarts"]["learner"] == MAX_DELIVERIES, s["role_restarts"]
     dropped = sum(v for k, v in s.items() if k.startswith("groups_dropped_"))
     assert s["groups_committed"] == s["groups_trained"] + dropped + s["groups_still_buffered"], s
     assert s["groups_trained"] == STEPS * BATCH, s  # every step trained a full batch, once

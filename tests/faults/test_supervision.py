@@ -247,7 +247,6 @@ def test_run_restarts_a_killed_actor_which_rejoins_weight_sync(tmp_path, roles):
     assert "actor0 killed by SIGKILL; restarting it" in out, out[-4000:]
     restarts = json.loads((run_dir / "run.json").read_text())["role_restarts"]
     assert restarts == {"learner": 0, "actor0": 1, "actor1": 0}, restarts
-    assert json.loads((run_dir / "summary.json").read_text())["role_restarts"]["actor0"] == 1
     # the restarted actor rejoined: it received weights up to the end of the run
     final = json.loads((run_dir / "actor0.json").read_text())
     assert final["weight_syncs"] > 0 and final["version"] >= steps - 5, final

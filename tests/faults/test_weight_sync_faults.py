@@ -106,7 +106,7 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
     rounds = fault_count(2, 10)
     buckets = n_buckets()
     control = ControlServer()
-    recv = Receivers(control.address, tmp_path, roles)
+    recv = Receivers(json.dumps(control.meta()), tmp_path, roles)
     failed_at: list[float] = []  # when each failed sync was logged (not the new-group lines)
 
     def on_log(text: str) -> None:

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from asyncrl.control import ControlClient  # noqa: E402
+from asyncrl.control import ControlClient, Endpoint  # noqa: E402
 from asyncrl.faults import failpoint  # noqa: E402
 from asyncrl.weights import GlooGroup, WeightSyncError, receive_stream  # noqa: E402
 
@@ -38,8 +38,8 @@ def digest(model: dict) -> str:
     return h.hexdigest()[:16]
 
 
-async def run(address: str, actor_id: int, out: Path) -> int:
-    client = ControlClient(address, actor_id)
+async def run(meta: str, actor_id: int, out: Path) -> int:
+    client = ControlClient(Endpoint.from_meta(json.loads(meta)), actor_id)
     await client.send({"type": "register"})
     print(f"REGISTERED {actor_id}", flush=True)
     group: GlooGroup | None = None

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from buffer.connection import BufferUnavailable, connect
+from buffer.cursors import PromptCursor, SyncQuota
 from buffer.redis_buffer import ReplayBuffer
 from buffer.server import RedisServer
 from buffer.testing import random_group
@@ -60,7 +61,10 @@ def test_actor_user_can_produce_but_not_consume_or_administer(server):
     assert buf.release(spare)
     assert buf.stats()["committed"] == 1 and buf.learner_version() == -1
     assert buf.meta()["capacity"] == "8"
-    assert actor.incr(f"{NAME}:quota:0") == 1  # sync-mode quota
+    assert SyncQuota(buf, per_version=1).take(0)  # sync-mode quota
+    cursor = PromptCursor(buf, actor_id=0, num_actors=1, end=None)  # the prompt cursor
+    assert cursor.next() == 0 and cursor.in_flight() == [0] and cursor.claimed() == 1
+    cursor.done(0)
     actor.hset(f"{NAME}:endpoints", "actor0", "127.0.0.1:1")  # metrics endpoint
     # Not the actor's business: consuming, acking, deleting, other jobs' keys, admin.
     with pytest.raises(redis.exceptions.NoPermissionError):

@@ -30,6 +30,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "data.max_prompt_length": [(1, 0)],
     "data.epochs": [(1, 0)],
     "actor.num_actors": [(1, 0)],
+    "actor.nnodes": [(1, 0)],
     "actor.n_samples": [(2, 1)],
     "actor.max_tokens": [(1, 0)],
     "actor.temperature": [(1e-6, 0.0)],
@@ -41,6 +42,8 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "actor.restart_max": [(0, -1)],
     "actor.learner_wait_s": [(1e-3, 0.0)],
     "learner.nproc": [(1, 0)],
+    "learner.nnodes": [(1, 0)],
+    "learner.node_rank": [(0, -1)],
     "learner.steps": [(1, 0)],
     "learner.batch_groups": [(1, 0)],
     "learner.micro_batch_rows": [(0, -1)],
@@ -151,8 +154,10 @@ def test_non_finite_floats_are_refused(key, value):
 
 def test_metrics_ports_of_every_actor_fit():
     Config(metrics_port=65532, actor=ActorConfig(num_actors=2))
-    with pytest.raises(ValueError, match=r"metrics_port=65533 with actor\.num_actors=2"):
+    with pytest.raises(ValueError, match=r"metrics_port=65533 with 2 actor\(s\)"):
         Config(metrics_port=65533, actor=ActorConfig(num_actors=2))
+    with pytest.raises(ValueError, match=r"metrics_port=65532 with 4 actor\(s\)"):
+        Config(metrics_port=65532, actor=ActorConfig(num_actors=2, nnodes=2))
 
 
 USER_MISTAKES = [

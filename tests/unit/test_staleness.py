@@ -1,4 +1,6 @@
-"""Staleness filter and admission gate against hand-computed cases."""
+"""The staleness rule (buffer/staleness.py) against hand-computed cases: the learner's filter
+(``split_by_staleness``) and the actors' admission (``within_staleness`` on the weights they
+hold) are one rule, so a group admitted at a learner version is fresh at that version."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 
 from asyncrl.types import Group, Sample
 from buffer.redis_buffer import Entry
-from buffer.staleness import AdmissionGate, is_fresh, may_generate, split_by_staleness
+from buffer.staleness import split_by_staleness, staleness, within_staleness
 
 
 def _group(gid: str, versions: list[int]) -> Group:
@@ -17,7 +19,7 @@ def _group(gid: str, versions: list[int]) -> Group:
 
 
 @pytest.mark.parametrize(
-    ("version_min", "learner_version", "max_staleness", "fresh"),
+    ("oldest", "learner_version", "max_staleness", "fresh"),
     [
         (5, 5, 0, True),  # on-policy
         (4, 5, 0, False),  # one step old is stale when strictly on-policy
@@ -25,12 +27,14 @@ def _group(gid: str, versions: list[int]) -> Group:
         (2, 5, 2, False),  # one past the bound
         (7, 5, 0, True),  # newer than the learner (cannot happen, but is not stale)
         (0, 0, 0, True),
+        (0, -1, 0, True),  # the learner has not published a version yet: admits
     ],
 )
-def test_is_fresh_boundary(version_min, learner_version, max_staleness, fresh) -> None:
-    g = _group("g", [version_min, version_min + 1])
-    assert g.version_min == version_min
-    assert is_fresh(g, learner_version, max_staleness) is fresh
+def test_rule_boundary_for_groups_and_admission(oldest, learner_version, max_staleness, fresh):
+    assert staleness(learner_version, oldest) == learner_version - oldest
+    assert within_staleness(learner_version, oldest, max_staleness) is fresh
+    g = _group("g", [oldest, oldest + 1])
+    assert g.version_min == oldest
     f, s = split_by_staleness([g], learner_version, max_staleness)
     assert (f, s) == (([g], []) if fresh else ([], [g]))
 
@@ -68,29 +72,15 @@ def test_negative_max_staleness_rejected() -> None:
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
         split_by_staleness([], 3, -1)
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
-        may_generate(3, 3, -1)
+        within_staleness(3, 3, -1)
 
 
-@pytest.mark.parametrize(
-    ("actor", "learner", "max_staleness", "ok"),
-    [
-        (5, 5, 0, True),
-        (4, 5, 0, False),  # on-policy: must sync first
-        (3, 5, 2, True),  # exactly at the bound
-        (2, 5, 2, False),
-        (0, -1, 0, True),  # learner has not published a version yet
-        (6, 5, 0, True),
-    ],
-)
-def test_may_generate(actor, learner, max_staleness, ok) -> None:
-    assert may_generate(actor, learner, max_staleness) is ok
-    assert AdmissionGate.may_generate(actor, learner, max_staleness) is ok
-
-
-def test_admitted_generation_is_fresh_at_admission_time() -> None:
-    """The gate's invariant: a group started when admitted is not stale at that version."""
-    for learner in range(0, 10):
+def test_a_group_admitted_is_fresh_at_that_learner_version() -> None:
+    """Admission's invariant: an actor admitted with weights ``a`` samples tokens of version
+    >= ``a``, so the learner's filter keeps the group at the version it was admitted at."""
+    for learner in range(-1, 10):
         for k in range(0, 4):
             for actor in range(0, 12):
-                if may_generate(actor, learner, k):
-                    assert is_fresh(_group("g", [actor]), learner, k)
+                if within_staleness(learner, actor, k):
+                    g = _group("g", [actor, actor + 1])
+                    assert split_by_staleness([g], learner, k) == ([g], [])

@@ -14,6 +14,7 @@ from asyncrl import trackers
 from asyncrl.configload import load_config
 from asyncrl.runlog import RunLog
 from learner.main import tracker_runs_failed_on_error
+from learner.null_hub import NullHub
 from tests import readback
 
 
@@ -29,10 +30,13 @@ def _restore_environ(monkeypatch):
 
 
 class FakeHub:
-    """What ``tracker_runs_failed_on_error`` uses of ``learner.hub.Hub``: its ``log``."""
+    """What ``tracker_runs_failed_on_error`` uses of ``learner.hub.Hub``: ``close_log``."""
 
     def __init__(self, log: RunLog) -> None:
         self.log = log
+
+    def close_log(self, status: str) -> None:
+        self.log.close(status)
 
 
 def _open(run_dir, *overrides) -> RunLog:
@@ -110,8 +114,8 @@ def test_every_tracker_is_closed_even_if_one_fails(tmp_path, capsys):
         raise KeyError("the crash")  # the crash propagates, not the tracker's error
     assert (a.status, b.status) == ("FAILED", "FAILED")
     assert "closing the experiment trackers failed: OSError('disk full')" in capsys.readouterr().out
-    with tracker_runs_failed_on_error(None):  # ranks other than 0: no hub
-        pass
+    with pytest.raises(KeyError), tracker_runs_failed_on_error(NullHub()):  # ranks other than 0
+        raise KeyError("the crash")
 
 
 def test_unreadable_run_ids_open_new_runs(tmp_path):

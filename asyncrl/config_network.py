@@ -1,0 +1,100 @@
+"""The ``network`` config group: where this launch's services listen and how peers reach them.
+
+Every listener of a launch binds ``network.bind``: the private Redis (``asyncrl run`` /
+``asyncrl launch buffer``), the learner's control plane and weight-group store, the gloo
+sockets of the learner ranks and of the actors' weight receivers, and torchrun's rendezvous.
+Peers are told ``network.advertise`` (through the buffer meta). Loopback is the default, so a
+job on one machine is reachable from nowhere else. The metrics endpoints bind
+``network.metrics`` (loopback too). Each host of a multi-node job sets its own ``bind``
+(docs/multinode.md).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from asyncrl.config_checks import require as _require
+
+LOOPBACK = "127.0.0.1"
+_WILDCARDS = ("0.0.0.0", "::")
+
+
+def is_loopback(host: str) -> bool:
+    """``127.x``, ``::1`` and ``localhost`` are loopback; any other name or address is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+@dataclass
+class NetworkConfig:
+    """Addresses of this launch (one host). See docs/multinode.md."""
+
+    bind: str = LOOPBACK
+    """The IP address this launch's listeners bind: Redis, the control plane, the weight
+    group, gloo, torchrun. Loopback by default; on a cluster, this host's address on the
+    cluster network (``0.0.0.0`` binds every interface and needs ``network.advertise``).
+    Off loopback every service authenticates (docs/multinode.md, "Security")."""
+    advertise: str = ""
+    """The address other hosts use to reach this one (published in the buffer meta); '' =
+    ``network.bind``. Set it when binding ``0.0.0.0`` or behind NAT."""
+    metrics: str = LOOPBACK
+    """The address the Prometheus ``/metrics`` endpoints bind. They have no authentication,
+    so only loopback is accepted: scrape them with a node-local agent."""
+
+    def __post_init__(self) -> None:
+        _require(
+            _is_ip(self.bind),
+            f"network.bind={self.bind!r} is not an IP address; give this host's address on "
+            "the cluster network (e.g. 10.0.0.5), 0.0.0.0 for every interface, or 127.0.0.1",
+        )
+        _require(
+            not self.advertise or _is_ip(self.advertise) or _is_hostname(self.advertise),
+            f"network.advertise={self.advertise!r} is neither an IP address nor a host name",
+        )
+        _require(
+            self.bind not in _WILDCARDS or bool(self.advertise),
+            f"network.bind={self.bind} listens on every interface, so peers cannot be told "
+            "where to connect; set network.advertise=<this host's routable address>",
+        )
+        _require(
+            is_loopback(self.metrics),
+            f"network.metrics={self.metrics!r}: the metrics endpoints have no authentication "
+            "and must stay on loopback; scrape them with a Prometheus agent on each node",
+        )
+
+    @property
+    def address(self) -> str:
+        """Where peers reach this host: ``advertise``, else ``bind``."""
+        return self.advertise or self.bind
+
+    @property
+    def interface(self) -> str:
+        """The one address of this host that sockets needing a single interface bind (gloo):
+        ``bind``, or ``advertise`` when ``bind`` is every interface."""
+        return self.advertise if self.bind in _WILDCARDS else self.bind
+
+    @property
+    def local(self) -> bool:
+        """Everything on loopback: the job is reachable from this machine only."""
+        return is_loopback(self.bind)
+
+
+def _is_hostname(name: str) -> bool:
+    labels = name.rstrip(".").split(".")
+    return bool(name) and all(
+        0 < len(lb) <= 63 and lb.replace("-", "").isalnum() and not lb.startswith("-")
+        for lb in labels
+    )

@@ -1,0 +1,73 @@
+"""A launch's actor ids: claimed in the buffer before its actors start, renewed while they
+run (buffer/actor_ids.py has the claims and their invariants)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from asyncrl.config import Config
+from asyncrl.waiting import Wait
+
+
+class IdKeeper:
+    """Claims ``actor.num_actors`` of the job's ``actor.total`` ids for this launch and
+    renews them every ``ttl/3`` in a daemon thread. If another launch took one (this host was
+    cut off longer than ``buffer.lease_ttl_s``), it says so and stops this launch (SIGTERM to
+    itself): two actors with one id would deal the same prompts."""
+
+    def __init__(self, cfg: Config, url: str, run_dir, say=print) -> None:
+        from buffer.actor_ids import ActorIds, launch_token
+        from buffer.connection import connect
+
+        self.cfg, self.say = cfg, say
+        self.ttl_s = cfg.buffer.lease_ttl_s
+        self.claims = ActorIds(connect(url), cfg.buffer.name, cfg.actor.total,
+                               launch_token(run_dir), self.ttl_s)  # fmt: skip
+        self.ids: list[int] = []
+        self._stop = threading.Event()
+
+    def claim(self, stop=lambda: False) -> list[int]:
+        """Wait (up to ``lease_ttl_s`` + 30 s, saying why) for this launch's ids."""
+        want = self.cfg.actor.num_actors
+        wait = Wait(
+            f"{want} free actor id(s) in buffer {self.cfg.buffer.name!r}",
+            self.ttl_s + 30.0,
+            self.say,
+            stop,
+            hint=(
+                f"the job has actor.nnodes={self.cfg.actor.nnodes} x actor.num_actors={want} "
+                "ids; a launch that died frees its ids within buffer.lease_ttl_s. Check that "
+                "no more `asyncrl launch actors` run than actor.nnodes"
+            ),
+        )
+        wait.begin()
+        while True:
+            self.ids = self.claims.claim(want)
+            if len(self.ids) == want:
+                break
+            wait.check(f"{len(self.ids)}/{want} claimed; held: {sorted(self.claims.holders())}")
+            time.sleep(1.0)
+        threading.Thread(target=self._renew_loop, name="actor-ids", daemon=True).start()
+        return self.ids
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                lost = self.claims.renew(self.ids)
+            except Exception as e:  # Redis unreachable (a partition): retry next period
+                self.say(f"[asyncrl] cannot renew actor ids {self.ids} ({e}); retrying")
+                continue
+            if lost:
+                self.say(
+                    f"[asyncrl] actor id(s) {lost} were taken by another launch while this one "
+                    f"could not renew them (longer than buffer.lease_ttl_s={self.ttl_s}s); "
+                    "stopping this launch's actors so no id runs twice"
+                )
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    def close(self) -> None:
+        self._stop.set()

@@ -1,0 +1,140 @@
+"""Per-actor state of a job kept next to its buffer: the prompt cursor and the sync quota.
+
+Keys of a buffer named ``N`` (besides those of ``buffer/scripts.py``)::
+
+    N:cursor:<i>    string: how many prompt indices actor i has claimed (its stride position)
+    N:inflight:<i>  set: indices actor i claimed whose group is not known to be committed
+    N:quota:<v>     string: groups admitted under weight version v (mode=sync only)
+
+Prompt cursor. Actor ``i`` of ``K`` takes prompts ``i, i+K, i+2K, ...``. ``CLAIM_INDEX``
+advances ``N:cursor:<i>`` and adds the index to ``N:inflight:<i>`` in one script, so a kill
+can never separate the two; the index leaves the set only in ``done`` (after its group was
+committed, or found committed before). Hence, across any number of kills:
+
+- every index below the cursor was claimed once and is either committed or in the set, and
+  a restarted actor re-generates the set (``resume``) before claiming new indices, so no
+  prompt is skipped;
+- an index is claimed by one actor and once; it may be *generated* again only if a kill fell
+  between its commit and ``done``, and commit dedupes by group id (``task_seed:index``), so
+  it is stored once (the actor counts a duplicate).
+
+That holds while the mapping index -> prompt and the stride ``K`` stay fixed
+(actors/data_identity.py checks it at start).
+"""
+
+from __future__ import annotations
+
+# KEYS: cursor, inflight   ARGV: actor_id, num_actors, end (-1 = endless)
+# Claims the next index of this actor's stride and records it as in flight, atomically;
+# -1 (and the cursor unchanged) once the stride reaches `end`.
+CLAIM_INDEX = """
+local k = tonumber(redis.call('GET', KEYS[1]) or '0')
+local index = tonumber(ARGV[1]) + k * tonumber(ARGV[2])
+local stop = tonumber(ARGV[3])
+if stop >= 0 and index >= stop then
+  return -1
+end
+redis.call('INCR', KEYS[1])
+redis.call('SADD', KEYS[2], index)
+return index
+"""
+
+
+def cursor_key(name: str, actor_id: int) -> str:
+    """``N:cursor:<i>``: how many indices actor ``actor_id`` of buffer ``name`` claimed."""
+    return f"{name}:cursor:{actor_id}"
+
+
+def inflight_key(name: str, actor_id: int) -> str:
+    """``N:inflight:<i>``: the indices actor ``actor_id`` claimed and has not marked done."""
+    return f"{name}:inflight:{actor_id}"
+
+
+class PromptCursor:
+    """Actor ``actor_id``'s exactly-once claim of prompt indices (module docstring).
+
+    ``buffer`` is a ``ReplayBuffer``: its client and its reconnect-and-retry policy are used.
+    ``end`` (None = endless) is the first index a finite source does not have. Calls are
+    blocking; one thread at a time (the actor runs them one by one in worker threads).
+    """
+
+    def __init__(self, buffer, actor_id: int, num_actors: int, end: int | None) -> None:
+        if actor_id < 0 or num_actors < 1:
+            raise ValueError(
+                f"need actor_id >= 0 and num_actors >= 1, got {actor_id}, {num_actors}"
+            )
+        if end is not None and end < 0:
+            raise ValueError(f"end must be >= 0 or None, got {end}")
+        self.buffer = buffer
+        self.actor_id, self.num_actors, self.end = actor_id, num_actors, end
+        self.keys = [cursor_key(buffer.name, actor_id), inflight_key(buffer.name, actor_id)]
+        self._script = None  # registered on first claim: building a cursor touches no Redis
+        self._leftover: list[int] | None = None  # resume()d, not yet handed out again
+
+    def claimed(self) -> int:
+        """How many indices this actor has claimed so far (its stride position)."""
+        return int(self._redis(lambda: self.buffer.client.get(self.keys[0])) or 0)
+
+    def in_flight(self) -> list[int]:
+        """Indices claimed and not ``done`` (ascending): an earlier run's, after a kill."""
+        raw = self._redis(lambda: self.buffer.client.smembers(self.keys[1]))
+        return sorted(int(i) for i in raw)
+
+    def resume(self) -> list[int]:
+        """Read the indices an earlier run left in flight; ``next`` hands them out first.
+
+        Call once, before the first ``next`` (which calls it otherwise); returns them.
+        """
+        self._leftover = self.in_flight()
+        return list(self._leftover)
+
+    def next(self) -> int | None:
+        """The next index to generate: an earlier run's leftovers first, then a fresh claim.
+        None once a finite source has no index left for this actor."""
+        if self._leftover is None:
+            self.resume()
+        if self._leftover:
+            return self._leftover.pop(0)
+        return self.claim()
+
+    def claim(self) -> int | None:
+        """Claim a new index (advance the cursor and record it in flight, atomically)."""
+        if self._script is None:
+            self._script = self.buffer.client.register_script(CLAIM_INDEX)
+        end = -1 if self.end is None else self.end
+        args = [self.actor_id, self.num_actors, end]
+        index = int(self._redis(lambda: self._script(self.keys, args)))
+        return None if index < 0 else index
+
+    def done(self, index: int) -> None:
+        """The group of ``index`` is in the buffer: it is no longer in flight."""
+        self._redis(lambda: self.buffer.client.srem(self.keys[1], index))
+
+    def _redis(self, fn):
+        # A retried claim whose reply was lost claims the next index too; the lost one stays
+        # in the in-flight set and is generated after the next restart (nothing is skipped).
+        return self.buffer._redis(fn, self.keys)
+
+
+def quota_key(name: str, version: int) -> str:
+    """``N:quota:<v>``: how many groups were admitted under weight version ``version``."""
+    return f"{name}:quota:{version}"
+
+
+class SyncQuota:
+    """The sync barrier of ``mode=sync``: at most ``per_version`` groups are admitted under
+    each weight version, summed over every actor of the buffer (``N:quota:<v>``).
+
+    Invariant: ``take(v)`` returns True at most ``per_version`` times per ``v`` job-wide. It
+    is not retried on a dropped connection: a retried INCR whose first reply was lost would
+    count one group twice and leave the version a group short of a full batch.
+    """
+
+    def __init__(self, buffer, per_version: int) -> None:
+        if per_version < 1:
+            raise ValueError(f"per_version must be >= 1, got {per_version}")
+        self.buffer, self.per_version = buffer, per_version
+
+    def take(self, version: int) -> bool:
+        """Admit one group under ``version`` if its quota is not used up."""
+        return self.buffer.client.incr(quota_key(self.buffer.name, version)) <= self.per_version

@@ -1,0 +1,65 @@
+"""``buffer.cursors`` on a real redis-server: the prompt cursor claims every index of an
+actor's stride exactly once across restarts (leftovers first), stops at ``end``, and the
+sync quota admits exactly ``per_version`` groups per version across actors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from buffer.cursors import PromptCursor, SyncQuota, cursor_key, inflight_key
+from buffer.redis_buffer import ReplayBuffer
+
+pytestmark = pytest.mark.redis
+
+
+def test_stride_leftovers_first_and_the_end(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    first = PromptCursor(buf, actor_id=1, num_actors=3, end=14)
+    assert [first.next() for _ in range(3)] == [1, 4, 7]
+    first.done(4)  # committed; 1 and 7 were in flight when it was killed
+    assert first.claimed() == 3 and first.in_flight() == [1, 7]
+    assert int(redis_client.get(cursor_key(buffer_name, 1))) == 3
+    assert redis_client.smembers(inflight_key(buffer_name, 1)) == {b"1", b"7"}
+
+    again = PromptCursor(buf, actor_id=1, num_actors=3, end=14)  # the restart
+    assert again.resume() == [1, 7]
+    got = []
+    while (index := again.next()) is not None:
+        got.append(index)
+        again.done(index)
+    assert got == [1, 7, 10, 13]  # leftovers first, then fresh claims up to end (14)
+    assert again.claim() is None and again.claimed() == 5  # the cursor stays at the end
+    assert again.in_flight() == []
+    assert PromptCursor(buf, 0, 3, None).next() == 0  # other actors: their own stride
+
+
+def test_concurrent_claims_never_share_an_index(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def claim(n: int) -> None:
+        cursor = PromptCursor(buf, actor_id=0, num_actors=2, end=None)  # e.g. a zombie
+        for _ in range(n):
+            index = cursor.claim()
+            with lock:
+                got.append(index)
+
+    threads = [threading.Thread(target=claim, args=(50,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(0, 400, 2))
+
+
+def test_sync_quota_admits_per_version_across_actors(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    actors = [SyncQuota(buf, per_version=3) for _ in range(2)]
+    taken = [q.take(0) for _ in range(3) for q in actors]
+    assert taken.count(True) == 3 and taken[:3] == [True] * 3
+    assert actors[1].take(1)  # a new version has a fresh quota
+    with pytest.raises(ValueError, match="per_version"):
+        SyncQuota(buf, per_version=0)

@@ -1,0 +1,95 @@
+"""The network group and the secrets rules: loopback by default, clear errors for addresses
+peers cannot use, Redis passwords required off loopback, never on argv off loopback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from asyncrl.config import Config, LearnerConfig
+from asyncrl.config_network import NetworkConfig, is_loopback
+from asyncrl.configload import ConfigError, config_from_json, config_to_json, load_config
+from asyncrl.orchestration.cli import secret_in_argv
+
+
+def test_defaults_are_loopback():
+    net = Config().network
+    assert (net.bind, net.address, net.metrics, net.local) == ("127.0.0.1",) * 3 + (True,)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"bind": "node7"}, "is not an IP address"),
+        ({"bind": "0.0.0.0"}, "set network.advertise"),
+        ({"metrics": "10.0.0.1"}, "no authentication"),
+        ({"advertise": "bad host!"}, "neither an IP address nor a host name"),
+    ],
+)
+def test_bad_addresses_are_refused_with_the_fix(kw, message):
+    with pytest.raises(ValueError, match=message):
+        NetworkConfig(**kw)
+
+
+def test_wildcard_bind_uses_the_advertised_interface():
+    net = NetworkConfig(bind="0.0.0.0", advertise="10.1.2.3")
+    assert (net.address, net.interface, net.local) == ("10.1.2.3", "10.1.2.3", False)
+    assert NetworkConfig(bind="10.0.0.5").interface == "10.0.0.5"
+
+
+@pytest.mark.parametrize(
+    ("host", "loop"), [("127.0.0.1", True), ("127.3.0.1", True), ("::1", True),
+                       ("localhost", True), ("10.0.0.1", False), ("redis.internal", False)],
+)  # fmt: skip
+def test_is_loopback(host, loop):
+    assert is_loopback(host) is loop
+
+
+def test_multinode_learner_needs_an_endpoint_and_a_rank_below_nnodes():
+    with pytest.raises(ValueError, match="needs learner.rdzv_endpoint=HOST:PORT"):
+        LearnerConfig(nnodes=2)
+    with pytest.raises(ValueError, match="learner.node_rank"):
+        LearnerConfig(nnodes=2, node_rank=2, rdzv_endpoint="10.0.0.1:29500")
+    cfg = LearnerConfig(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500")
+    assert cfg.world_size == 2 * cfg.nproc
+
+
+def test_batch_splits_over_all_learner_nodes():
+    with pytest.raises(ConfigError, match="over 6 learner rank"):
+        load_config(["learner.nproc=3", "learner.nnodes=2", "learner.rdzv_endpoint=h:1"])
+
+
+def test_redis_without_password_is_refused_off_loopback():
+    with pytest.raises(ConfigError, match="buffer.url has no password"):
+        load_config(["buffer.url=redis://10.0.0.2:6379/0"])
+    with pytest.raises(ConfigError, match="buffer.url has no password"):
+        load_config(["buffer.url=redis://127.0.0.1:6379/0", "network.bind=10.0.0.1"])
+    load_config(["buffer.url=redis://127.0.0.1:6379/0"])  # loopback only: allowed
+
+
+def test_url_file_must_be_private(tmp_path):
+    path = tmp_path / "redis.url"
+    path.write_text("redis://actor:secret@10.0.0.2:6379/0\n")
+    os.chmod(path, 0o644)
+    with pytest.raises(ConfigError, match="readable by other users.*chmod 600"):
+        load_config([f"buffer.url_file={path}"])
+    os.chmod(path, 0o600)
+    assert load_config([f"buffer.url_file={path}"]).buffer.url.endswith("@10.0.0.2:6379/0")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_config([f"buffer.url_file={tmp_path / 'missing'}"])
+
+
+def test_written_config_holds_no_password(tmp_path):
+    cfg = load_config(["buffer.url=redis://learner:s3cret@10.0.0.2:6379/0"])
+    text = config_to_json(cfg)
+    assert "s3cret" not in text and "learner:***@10.0.0.2" in text
+    assert config_from_json(text).buffer.url == "redis://learner:***@10.0.0.2:6379/0"
+
+
+def test_password_on_argv_is_an_error_off_loopback_and_a_warning_on_it():
+    remote = ["buffer.url=redis://u:pw@10.0.0.2:1/0"]
+    assert secret_in_argv(remote, load_config(remote)).startswith("buffer.url on the command")
+    local = ["buffer.url=redis://u:pw@127.0.0.1:1/0"]
+    assert secret_in_argv(local, load_config(local)).startswith("warning:")
+    assert secret_in_argv(["buffer.url=redis://127.0.0.1:1/0"], Config()) == ""
