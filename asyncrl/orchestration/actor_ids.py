@@ -43,11 +43,14 @@ class IdKeeper:
                 "no more `asyncrl launch actors` run than actor.nnodes"
             ),
         )
-        wait.begin()
+        first = True
         while True:
             self.ids = self.claims.claim(want)
             if len(self.ids) == want:
                 break
+            if first:  # said only when the ids are not free at once
+                wait.begin(f"{len(self.ids)}/{want} free")
+                first = False
             wait.check(f"{len(self.ids)}/{want} claimed; held: {sorted(self.claims.holders())}")
             time.sleep(1.0)
         threading.Thread(target=self._renew_loop, name="actor-ids", daemon=True).start()

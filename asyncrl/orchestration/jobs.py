@@ -95,14 +95,34 @@ def check_model_dir(path: Path, key: str, weights: bool = True) -> None:
 
 def start_buffer(cfg: Config, run_dir: Path):
     """(url, server or None): the configured Redis, or a private one in ``run_dir/redis``."""
-    from buffer.connection import connect
 
     if cfg.buffer.url:
-        connect(cfg.buffer.url).close()  # fail now, with the URL in the message
+        check_access(cfg.buffer.url, cfg.buffer.name)  # fail now, with the URL in the message
         return cfg.buffer.url, None
     server = _redis_server(cfg, run_dir).start()
     server.watch(lambda text: print(text, flush=True))  # restart it from its AOF if it dies
     return server.url, server
+
+
+def check_access(url: str, name: str) -> None:
+    """Connect to ``url`` and read a key of buffer ``name``: a wrong password, host or key
+    prefix (``launch buffer`` gives its ACL users the keys of its own ``buffer.name``) fails
+    now with the fix, not as a traceback inside a role."""
+    import redis
+
+    from buffer.connection import connect, mask_url
+
+    client = connect(url)
+    try:
+        client.exists(f"{name}:meta")
+    except redis.exceptions.NoPermissionError:
+        raise ValueError(
+            f"the Redis user of buffer.url ({mask_url(url)}) may not use the keys of "
+            f"buffer.name={name!r}: `asyncrl launch buffer` grants its users the keys of its own "
+            "buffer.name; give every role the same buffer.name"
+        ) from None
+    finally:
+        client.close()
 
 
 def _redis_server(cfg: Config, run_dir: Path):
@@ -298,7 +318,7 @@ def launch_role(cfg: Config, role: str) -> int:
             f"`asyncrl launch {role}` needs buffer.url=redis://:PASSWORD@HOST:PORT/0 "
             "(start one with `asyncrl launch buffer`, which prints it)"
         )
-    start_buffer(cfg, run_dir)  # checks that the URL answers
+    start_buffer(cfg, run_dir)  # checks that the URL answers and may touch buffer.name's keys
     import_heavy_modules()
     if role == "actors":
         check_reward_fn(cfg)
@@ -329,8 +349,11 @@ def launch_role(cfg: Config, role: str) -> int:
         if keeper:
             keeper.close()
     restarts = record_restarts(run_dir, roles)
-    if role == "learner":
+    if role == "learner" and cfg.learner.node_rank == 0:
         return _report(run_dir, code, reason, restarts)
+    if role == "learner" and not code:
+        print(f"[asyncrl] learner node {cfg.learner.node_rank} done; the run's summary and "
+              "metrics are on learner node 0", flush=True)  # fmt: skip
     if code:
         print(f"[asyncrl] FAILED: {reason}", flush=True)
     return code
