@@ -295,6 +295,9 @@ class BufferConfig:
     lease_ttl_s: float = 120.0
     """A slot leased by an actor that died comes back after this long; >= 0.001 (Redis
     keeps the deadline in whole milliseconds)."""
+    reconnect_s: float = 60.0
+    """How long a role retries a lost Redis connection (a restarting server, a network
+    partition between hosts) before it fails with the reason, > 0. Each retry is logged."""
     max_deliveries: int = 3
     """A group handed to the learner this many times without a completed step (the learner
     crashed or was stopped each time) is dead-lettered as poison (``dropped_poison``); >= 1."""
@@ -312,6 +315,7 @@ class BufferConfig:
         _bound(self, "buffer.max_staleness", ge=0)
         _bound(self, "buffer.lease_ttl_s", ge=0.001)
         _bound(self, "buffer.max_deliveries", ge=1)
+        _bound(self, "buffer.reconnect_s", gt=0)
 
 
 @dataclass

@@ -6,6 +6,7 @@ Every error a user sees names the server (password replaced by ``***``) and says
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -102,6 +103,10 @@ def _auth_error(url: str, err: Exception) -> BufferUnavailable:
     )
 
 
+def _report(text: str) -> None:
+    print(f"[buffer] {text}", file=sys.stderr, flush=True)
+
+
 def call_with_retries(
     fn: Callable[[], T],
     where: str,
@@ -116,16 +121,25 @@ def call_with_retries(
     once. A retried call may have run on the server before the connection dropped, so only
     use it for idempotent or guarded operations (see ``ReplayBuffer``).
     """
-    deadline = time.monotonic() + budget_s
+    start = time.monotonic()
+    deadline = start + budget_s
     delay = 0.05
+    lost = False
     while True:
         try:
-            return fn()
+            result = fn()
+            if lost:
+                _report(f"reconnected to Redis at {where} after {time.monotonic() - start:.1f}s")
+            return result
         except redis.AuthenticationError:
             raise  # a subclass of ConnectionError, but retrying a wrong password cannot help
         except _TRANSIENT as e:
             if on_retry is not None:
                 on_retry()
+            if not lost and budget_s >= 1.0:  # a partition or a restart: say so, once
+                lost = True
+                _report(f"lost connection to Redis at {where} ({e}); retrying for up to "
+                        f"{budget_s:.0f}s (buffer.reconnect_s)")  # fmt: skip
             if time.monotonic() + delay > deadline:
                 raise BufferUnavailable(
                     f"lost connection to Redis at {where} and could not reconnect within "

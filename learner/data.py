@@ -81,7 +81,11 @@ class GroupSource:
     """Prints a progress line of a long wait for data (asyncrl/waiting.py)."""
     exhausted: Callable[[], bool] = never
     """True once every actor is out of prompts and committed its last group (module doc)."""
+    interrupt: Callable[[], bool] = never
+    """True when the read should pause for something else (actors that registered again and
+    wait for weights while the learner waits for their groups: see ``next_batch``)."""
     _pending: list = field(default_factory=list)
+    _held: list = field(default_factory=list)
     _last_batch: list = field(default_factory=list)
     _resumed: set = field(default_factory=set)
 
@@ -94,13 +98,16 @@ class GroupSource:
         self._resumed = {e.entry_id for e in self._pending}
         return len(self._pending)
 
-    def next_batch(self, version: int, count: int) -> list:
+    def next_batch(self, version: int, count: int) -> list | None:
         """Exactly ``count`` fresh entries (blocking); stale ones are dropped on the way.
 
+        None when ``interrupt()`` turned true while no data came: the entries read so far are
+        held for the next call (the learner sends weights to actors that registered again,
+        which generate nothing until they have them, then reads on).
         Calling it means the step of the previous batch completed (see module docstring).
         """
         self.step_done()
-        fresh: list = []
+        fresh, self._held = self._held, []
         wait = self._data_wait(version, count)
         while len(fresh) < count:
             want = count - len(fresh)
@@ -127,6 +134,9 @@ class GroupSource:
             fresh.extend(ok)
             if ok:  # progress: a new deadline
                 wait = self._data_wait(version, count)
+            elif self.interrupt():
+                self._held = fresh
+                return None
             else:
                 wait.check(
                     f"have {len(fresh)}/{count}; dropped so far: {self.dropped_stale} stale, "

@@ -51,11 +51,13 @@ class Hub:
         self.run_dir = Path(run_dir)
         b = cfg.buffer
         self.buffer = ReplayBuffer(
-            connect(redis_url), b.name, b.capacity, b.lease_ttl_s, max_deliveries=b.max_deliveries
-        )
+            connect(redis_url), b.name, b.capacity, b.lease_ttl_s, max_deliveries=b.max_deliveries,
+            reconnect_s=b.reconnect_s,
+        )  # fmt: skip
         self.source = GroupSource(
             self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
             stop=self.stop_requested, say=self.say, exhausted=self.data_exhausted,
+            interrupt=self.rejoin_pending,
         )  # fmt: skip
         net = cfg.network
         self.control = ControlServer(net.bind, advertise=net.advertise)
@@ -137,6 +139,7 @@ class Hub:
             )
             wait.begin()
             self.control.wait_for_actors(cfg.actor.total, wait)
+            _check_actor_ids(sorted(self.control.actors), cfg)
             self.sender = _open_weight_channel(self.control, cfg, self.stop_requested)
         self._last_t = self._ready_t = time.monotonic()
         self.clock.set("busy")
@@ -151,12 +154,20 @@ class Hub:
         """The step of the last batch ran: a crash from here on is not its data's fault."""
         self.source.step_done()
 
-    def next_groups(self, version: int) -> list:
+    def rejoin_pending(self) -> bool:
+        """Did an actor register again (restarted, relaunched on its host, or back after a
+        partition) and wait for weights? Then the learner syncs before reading on."""
+        return self.sender is not None and self.sender.rejoin_pending()
+
+    def next_groups(self, version: int) -> list | None:
+        """The step's groups, or None: send weights first (``rejoin_pending``), then ask again."""
         self.clock.set("waiting_data")
         try:
             entries = self.source.next_batch(version, self.cfg.learner.batch_groups)
         finally:
             self.clock.set("busy")
+        if entries is None:
+            return None
         self._step_entries = entries
         self._step_version = version
         return [e.group for e in entries]
@@ -386,6 +397,18 @@ def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False
     channel = ActorWeightChannel(control, timeout_s=timeout, log=_say, wire_dtype=wire, stop=stop,
                                  network=cfg.network)  # fmt: skip
     return channel.open()
+
+
+def _check_actor_ids(ids: list[int], cfg: Config) -> None:
+    """Actors' ids run 0 .. total-1 for the total the actors were given: a larger id means the
+    learner was told fewer actors than run (it would ignore some and misjudge exhaustion)."""
+    extra = [i for i in ids if i >= cfg.actor.total]
+    if extra:
+        raise ValueError(
+            f"actor id(s) {extra} registered, but this learner expects {cfg.actor.total} "
+            f"actor(s) (actor.num_actors={cfg.actor.num_actors} x actor.nnodes="
+            f"{cfg.actor.nnodes}); give the learner the actors' actor.num_actors and actor.nnodes"
+        )
 
 
 def _validation(cfg: Config, buffer, log: RunLog, say):

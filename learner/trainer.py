@@ -90,8 +90,9 @@ def _read_or_stop(hub, version: int, stop: bool) -> tuple[list | None, bool]:
     """Rank 0 reads the next batch before the ranks decide whether to go on: (groups, stop).
 
     A stop request during the read ends it; the groups read so far stay pending in the buffer
-    (re-read on resume) and the loop ends with the usual final checkpoint. The other ranks
-    read nothing (None): they receive the batch.
+    (re-read on resume) and the loop ends with the usual final checkpoint. Rank 0 reads None
+    when the read paused for a weight sync (``Hub.next_groups``). The other ranks read
+    nothing (None): they receive the batch.
     """
     if stop:
         return None, stop
@@ -154,6 +155,10 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         groups, stop = _read_or_stop(hub, state.version, stop)  # a stop may end the read
         if _rank0_flag(rank, stop):
             break
+        if _rank0_flag(rank, rank == 0 and groups is None):  # actors re-registered: weights
+            _sync_weights(ctx.model, hub, state.version)  # first, or they generate nothing
+            synced = state.version
+            continue
         failpoint("learner.after_read", version=state.version, groups=_ids(groups))
         batch = broadcast_batch(_collate(groups)).to(current_device())
         _warm_up_lr(ctx, cfg, state.version)

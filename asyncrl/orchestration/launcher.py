@@ -202,7 +202,7 @@ def actor_cmd(run_dir: Path, model_dir: str, actor_id: int) -> list[str]:
 
 def show_progress(line: str) -> bool:
     return (
-        line.startswith(("step ", "validation v", "[learner]", "[actor", "Traceback"))
+        line.startswith(("step ", "validation v", "[learner]", "[actor", "[buffer]", "Traceback"))
         or "Error" in line[:80]
     )
 

@@ -24,7 +24,8 @@ class Cluster:
 
     def __init__(self, hosts: Hosts, roles: Roles, tmp: Path, name: str = "mh") -> None:
         self.hosts, self.roles, self.tmp, self.name = hosts, roles, tmp, name
-        self.common = ["experiment=tiny", "actor.engine=sim", f"buffer.name={name}"]
+        self.common = ["experiment=tiny", "actor.engine=sim", f"buffer.name={name}",
+                       "actor.num_actors=2"]  # fmt: skip
 
     def start(self, host: str, role: str, *overrides: str, tag: str = "", **kw) -> Proc:
         """``asyncrl launch ROLE`` on ``host``, bound to the host's address."""

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.multihost.cluster import HOSTS, Cluster, check_conservation
+from tests.multihost.cluster import CLI, HOSTS, Cluster, check_conservation
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.multihost]
 
@@ -36,7 +37,7 @@ def test_job_trains_across_hosts_listens_only_where_configured_and_ignores_an_ou
     roles, hosts = cluster.roles, cluster.hosts
     cluster.start_buffer()
     learners = cluster.start_learner(f"learner.steps={STEPS}")
-    actors = cluster.start_actors("actor.num_actors=2", "actor.sim_tokens_per_s=300")
+    actors = cluster.start_actors("actor.sim_tokens_per_s=300")
     first = roles.wait_line(learners[0], "step    1 ", 300)
     assert first
 
@@ -80,3 +81,107 @@ def test_job_trains_across_hosts_listens_only_where_configured_and_ignores_an_ou
     log = learners[0].output()
     assert "actor 99" not in log and "98" not in re.findall(r"actors? \[[^\]]*\]", log), log
     assert meta["control_addr"].startswith(f"tcp://{hosts.addr('learner0')}:")
+
+
+def _next_step(roles, proc, timeout_s: float = 120) -> None:
+    """Wait for the learner's next ``step`` line."""
+    mark = len(proc.output())
+    roles.wait_until(lambda: re.search(r"^step ", proc.output()[mark:], re.M), timeout_s,
+                     "the learner's next step")  # fmt: skip
+
+
+def _wait_step(roles, proc, step: int, timeout_s: float) -> None:
+    roles.wait_line(proc, f"step {step:4d} ", timeout_s)
+
+
+@pytest.mark.timeout(600)
+def test_actor_host_killed_then_relaunched_loses_and_doubles_nothing(cluster):
+    """Every process of the actors' host is SIGKILLed mid-run: the learner says so (its
+    weight sync fails and it waits for groups), and carries on once the actors are launched
+    again there (same run directory: same ids, same prompt cursors)."""
+    roles, hosts = cluster.roles, cluster.hosts
+    cluster.start_buffer()
+    learners = cluster.start_learner("learner.steps=60", "learner.weight_sync_timeout_s=10",
+                                     "buffer.lease_ttl_s=5")  # fmt: skip
+    slow = ["actor.sim_tokens_per_s=300", "buffer.lease_ttl_s=5"]
+    first = cluster.start_actors(*slow)
+    _wait_step(roles, learners[0], 10, 300)
+    roles.release(first)  # about to die
+    hosts.kill_all("actors")
+    roles.wait_line(learners[0], "weight sync", 60)  # a failed sync or a new group, logged
+    cursors_before = cluster.meta()
+    relaunched = cluster.start_actors(*slow, tag="actors")
+    for proc in learners:
+        assert roles.wait(proc, 400) == 0, proc.tail(60)
+    assert roles.wait(relaunched, 120) == 0, relaunched.tail(60)
+    assert first.poll() is not None
+    summary = cluster.summary()
+    check_conservation(summary)
+    assert summary["final_version"] == 60 and summary["max_trained_staleness"] <= 1
+    assert summary["groups_trained"] == 60 * 4
+    stats = cluster.actor_stats()
+    assert sorted(stats) == [0, 1] and all(s["duplicates"] == 0 for s in stats.values()), stats
+    out = relaunched.output()
+    assert "actor ids [0, 1] of 2" in out, out[-3000:]  # its own ids back, at once
+    assert "waiting for 2 free actor id" not in out, out[-3000:]
+    assert cursors_before  # the meta survived the kill (Redis lives on another host)
+
+
+@pytest.mark.timeout(600)
+def test_partitioned_actor_host_is_reported_and_the_job_carries_on_after_the_heal(cluster):
+    """The actors' link goes down twice, mid-run: first for longer than the lease TTL, then
+    for longer than the weight-sync deadline (syncs happen every step, so both partitions
+    catch generation and a sync). Every role reports it, nothing waits past its deadline, and
+    after each heal the job carries on; conservation and the staleness bound hold."""
+    roles, hosts = cluster.roles, cluster.hosts
+    ttl, sync_s = 4, 8
+    cluster.start_buffer()
+    learners = cluster.start_learner("learner.steps=80", f"learner.weight_sync_timeout_s={sync_s}",
+                                     f"buffer.lease_ttl_s={ttl}", "buffer.max_staleness=2")  # fmt: skip
+    actors = cluster.start_actors("actor.sim_tokens_per_s=300", f"buffer.lease_ttl_s={ttl}",
+                                  "buffer.max_staleness=2",
+                                  f"learner.weight_sync_timeout_s={sync_s}")  # fmt: skip
+    _wait_step(roles, learners[0], 10, 300)
+    for seconds in (ttl + 3, sync_s + 6):
+        _next_step(roles, learners[0])  # right after a step: groups are buffered (capacity
+        with hosts.partitioned("actors"):  # 2 batches), so the next sync meets the partition
+            time.sleep(seconds)
+        _next_step(roles, learners[0])  # the job carries on after the heal
+    for proc in learners:
+        assert roles.wait(proc, 400) == 0, proc.tail(60)
+    assert roles.wait(actors, 120) == 0, actors.tail(60)
+    summary = cluster.summary()
+    check_conservation(summary)
+    assert summary["final_version"] == 80 and summary["max_trained_staleness"] <= 2
+    assert summary["weight_sync"]["failures"] >= 1, summary["weight_sync"]  # reported, retried
+    learner_log, actor_log = learners[0].output(), actors.output()
+    assert "weight sync" in learner_log and "failed" in learner_log, learner_log[-3000:]
+    assert "lost connection to Redis" in actor_log, actor_log[-3000:]  # each partition said
+    assert "reconnected to Redis" in actor_log, actor_log[-3000:]
+    print(
+        "\n--- learner ---\n"
+        + "\n".join(ln for ln in learner_log.splitlines() if not ln.startswith("step"))[-3000:]
+    )
+    print("--- actors ---\n" + actor_log[-3000:])
+
+
+@pytest.mark.timeout(300)
+def test_default_config_on_a_host_with_a_network_address_listens_on_loopback_only(
+    hosts_factory, roles, tmp_path
+):
+    """``asyncrl run`` with the defaults on a host that has a routable address: every TCP
+    listener and bound UDP socket of the job is on loopback."""
+    hosts = hosts_factory(["solo"])
+    cluster = Cluster(hosts, roles, tmp_path)
+    args = ["run", "experiment=tiny", "actor.engine=sim", "learner.steps=100000",
+            "actor.sim_tokens_per_s=300", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = roles.start("solo", hosts.cmd("solo", [*CLI, *args]))
+    roles.wait_line(proc, "step    3 ", 240)
+    found = cluster.listeners("solo")
+    udp = hosts.run("solo", ["ss", "-lunpH"]).stdout.split("\n")
+    assert any(p == "redis-server" for _, _, p in found), found  # not vacuous
+    assert len(found) >= 6, found  # redis, control, torchrun store, metrics x3, ...
+    stray = [s for s in found if s[0] != "127.0.0.1"]
+    assert not stray, f"listening beyond loopback: {stray}"
+    assert not [ln for ln in udp if ln.strip() and "127.0.0.1" not in ln], udp
+    assert hosts.addr("solo") not in "\n".join(map(str, found))

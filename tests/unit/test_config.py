@@ -19,7 +19,7 @@ from asyncrl.configload import (
 GROUP_OPTIONS = sorted((p.parent.name, p.stem) for p in Path(CONFIG_DIR).glob("*/*.yaml"))
 _NEEDS_VALUE = {
     ("model", "local"): ["model.path=/tmp/m"],
-    ("buffer", "remote"): ["buffer.url=redis://:pw@x"],
+    ("buffer", "remote"): ["buffer.url=redis://:pw@x", "buffer.url_file="],
     ("task", "file"): ["data.train_files=[/tmp/prompts.parquet]"],
 }
 
