@@ -108,7 +108,9 @@ def test_actor_host_killed_then_relaunched_loses_and_doubles_nothing(cluster):
     _wait_step(roles, learners[0], 10, 300)
     roles.release(first)  # about to die
     hosts.kill_all("actors")
-    roles.wait_line(learners[0], "weight sync", 60)  # a failed sync or a new group, logged
+    mark = len(learners[0].output())  # the learner says so: a failed sync or a data wait
+    said = re.compile(r"weight sync \d+ failed|still waiting for fresh groups")
+    roles.wait_until(lambda: said.search(learners[0].output()[mark:]), 60, "the learner's report")
     cursors_before = cluster.meta()
     relaunched = cluster.start_actors(*slow, tag="actors")
     for proc in learners:
