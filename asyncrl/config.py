@@ -172,8 +172,8 @@ class LearnerConfig:
     """This node's rank among the learner nodes, 0 .. nnodes-1; node 0 hosts the rendezvous
     (at ``rdzv_endpoint``, which must be its address)."""
     rdzv_endpoint: str = ""
-    """``HOST:PORT`` of torchrun's c10d rendezvous when ``nnodes > 1`` (learner node 0's
-    ``network.bind`` address and a free port)."""
+    """``HOST:PORT`` of torchrun's rendezvous when ``nnodes > 1``: learner node 0's
+    ``network.bind`` address and a free port (static rendezvous: docs/multinode.md)."""
     steps: int = 400
     """Optimizer steps to run (>= 1)."""
     batch_groups: int = 16
@@ -199,6 +199,10 @@ class LearnerConfig:
     """Send weights to the actors every this many steps (>= 1)."""
     checkpoint_every: int = 100
     """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
+    checkpoint_dir: str = ""
+    """Where checkpoints go (``<dir>/checkpoints/step_<V>``); '' = the run directory. Every
+    rank writes its own shards there, so with ``learner.nnodes > 1`` it must be a directory
+    every learner node shares (the same path on a shared filesystem): required then."""
     device: str = "auto"
     """``auto`` (a GPU per rank when CUDA is available, else the CPU), ``cpu`` or ``cuda``.
     GPU ranks use ``cuda:LOCAL_RANK`` and NCCL for FSDP2 (learner/device.py)."""
@@ -211,7 +215,8 @@ class LearnerConfig:
     data_timeout_s: float = 300.0
     """Fail with a clear error if no fresh group arrives for this long (> 0 seconds)."""
     actor_wait_s: float = 600.0
-    """How long the learner waits at start for ``actor.num_actors`` actors to register
+    """How long the learner waits at start for all ``actor.num_actors * actor.nnodes`` actors
+    to register
     (each loads the model and starts vLLM: ~30 s for the demo on CPU, minutes for a large
     model). The wait prints what it lacks every 15 s and stops at once on SIGTERM/Ctrl-C."""
     weight_sync_timeout_s: float = 120.0
@@ -225,7 +230,7 @@ class LearnerConfig:
     groups it had not acked; a group that crashes it ``buffer.max_deliveries`` times is
     dead-lettered as poison. Restarts are counted in ``asyncrl_launcher_role_restarts_total``."""
     weight_sync: bool = True
-    """Wait for ``actor.num_actors`` actors and send them weights. false = no actor weight
+    """Wait for the job's actors (``num_actors * nnodes``) and send them weights. false = no actor weight
     channel: train on groups already in (or written to) the buffer by other means, e.g. the
     learner fault tests (tests/faults/test_learner_kills.py)."""
     max_nonfinite_steps: int = 3
@@ -243,6 +248,12 @@ class LearnerConfig:
         _bound(self, "learner.nproc", ge=1)
         _bound(self, "learner.nnodes", ge=1)
         _bound(self, "learner.node_rank", ge=0, lt=self.nnodes, hint=" (below learner.nnodes)")
+        _require(
+            self.nnodes == 1 or bool(self.checkpoint_dir),
+            f"learner.nnodes={self.nnodes}: every learner rank writes its checkpoint shards, "
+            "so the nodes need one shared directory; set learner.checkpoint_dir=<a path on a "
+            "filesystem all learner nodes mount>",
+        )
         _require(
             self.nnodes == 1 or _is_endpoint(self.rdzv_endpoint),
             f"learner.nnodes={self.nnodes} needs learner.rdzv_endpoint=HOST:PORT (learner node "
@@ -429,6 +440,12 @@ class Config:
             "learner.device=cpu",
         )
         _check_buffer_url(self.buffer.url, self.network)
+        _require(
+            self.learner.nnodes == 1 or not self.network.local,
+            f"learner.nnodes={self.learner.nnodes} with network.bind={self.network.bind}: "
+            "learner nodes on other hosts cannot reach loopback; set network.bind=<this host's "
+            "cluster address> on each learner node",
+        )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             # actors make exactly batch_groups groups per version there: nothing could refill
@@ -468,7 +485,8 @@ def _read_secret_file(path: str, key: str) -> str:
 
     try:
         mode = os.stat(path).st_mode
-        text = open(path).read().strip()
+        with open(path) as f:
+            text = f.read().strip()
     except OSError as e:
         _require(False, f"{key}={path!r} cannot be read: {e.strerror}")
     _require(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from asyncrl.config_checks import require as _require
 
 LOOPBACK = "127.0.0.1"
-_WILDCARDS = ("0.0.0.0", "::")
+_WILDCARDS = ("0.0.0.0",)
 
 
 def is_loopback(host: str) -> bool:
@@ -31,8 +31,10 @@ def is_loopback(host: str) -> bool:
 
 
 def _is_ip(host: str) -> bool:
+    """An IPv4 address (IPv6 is not supported: the control plane and the port probes are
+    IPv4-only)."""
     try:
-        ipaddress.ip_address(host)
+        ipaddress.IPv4Address(host)
         return True
     except ValueError:
         return False
@@ -57,7 +59,7 @@ class NetworkConfig:
     def __post_init__(self) -> None:
         _require(
             _is_ip(self.bind),
-            f"network.bind={self.bind!r} is not an IP address; give this host's address on "
+            f"network.bind={self.bind!r} is not an IPv4 address; give this host's address on "
             "the cluster network (e.g. 10.0.0.5), 0.0.0.0 for every interface, or 127.0.0.1",
         )
         _require(
@@ -65,9 +67,10 @@ class NetworkConfig:
             f"network.advertise={self.advertise!r} is neither an IP address nor a host name",
         )
         _require(
-            self.bind not in _WILDCARDS or bool(self.advertise),
+            self.bind not in _WILDCARDS or _is_ip(self.advertise),
             f"network.bind={self.bind} listens on every interface, so peers cannot be told "
-            "where to connect; set network.advertise=<this host's routable address>",
+            "where to connect; set network.advertise=<this host's IPv4 address on the cluster "
+            "network> (gloo binds it)",
         )
         _require(
             is_loopback(self.metrics),

@@ -86,6 +86,7 @@ class GroupSource:
     wait for weights while the learner waits for their groups: see ``next_batch``)."""
     _pending: list = field(default_factory=list)
     _held: list = field(default_factory=list)
+    _held_wait: Wait | None = None
     _last_batch: list = field(default_factory=list)
     _resumed: set = field(default_factory=set)
 
@@ -108,7 +109,8 @@ class GroupSource:
         """
         self.step_done()
         fresh, self._held = self._held, []
-        wait = self._data_wait(version, count)
+        # after a pause for a sync the deadline goes on: pauses do not extend it
+        wait, self._held_wait = self._held_wait or self._data_wait(version, count), None
         while len(fresh) < count:
             want = count - len(fresh)
             entries = self._take_pending(want, fresh)
@@ -135,7 +137,7 @@ class GroupSource:
             if ok:  # progress: a new deadline
                 wait = self._data_wait(version, count)
             elif self.interrupt():
-                self._held = fresh
+                self._held, self._held_wait = fresh, wait
                 return None
             else:
                 wait.check(

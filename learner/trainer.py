@@ -137,7 +137,9 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         f"{world} rank(s) on {current_device().type} (process group "
         f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute"
     )
-    state = _maybe_resume(run_dir, ctx, hub)
+    # checkpoints: every rank writes its shards there, so all learner nodes must share it
+    ckpt_dir = cfg.learner.checkpoint_dir or run_dir
+    state = _maybe_resume(ckpt_dir, ctx, hub)
     guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
     start = time.monotonic() - state.wall_s
     if _rank0_flag(rank, _start_or_stop(hub, state.version)):
@@ -158,6 +160,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         if _rank0_flag(rank, rank == 0 and groups is None):  # actors re-registered: weights
             _sync_weights(ctx.model, hub, state.version)  # first, or they generate nothing
             synced = state.version
+            hub.weights_at_actors(synced)
             continue
         failpoint("learner.after_read", version=state.version, groups=_ids(groups))
         batch = broadcast_batch(_collate(groups)).to(current_device())
@@ -172,7 +175,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         state.nonfinite_updates += int(metrics["nonfinite_updates"])
         state.wall_s = time.monotonic() - start
         if problem:  # before these weights are synced or checkpointed
-            raise _nonfinite(problem, state, metrics, hub, groups, run_dir)
+            raise _nonfinite(problem, state, metrics, hub, groups, ckpt_dir)
         hub.step_done()  # the step ran: a crash from here on is not its data's fault
         due = sync and state.version - synced >= cfg.learner.sync_every
         # a validation under way holds syncs while training can go on (learner/validation.py)
@@ -183,11 +186,11 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         hub.after_step(state, metrics)
         every = cfg.learner.checkpoint_every
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
-            _checkpoint(run_dir, ctx, state, model_dir, hub)
+            _checkpoint(ckpt_dir, ctx, state, model_dir, hub)
         failpoint("learner.after_step", version=state.version)
     if state.version == 0:
         raise _untrained(cfg, hub, rank, time.monotonic() - start)
-    _checkpoint(run_dir, ctx, state, model_dir, hub)
+    _checkpoint(ckpt_dir, ctx, state, model_dir, hub)
     if _rank0_flag(rank, hub.end_validation_due(state.version)):  # eval.at_end
         if synced != state.version:
             _sync_weights(ctx.model, hub, state.version)

@@ -20,9 +20,9 @@ class IdKeeper:
 
     def __init__(self, cfg: Config, url: str, run_dir, say=print) -> None:
         from buffer.actor_ids import ActorIds, launch_token
-        from buffer.connection import connect
+        from buffer.connection import connect, mask_url
 
-        self.cfg, self.say = cfg, say
+        self.cfg, self.say, self.where = cfg, say, mask_url(url)
         self.ttl_s = cfg.buffer.lease_ttl_s
         self.claims = ActorIds(connect(url), cfg.buffer.name, cfg.actor.total,
                                launch_token(run_dir), self.ttl_s)  # fmt: skip
@@ -45,7 +45,7 @@ class IdKeeper:
         )
         first = True
         while True:
-            self.ids = self.claims.claim(want)
+            self.ids = self._retried(lambda: self.claims.claim(want))
             if len(self.ids) == want:
                 break
             if first:  # said only when the ids are not free at once
@@ -60,7 +60,7 @@ class IdKeeper:
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 lost = self.claims.renew(self.ids)
-            except Exception as e:  # Redis unreachable (a partition): retry next period
+            except Exception as e:  # noqa: BLE001 (Redis unreachable, a partition: next period)
                 self.say(f"[asyncrl] cannot renew actor ids {self.ids} ({e}); retrying")
                 continue
             if lost:
@@ -71,6 +71,18 @@ class IdKeeper:
                 )
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
+
+    def _retried(self, fn):
+        """``fn()`` with Redis reconnects for up to ``buffer.reconnect_s``; a Redis error that
+        retrying cannot fix becomes a ``BufferUnavailable`` naming the server."""
+        import redis
+
+        from buffer.connection import BufferUnavailable, call_with_retries
+
+        try:
+            return call_with_retries(fn, self.where, self.cfg.buffer.reconnect_s)
+        except redis.RedisError as e:
+            raise BufferUnavailable(f"claiming actor ids at {self.where} failed: {e}") from None
 
     def close(self) -> None:
         self._stop.set()

@@ -110,7 +110,7 @@ def check_access(url: str, name: str) -> None:
     now with the fix, not as a traceback inside a role."""
     import redis
 
-    from buffer.connection import connect, mask_url
+    from buffer.connection import BufferUnavailable, connect, mask_url
 
     client = connect(url)
     try:
@@ -121,6 +121,8 @@ def check_access(url: str, name: str) -> None:
             f"buffer.name={name!r}: `asyncrl launch buffer` grants its users the keys of its own "
             "buffer.name; give every role the same buffer.name"
         ) from None
+    except redis.RedisError as e:
+        raise BufferUnavailable(f"Redis at {mask_url(url)} failed: {e}") from None
     finally:
         client.close()
 
@@ -165,7 +167,7 @@ def core_split(cfg: Config) -> str:
 def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
     """The learner (torchrun); with ``learner.restart_max=N`` a dead one is started again, on
     a fresh rendezvous port, and resumes from its newest checkpoint."""
-    env = role_env(cfg, url, cfg.learner.cpu_threads)
+    env = role_env(cfg, url, cfg.learner.cpu_threads, across_nodes=cfg.learner.nnodes > 1)
     cmd = lambda: learner_cmd(cfg, run_dir, model_dir)  # noqa: E731 (a fresh port each start)
     role = spawn("learner", cmd, env, run_dir, show_progress, cfg.learner.cpu_affinity)
     role.restart_max, role.restart_key = cfg.learner.restart_max, "learner.restart_max"
@@ -214,6 +216,12 @@ def serve_launcher_metrics(
 
 def run_local(cfg: Config) -> int:
     """Everything on this machine: buffer, learner (torchrun) and actors; returns an exit code."""
+    if cfg.learner.nnodes > 1 or cfg.actor.nnodes > 1:
+        raise ValueError(
+            f"asyncrl run starts the roles of one machine, but learner.nnodes="
+            f"{cfg.learner.nnodes} and actor.nnodes={cfg.actor.nnodes}; run `asyncrl launch "
+            "buffer|learner|actors` on each node group instead (docs/multinode.md)"
+        )
     check_network(cfg)
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
@@ -315,8 +323,9 @@ def launch_role(cfg: Config, role: str) -> int:
         return _serve_buffer(cfg, run_dir)
     if not cfg.buffer.url:
         raise ValueError(
-            f"`asyncrl launch {role}` needs buffer.url=redis://:PASSWORD@HOST:PORT/0 "
-            "(start one with `asyncrl launch buffer`, which prints it)"
+            f"`asyncrl launch {role}` needs buffer.url_file=FILE, a file (mode 0600) holding "
+            "redis://USER:PASSWORD@HOST:PORT/0 (`asyncrl launch buffer` writes one per role "
+            "and prints where)"
         )
     start_buffer(cfg, run_dir)  # checks that the URL answers and may touch buffer.name's keys
     import_heavy_modules()

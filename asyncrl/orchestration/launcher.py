@@ -74,13 +74,15 @@ class Role:
     """The thread copying the current process's output."""
 
 
-def role_env(cfg, redis_url: str, threads: int) -> dict[str, str]:
-    """A role's environment: the buffer URL (never argv: it holds a password), thread counts,
-    and gloo/NCCL kept on ``network.interface`` off loopback (asyncrl/hostnet.py)."""
+def role_env(cfg, redis_url: str, threads: int, across_nodes: bool = False) -> dict[str, str]:
+    """A role's environment: the buffer URL (never argv: it holds a password), thread counts;
+    for learner ranks on several nodes, gloo/NCCL kept on ``network.interface``
+    (asyncrl/hostnet.py). Otherwise their sockets stay on loopback."""
     from asyncrl.hostnet import socket_env
 
     env = dict(os.environ)
-    env.update(socket_env(cfg.network))
+    if across_nodes:
+        env.update(socket_env(cfg.network))
     env.update(
         ASYNCRL_REDIS_URL=redis_url,
         OMP_NUM_THREADS=str(threads),
@@ -176,12 +178,11 @@ def spawn(
 
 def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
     """torchrun for this node's learner ranks; its rendezvous store binds one address only
-    (asyncrl/torchrun.py): this host's ``network.interface`` on one node, else
-    ``learner.rdzv_endpoint`` (hosted by node 0)."""
+    (asyncrl/torchrun.py): loopback on one node, else ``learner.rdzv_endpoint`` (hosted by
+    node 0)."""
     ln = cfg.learner
-    if ln.nnodes == 1:
-        host = cfg.network.interface
-        master = [f"--master_addr={host}", f"--master_port={free_port(host)}"]
+    if ln.nnodes == 1:  # one node: the ranks talk over loopback, whatever network.bind is
+        master = ["--master_addr=127.0.0.1", f"--master_port={free_port()}"]
     else:
         host, _, port = ln.rdzv_endpoint.rpartition(":")
         master = [f"--master_addr={host.strip('[]')}", f"--master_port={port}"]

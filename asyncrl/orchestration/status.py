@@ -1,6 +1,6 @@
 """``asyncrl status``: one screen about a running job, from its buffer and metrics endpoints.
 
-    asyncrl status buffer.url=redis://:PASSWORD@HOST:PORT/0 [buffer.name=NAME]
+    asyncrl status buffer.url_file=FILE [buffer.name=NAME]   (FILE holds the Redis URL)
     asyncrl status run_dir=runs/<timestamp>        (a job started by `asyncrl run`)
 
 Buffer counters come from Redis; every process's ``/metrics`` endpoint is listed in the
@@ -45,7 +45,7 @@ def job_url(cfg: Config) -> str:
         return cfg.buffer.url
     if not cfg.run_dir:
         raise ValueError(
-            "asyncrl status needs buffer.url=redis://:PASSWORD@HOST:PORT/0 of the job, or "
+            "asyncrl status needs buffer.url_file=FILE (a file holding the job's Redis URL), or "
             "run_dir=<the run directory of a local `asyncrl run`>"
         )
     path = Path(cfg.run_dir) / "redis" / "redis.url"

@@ -56,6 +56,7 @@ class Cluster:
         """Learner nodes 0 and 1 (1 rank each), rendezvous on learner0."""
         rdzv = f"{self.hosts.addr('learner0')}:{RDZV_PORT}"
         common = ["learner.nproc=1", "learner.nnodes=2", f"learner.rdzv_endpoint={rdzv}",
+                  f"learner.checkpoint_dir={self.tmp / 'shared-checkpoints'}",
                   f"buffer.url_file={self.url_file('learner')}", *overrides]  # fmt: skip
         # node 1 may end before node 0 has written the summary: its exit 0 is no death
         return [

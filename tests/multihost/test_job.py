@@ -81,6 +81,10 @@ def test_job_trains_across_hosts_listens_only_where_configured_and_ignores_an_ou
     log = learners[0].output()
     assert "actor 99" not in log and "98" not in re.findall(r"actors? \[[^\]]*\]", log), log
     assert meta["control_addr"].startswith(f"tcp://{hosts.addr('learner0')}:")
+    # both nodes' shards in the one shared checkpoint directory, sealed by rank 0
+    final = cluster.tmp / "shared-checkpoints" / "checkpoints" / f"step_{STEPS:06d}"
+    assert (final / "COMPLETE").is_file(), sorted(final.parent.iterdir())
+    assert len(list((final / "dcp").glob("__*_*.distcp"))) == 2, list((final / "dcp").iterdir())
 
 
 def _next_step(roles, proc, timeout_s: float = 120) -> None:

@@ -21,8 +21,10 @@ def test_defaults_are_loopback():
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"bind": "node7"}, "is not an IP address"),
+        ({"bind": "node7"}, "is not an IPv4 address"),
         ({"bind": "0.0.0.0"}, "set network.advertise"),
+        ({"bind": "0.0.0.0", "advertise": "node7"}, "set network.advertise"),
+        ({"bind": "::1"}, "not an IPv4 address"),
         ({"metrics": "10.0.0.1"}, "no authentication"),
         ({"advertise": "bad host!"}, "neither an IP address nor a host name"),
     ],
@@ -39,25 +41,45 @@ def test_wildcard_bind_uses_the_advertised_interface():
 
 
 @pytest.mark.parametrize(
-    ("host", "loop"), [("127.0.0.1", True), ("127.3.0.1", True), ("::1", True),
+    ("host", "loop"), [("127.0.0.1", True), ("127.3.0.1", True), ("::1", True),  # IPv6 named
                        ("localhost", True), ("10.0.0.1", False), ("redis.internal", False)],
 )  # fmt: skip
 def test_is_loopback(host, loop):
     assert is_loopback(host) is loop
 
 
-def test_multinode_learner_needs_an_endpoint_and_a_rank_below_nnodes():
+def test_multinode_learner_needs_an_endpoint_a_shared_checkpoint_dir_and_a_rank_below_nnodes():
+    shared = {"checkpoint_dir": "/shared/ckpt"}
     with pytest.raises(ValueError, match="needs learner.rdzv_endpoint=HOST:PORT"):
-        LearnerConfig(nnodes=2)
+        LearnerConfig(nnodes=2, **shared)
+    with pytest.raises(ValueError, match="set learner.checkpoint_dir"):
+        LearnerConfig(nnodes=2, rdzv_endpoint="10.0.0.1:29500")
     with pytest.raises(ValueError, match="learner.node_rank"):
-        LearnerConfig(nnodes=2, node_rank=2, rdzv_endpoint="10.0.0.1:29500")
-    cfg = LearnerConfig(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500")
+        LearnerConfig(nnodes=2, node_rank=2, rdzv_endpoint="10.0.0.1:29500", **shared)
+    cfg = LearnerConfig(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500", **shared)
     assert cfg.world_size == 2 * cfg.nproc
+
+
+MULTINODE = ["learner.nnodes=2", "learner.rdzv_endpoint=10.0.0.1:1", "learner.checkpoint_dir=/s"]
 
 
 def test_batch_splits_over_all_learner_nodes():
     with pytest.raises(ConfigError, match="over 6 learner rank"):
-        load_config(["learner.nproc=3", "learner.nnodes=2", "learner.rdzv_endpoint=h:1"])
+        load_config(["learner.nproc=3", *MULTINODE, "network.bind=10.0.0.1"])
+
+
+def test_a_learner_across_nodes_cannot_stay_on_loopback():
+    with pytest.raises(ConfigError, match="cannot reach loopback"):
+        load_config(MULTINODE)
+    load_config([*MULTINODE, "network.bind=10.0.0.1"])
+
+
+def test_asyncrl_run_refuses_a_multinode_layout():
+    from asyncrl.orchestration.jobs import run_local
+
+    for extra in (["actor.nnodes=2"], [*MULTINODE, "network.bind=10.0.0.1"]):
+        with pytest.raises(ValueError, match="launch buffer\\|learner\\|actors` on each node"):
+            run_local(load_config(extra))
 
 
 def test_redis_without_password_is_refused_off_loopback():
