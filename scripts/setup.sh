@@ -13,6 +13,13 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 # Debian starts a system redis on 6379; we never use it (every run starts its own private one).
+# The multi-host tests (tests/multihost) build hosts from network namespaces with `ip` and list
+# sockets with `ss` (both iproute2); as root only, so only root installs them.
+if [ "$(id -u)" -eq 0 ] && ! { command -v ip && command -v ss; } >/dev/null 2>&1; then
+  echo "[setup] installing Debian's iproute2 (ip, ss) for the multi-host tests"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+fi
 
 stamp="$VENV/.asyncrl-setup-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ -f "$stamp" ]; then

@@ -80,8 +80,9 @@ def available() -> str | None:
         return f"network namespaces need Linux (this is {sys.platform})"
     if os.geteuid() != 0:
         return f"network namespaces need root (euid is {os.geteuid()})"
-    if shutil.which("ip") is None:
-        return "no `ip` binary on PATH (apt-get install -y iproute2)"
+    for tool in ("ip", "ss"):  # ss: the tests list each host's listening sockets
+        if shutil.which(tool) is None:
+            return f"no `{tool}` binary on PATH (apt-get install -y iproute2)"
     probe = f"arl{os.getpid()}-probe"
     _ip("netns", "del", probe, check=False)  # a leftover of a crashed probe by this pid
     try:
