@@ -393,28 +393,7 @@ class Config:
         )
         if self.task.seed is None:
             self.task.seed = self.seed
-        files = self.task.name == "file"
-        _require(
-            not files or bool(self.data.train_files),
-            "task.name=file needs data.train_files=[path.parquet,...] (.parquet or .jsonl)",
-        )
-        _require(
-            not (files and self.eval.enabled) or bool(self.data.val_files),
-            "eval.every / eval.at_start / eval.at_end validate on data.val_files, which is "
-            "empty; set data.val_files=[path.parquet,...] or turn validation off (eval.every=0 "
-            "eval.at_start=false eval.at_end=false)",
-        )
-        _require(
-            not self.eval.enabled or self.learner.weight_sync,
-            "eval validates weight versions the learner sends to the actors, and "
-            "learner.weight_sync=false sends none; set learner.weight_sync=true or turn "
-            "validation off (eval.every=0 eval.at_start=false eval.at_end=false)",
-        )
-        _require(
-            files or not (self.data.train_files or self.data.val_files),
-            f"data.train_files / data.val_files are set but task.name={self.task.name} does not "
-            "read them; set task.name=file (and a task.reward_fn for the data)",
-        )
+        _check_data(self)
         if self.buffer.capacity == 0:
             self.buffer.capacity = self.learner.batch_groups * max(1, self.buffer.max_staleness)
         rows = self.learner.batch_groups * self.actor.n_samples
@@ -439,13 +418,7 @@ class Config:
             "(learner.device=cuda or auto on a GPU machine); use auto or sdpa with "
             "learner.device=cpu",
         )
-        _check_buffer_url(self.buffer.url, self.network)
-        _require(
-            self.learner.nnodes == 1 or not self.network.local,
-            f"learner.nnodes={self.learner.nnodes} with network.bind={self.network.bind}: "
-            "learner nodes on other hosts cannot reach loopback; set network.bind=<this host's "
-            "cluster address> on each learner node",
-        )
+        _check_network(self)
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             # actors make exactly batch_groups groups per version there: nothing could refill
@@ -454,6 +427,43 @@ class Config:
                 "mode=sync cannot refill groups dropped by algorithm.dynamic_sampling; "
                 "use mode=async or algorithm.dynamic_sampling=false",
             )
+
+
+def _check_data(cfg: Config) -> None:
+    """The task, its data files and validation agree."""
+    files = cfg.task.name == "file"
+    _require(
+        not files or bool(cfg.data.train_files),
+        "task.name=file needs data.train_files=[path.parquet,...] (.parquet or .jsonl)",
+    )
+    _require(
+        not (files and cfg.eval.enabled) or bool(cfg.data.val_files),
+        "eval.every / eval.at_start / eval.at_end validate on data.val_files, which is "
+        "empty; set data.val_files=[path.parquet,...] or turn validation off (eval.every=0 "
+        "eval.at_start=false eval.at_end=false)",
+    )
+    _require(
+        not cfg.eval.enabled or cfg.learner.weight_sync,
+        "eval validates weight versions the learner sends to the actors, and "
+        "learner.weight_sync=false sends none; set learner.weight_sync=true or turn "
+        "validation off (eval.every=0 eval.at_start=false eval.at_end=false)",
+    )
+    _require(
+        files or not (cfg.data.train_files or cfg.data.val_files),
+        f"data.train_files / data.val_files are set but task.name={cfg.task.name} does not "
+        "read them; set task.name=file (and a task.reward_fn for the data)",
+    )
+
+
+def _check_network(cfg: Config) -> None:
+    """Off loopback, Redis needs a password; a learner spanning nodes cannot use loopback."""
+    _check_buffer_url(cfg.buffer.url, cfg.network)
+    _require(
+        cfg.learner.nnodes == 1 or not cfg.network.local,
+        f"learner.nnodes={cfg.learner.nnodes} with network.bind={cfg.network.bind}: "
+        "learner nodes on other hosts cannot reach loopback; set network.bind=<this host's "
+        "cluster address> on each learner node",
+    )
 
 
 def _is_endpoint(text: str) -> bool:
