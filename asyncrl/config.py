@@ -20,7 +20,12 @@ from asyncrl.config_algorithm import (  # noqa: F401 (registry names: tests impo
 from asyncrl.config_checks import bound as _bound
 from asyncrl.config_checks import require as _require
 from asyncrl.config_checks import require_finite as _require_finite
-from asyncrl.config_network import NetworkConfig, is_loopback
+from asyncrl.config_network import (
+    NetworkConfig,
+    check_buffer_url,
+    is_endpoint,
+    read_secret_file,
+)
 from asyncrl.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, TaskConfig  # noqa: F401
 
 _UPDATE_MODES = ("keep", "abort")
@@ -255,7 +260,7 @@ class LearnerConfig:
             "filesystem all learner nodes mount>",
         )
         _require(
-            self.nnodes == 1 or _is_endpoint(self.rdzv_endpoint),
+            self.nnodes == 1 or is_endpoint(self.rdzv_endpoint),
             f"learner.nnodes={self.nnodes} needs learner.rdzv_endpoint=HOST:PORT (learner node "
             f"0's address and a free port), got {self.rdzv_endpoint!r}",
         )
@@ -316,7 +321,7 @@ class BufferConfig:
     def __post_init__(self) -> None:
         _require_finite(self, "buffer")
         if self.url_file and not self.url:
-            self.url = _read_secret_file(self.url_file, "buffer.url_file")
+            self.url = read_secret_file(self.url_file, "buffer.url_file")
         _require(
             bool(_BUFFER_NAME.fullmatch(self.name)),
             f"buffer.name={self.name!r}: give a non-empty name of letters, digits and _ - . : "
@@ -457,52 +462,10 @@ def _check_data(cfg: Config) -> None:
 
 def _check_network(cfg: Config) -> None:
     """Off loopback, Redis needs a password; a learner spanning nodes cannot use loopback."""
-    _check_buffer_url(cfg.buffer.url, cfg.network)
+    check_buffer_url(cfg.buffer.url, cfg.network)
     _require(
         cfg.learner.nnodes == 1 or not cfg.network.local,
         f"learner.nnodes={cfg.learner.nnodes} with network.bind={cfg.network.bind}: "
         "learner nodes on other hosts cannot reach loopback; set network.bind=<this host's "
         "cluster address> on each learner node",
     )
-
-
-def _is_endpoint(text: str) -> bool:
-    host, _, port = text.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) <= 65535
-
-
-def _check_buffer_url(url: str | None, network: NetworkConfig) -> None:
-    """Off loopback, Redis must authenticate: a ``buffer.url`` to another host, or any URL
-    in a job that binds beyond loopback, needs a password."""
-    if not url:
-        return
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    remote = parts.scheme != "unix" and not is_loopback(parts.hostname or "")
-    _require(
-        bool(parts.password) or not (remote or not network.local),
-        f"buffer.url has no password and the job is not confined to loopback (host "
-        f"{parts.hostname!r}, network.bind={network.bind}); use the URL `asyncrl launch "
-        "buffer` writes (redis://USER:PASSWORD@HOST:PORT/0), or a Redis with requirepass/ACL",
-    )
-
-
-def _read_secret_file(path: str, key: str) -> str:
-    """The first line of a file only its owner can read (mode 0600 or stricter)."""
-    import os
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError as e:
-        _require(False, f"{key}={path!r} cannot be read: {e.strerror}")
-    _require(
-        not mode & (stat.S_IRWXG | stat.S_IRWXO),
-        f"{key}={path!r} is readable by other users (mode {stat.S_IMODE(mode):o}); it holds a "
-        f"password: chmod 600 {path}",
-    )
-    _require(bool(text), f"{key}={path!r} is empty; it should hold redis://USER:PASSWORD@...")
-    return text.splitlines()[0]

@@ -101,3 +101,45 @@ def _is_hostname(name: str) -> bool:
         0 < len(lb) <= 63 and lb.replace("-", "").isalnum() and not lb.startswith("-")
         for lb in labels
     )
+
+
+def is_endpoint(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) <= 65535
+
+
+def check_buffer_url(url: str | None, network: NetworkConfig) -> None:
+    """Off loopback, Redis must authenticate: a ``buffer.url`` to another host, or any URL
+    in a job that binds beyond loopback, needs a password."""
+    if not url:
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    remote = parts.scheme != "unix" and not is_loopback(parts.hostname or "")
+    _require(
+        bool(parts.password) or not (remote or not network.local),
+        f"buffer.url has no password and the job is not confined to loopback (host "
+        f"{parts.hostname!r}, network.bind={network.bind}); use the URL `asyncrl launch "
+        "buffer` writes (redis://USER:PASSWORD@HOST:PORT/0), or a Redis with requirepass/ACL",
+    )
+
+
+def read_secret_file(path: str, key: str) -> str:
+    """The first line of a file only its owner can read (mode 0600 or stricter)."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError as e:
+        _require(False, f"{key}={path!r} cannot be read: {e.strerror}")
+    _require(
+        not mode & (stat.S_IRWXG | stat.S_IRWXO),
+        f"{key}={path!r} is readable by other users (mode {stat.S_IMODE(mode):o}); it holds a "
+        f"password: chmod 600 {path}",
+    )
+    _require(bool(text), f"{key}={path!r} is empty; it should hold redis://USER:PASSWORD@...")
+    return text.splitlines()[0]

@@ -113,7 +113,7 @@ class ControlServer:
             self._sock.bind(f"tcp://{host}:{port}")
         else:
             port = self._sock.bind_to_random_port(f"tcp://{host}")
-        self.address = f"tcp://{_url_host(advertise or host)}:{port}"
+        self.address = f"tcp://{advertise or host}:{port}"
         self.actors: dict[int, bytes] = {}
 
     def meta(self) -> dict[str, str]:
@@ -149,10 +149,6 @@ class ControlServer:
         self._sock.close(0)
         self._auth.stop()
         self._ctx.term()
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 class ControlClient:

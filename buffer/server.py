@@ -152,7 +152,7 @@ class RedisServer:
             return f"unix://:{self.password}@{self.socket_path}?db=0"
         if self.port is None:
             raise RuntimeError("RedisServer.url is known only after start()")
-        return f"redis://:{self.password}@{_url_host(self.advertise)}:{self.port}/0"
+        return f"redis://:{self.password}@{self.advertise}:{self.port}/0"
 
     @property
     def _local_url(self) -> str:
@@ -160,7 +160,7 @@ class RedisServer:
         if self.unix_socket:
             return self.url
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"redis://:{self.password}@{_url_host(host)}:{self.port}/0"
+        return f"redis://:{self.password}@{host}:{self.port}/0"
 
     def url_for(self, user: str) -> str:
         """The URL of the least-privilege ACL user ``user`` ("actor" or "learner").
@@ -174,7 +174,7 @@ class RedisServer:
             return f"unix://{user}:{pw}@{self.socket_path}?db=0"
         if self.port is None:
             raise RuntimeError("RedisServer.url_for is known only after start()")
-        return f"redis://{user}:{pw}@{_url_host(self.advertise)}:{self.port}/0"
+        return f"redis://{user}:{pw}@{self.advertise}:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -431,10 +431,6 @@ class RedisServer:
         os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to an existing file
         with os.fdopen(fd, "w") as f:
             f.write(text)
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 def _family(host: str) -> int:
