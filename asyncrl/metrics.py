@@ -1,4 +1,4 @@
-"""Prometheus metrics: every process serves ``/metrics`` on loopback (``metrics_host``).
+"""Prometheus metrics: every process serves ``/metrics`` on loopback (``network.metrics``).
 
     process          port (metrics_port = P; 0 turns every endpoint off)
     launcher         P          the ``asyncrl run`` / ``asyncrl launch`` process
