@@ -24,7 +24,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from asyncrl.control import ControlClient
     from asyncrl.faults import failpoint
     from asyncrl.waiting import StopRequested, Wait
-    from buffer.connection import connect
+    from buffer.connection import BufferUnavailable, connect
     from buffer.redis_buffer import ReplayBuffer
 
     b = cfg.buffer
@@ -45,6 +45,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(actor.state, "stop", True))
+    buffer.stop = lambda: actor.state.stop  # a stopping actor does not wait for Redis
     wait = Wait(
         f"a learner to announce itself in buffer {b.name!r}",
         cfg.actor.learner_wait_s,
@@ -67,6 +68,12 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         await asyncio.gather(actor.control_loop(client), actor.produce(), *validator)
     except RewardErrorRate as e:  # a broken reward: exit non-zero, saying so, with the stats
         failed = e
+    except BufferUnavailable as e:
+        if not actor.state.stop:
+            raise
+        # told to stop while Redis was gone (its launcher died with it): leave now; the
+        # leases it held expire after buffer.lease_ttl_s
+        print(f"[actor {actor_id}] stopping without Redis: {e}", flush=True)
     finally:
         client.close()
         actor.scorer.close()  # kills reward worker processes (and a call stuck in one)

@@ -112,10 +112,14 @@ def call_with_retries(
     where: str,
     budget_s: float = 5.0,
     on_retry: Callable[[], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> T:
     """Run ``fn``; on a dropped connection retry with doubling sleeps (50 ms .. 1 s) for up
     to ``budget_s`` seconds, then raise ``BufferUnavailable`` naming ``where`` (a masked URL).
     ``on_retry`` is called after every failed attempt (the reply may have been lost).
+    Once ``stop()`` is true (the role was told to stop) a dropped connection is not retried:
+    ``BufferUnavailable`` at once, or within one sleep (<= 1 s) of the stop request, so a role
+    whose Redis went away with its launcher does not outlive it by ``budget_s``.
 
     Only connection-level errors are retried; Redis replies such as WRONGTYPE propagate at
     once. A retried call may have run on the server before the connection dropped, so only
@@ -136,6 +140,10 @@ def call_with_retries(
         except _TRANSIENT as e:
             if on_retry is not None:
                 on_retry()
+            if stop():
+                raise BufferUnavailable(
+                    f"lost connection to Redis at {where} while stopping ({e}); not retrying"
+                ) from None
             if not lost and budget_s >= 1.0:  # a partition or a restart: say so, once
                 lost = True
                 _report(f"lost connection to Redis at {where} ({e}); retrying for up to "

@@ -28,7 +28,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import redis
@@ -114,7 +114,8 @@ class ReplayBuffer:
 
     ``client`` must return bytes (``decode_responses=False``), e.g. ``buffer.connect(url)``.
     A dropped connection is retried for up to ``reconnect_s`` seconds, then every method
-    raises ``BufferUnavailable``. Retries are safe: commit dedupes by group_id, ack and
+    raises ``BufferUnavailable``; once ``stop()`` is true (the role is stopping) it is not
+    retried at all (``call_with_retries``). Retries are safe: commit dedupes by group_id, ack and
     dead-lettering act only on still-pending entries, and a lease granted on a lost reply
     simply expires after ``lease_ttl_s``.
 
@@ -137,6 +138,7 @@ class ReplayBuffer:
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         reconnect_s: float = 5.0,
         max_deliveries: int = 3,
+        stop: Callable[[], bool] = lambda: False,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -151,7 +153,7 @@ class ReplayBuffer:
         self.client, self.name, self.capacity = client, name, capacity
         self.lease_ttl_s, self.consumer_group = lease_ttl_s, consumer_group
         self.max_payload_bytes, self.reconnect_s = max_payload_bytes, reconnect_s
-        self.max_deliveries = max_deliveries
+        self.max_deliveries, self.stop = max_deliveries, stop
         self._where = describe(client)
         keys = ("dead", "leases", "stats", "meta", "group_ids", "commits")
         self._k = {s: f"{name}:{s}" for s in keys}
@@ -486,7 +488,7 @@ class ReplayBuffer:
         log.warning("buffer %s: dead-lettered %s: %s", self.name, entry_id, reason)
 
     def _call(self, fn, on_retry=None):
-        return call_with_retries(fn, self._where, self.reconnect_s, on_retry)
+        return call_with_retries(fn, self._where, self.reconnect_s, on_retry, self.stop)
 
     def _run(self, script: str, keys: list[str], args: list, on_retry=None):
         """Run one of ``buffer/scripts.py`` through ``_redis``."""

@@ -49,10 +49,11 @@ class Hub:
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self._stop = False  # set by SIGTERM/SIGINT; ends waits and Redis reconnects
         b = cfg.buffer
         self.buffer = ReplayBuffer(
             connect(redis_url), b.name, b.capacity, b.lease_ttl_s, max_deliveries=b.max_deliveries,
-            reconnect_s=b.reconnect_s,
+            reconnect_s=b.reconnect_s, stop=self.stop_requested,
         )  # fmt: skip
         self.source = GroupSource(
             self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
@@ -72,7 +73,6 @@ class Hub:
         self._step_entries: list = []
         self._step_version = 0
         self._last_t = time.monotonic()
-        self._stop = False
         self.clock = StateClock(LEARNER_STATES, "starting")
         self._serve_metrics(cfg)
         self._ready_t = time.monotonic()

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from asyncrl import fatal
     from asyncrl.configload import config_from_json
+    from buffer.connection import BufferUnavailable
     from learner.null_hub import NullHub
     from learner.trainer import StoppedUntrained, init_distributed, run_learner
 
@@ -49,6 +50,14 @@ def main(argv: list[str] | None = None) -> int:
                 hub.say(str(e))
                 hub.close_log("KILLED")
                 return 130
+            except BufferUnavailable as e:
+                if not hub.stop_requested():
+                    raise
+                # told to stop while Redis was gone (its launcher died with it): leave now;
+                # what was not acked stays pending and is re-read on resume
+                hub.say(f"stopped: {e}")
+                hub.close_log("KILLED")
+                return 143
     with tracker_runs_failed_on_error(hub):
         hub.finish(state)  # summary.json, printed; closes the tracker runs FINISHED
     import torch.distributed as dist

@@ -45,7 +45,7 @@ class IdKeeper:
         )
         first = True
         while True:
-            self.ids = self._retried(lambda: self.claims.claim(want))
+            self.ids = self._retried(lambda: self.claims.claim(want), stop)
             if len(self.ids) == want:
                 break
             if first:  # said only when the ids are not free at once
@@ -72,7 +72,7 @@ class IdKeeper:
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 
-    def _retried(self, fn):
+    def _retried(self, fn, stop=lambda: False):
         """``fn()`` with Redis reconnects for up to ``buffer.reconnect_s``; a Redis error that
         retrying cannot fix becomes a ``BufferUnavailable`` naming the server."""
         import redis
@@ -80,7 +80,7 @@ class IdKeeper:
         from buffer.connection import BufferUnavailable, call_with_retries
 
         try:
-            return call_with_retries(fn, self.where, self.cfg.buffer.reconnect_s)
+            return call_with_retries(fn, self.where, self.cfg.buffer.reconnect_s, stop=stop)
         except redis.RedisError as e:
             raise BufferUnavailable(f"claiming actor ids at {self.where} failed: {e}") from None
 

@@ -7,6 +7,7 @@ engine, a real redis-server and real learner ranks.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -88,6 +89,24 @@ def test_a_second_job_in_a_busy_run_dir_is_refused_and_a_killed_job_frees_it(tmp
     res = subprocess.run([sys.executable, "-c", take, str(run_dir)], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert res.returncode == 0 and "locked" in res.stdout, res.stderr
+
+
+@pytest.mark.timeout(300)
+def test_roles_whose_redis_died_first_leave_within_seconds_of_a_launcher_sigkill(tmp_path, roles):
+    """Redis gone first, then the launcher SIGKILLed: the roles, retrying Redis for
+    buffer.reconnect_s (60 s), get SIGTERM from the kernel and must not finish that budget
+    (CI of stop 21: both outlived the launcher by 60 s when Redis won the race)."""
+    run_dir = tmp_path / "run"
+    job = _start_job(roles, run_dir)
+    roles.release(job)
+    redis_pids = [int(p.split(":")[0]) for p in _job_procs(run_dir) if p.endswith("redis-server")]
+    assert len(redis_pids) == 1, _job_procs(run_dir)
+    os.kill(job.pid, signal.SIGSTOP)  # no restart of Redis by the launcher
+    os.kill(redis_pids[0], signal.SIGKILL)
+    time.sleep(3.0)  # the roles are in their reconnect retries now
+    roles.kill(job)
+    left = _gone(run_dir, 15)
+    assert not left, f"processes outlived the SIGKILLed launcher by 15s: {left}"
 
 
 @pytest.mark.timeout(300)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import stat
 import threading
@@ -370,6 +371,56 @@ def test_restart_keeps_data_and_clients_reconnect(tmp_path, redis_binary):
     with pytest.raises(BufferUnavailable, match=r"redis://:\*\*\*@127.0.0.1") as err:
         ReplayBuffer(buf.client, "r", capacity=4, reconnect_s=0.3)  # contacts Redis at once
     assert restarted.password not in str(err.value)
+
+
+def _sigkill(server: RedisServer) -> None:
+    os.kill(server.pid, signal.SIGKILL)
+    server._proc.wait(timeout=10)
+
+
+def test_an_aof_torn_inside_a_script_loads_the_same_twice(tmp_path, redis_binary):
+    """A crash that tears the AOF inside a commit script's MULTI/EXEC: the torn commit is
+    gone, and stays gone after the next restart. redis-server 7.0 alone truncated inside the
+    MULTI and ran the torn script's HINCRBY at the next load: ``committed`` one above the
+    stream (``RedisServer._retire_torn_aof`` rewrites the AOF after such a load)."""
+    server = RedisServer(tmp_path).start()
+    buf = ReplayBuffer(connect(server.url), "t", capacity=16)
+    _fill(buf, ["0:1", "0:2", "0:3"])
+    _sigkill(server)
+    (incr,) = (tmp_path / "appendonlydir").glob("*.incr.aof")
+    data = incr.read_bytes()
+    incr.write_bytes(data[: data.rindex(b"XADD") + 2])  # torn inside the last script's effects
+    server.start()
+    assert (buf.stats()["committed"], buf.stats()["unread"]) == (2, 2)
+    _fill(buf, ["0:4", "0:5"])
+    _sigkill(server)
+    server.start()
+    stats = buf.stats()
+    assert (stats["committed"], stats["unread"]) == (4, 4), stats
+    assert buf.client.xlen("t") == 4
+    server.stop()
+
+
+def test_a_stop_request_ends_the_reconnect_retries_within_a_second(tmp_path, redis_binary):
+    """A role told to stop while its Redis is gone (both die with a SIGKILLed launcher) leaves
+    at once instead of retrying for ``reconnect_s``: the CI failure of stop 21, where the
+    actor and the learner outlived their launcher by 60 s."""
+    server = RedisServer(tmp_path).start()
+    stopping = threading.Event()
+    buf = ReplayBuffer(connect(server.url), "r", capacity=4, reconnect_s=60.0,
+                       stop=stopping.is_set)  # fmt: skip
+    _fill(buf, ["0:1"])
+    server.stop()
+    threading.Timer(0.5, stopping.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(BufferUnavailable, match="while stopping"):
+        buf.stats()  # retrying until the stop request
+    took = time.monotonic() - t0
+    assert 0.4 < took < 2.0, f"gave up after {took:.1f}s"
+    t0 = time.monotonic()
+    with pytest.raises(BufferUnavailable, match="while stopping"):
+        buf.stats()  # already stopping: no retry at all
+    assert time.monotonic() - t0 < 0.5
 
 
 def test_corrupt_aof_stops_startup(tmp_path, redis_binary):
