@@ -136,14 +136,15 @@ def _validator(cfg, actor, model_dir: str, say) -> list:
 
 
 def _serve_metrics(cfg, actor, buffer) -> None:
-    from asyncrl.metrics import register_endpoint, role_port, serve
+    from asyncrl.endpoints import register_endpoint
+    from asyncrl.metrics import role_port, serve
 
     aid = actor.state.actor_id
     port = serve(
         actor.metrics.registry, role_port(cfg.metrics_port, "actor", aid), cfg.network.metrics
     )
     if port:
-        register_endpoint(buffer.client, cfg.buffer.name, f"actor{aid}", cfg.network.metrics, port)
+        register_endpoint(buffer.client, cfg.buffer.name, f"actor{aid}", port, cfg.network)
         print(f"[actor {aid}] metrics on http://{cfg.network.metrics}:{port}/metrics", flush=True)
 
 

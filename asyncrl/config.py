@@ -22,6 +22,7 @@ from asyncrl.config_checks import require as _require
 from asyncrl.config_checks import require_finite as _require_finite
 from asyncrl.config_network import (
     NetworkConfig,
+    check_buffer_tls,
     check_buffer_url,
     is_endpoint,
     read_secret_file,
@@ -314,6 +315,13 @@ class BufferConfig:
     reconnect_s: float = 60.0
     """How long a role retries a lost Redis connection (a restarting server, a network
     partition between hosts) before it fails with the reason, > 0. Each retry is logged."""
+    tls_dir: str = ""
+    """Serve the job's own Redis (``asyncrl launch buffer`` / ``asyncrl run``) over TLS only,
+    with ``ca.crt``, ``redis.crt``, ``redis.key`` from this directory; an empty or missing
+    directory gets a private CA and a certificate for ``network.advertise`` made
+    (buffer/tls.py). The URL files then read ``rediss://...?ssl_ca_certs=<dir>/ca.crt``:
+    ``ca.crt`` must be at that path on every host (a shared directory, or copy it).
+    '' = plain TCP (password-authenticated, not encrypted)."""
     max_deliveries: int = 3
     """A group handed to the learner this many times without a completed step (the learner
     crashed or was stopped each time) is dead-lettered as poison (``dropped_poison``); >= 1."""
@@ -463,6 +471,7 @@ def _check_data(cfg: Config) -> None:
 def _check_network(cfg: Config) -> None:
     """Off loopback, Redis needs a password; a learner spanning nodes cannot use loopback."""
     check_buffer_url(cfg.buffer.url, cfg.network)
+    check_buffer_tls(cfg.buffer.url, cfg.buffer.tls_dir)
     _require(
         cfg.learner.nnodes == 1 or not cfg.network.local,
         f"learner.nnodes={cfg.learner.nnodes} with network.bind={cfg.network.bind}: "

@@ -12,6 +12,7 @@ job on one machine is reachable from nowhere else. The metrics endpoints bind
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass
 
 from asyncrl.config_checks import require as _require
@@ -122,6 +123,36 @@ def check_buffer_url(url: str | None, network: NetworkConfig) -> None:
         f"buffer.url has no password and the job is not confined to loopback (host "
         f"{parts.hostname!r}, network.bind={network.bind}); use the URL `asyncrl launch "
         "buffer` writes (redis://USER:PASSWORD@HOST:PORT/0), or a Redis with requirepass/ACL",
+    )
+
+
+def mask_url(url: str) -> str:
+    """``redis://:secret@host:1/0`` -> ``redis://:***@host:1/0`` (any scheme; for messages,
+    config files and trackers: the one place a URL's password is masked)."""
+    import re
+
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def check_buffer_tls(url: str | None, tls_dir: str) -> None:
+    """A ``rediss://`` URL's CA file exists here; ``buffer.tls_dir`` goes with a TLS URL."""
+    from urllib.parse import parse_qs, urlsplit
+
+    if not url:
+        return
+    parts = urlsplit(url)
+    if parts.scheme == "rediss":
+        for ca in parse_qs(parts.query).get("ssl_ca_certs", []):
+            _require(
+                os.path.isfile(ca),
+                f"buffer.url verifies the server with ssl_ca_certs={ca}, which is not a file "
+                "on this host; copy <buffer.tls_dir>/ca.crt from the host of `asyncrl launch "
+                "buffer` to that path (or share the directory)",
+            )
+    _require(
+        not tls_dir or parts.scheme in ("rediss", "unix"),
+        f"buffer.tls_dir={tls_dir} but buffer.url is plain {parts.scheme}://: use the "
+        "rediss:// URL file that `asyncrl launch buffer buffer.tls_dir=...` wrote",
     )
 
 

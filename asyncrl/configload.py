@@ -13,6 +13,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 from asyncrl.config import Config
+from asyncrl.config_network import mask_url
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -146,7 +147,7 @@ def config_to_yaml(cfg: Config) -> str:
 def _masked(raw: dict) -> dict:
     url = raw["buffer"]["url"]
     if url:
-        raw["buffer"]["url"] = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+        raw["buffer"]["url"] = mask_url(url)
     return raw
 
 

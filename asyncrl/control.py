@@ -19,11 +19,14 @@ keys cannot register or send a command: its handshake fails before any message i
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import dataclass
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+
+from asyncrl.fatal import FatalError
 
 
 @dataclass(frozen=True)
@@ -103,16 +106,18 @@ class ControlServer:
         self.keys = keys or ControlKeys.generate()
         self._ctx = zmq.Context()
         self._auth = ThreadAuthenticator(self._ctx)
-        self._auth.start()
-        self._auth.configure_curve_callback("*", _OnlyKey(self.keys.client_public))
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.curve_server = True
-        self._sock.curve_secretkey = self.keys.server_secret.encode()
-        if port:
-            self._sock.bind(f"tcp://{host}:{port}")
-        else:
-            port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self._sock = None
+        try:  # a failed bind must not leave the auth thread and the context behind
+            self._auth.start()
+            self._auth.configure_curve_callback("*", _OnlyKey(self.keys.client_public))
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.curve_server = True
+            self._sock.curve_secretkey = self.keys.server_secret.encode()
+            port = _bind(self._sock, host, port)
+        except BaseException:
+            self.close()
+            raise
         self.address = f"tcp://{advertise or host}:{port}"
         self.actors: dict[int, bytes] = {}
 
@@ -146,9 +151,30 @@ class ControlServer:
             self.send(actor_id, msg)
 
     def close(self) -> None:
-        self._sock.close(0)
+        if self._sock is not None:
+            self._sock.close(0)
         self._auth.stop()
         self._ctx.term()
+
+
+def _bind(sock, host: str, port: int) -> int:
+    """Bind ``sock`` on ``host`` (``port`` 0: a free one); returns the port. A failure names
+    the address and ``network.bind``; an address this host does not hold is a ``FatalError``
+    (a restart binds it no better)."""
+    try:
+        if port:
+            sock.bind(f"tcp://{host}:{port}")
+            return port
+        return sock.bind_to_random_port(f"tcp://{host}")
+    except zmq.ZMQError as e:
+        said = f"the control plane cannot bind tcp://{host}:{port or '*'} ({zmq.strerror(e.errno)})"
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise FatalError(
+                f"{said}: network.bind={host!r} is not an address of this host; set "
+                "network.bind to one of its addresses"
+            ) from e
+        hint = "another process holds the port; " if e.errno == errno.EADDRINUSE else ""
+        raise RuntimeError(f"{said}; {hint}check network.bind={host!r}") from e
 
 
 class ControlClient:

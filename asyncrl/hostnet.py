@@ -38,6 +38,14 @@ def interface_name(address: str) -> str:
     return addrs[address]
 
 
+def resolve(host: str) -> str:
+    """``host``'s IPv4 address (itself if it is one). Raises ``ValueError`` naming it."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError as e:
+        raise ValueError(f"cannot resolve host name {host!r}: {e}") from None
+
+
 def check(network: NetworkConfig) -> None:
     """Raise ``ValueError`` (listing this host's addresses) unless this host holds the
     address its sockets bind (``network.interface``: ``bind``, or ``advertise`` for 0.0.0.0)."""

@@ -7,10 +7,11 @@
     actor i          P + 2 + i  generation throughput, busy/idle/paused time, weight version
 
 A port already in use falls back to a free one (with a warning). Every process records where
-it actually serves in the buffer's hash ``<buffer.name>:endpoints`` (role -> ``host:port``),
-which ``asyncrl status`` reads. Each process uses its own ``CollectorRegistry`` (vLLM keeps
-its own metrics in the default one). The full list of names is in docs/metrics.md and
-``tests/integration/test_metrics_endpoints.py`` scrapes real endpoints against it.
+it actually serves, and on which host, in the buffer's hash ``<buffer.name>:endpoints``
+(``asyncrl/endpoints.py``), which ``asyncrl status`` reads. Each process uses its own
+``CollectorRegistry`` (vLLM keeps its own metrics in the default one). The full list of names
+is in docs/metrics.md and ``tests/integration/test_metrics_endpoints.py`` scrapes real
+endpoints against it.
 
 Conventions: ``asyncrl_<role>_<what>_<unit>``; counters end in ``_total``; time in seconds;
 fractions are ``_ratio``; throughput is a counter (``rate(..._tokens_generated_total[1m])``).
@@ -71,12 +72,6 @@ def serve(registry: CollectorRegistry, port: int, host: str = DEFAULT_HOST) -> i
             flush=True,
         )
     return server.server_port
-
-
-def register_endpoint(client, buffer_name: str, role: str, host: str, port: int) -> None:
-    """Record ``role -> host:port`` in ``<buffer_name>:endpoints`` (read by asyncrl status)."""
-    if port:
-        client.hset(f"{buffer_name}:endpoints", role, f"{host}:{port}")
 
 
 class StateClock:

@@ -8,16 +8,21 @@ directory (say, on NFS) while a second job of the same role fails at once, namin
 process that holds the lock. The kernel drops a ``flock`` when the last process holding the
 open file exits, so a crashed or SIGKILLed job leaves no stale lock; the launcher passes the
 lock's file descriptor to the processes it starts, so the lock lasts as long as any of them.
+
+``write_atomic`` is how the run directory's secrets (a launch token, URL files) are written:
+a crash leaves the old file or the whole new one, never a part.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -141,3 +146,29 @@ def _pids_holding(path: Path) -> list[int]:
         except OSError:  # gone, or not ours to read
             continue
     return sorted(pids)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` by a file holding ``data`` with permissions exactly ``mode`` (default
+    0600: a secret). Readers and a crash see the old file or the whole new one, never a part:
+    the data goes to a temporary file in the same directory (created 0600, so a secret is
+    never readable by others, even briefly), is synced, then renamed over ``path``."""
+    path = Path(path)
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power loss
+    finally:
+        os.close(dir_fd)

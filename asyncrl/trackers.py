@@ -156,7 +156,7 @@ def open_trackers(cfg, run_dir: str | Path) -> list:
     open now are written there before anything is logged."""
     from dataclasses import asdict
 
-    from buffer.connection import mask_url
+    from asyncrl.config_network import mask_url
 
     run_dir = Path(run_dir)
     project, name = cfg.project_name, cfg.experiment_name or run_dir.name

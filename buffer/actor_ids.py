@@ -14,7 +14,8 @@ Invariants:
   cursors at once.
 - The ids of a launch that died come free after ``ttl_s`` without renewal; another launch
   may then take them and resumes their cursors (nothing is lost: a cursor's in-flight
-  prompts are re-claimed by whoever holds the id).
+  prompts are re-claimed by whoever holds the id). A launch that stops cleanly releases its
+  ids at once, only those still held by its token.
 - A launch whose id was taken by another (it was cut off longer than ``ttl_s``) learns it at
   its next renewal and must stop its actors (``lost`` is non-empty).
 """
@@ -24,6 +25,8 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+
+from asyncrl.rundir import write_atomic
 
 # KEYS: the slot key of every id 0..n-1.  ARGV: token, count, ttl_ms.
 # Keeps (and refreshes) the ids this token holds, up to count, then takes free ones
@@ -69,6 +72,20 @@ end
 return lost
 """
 
+# KEYS: the slot keys of the ids to release.  ARGV: token.
+# Frees each id still held by this token (one another launch took stays its) as _CLAIM does
+# (the actor ACL user may not DEL); returns the positions (1-based) of the ids freed.
+_RELEASE = """
+local freed = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('SET', key, '', 'PX', 1)
+    table.insert(freed, i)
+  end
+end
+return freed
+"""
+
 
 class ActorIds:
     """Claims of ids ``0 .. total-1`` in buffer ``name`` for one launch (``token``)."""
@@ -80,6 +97,7 @@ class ActorIds:
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self._claim = client.register_script(_CLAIM)
         self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
 
     def _key(self, i: int) -> str:
         return f"{self.name}:actor_id:{i}"
@@ -93,6 +111,12 @@ class ActorIds:
         """Extend this token's hold on ``ids``; returns the ids another launch holds now."""
         lost = self._renew([self._key(i) for i in ids], [self.token, self.ttl_ms])
         return [ids[int(pos) - 1] for pos in lost]
+
+    def release(self, ids: list[int]) -> list[int]:
+        """Free those of ``ids`` this token still holds, so a relaunch elsewhere need not
+        wait out the TTL; returns the ids freed."""
+        freed = self._release([self._key(i) for i in ids], [self.token])
+        return [ids[int(pos) - 1] for pos in freed]
 
     def holders(self) -> dict[int, str]:
         """id -> token of every held id (for messages and tests)."""
@@ -111,7 +135,5 @@ def launch_token(run_dir: str | os.PathLike) -> str:
     except FileNotFoundError:
         pass
     token = secrets.token_hex(16)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    write_atomic(path, token + "\n")  # a crash never leaves a part of a token
     return token

@@ -5,7 +5,6 @@ Every error a user sees names the server (password replaced by ``***``) and says
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -15,6 +14,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
+
+from asyncrl.config_network import mask_url
 
 T = TypeVar("T")
 
@@ -29,18 +30,16 @@ class BufferUnavailable(RuntimeError):
     """Redis could not be reached (or refused us) within the allowed time."""
 
 
-def mask_url(url: str) -> str:
-    """``redis://:secret@host:1/0`` -> ``redis://:***@host:1/0`` (also for ``unix://``)."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
-
-
 def describe(client: redis.Redis) -> str:
     """A password-free URL-like description of where ``client`` connects."""
     kw = client.connection_pool.connection_kwargs
     auth = ":***@" if kw.get("password") else ""
     if kw.get("path"):
         return f"unix://{auth}{kw['path']}?db={kw.get('db', 0)}"
-    return f"redis://{auth}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+    scheme = "rediss" if "ssl_ca_certs" in kw or "ssl_cert_reqs" in kw else "redis"
+    return (
+        f"{scheme}://{auth}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+    )
 
 
 def connect(url: str, timeout_s: float = 10.0, socket_timeout_s: float = 30.0) -> redis.Redis:
@@ -72,23 +71,43 @@ def connect(url: str, timeout_s: float = 10.0, socket_timeout_s: float = 30.0) -
                 raise
             raise _auth_error(url, e) from None
         except _TRANSIENT as e:
+            if _tls_refused(e):  # retrying cannot make a certificate verify
+                raise BufferUnavailable(
+                    f"Redis at {mask_url(url)} has a TLS certificate that does not verify "
+                    f"({e}); give the ssl_ca_certs of the `asyncrl launch buffer` that serves it "
+                    "(its URL files carry <buffer.tls_dir>/ca.crt) and its advertised address"
+                ) from None
             if time.monotonic() + delay > deadline:
-                silent = isinstance(e, redis.TimeoutError) and "reading" in str(e).lower()
-                hint = (
-                    "something accepts connections there but does not answer like Redis; "
-                    "check the host and port of buffer.url, or "
-                    if silent
-                    else ""
-                )
                 raise BufferUnavailable(
                     f"cannot reach Redis at {mask_url(url)} after {timeout_s:.1f}s ({e}); "
-                    f"{hint}{_FIX}"
+                    f"{_unreachable_hint(url, e)}{_FIX}"
                 ) from None
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
     client.connection_pool.connection_kwargs["socket_timeout"] = socket_timeout_s
     client.connection_pool.disconnect()  # the next command reconnects with the long timeout
     return client
+
+
+def _tls_refused(err: Exception) -> bool:
+    text = str(err)
+    return "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text
+
+
+def _unreachable_hint(url: str, err: Exception) -> str:
+    """What a failed connection's error suggests, as the start of a sentence ("" if nothing)."""
+    text = str(err).lower()
+    if isinstance(err, redis.TimeoutError) and "reading" in text:
+        return (
+            "something accepts connections there but does not answer like Redis; check the "
+            "host and port of buffer.url, or "
+        )
+    if url.startswith("redis://") and ("reset by peer" in text or "closed by server" in text):
+        return (
+            "the server closes plain connections: if it serves TLS (buffer.tls_dir), use the "
+            "rediss:// URL file it wrote; else "
+        )
+    return ""
 
 
 def _auth_error(url: str, err: Exception) -> BufferUnavailable:

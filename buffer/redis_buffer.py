@@ -389,6 +389,22 @@ class ReplayBuffer:
         values = self._run("STATS", self._stats_keys(), [])
         return dict(zip(scripts.STATS_FIELDS, (int(v) for v in values[:10]), strict=True))
 
+    def leases_by_actor(self) -> dict[int, int]:
+        """actor id -> its live leases (the groups it is generating now), read from Redis: a
+        fact about every actor of the job, wherever it runs (``asyncrl status``)."""
+        leases = self._k["leases"]
+
+        def live():
+            sec, usec = self.client.time()  # the server clock, as the scripts use
+            return self.client.zrangebyscore(leases, f"({sec * 1000 + usec // 1000}", "+inf")
+
+        out: dict[int, int] = {}
+        for lease_id in self._redis(live, [leases]):
+            actor = _s(lease_id).partition(":")[0]
+            if actor.isdigit():
+                out[int(actor)] = out.get(int(actor), 0) + 1
+        return out
+
     def audit(self) -> dict[str, int]:
         """The learner's check of the buffer, one round trip: ``stats()`` plus
 

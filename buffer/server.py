@@ -30,7 +30,9 @@ from pathlib import Path
 
 import redis
 
+from asyncrl.rundir import write_atomic
 from buffer.connection import BufferUnavailable, call_with_retries, connect, mask_url
+from buffer.tls import TlsFiles
 
 __all__ = [
     "ROLE_USERS",
@@ -96,9 +98,14 @@ class RedisServer:
         pass_fds: tuple[int, ...] = (),
         host: str = "127.0.0.1",
         advertise: str = "",
+        tls: TlsFiles | None = None,
     ) -> None:
         """``wrap(cmd)`` returns the command line that runs ``cmd`` (the launcher's makes the
-        server die with it: asyncrl/lifeline.py); ``pass_fds`` are inherited by the server."""
+        server die with it: asyncrl/lifeline.py); ``pass_fds`` are inherited by the server.
+        ``tls``: serve TLS only (no plain port); the URLs are ``rediss://`` and carry the CA
+        path clients verify the server with (buffer/tls.py)."""
+        if tls is not None and unix_socket:
+            raise ValueError("TLS is for TCP; a unix socket is local (give one or the other)")
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if start_timeout_s <= 0:
@@ -107,7 +114,7 @@ class RedisServer:
             raise ValueError(f"appendfsync must be 'always' or 'everysec', got {appendfsync!r}")
         self.run_dir = Path(run_dir).resolve()
         self.host, self.advertise = host, advertise or host
-        self.unix_socket = unix_socket
+        self.unix_socket, self.tls = unix_socket, tls
         self.executable = executable
         self.start_timeout_s = start_timeout_s
         self.maxmemory = maxmemory
@@ -152,7 +159,15 @@ class RedisServer:
             return f"unix://:{self.password}@{self.socket_path}?db=0"
         if self.port is None:
             raise RuntimeError("RedisServer.url is known only after start()")
-        return f"redis://:{self.password}@{self.advertise}:{self.port}/0"
+        return self._tcp_url(f":{self.password}", self.advertise)
+
+    def _tcp_url(self, auth: str, host: str, check_hostname: bool = True) -> str:
+        if self.tls is None:
+            return f"redis://{auth}@{host}:{self.port}/0"
+        query = self.tls.client_query()
+        if not check_hostname:  # our own child on the bound address: the CA is still checked
+            query = query.replace("ssl_check_hostname=true", "ssl_check_hostname=false")
+        return f"rediss://{auth}@{host}:{self.port}/0?{query}"
 
     @property
     def _local_url(self) -> str:
@@ -160,7 +175,7 @@ class RedisServer:
         if self.unix_socket:
             return self.url
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"redis://:{self.password}@{host}:{self.port}/0"
+        return self._tcp_url(f":{self.password}", host, check_hostname=False)
 
     def url_for(self, user: str) -> str:
         """The URL of the least-privilege ACL user ``user`` ("actor" or "learner").
@@ -174,7 +189,7 @@ class RedisServer:
             return f"unix://{user}:{pw}@{self.socket_path}?db=0"
         if self.port is None:
             raise RuntimeError("RedisServer.url_for is known only after start()")
-        return f"redis://{user}:{pw}@{self.advertise}:{self.port}/0"
+        return self._tcp_url(f"{user}:{pw}", self.advertise)
 
     @property
     def pid(self) -> int | None:
@@ -207,7 +222,7 @@ class RedisServer:
         # An auto-picked port can be taken between our probe and redis binding it: retry.
         for attempt in range(3):
             self.port = None if self.unix_socket else self._choose_port()
-            self._write_private(self.conf_path, self._config_text())
+            write_atomic(self.conf_path, self._config_text())
             self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log:
                 cmd = self._wrap([exe, str(self.conf_path)])
@@ -220,9 +235,9 @@ class RedisServer:
                 in_use = "Address already in use" in self._log_tail()
                 if not (in_use and self._requested_port == 0 and attempt < 2):
                     raise
-        self._write_private(self.run_dir / "redis.url", self.url + "\n")
+        write_atomic(self.run_dir / "redis.url", self.url + "\n")
         for user in ROLE_USERS:
-            self._write_private(self.run_dir / f"redis.{user}.url", self.url_for(user) + "\n")
+            write_atomic(self.run_dir / f"redis.{user}.url", self.url_for(user) + "\n")
         self._retire_torn_aof()
         return self
 
@@ -299,7 +314,7 @@ class RedisServer:
             "# Written by asyncrl buffer/server.py. Holds the password: keep it mode 0600.",
             f"bind {self.host}",
             "protected-mode yes",
-            f"port {self.port or 0}",
+            *self._port_lines(),
             f"requirepass {self.password}",
             "appendonly yes",
             f"appendfsync {self.appendfsync}",
@@ -318,6 +333,19 @@ class RedisServer:
             lines.append(f"maxmemory {self.maxmemory}")
         lines += self._acl_lines()
         return "\n".join(lines) + "\n"
+
+    def _port_lines(self) -> list[str]:
+        if self.tls is None:
+            return [f"port {self.port or 0}"]
+        t = self.tls
+        return [
+            "port 0",  # no plain-text listener at all
+            f"tls-port {self.port}",
+            f'tls-cert-file "{t.cert}"',
+            f'tls-key-file "{t.key}"',
+            f'tls-ca-cert-file "{t.ca}"',
+            "tls-auth-clients no",  # clients authenticate with their ACL user's password
+        ]
 
     def _choose_port(self) -> int:
         if self._requested_port:
@@ -368,10 +396,12 @@ class RedisServer:
         except OSError:
             return {}
         out = {}
-        for key in ("requirepass", "port"):
+        for key in ("requirepass", "port", "tls-port"):
             m = re.search(rf"^{key} (\S+)$", text, re.MULTILINE)
             if m:
                 out[key] = m.group(1)
+        if int(out.get("tls-port", "0")):  # a TLS server listened there (its "port" is 0)
+            out["port"] = out["tls-port"]
         for user, pw in re.findall(r"^user (\w+) on >(\S+) ", text, re.MULTILINE):
             out[f"user:{user}"] = pw
         return out
@@ -455,14 +485,6 @@ class RedisServer:
                 f"rewriting the AOF in {self.run_dir} after a torn tail failed "
                 f"({info['aof_last_bgrewrite_status']}); see {self.log_path}"
             )
-
-    @staticmethod
-    def _write_private(path: Path, text: str) -> None:
-        """Write ``text`` so that the file is never readable by others, even briefly."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to an existing file
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
 
 
 def _family(host: str) -> int:

@@ -25,14 +25,8 @@ from pathlib import Path
 from actors.rewards import extras_means
 from asyncrl.config import Config
 from asyncrl.control import ControlServer
-from asyncrl.metrics import (
-    LEARNER_STATES,
-    LearnerMetrics,
-    StateClock,
-    register_endpoint,
-    role_port,
-    serve,
-)
+from asyncrl.endpoints import register_endpoint
+from asyncrl.metrics import LEARNER_STATES, LearnerMetrics, StateClock, role_port, serve
 from asyncrl.runlog import RunLog
 from asyncrl.trackers import open_trackers
 from asyncrl.waiting import Wait
@@ -98,9 +92,7 @@ class Hub:
             self.metrics.registry, role_port(cfg.metrics_port, "learner"), cfg.network.metrics
         )
         if port:
-            register_endpoint(
-                self.buffer.client, cfg.buffer.name, "learner", cfg.network.metrics, port
-            )
+            register_endpoint(self.buffer.client, cfg.buffer.name, "learner", port, cfg.network)
             self.say(f"metrics on http://{cfg.network.metrics}:{port}/metrics")
 
     def _on_signal(self, *_) -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from asyncrl import rundir
 from asyncrl.config import Config
-from asyncrl.configload import config_to_json, config_to_yaml
+from asyncrl.configload import ConfigError, config_to_json, config_to_yaml
+from asyncrl.endpoints import launcher_role, register_endpoint
 from asyncrl.lifeline import child_cmd
-from asyncrl.orchestration.actor_ids import IdKeeper
+from asyncrl.orchestration.actor_ids import IdKeeper, interrupted
 from asyncrl.orchestration.launcher import (
     Role,
     actor_cmd,
@@ -134,8 +135,21 @@ def _redis_server(cfg: Config, run_dir: Path):
 
     return RedisServer(
         run_dir / "redis", key_prefix=cfg.buffer.name, wrap=child_cmd, pass_fds=rundir.held_fds(),
-        host=cfg.network.bind, advertise=cfg.network.advertise,
+        host=cfg.network.bind, advertise=cfg.network.advertise, tls=_tls_files(cfg),
     )  # fmt: skip
+
+
+def _tls_files(cfg: Config):
+    """``buffer.tls_dir``'s files (made when missing) for the advertised address, or None."""
+    if not cfg.buffer.tls_dir:
+        return None
+    from buffer.tls import TlsError, ensure
+
+    ips = list(dict.fromkeys([cfg.network.address, "127.0.0.1"]))  # + loopback: local tools
+    try:
+        return ensure(cfg.buffer.tls_dir, ips, say=lambda t: print(f"[buffer] {t}", flush=True))
+    except TlsError as e:
+        raise ConfigError(f"buffer.tls_dir: {e}") from None
 
 
 def role_url(url: str, server, role: str) -> str:
@@ -201,7 +215,7 @@ def serve_launcher_metrics(
     cfg: Config, url: str, name: str, roles: list[Role], server=None
 ) -> None:
     """This process's /metrics (which roles are up), recorded in the buffer's endpoints."""
-    from asyncrl.metrics import LauncherMetrics, register_endpoint, role_port, serve
+    from asyncrl.metrics import LauncherMetrics, role_port, serve
     from buffer.connection import connect
 
     info = {"buffer_name": cfg.buffer.name, "mode": cfg.mode.name}
@@ -209,7 +223,7 @@ def serve_launcher_metrics(
     port = serve(metrics.registry, role_port(cfg.metrics_port, "launcher"), cfg.network.metrics)
     if port:
         client = connect(url)
-        register_endpoint(client, cfg.buffer.name, name, cfg.network.metrics, port)
+        register_endpoint(client, cfg.buffer.name, name, port, cfg.network)
         client.close()
         print(f"[asyncrl] metrics: http://{cfg.network.metrics}:{port}/metrics", flush=True)
 
@@ -242,7 +256,7 @@ def run_local(cfg: Config) -> int:
         roles.extend(spawn_actors(cfg, run_dir, model_dir, actor_url, keeper.claim()))
         code, reason = supervise(roles, "learner")
     except KeyboardInterrupt:
-        code, reason = 130, "interrupted (Ctrl-C or SIGTERM); all roles stopped"
+        code, reason = interrupted(keeper, "interrupted (Ctrl-C or SIGTERM); all roles stopped")
     finally:
         begin_shutdown()  # from here on a signal hurries the shutdown instead of breaking it
         stop_roles(roles)
@@ -269,6 +283,23 @@ def check_network(cfg: Config) -> None:
             "from other hosts; metrics stay on loopback",
             flush=True,
         )
+
+
+def check_rendezvous_host(cfg: Config) -> None:
+    """Learner node 0 of several hosts the rendezvous store: ``learner.rdzv_endpoint``'s
+    host must be this host's (else ValueError listing its addresses, before torchrun waits)."""
+    from asyncrl import hostnet
+
+    lc = cfg.learner
+    if lc.nnodes > 1 and lc.node_rank == 0:
+        host = lc.rdzv_endpoint.rsplit(":", 1)[0]
+        try:
+            hostnet.interface_name(hostnet.resolve(host))
+        except ValueError as e:
+            raise ValueError(
+                f"learner.rdzv_endpoint={lc.rdzv_endpoint} on learner.node_rank=0: node 0 "
+                f"serves the rendezvous, so its host must be this host's. {e}"
+            ) from None
 
 
 def check_reward_fn(cfg: Config) -> None:
@@ -318,6 +349,8 @@ def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | No
 def launch_role(cfg: Config, role: str) -> int:
     """One role on this node group, against ``buffer.url`` (``buffer``: start that server)."""
     check_network(cfg)
+    if role == "learner":
+        check_rendezvous_host(cfg)
     run_dir = prepare_run_dir(cfg, (role,))
     if role == "buffer":
         return _serve_buffer(cfg, run_dir)
@@ -348,10 +381,10 @@ def launch_role(cfg: Config, role: str) -> int:
             ids = keeper.claim()
             _say(f"[asyncrl] actor ids {ids} of {cfg.actor.total} (buffer {cfg.buffer.name!r})")
             roles.extend(spawn_actors(cfg, run_dir, model_dir, url, ids))
-        serve_launcher_metrics(cfg, url, f"launcher-{role}", roles)
+        serve_launcher_metrics(cfg, url, launcher_role(role, cfg.network), roles)
         code, reason = supervise(roles, roles[0].name)
     except KeyboardInterrupt:
-        code, reason = 130, "interrupted (Ctrl-C or SIGTERM)"
+        code, reason = interrupted(keeper, "interrupted (Ctrl-C or SIGTERM)")
     finally:
         begin_shutdown()
         stop_roles(roles)
@@ -381,6 +414,12 @@ def _serve_buffer(cfg: Config, run_dir: Path) -> int:
         f", actors buffer.url_file={server.run_dir / 'redis.actor.url'}",
         flush=True,
     )
+    if server.tls is not None:
+        print(
+            f"[buffer] TLS only (no plain port); the URLs verify the server with "
+            f"{server.tls.ca}: that file must be at the same path on every role's host",
+            flush=True,
+        )
     try:
         while server.running():
             time.sleep(1.0)

@@ -4,8 +4,11 @@
     asyncrl status run_dir=runs/<timestamp>        (a job started by `asyncrl run`)
 
 Buffer counters come from Redis; every process's ``/metrics`` endpoint is listed in the
-buffer's ``<name>:endpoints`` hash. Each endpoint is scraped twice, ``_WINDOW_S`` apart, so
-rates (groups/s, tokens/s) and time fractions (busy, waiting, paused) are over that window.
+buffer's ``<name>:endpoints`` hash (``asyncrl/endpoints.py``). The endpoints of this host are
+scraped twice, ``_WINDOW_S`` apart, so rates (groups/s, tokens/s) and time fractions (busy,
+waiting, paused) are over that window. An endpoint on another host listens on that host's
+loopback (``/metrics`` has no authentication), so it is not scraped: its line names the host
+(run ``asyncrl status`` there) and what Redis knows of it (an actor's live leases).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from asyncrl.config import Config
+from asyncrl.endpoints import Endpoint, Place, read_endpoints
 
 _WINDOW_S = 2.0
 _TIMEOUT_S = 2.0
@@ -100,12 +104,14 @@ def render_status(cfg: Config, window_s: float = _WINDOW_S) -> str:
     # the job's own capacity: constructing ReplayBuffer with ours would overwrite it
     capacity = int(client.hget(f"{name}:meta", "capacity") or cfg.buffer.capacity)
     buf = ReplayBuffer(client, name, capacity, cfg.buffer.lease_ttl_s)
-    stats, meta = buf.stats(), buf.meta()
-    raw = {k.decode(): v.decode() for k, v in client.hgetall(f"{name}:endpoints").items()}
-    endpoints = dict(sorted(raw.items(), key=lambda kv: _role_order(kv[0])))
-    first = {role: scrape(addr) for role, addr in endpoints.items()}
-    time.sleep(window_s)
-    second = {role: scrape(addr) for role, addr in endpoints.items()}
+    stats, meta, leases = buf.stats(), buf.meta(), buf.leases_by_actor()
+    endpoints = sorted(read_endpoints(client, name).values(), key=lambda e: _role_order(e.role))
+    here = Place.here()
+    local = [e for e in endpoints if e.scrapable_from(here)]
+    first = {e.role: scrape(e.metrics) for e in local}
+    if local:
+        time.sleep(window_s)
+    second = {e.role: scrape(e.metrics) for e in local}
     lines = [
         f"job {name!r} at {mask_url(url)}: mode {meta.get('mode', '?')}, max_staleness "
         f"{meta.get('max_staleness', '?')}, learner version {meta.get('learner_version', '?')}",
@@ -115,17 +121,33 @@ def render_status(cfg: Config, window_s: float = _WINDOW_S) -> str:
         f"{stats['dropped_invalid']} poison {stats.get('dropped_poison', 0)} uniform "
         f"{stats.get('dropped_uniform', 0)}",
     ]
-    for role, addr in endpoints.items():
-        a, b = first[role], second[role]
+    for e in endpoints:
+        if e.role not in first:
+            lines.append(_elsewhere(e, here, leases))
+            continue
+        a, b = first[e.role], second[e.role]
         if a is None or b is None:
-            lines.append(f"{role:9s} [{addr}] not answering (finished or unreachable)")
+            lines.append(f"{e.role:9s} [{e.metrics}] not answering (finished or unreachable)")
             continue
         kind = _label(b, "asyncrl_process_info", "role")
         render = {"learner": _learner, "actor": _actor}.get(kind, _launcher)
-        lines += render(role, addr, a, b, window_s)
+        lines += render(e.role, e.metrics, a, b, window_s)
     if not endpoints:
         lines.append("no metrics endpoints registered (metrics_port=0?)")
     return "\n".join(lines)
+
+
+def _elsewhere(e: Endpoint, here: Place, leases: dict[int, int]) -> str:
+    """The line of a role on another host: where it is, and what Redis says of it."""
+    where = e.place.describe()
+    if e.place.host == here.host:  # the same name, another loopback
+        where += " in another network namespace"
+    actor = e.role.removeprefix("actor")
+    facts = f"{leases.get(int(actor), 0)} group(s) leased now; " if actor.isdigit() else ""
+    return (
+        f"{e.role:9s} on {where}, pid {e.pid}: {facts}run `asyncrl status` on that host for "
+        "its rates"
+    )
 
 
 def _role_order(role: str) -> tuple:

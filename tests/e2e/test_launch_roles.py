@@ -35,6 +35,29 @@ def test_three_roles_train_together(tmp_path, roles):
     assert roles.signal(buffer, signal.SIGINT, 30) == 0, buffer.tail()
 
 
+@pytest.mark.timeout(300)
+def test_roles_train_over_tls_with_their_url_files(tmp_path, roles):
+    """``launch buffer buffer.tls_dir=DIR``: the certificate is made, Redis serves TLS only,
+    and the learner and the actors, each given its ACL user's URL file, train over it."""
+    tls, bdir = tmp_path / "tls", tmp_path / "buffer"
+    buffer = roles.cli("buffer", "launch", "buffer", f"run_dir={bdir}", f"buffer.tls_dir={tls}",
+                       "metrics_port=0", "buffer.name=tlstest")  # fmt: skip
+    roles.wait_until(lambda: "TLS only" in buffer.output(), 60, "the buffer's TLS line")
+    assert (bdir / "redis" / "redis.actor.url").read_text().startswith("rediss://actor:")
+    common = ["experiment=tiny", "actor.engine=sim", "actor.sim_tokens_per_s=500",
+              "learner.steps=3", "metrics_port=0", "buffer.name=tlstest"]  # fmt: skip
+    actors = roles.cli("actors", "launch", "actors", *common, f"run_dir={tmp_path / 'actors'}",
+                       f"buffer.url_file={bdir / 'redis' / 'redis.actor.url'}",
+                       may_exit=True)  # fmt: skip
+    learner = roles.cli("learner", "launch", "learner", *common, f"run_dir={tmp_path / 'l'}",
+                        f"buffer.url_file={bdir / 'redis' / 'redis.learner.url'}")  # fmt: skip
+    assert roles.wait(learner, 240) == 0, learner.tail(80)
+    assert roles.wait(actors, 60) == 0, actors.tail(80)
+    assert read_summary(tmp_path / "l")["final_version"] == 3
+    assert "tls-port" in (bdir / "redis" / "redis.conf").read_text()
+    assert roles.signal(buffer, signal.SIGINT, 30) == 0, buffer.tail()
+
+
 def _learner(roles, tmp_path, url: str, name: str):
     """``asyncrl launch learner`` (simulated-engine preset, no metrics) against ``url``."""
     return roles.cli("learner", "launch", "learner", "experiment=tiny", "actor.engine=sim",

@@ -83,10 +83,12 @@ def free_port() -> int:
 
 def restarts_metric(client, name: str, role: str) -> float | None:
     """``asyncrl_launcher_role_restarts_total{role}`` scraped from the launcher's endpoint."""
+    from asyncrl.config_network import NetworkConfig
+    from asyncrl.endpoints import launcher_role, read_endpoints
     from asyncrl.orchestration.status import scrape
 
-    addr = client.hget(f"{name}:endpoints", "launcher-actors")
-    samples = scrape(addr.decode()) if addr else None
+    launcher = read_endpoints(client, name).get(launcher_role("actors", NetworkConfig()))
+    samples = scrape(launcher.metrics) if launcher else None
     return (
         None
         if samples is None

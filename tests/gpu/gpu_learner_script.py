@@ -68,4 +68,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from learner.main import exit_now
+
     main()
+    exit_now(0)  # the teardown race at interpreter exit (SIGABRT), as in learner/main.py

@@ -1,14 +1,19 @@
 """Actor ids claimed in a real Redis (buffer/actor_ids.py): launches on different hosts never
 share an id, a relaunch gets its own ids back, a dead launch's ids free up after the TTL, and
-a launch whose id was taken learns it at its next renewal. The actor ACL user can do it all."""
+a launch whose id was taken learns it at its next renewal and stops, naming the ids; a launch
+that stops releases its ids at once. The actor ACL user can do it all."""
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 import pytest
 
+from asyncrl.configload import load_config
+from asyncrl.orchestration.actor_ids import IdKeeper, interrupted
 from buffer.actor_ids import ActorIds, launch_token
 
 pytestmark = pytest.mark.redis
@@ -48,15 +53,76 @@ def test_a_dead_launchs_ids_free_up_after_the_ttl_and_renew_reports_theft(
     assert a.holders() == {0: "B", 1: "B", 2: "A", 3: "A"}
 
 
-def test_the_actor_acl_user_can_claim(redis_server, buffer_name):
+def test_release_frees_only_the_ids_this_token_still_holds(redis_client, buffer_name):
+    a = _ids(redis_client, buffer_name, "A", ttl_s=0.3)
+    b = _ids(redis_client, buffer_name, "B")
+    assert a.claim(2) == [0, 1]
+    time.sleep(0.5)  # A was cut off: its ids expired, and B took id 0
+    assert b.claim(1) == [0]
+    assert a.renew([1]) == []  # A got id 1 back
+    assert a.release([0, 1]) == [1]
+    assert a.holders() == {0: "B"}
+
+
+def _keeper(url, buffer_name, run_dir, said, ttl_s=30.0) -> IdKeeper:
+    cfg = load_config([f"buffer.name={buffer_name}", "actor.num_actors=2", "actor.nnodes=2",
+                       f"buffer.lease_ttl_s={ttl_s}"])  # fmt: skip
+    run_dir.mkdir()
+    return IdKeeper(cfg, url, run_dir, said.append)
+
+
+def test_a_stopped_launch_releases_its_ids_at_once(
+    redis_server, redis_client, buffer_name, tmp_path
+):
+    said: list[str] = []
+    keeper = _keeper(redis_server.url, buffer_name, tmp_path / "a", said)
+    assert keeper.claim() == [0, 1]
+    keeper.close()
+    assert not said
+    # another launch gets them at once, not after buffer.lease_ttl_s (30 s)
+    assert _ids(redis_client, buffer_name, "B").claim(2) == [0, 1]
+
+
+def test_a_launch_whose_id_was_taken_stops_naming_the_ids(
+    redis_server, redis_client, buffer_name, tmp_path
+):
+    said: list[str] = []
+    keeper = _keeper(redis_server.url, buffer_name, tmp_path / "a", said, ttl_s=0.3)
+    assert keeper.claim() == [0, 1]
+    redis_client.set(f"{buffer_name}:actor_id:1", "B")  # another launch took id 1
+    stopped = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.set())  # the launcher's, here
+    try:
+        assert stopped.wait(5.0), said
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    code, reason = interrupted(keeper, "interrupted (Ctrl-C or SIGTERM)")
+    assert keeper.lost == [1] and code == 1
+    assert "actor id(s) [1] were taken by another launch" in reason and reason in said[0]
+    keeper.close()  # releases id 0 only
+    assert not redis_client.get(f"{buffer_name}:actor_id:0")  # free
+    assert redis_client.get(f"{buffer_name}:actor_id:1") == b"B"
+    assert interrupted(None, "interrupted") == (130, "interrupted")
+
+
+def test_the_actor_acl_user_can_claim_and_release(redis_server, buffer_name, tmp_path):
     from buffer.connection import connect
     from buffer.server import RedisServer
 
     server = RedisServer(redis_server.run_dir.parent / f"acl-{buffer_name}", key_prefix=buffer_name)
+    said: list[str] = []
     with server:
         client = connect(server.url_for("actor"))
         ids = _ids(client, buffer_name, "A")
         assert ids.claim(2) == [0, 1] and ids.renew([0, 1]) == []
+        assert ids.release([0, 1]) == [0, 1]
+        keeper = _keeper(server.url_for("actor"), buffer_name, tmp_path / "k", said)
+        assert keeper.claim() == [0, 1]
+    # Redis is gone: the release fails in one line, bounded, and the ids expire with their TTL
+    start = time.monotonic()
+    keeper.close(timeout_s=1.0)
+    assert time.monotonic() - start < 5.0
+    assert len(said) == 1 and "could not release actor ids [0, 1]" in said[0], said
 
 
 def test_launch_token_is_kept_in_a_private_file(tmp_path):

@@ -120,11 +120,12 @@ def test_lease_expiry_reclaims_slots(redis_client, buffer_name):
     buf = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=1.0)
     dead_a, dead_b = buf.lease(0, 1.0), buf.lease(1, 1.0)  # two actors that will "die"
     assert buf.lease(2, timeout_s=0.0) is None
+    assert buf.leases_by_actor() == {0: 1, 1: 1}
     time.sleep(1.1)
-    assert buf.stats()["leased"] == 0
+    assert buf.stats()["leased"] == 0 and buf.leases_by_actor() == {}
     patient = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=30.0)
     live = patient.lease(2, timeout_s=0.0)  # must not expire during the rest of the test
-    assert live is not None
+    assert live is not None and buf.leases_by_actor() == {2: 1}
     # A late commit on an expired lease is stored only while a slot is free...
     assert buf.commit(dead_a, _group("0:1")) is True
     s = buf.stats()

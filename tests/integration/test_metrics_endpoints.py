@@ -1,4 +1,5 @@
-"""Metrics: each role's real HTTP endpoint exports the names docs/metrics.md documents.
+"""Metrics: each role's real HTTP endpoint exports the names docs/metrics.md documents, and
+``asyncrl status`` scrapes the endpoints of its own host only.
 
 In-process (no model, no vLLM): the learner's set reads a real redis-server buffer.
 ``test_metrics_run.py`` scrapes the endpoints of a real ``asyncrl run``.
@@ -6,6 +7,7 @@ In-process (no model, no vLLM): the learner's set reads a real redis-server buff
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import socket
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.config_network import NetworkConfig
+from asyncrl.endpoints import Endpoint, Place, read_endpoints, register_endpoint
 from asyncrl.metrics import (
     ACTOR_STATES,
     LEARNER_STATES,
@@ -20,11 +24,10 @@ from asyncrl.metrics import (
     LauncherMetrics,
     LearnerMetrics,
     StateClock,
-    register_endpoint,
     role_port,
     serve,
 )
-from asyncrl.orchestration.status import scrape
+from asyncrl.orchestration.status import render_status, scrape
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 _ROW = re.compile(r"^\| `(asyncrl_[a-z0-9_]+)` \| (\w+) \| (\w+) \|")
@@ -196,9 +199,97 @@ def test_role_ports_and_endpoint_registry(redis_client, buffer_name):
     assert [role_port(9490, r) for r in ("launcher", "learner")] == [9490, 9491]
     assert role_port(9490, "actor", 3) == 9495
     assert role_port(0, "actor", 3) == 0
-    register_endpoint(redis_client, buffer_name, "actor3", "127.0.0.1", 9495)
-    register_endpoint(redis_client, buffer_name, "actor4", "127.0.0.1", 0)  # off: not listed
-    assert redis_client.hgetall(f"{buffer_name}:endpoints") == {b"actor3": b"127.0.0.1:9495"}
+    network = NetworkConfig(bind="0.0.0.0", advertise="10.0.0.7")
+    register_endpoint(redis_client, buffer_name, "actor3", 9495, network)
+    register_endpoint(redis_client, buffer_name, "actor4", 0, network)  # off: not listed
+    here = Place.here("10.0.0.7")
+    assert read_endpoints(redis_client, buffer_name) == {
+        "actor3": Endpoint("actor3", "127.0.0.1:9495", here, os.getpid())
+    }
+
+
+class _CountingCollector:
+    """A collector that counts the scrapes of the endpoint serving it."""
+
+    def __init__(self) -> None:
+        self.scrapes = 0
+
+    def collect(self):
+        self.scrapes += 1
+        return []
+
+
+def _served_actor(buffer_name: str, actor_id: int) -> int:
+    """The port of an actor's ``/metrics``, served by this process."""
+    clock = StateClock(ACTOR_STATES, "idle")
+    metrics = ActorMetrics({"buffer_name": buffer_name, "actor_id": actor_id}, clock)
+    return serve(metrics.registry, free_port())
+
+
+def test_status_scrapes_this_hosts_endpoints_and_names_the_host_of_the_others(
+    redis_server, redis_client, buffer_name
+):
+    """One host of a multi-host job: its own endpoints are scraped; an actor and a launcher
+    registered on another host are listed with that host (and the actor's live leases, from
+    Redis), and not scraped, although a process here listens on the port they registered
+    (which is what scraping 127.0.0.1 here used to reach); an older version's plain
+    ``host:port`` is still scraped."""
+    from prometheus_client import CollectorRegistry
+
+    from asyncrl.configload import load_config
+    from buffer.redis_buffer import ReplayBuffer
+
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    assert buf.lease(7, timeout_s=1.0) and buf.lease(7, timeout_s=1.0)
+    port = _served_actor(buffer_name, 0)
+    register_endpoint(redis_client, buffer_name, "actor0", port, NetworkConfig())
+    older = f"127.0.0.1:{_served_actor(buffer_name, 1)}"
+    bystander, registry = _CountingCollector(), CollectorRegistry()
+    registry.register(bystander)
+    trap = f"127.0.0.1:{serve(registry, free_port())}"
+    node_b = Place("nodeB", "10.0.0.7", "another-boot/4026531840")
+    launcher = "launcher-actors@10.0.0.7"
+    written = [
+        Endpoint("actor1", older, None),
+        Endpoint("actor7", trap, node_b, 4242),
+        Endpoint(launcher, trap, node_b, 4241),
+    ]
+    redis_client.hset(f"{buffer_name}:endpoints", mapping={e.role: e.to_json() for e in written})
+    before = bystander.scrapes
+    cfg = load_config([f"buffer.url={redis_server.url}", f"buffer.name={buffer_name}"])
+    text = render_status(cfg, window_s=0.2)
+    assert bystander.scrapes == before
+    lines = {line.split()[0]: line for line in text.splitlines()[2:] if not line.startswith(" ")}
+    assert list(lines) == [launcher, "actor0", "actor1", "actor7"], text
+    assert lines[launcher] == (
+        f"{launcher} on nodeB (10.0.0.7), pid 4241: run `asyncrl status` on that host for its rates"
+    )
+    assert lines["actor7"] == (
+        "actor7    on nodeB (10.0.0.7), pid 4242: 2 group(s) leased now; run `asyncrl status` "
+        "on that host for its rates"
+    )
+    assert lines["actor0"].startswith(f"actor0    [127.0.0.1:{port}] weights v0  generated")
+    assert lines["actor1"].startswith(f"actor1    [{older}] weights v0  generated")
+
+
+def test_status_of_a_host_with_none_of_the_endpoints_does_not_wait(
+    redis_server, redis_client, buffer_name
+):
+    import time
+
+    from asyncrl.configload import load_config
+
+    learner = Endpoint("learner", "127.0.0.1:9491", Place("nodeA", "10.0.0.5", "b/1"), 99)
+    netns = Place(socket.gethostname(), "10.0.0.6", "b/2")  # a tests/multihost "host"
+    actor = Endpoint("actor0", "127.0.0.1:9492", netns, 98)
+    fields = {e.role: e.to_json() for e in (learner, actor)}
+    redis_client.hset(f"{buffer_name}:endpoints", mapping=fields)
+    cfg = load_config([f"buffer.url={redis_server.url}", f"buffer.name={buffer_name}"])
+    start = time.monotonic()
+    out = render_status(cfg, window_s=30.0)
+    assert time.monotonic() - start < 10.0
+    assert "learner   on nodeA (10.0.0.5), pid 99: run `asyncrl status` on that host" in out
+    assert f"actor0    on {netns.host} (10.0.0.6) in another network namespace, pid 98" in out
 
 
 def test_state_clock_partitions_time():

@@ -20,6 +20,8 @@ PINNED = os.cpu_count() >= 2  # learner on core 0, actor on core 1
 
 
 def _endpoints(run_dir: Path) -> dict[str, str]:
+    """role -> ``host:port`` of its /metrics."""
+    from asyncrl.endpoints import read_endpoints
     from buffer.connection import connect
 
     url_file = run_dir / "redis" / "redis.url"
@@ -27,10 +29,10 @@ def _endpoints(run_dir: Path) -> dict[str, str]:
         return {}
     client = connect(url_file.read_text().strip())
     try:
-        raw = client.hgetall("asyncrl:endpoints")
+        endpoints = read_endpoints(client, "asyncrl")
     finally:
         client.close()
-    return {k.decode(): v.decode() for k, v in raw.items()}
+    return {role: e.metrics for role, e in endpoints.items()}
 
 
 def _descendants(pid: int) -> list[int]:

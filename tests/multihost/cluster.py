@@ -33,8 +33,8 @@ class Cluster:
                 f"run_dir={self.tmp / (tag or host)}", *overrides]  # fmt: skip
         return self.roles.start(tag or host, self.hosts.cmd(host, [*CLI, *args]), **kw)
 
-    def start_buffer(self) -> Proc:
-        proc = self.start("redis", "buffer")
+    def start_buffer(self, *overrides: str) -> Proc:
+        proc = self.start("redis", "buffer", *overrides)
         self.roles.wait_until(lambda: self.url_file("actor").is_file(), 120, "the URL files")
         return proc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.multihost.cluster import HOSTS, Cluster
 from tests.multihost.netns import Hosts, available
 
 
@@ -33,3 +34,9 @@ def hosts_factory():
             errors.append(f"{hosts!r}: {e}")
     if errors:
         pytest.fail("closing hosts failed:\n" + "\n".join(errors), pytrace=False)
+
+
+@pytest.fixture
+def cluster(hosts_factory, roles, tmp_path) -> Cluster:
+    """A ``Cluster`` over the hosts of ``cluster.HOSTS``, its run directories in ``tmp_path``."""
+    return Cluster(hosts_factory(HOSTS), roles, tmp_path)

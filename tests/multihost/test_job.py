@@ -13,17 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost.cluster import CLI, HOSTS, Cluster, check_conservation
+from tests.multihost.cluster import CLI, Cluster, check_conservation
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.multihost]
 
 STEPS = 150  # ~0.3 s each at actor.sim_tokens_per_s=300: the probes run while it trains
 OUTSIDER = Path(__file__).with_name("outsider.py")
-
-
-@pytest.fixture
-def cluster(hosts_factory, roles, tmp_path):
-    return Cluster(hosts_factory(HOSTS), roles, tmp_path)
 
 
 def _control(learner0_log: str) -> str:
@@ -138,10 +133,13 @@ def test_partitioned_actor_host_is_reported_and_the_job_carries_on_after_the_hea
     """The actors' link goes down twice, mid-run: first for longer than the lease TTL, then
     for longer than the weight-sync deadline (syncs happen every step, so both partitions
     catch generation and a sync). Every role reports it, nothing waits past its deadline, and
-    after each heal the job carries on; conservation and the staleness bound hold."""
+    after each heal the job carries on; conservation and the staleness bound hold. Redis
+    serves TLS only here (``buffer.tls_dir``: a certificate made for the redis host's address),
+    so the roles also reconnect over TLS after each heal."""
     roles, hosts = cluster.roles, cluster.hosts
     ttl, sync_s = 4, 8
-    cluster.start_buffer()
+    cluster.start_buffer(f"buffer.tls_dir={cluster.tmp / 'tls'}")
+    assert cluster.url_file("actor").read_text().startswith("rediss://actor:")
     learners = cluster.start_learner("learner.steps=80", f"learner.weight_sync_timeout_s={sync_s}",
                                      f"buffer.lease_ttl_s={ttl}", "buffer.max_staleness=2")  # fmt: skip
     actors = cluster.start_actors("actor.sim_tokens_per_s=300", f"buffer.lease_ttl_s={ttl}",

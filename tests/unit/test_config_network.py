@@ -115,3 +115,29 @@ def test_password_on_argv_is_an_error_off_loopback_and_a_warning_on_it():
     local = ["buffer.url=redis://u:pw@127.0.0.1:1/0"]
     assert secret_in_argv(local, load_config(local)).startswith("warning:")
     assert secret_in_argv(["buffer.url=redis://127.0.0.1:1/0"], Config()) == ""
+
+
+def test_a_tls_url_whose_ca_file_is_missing_here_is_refused_with_the_fix(tmp_path):
+    url = f"rediss://actor:pw@127.0.0.1:6390/0?ssl_ca_certs={tmp_path}/ca.crt"
+    with pytest.raises(ConfigError, match=r"ssl_ca_certs=.*ca\.crt, which is not a file on this"):
+        load_config([f"buffer.url='{url}'"])
+    (tmp_path / "ca.crt").write_text("x")
+    assert load_config([f"buffer.url='{url}'"]).buffer.url == url
+
+
+def test_tls_dir_with_a_plain_url_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="buffer.tls_dir=.* but buffer.url is plain redis://"):
+        load_config(["buffer.url=redis://actor:pw@127.0.0.1:6379/0", f"buffer.tls_dir={tmp_path}"])
+
+
+def test_learner_node_0_must_hold_the_rendezvous_address():
+    from asyncrl.orchestration.jobs import check_rendezvous_host
+
+    shared = ["learner.nnodes=2", "learner.checkpoint_dir=/shared/ckpt", "network.bind=10.0.0.5"]
+    here = load_config([*shared, "learner.rdzv_endpoint=127.0.0.1:29500"])
+    check_rendezvous_host(here)  # loopback is an address of every host
+    away = load_config([*shared, "learner.rdzv_endpoint=192.0.2.7:29500"])  # TEST-NET-1
+    with pytest.raises(ValueError, match=r"node 0 serves the rendezvous.*192\.0\.2\.7 is not an"):
+        check_rendezvous_host(away)
+    node1 = load_config([*shared, "learner.rdzv_endpoint=192.0.2.7:29500", "learner.node_rank=1"])
+    check_rendezvous_host(node1)  # other nodes dial it

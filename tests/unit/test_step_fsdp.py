@@ -94,4 +94,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from learner.main import exit_now
+
     main()
+    exit_now(0)  # gloo's teardown race at interpreter exit (SIGABRT), as in learner/main.py
