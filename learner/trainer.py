@@ -290,8 +290,33 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) 
     hub.ack_trained()
 
 
-def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
+def _agreed_checkpoint(run_dir: str, rank: int) -> Path | None:
+    """Rank 0's newest complete checkpoint, which every rank must see at the same path
+    (collective). A learner over several nodes whose ``learner.checkpoint_dir`` is not one
+    shared directory fails here, on every rank, naming what a node lacks, instead of ranks
+    loading different versions or waiting in the load's collectives."""
     path = latest_checkpoint(run_dir)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return path
+    name = torch.tensor(list((path.name if path else "").encode().ljust(64)), dtype=torch.uint8)
+    dist.broadcast(name, 0)
+    chosen = bytes(name.tolist()).decode().strip()
+    mine = Path(run_dir) / "checkpoints" / chosen if chosen else None
+    ok = torch.tensor([int(mine is None or (mine / "COMPLETE").is_file())])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not ok.item():
+        seen = mine is None or (mine / "COMPLETE").is_file()
+        lacks = "" if seen else f" (rank {rank} lacks {mine})"
+        raise FatalError(
+            f"learner rank 0 resumes from checkpoints/{chosen}, which not every learner rank "
+            f"sees{lacks}: learner.checkpoint_dir must be one directory shared by every "
+            "learner node (e.g. NFS or Lustre)"
+        )
+    return mine
+
+
+def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
+    path = _agreed_checkpoint(run_dir, ctx.rank)
     if path is None:
         return LearnerState()
     saved = load_checkpoint(Path(path), ctx.model, ctx.optimizer, extra=_extra_state(ctx))
