@@ -77,11 +77,20 @@ class ModelConfig:
     attn_implementation: str = "auto"
     """transformers attention in the learner: ``auto`` = flash_attention_2 on a GPU with
     flash-attn and a 16-bit dtype, else sdpa; or ``sdpa``, ``eager``, ``flash_attention_2``."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing per decoder layer (policy and critic): keep each layer's input
+    and recompute the layer in backward; about one more forward of compute for activation
+    memory of one layer instead of all (learner/model.py)."""
+    logprob_chunk_tokens: int = 1024
+    """Positions per chunk when the learner takes log-probs and entropy from the final hidden
+    states: only ``chunk x vocab`` logits exist at a time, in forward and backward, instead of
+    the whole micro-batch's ``[B, L, vocab]`` (learner/logprobs.py). >= 0; 0 = full logits."""
 
     def __post_init__(self) -> None:
         _require_finite(self, "model")
         _require(bool(self.path), "model.path is empty; give a local HF model dir or 'demo'")
         _bound(self, "model.sft_steps", ge=0)
+        _bound(self, "model.logprob_chunk_tokens", ge=0, hint=" (0 = full-vocabulary logits)")
         _require(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={self.dtype!r}")
         _require(
             self.attn_implementation in _ATTN_IMPLS,
@@ -185,11 +194,19 @@ class LearnerConfig:
     batch_groups: int = 16
     """Groups per optimizer step (>= 1)."""
     micro_batch_rows: int = 0
-    """Rows (samples) per forward/backward on each rank: the no-grad forwards (pi_prox, pi_ref,
-    V_old) run in chunks of this many rows and a policy update accumulates the gradients of
-    its micro-batches into one optimizer update (equal to the whole-minibatch update). Bounds
-    activation memory on a GPU (the critic's update still takes a rank's whole share);
-    0 = a rank's whole share at once."""
+    """Rows (samples) per forward/backward on each rank, each padded to the batch's longest
+    row: the no-grad forwards (pi_prox, pi_ref, V_old) run in chunks of this many rows and a
+    policy (and critic) update accumulates the gradients of its micro-batches into one
+    optimizer update (equal to the whole-minibatch update). Bounds activation memory on a GPU;
+    0 = a rank's whole share at once. Set at most one of this and
+    ``max_tokens_per_micro_batch``."""
+    max_tokens_per_micro_batch: int = 0
+    """Token budget of one forward/backward on each rank (verl's ``ppo_max_token_len_per_gpu``):
+    a rank's rows are sorted by length and packed so that rows x the longest row of each
+    micro-batch stays within it, and each micro-batch is trimmed to its own longest row (no
+    padding to the batch's longest). A row longer than the budget runs alone (said once in the
+    log). Ranks run the same number of micro-batches (learner/micro_batches.py). Same update as
+    the padded path, less padding; 0 = off (``micro_batch_rows`` decides). >= 0."""
     lr: float = 2e-4
     """AdamW learning rate (> 0)."""
     warmup_steps: int = 10
@@ -268,6 +285,14 @@ class LearnerConfig:
         _bound(self, "learner.steps", ge=1)
         _bound(self, "learner.batch_groups", ge=1)
         _bound(self, "learner.micro_batch_rows", ge=0, hint=" (0 = a rank's whole share)")
+        _bound(self, "learner.max_tokens_per_micro_batch", ge=0, hint=" (0 = off)")
+        _require(
+            not (self.micro_batch_rows and self.max_tokens_per_micro_batch),
+            f"learner.micro_batch_rows={self.micro_batch_rows} and "
+            f"learner.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} both form "
+            "micro-batches: with a token budget the rows per micro-batch follow from the "
+            "lengths; set learner.micro_batch_rows=0 (or the budget to 0 for row micro-batches)",
+        )
         _bound(self, "learner.lr", gt=0)
         _bound(self, "learner.warmup_steps", ge=0)
         _bound(self, "learner.weight_decay", ge=0)

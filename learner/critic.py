@@ -23,7 +23,8 @@ from torch import nn
 from learner.advantages import value_loss
 from learner.device import current_device
 from learner.finite import step_if_finite
-from learner.losses import make_aggregation
+from learner.losses import make_aggregation, merge_metrics
+from learner.micro_batches import MicroBatch, plan_micro_batches
 from learner.model import _DTYPES, attention_impl, check_model_dir, shard_model
 
 _VALUE_AGGREGATION = "token_mean"
@@ -63,23 +64,37 @@ class Critic:
         returns: torch.Tensor,
         agg_mask: torch.Tensor,
         world: int,
+        plan: list[MicroBatch] | None = None,
     ) -> dict[str, float]:
         """One optimizer update on this rank's rows ``mb`` (a ``Batch``); ``agg_mask`` is the
-        loss mask of the whole minibatch on all ranks. Collective under FSDP2. Not applied when
-        the loss or the gradient norm is NaN/inf on any rank (``critic_nonfinite_updates``)."""
+        loss mask of the whole minibatch on all ranks. The gradient accumulates over the
+        micro-batches of ``plan`` (``learner.micro_batches``; None = all rows at once), whose
+        losses sum to the whole rows' loss (global denominators). Collective under FSDP2. Not
+        applied when the loss or the gradient norm is NaN/inf on any rank
+        (``critic_nonfinite_updates``)."""
         agg = make_aggregation(_VALUE_AGGREGATION, agg_mask)
-        values = self.model(mb.input_ids, mb.attention_mask)
-        out = value_loss(values, old_values, returns, mb.loss_mask, agg, clip_range=self.value_clip)
+        plan = plan or plan_micro_batches(mb.attention_mask, 0, 0, world)
         self.optimizer.zero_grad(set_to_none=True)
-        (out.loss * world).backward()  # FSDP2 averages over ranks; the denominators are global
+        values = torch.zeros_like(returns)  # the rows' values, for the explained variance
+        parts, loss = [], 0.0
+        for micro in plan:
+            part = micro.batch(mb)
+            v = self.model(part.input_ids, part.attention_mask)
+            out = value_loss(v, micro.tokens(old_values), micro.tokens(returns), part.loss_mask,
+                             agg, clip_range=self.value_clip)  # fmt: skip
+            (out.loss * world).backward()  # FSDP2 averages over ranks; the denominators are global
+            values[micro.index, : micro.width - 1] = v.detach()
+            parts.append(out.metrics)
+            loss = loss + out.loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        applied = step_if_finite(self.optimizer, out.loss.detach(), grad_norm)
-        metrics = {k: v for k, v in out.metrics.items() if k != "tokens"}  # the policy's count
+        applied = step_if_finite(self.optimizer, loss, grad_norm)
+        metrics = merge_metrics(parts)  # value_loss summed, the rest token-weighted
+        metrics.pop("tokens", None)  # the policy's count
         metrics["critic_grad_norm"] = float(grad_norm)
         metrics["critic_nonfinite_updates"] = float(not applied)
-        metrics["value_explained_var"] = explained_variance(values.detach(), returns, mb.loss_mask)
+        metrics["value_explained_var"] = explained_variance(values, returns, mb.loss_mask)
         return metrics
 
 

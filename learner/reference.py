@@ -13,17 +13,34 @@ import torch.distributed as dist
 from torch import nn
 
 from learner.device import current_device
-from learner.model import attention_impl, load_hf_model, shard_model, token_logprobs
+from learner.model import (
+    attention_impl,
+    load_hf_model,
+    set_logprob_chunk_tokens,
+    set_logprob_temperature,
+    shard_model,
+    token_logprobs,
+)
 
 
-def build_reference(model_dir: str | Path, dtype: str = "float32", attn: str = "auto") -> nn.Module:
+def build_reference(
+    model_dir: str | Path,
+    dtype: str = "float32",
+    attn: str = "auto",
+    *,
+    logprob_chunk_tokens: int | None = None,
+    temperature: float = 1.0,
+) -> nn.Module:
     """Load ``model_dir`` frozen in ``dtype`` (no gradients, no optimizer, so no float32 master
-    copy), eval mode, on the learner's device; FSDP2-sharded under a process group."""
+    copy), eval mode, on the learner's device; FSDP2-sharded under a process group.
+    ``logprob_chunk_tokens``, ``temperature``: as the policy's (``learner.model.build_policy``)."""
     device = current_device()
     model = load_hf_model(model_dir, dtype, attention_impl(attn, dtype, device)).to(device)
     model.requires_grad_(False)
     if dist.is_initialized():
         model = shard_model(model)
+    set_logprob_chunk_tokens(model, logprob_chunk_tokens)
+    set_logprob_temperature(model, temperature)
     return model.eval()
 
 
@@ -32,4 +49,4 @@ def reference_logprobs(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """[B, L-1] log pi_ref of each next token (collective under FSDP2: every rank calls it)."""
-    return token_logprobs(model, input_ids, attention_mask)[0]
+    return token_logprobs(model, input_ids, attention_mask, entropy=False)[0]

@@ -1,9 +1,13 @@
 """One learner step on this rank's rows: no-grad forwards -> advantages -> PPO updates.
 
     batch (same on every rank) -> minibatch slices -> this rank's rows of each
-      no grad:  pi_prox (if several updates), pi_ref (if kl_coef > 0), V_old (if a critic)
+      plan:     micro-batches of those rows (learner.micro_batches: by rows, or by a token
+                budget over length-sorted rows; the same count on every rank)
+      no grad:  pi_prox (if several updates), pi_ref (if kl_coef > 0), V_old (if a critic),
+                per micro-batch, scattered back to the rows' [b, T] grid
       targets:  gather V_old / KL rows from all ranks -> learner.targets.compute_targets
-      updates:  ppo_epochs x minibatches: POLICY_LOSSES[algorithm.policy_loss] (+ critic)
+      updates:  ppo_epochs x minibatches: POLICY_LOSSES[algorithm.policy_loss] (+ critic),
+                gradients accumulated over the micro-batches
 
 The loss and advantage functions are looked up by name in the registries
 (``learner.losses.POLICY_LOSSES``, ``learner.advantages.ADVANTAGE_ESTIMATORS``); this file
@@ -17,7 +21,8 @@ the averaged gradient equals the gradient of the full-batch loss.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 import torch.distributed as dist
@@ -30,6 +35,7 @@ from learner.batch import Batch, shard_rows
 from learner.critic import Critic
 from learner.finite import step_if_finite
 from learner.losses import POLICY_LOSSES, LossParams, kl_penalty, make_aggregation, merge_metrics
+from learner.micro_batches import MicroBatch, plan_metrics, plan_micro_batches, run_planned
 from learner.model import token_logprobs
 from learner.reference import reference_logprobs
 from learner.targets import compute_targets
@@ -50,7 +56,15 @@ class StepContext:
     max_tokens: int | None = None
     """Generation limit: the constant of seq_mean_token_sum_norm and the overlong penalty."""
     micro_batch_rows: int = 0
-    """Policy rows per forward/backward (gradient accumulation); 0 = the whole shard."""
+    """Rows per forward/backward (gradient accumulation), padded to the batch's width; 0 = the
+    whole shard. Ignored when ``max_tokens_per_micro_batch`` is set (the config refuses both)."""
+    max_tokens_per_micro_batch: int = 0
+    """Token budget of a forward/backward (rows x longest row) over length-sorted rows, each
+    micro-batch trimmed to its longest row (``learner.micro_batches``); 0 = off."""
+    say: Callable[[str], None] = field(default=lambda text: None, repr=False)
+    """Rank 0's log line (``Hub.say``); quiet by default and on the other ranks."""
+    said_oversize: bool = field(default=False, repr=False)
+    """Whether ``say`` already told that a row exceeds the token budget (said once a run)."""
 
 
 @dataclass
@@ -59,6 +73,7 @@ class _Shard:
 
     rows: Batch
     agg_mask: torch.Tensor  # [b_all, T] loss mask of the whole minibatch (all ranks)
+    plan: list[MicroBatch]  # this rank's micro-batches of ``rows`` (same count on every rank)
     proximal: torch.Tensor | None = None  # [b, T] pi_prox (None: single update, = pi_theta)
     ref: torch.Tensor | None = None  # [b, T] pi_ref
     old_values: torch.Tensor | None = None  # [b, T] V at the start of the step
@@ -107,7 +122,7 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
             metrics = _update(ctx, sh)
             if ctx.critic is not None:
                 metrics |= ctx.critic.update(sh.rows, sh.old_values, sh.returns, sh.agg_mask,
-                                             ctx.world)  # fmt: skip
+                                             ctx.world, sh.plan)  # fmt: skip
             skipped += metrics.pop("nonfinite_updates") + metrics.pop("critic_nonfinite_updates", 0)
             updates.append(metrics)
     # a count, the same on every rank (the skip decision is collective): any mean keeps it
@@ -115,32 +130,35 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
 
 
 def _forward_no_grad(ctx: StepContext, batch: Batch, rows: slice) -> _Shard:
-    """This rank's rows of minibatch ``rows`` and their pi_prox / pi_ref / V_old."""
+    """This rank's rows of minibatch ``rows``, their micro-batch plan (collective with a token
+    budget) and their pi_prox / pi_ref / V_old, run per micro-batch: that bounds the
+    activations (full-vocabulary logits) of the no-grad forwards, and every rank makes the
+    same number of calls, so the FSDP2 collectives stay matched."""
     mb = shard_rows(batch.rows(rows), ctx.rank, ctx.world)
-    sh = _Shard(mb, batch.loss_mask[rows])
-    ids, attn, size = mb.input_ids, mb.attention_mask, ctx.micro_batch_rows
+    plan = plan_micro_batches(mb.attention_mask, ctx.micro_batch_rows,
+                              ctx.max_tokens_per_micro_batch, ctx.world)  # fmt: skip
+    _say_oversize(ctx, plan)
+    sh = _Shard(mb, batch.loss_mask[rows], plan)
     if ctx.algo.ppo_epochs * ctx.algo.minibatches > 1:  # else pi_prox = pi_theta (one update)
-        with torch.no_grad():
-            sh.proximal = _chunked(lambda i, a: token_logprobs(ctx.model, i, a)[0], ids, attn, size)
+        with torch.no_grad():  # no entropy: pi_prox is only a log-prob
+            prox = lambda i, a: token_logprobs(ctx.model, i, a, entropy=False)[0]  # noqa: E731
+            sh.proximal = run_planned(prox, mb, plan)
     if ctx.reference is not None:
-        sh.ref = _chunked(lambda i, a: reference_logprobs(ctx.reference, i, a), ids, attn, size)
+        sh.ref = run_planned(lambda i, a: reference_logprobs(ctx.reference, i, a), mb, plan)
     if ctx.critic is not None:
-        sh.old_values = _chunked(ctx.critic.values, ids, attn, size)
+        sh.old_values = run_planned(ctx.critic.values, mb, plan)
     return sh
 
 
-def _chunked(fn, ids: torch.Tensor, attn: torch.Tensor, size: int) -> torch.Tensor:
-    """``fn(ids, attn)`` over row chunks of ``size`` (0 = all rows at once), concatenated:
-    bounds the activations (full-vocabulary logits) of the no-grad forwards. Every rank has
-    the same row count, so the FSDP2 collectives of each chunk stay matched."""
-    parts = [fn(ids[rows], attn[rows]) for rows in _row_slices(len(ids), size)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _row_slices(n: int, size: int) -> list[slice]:
-    """Consecutive slices of ``size`` rows covering ``range(n)`` (0 = one slice of all)."""
-    size = size or n or 1
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)] or [slice(0, 0)]
+def _say_oversize(ctx: StepContext, plan: list[MicroBatch]) -> None:
+    """Once a run: a row longer than the token budget ran as a micro-batch of its own."""
+    budget = ctx.max_tokens_per_micro_batch
+    longest = max(m.padded_tokens for m in plan)
+    if budget and longest > budget and not ctx.said_oversize:
+        ctx.said_oversize = True
+        ctx.say(f"a row of {longest} tokens is longer than learner.max_tokens_per_micro_batch="
+                f"{budget}: it runs as a micro-batch of its own (said once; the step metric "
+                "micro_batch_tokens_max shows it)")  # fmt: skip
 
 
 def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
@@ -160,18 +178,19 @@ def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
 
 def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
     """One policy optimizer update on this rank's rows of one minibatch, accumulating the
-    gradient over micro-batches of ``ctx.micro_batch_rows`` rows (0 = all rows at once). The
-    aggregation's denominators are the whole minibatch's, so the sum of the micro-batch
-    losses and gradients is the minibatch's (tests/unit/test_losses.py). Not applied when the
-    loss or the gradient norm is NaN/inf on any rank (``nonfinite_updates`` = 1)."""
+    gradient over the micro-batches of ``sh.plan``. The aggregation's denominators are the
+    whole minibatch's (all ranks, full grid), so the sum of the micro-batch losses and
+    gradients is the minibatch's, however the rows are grouped and trimmed
+    (tests/unit/test_losses.py, tests/unit/test_step_buckets.py). Not applied when the loss or
+    the gradient norm is NaN/inf on any rank (``nonfinite_updates`` = 1)."""
     max_len = ctx.max_tokens or sh.agg_mask.shape[1]
     agg = make_aggregation(ctx.algo.aggregation, sh.agg_mask, max_len)
     if failpoint("learner.nan_loss"):  # test-only: NaN data, so a NaN loss and gradient
         sh = replace(sh, advantages=sh.advantages * float("nan"))
     ctx.optimizer.zero_grad(set_to_none=True)
     parts, loss = [], 0.0
-    for rows in _row_slices(sh.rows.num_rows, ctx.micro_batch_rows):
-        out = _policy_loss(ctx, sh, rows, agg)
+    for micro in sh.plan:
+        out = _policy_loss(ctx, sh, micro, agg)
         (out.loss * ctx.world).backward()
         parts.append(out.metrics)
         loss = loss + out.loss.detach()  # this rank's share of the minibatch loss
@@ -180,19 +199,20 @@ def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
         grad_norm = grad_norm.full_tensor()
     applied = step_if_finite(ctx.optimizer, loss, grad_norm)
     metrics = merge_metrics(parts)  # loss shares and tokens summed, the rest token-weighted
+    metrics |= plan_metrics(sh.rows, sh.plan)
     metrics["grad_norm"] = float(grad_norm)
     metrics["nonfinite_updates"] = float(not applied)
     return metrics
 
 
-def _policy_loss(ctx: StepContext, sh: _Shard, rows: slice, agg):
-    """``POLICY_LOSSES[algorithm.policy_loss]`` on ``rows`` of this rank's shard."""
-    algo, mb = ctx.algo, sh.rows.rows(rows)
+def _policy_loss(ctx: StepContext, sh: _Shard, micro: MicroBatch, agg):
+    """``POLICY_LOSSES[algorithm.policy_loss]`` on one micro-batch of this rank's shard."""
+    algo, mb = ctx.algo, micro.batch(sh.rows)
     logprobs, entropy = token_logprobs(ctx.model, mb.input_ids, mb.attention_mask)
-    proximal = logprobs.detach() if sh.proximal is None else sh.proximal[rows]
-    ref = None if sh.ref is None else sh.ref[rows]
+    proximal = logprobs.detach() if sh.proximal is None else micro.tokens(sh.proximal)
+    ref = None if sh.ref is None else micro.tokens(sh.ref)
     return POLICY_LOSSES[algo.policy_loss](
-        logprobs, proximal, mb.behavior_logprobs, sh.advantages[rows], mb.loss_mask, agg,
+        logprobs, proximal, mb.behavior_logprobs, micro.tokens(sh.advantages), mb.loss_mask, agg,
         loss_params(algo), ref_logprobs=ref,
         entropy=entropy if algo.entropy_coef else entropy.detach(),
     )  # fmt: skip

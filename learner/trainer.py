@@ -29,7 +29,7 @@ from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoi
 from learner.critic import build_critic
 from learner.device import current_device, init_distributed
 from learner.finite import NonFiniteError, NonFiniteGuard, nonfinite_models
-from learner.model import build_policy
+from learner.model import build_policy, enable_gradient_checkpointing
 from learner.reference import build_reference
 from learner.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
 from learner.targets import uses_critic
@@ -106,19 +106,27 @@ def _read_or_stop(hub, version: int, stop: bool) -> tuple[list | None, bool]:
 def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> StepContext:
     """Policy + optimizer, and only what the algorithm needs: a critic for an estimator that
     takes values (gae), the frozen reference policy when ``kl_coef > 0``."""
-    algo, lc = cfg.algorithm, cfg.learner
-    model = build_policy(model_dir, cfg.model.dtype, cfg.model.attn_implementation)
+    algo, lc, mc = cfg.algorithm, cfg.learner, cfg.model
+    model = build_policy(model_dir, mc.dtype, mc.attn_implementation,
+                         gradient_checkpointing=mc.gradient_checkpointing,
+                         logprob_chunk_tokens=mc.logprob_chunk_tokens,
+                         temperature=cfg.actor.temperature)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
     critic = reference = None
     if uses_critic(algo.advantage):
         lr = algo.critic_lr or lc.lr
         critic = build_critic(model_dir, cfg.model.dtype, lr, lc.weight_decay, algo.value_clip,
                               lc.grad_clip, cfg.model.attn_implementation)  # fmt: skip
+        if mc.gradient_checkpointing:
+            enable_gradient_checkpointing(critic.model.body)
     if algo.kl_coef > 0:
-        reference = build_reference(model_dir, cfg.model.dtype, cfg.model.attn_implementation)
+        reference = build_reference(model_dir, mc.dtype, mc.attn_implementation,
+                                    logprob_chunk_tokens=mc.logprob_chunk_tokens,
+                                    temperature=cfg.actor.temperature)  # fmt: skip
     return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
                        reference=reference, max_tokens=cfg.actor.max_tokens,
-                       micro_batch_rows=lc.micro_batch_rows)  # fmt: skip
+                       micro_batch_rows=lc.micro_batch_rows,
+                       max_tokens_per_micro_batch=lc.max_tokens_per_micro_batch)  # fmt: skip
 
 
 def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
@@ -132,6 +140,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     torch.set_num_threads(cfg.learner.cpu_threads)
     torch.manual_seed(cfg.seed)
     ctx = build_step_context(cfg, model_dir, rank, world)
+    ctx.say = hub.say  # rank 0's log (a row longer than the token budget is said once)
     hub.set_dynamic_sampling(cfg.algorithm.dynamic_sampling)  # DAPO: where groups are read
     hub.say(
         f"{world} rank(s) on {current_device().type} (process group "

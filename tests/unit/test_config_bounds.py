@@ -22,6 +22,7 @@ from asyncrl.configload import ConfigError, load_config
 NoneType = type(None)
 BOUNDS: dict[str, list[tuple[float, float]]] = {
     "model.sft_steps": [(0, -1)],
+    "model.logprob_chunk_tokens": [(0, -1)],
     "task.seed": [(0, -1), (SEED_MAX, SEED_MAX + 1)],
     "task.reward_timeout_s": [(1e-3, 0.0)],
     "task.max_reward_error_frac": [(0.0, -1e-9), (1.0, 1.000001)],
@@ -48,6 +49,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "learner.steps": [(1, 0)],
     "learner.batch_groups": [(1, 0)],
     "learner.micro_batch_rows": [(0, -1)],
+    "learner.max_tokens_per_micro_batch": [(0, -1)],
     "learner.lr": [(1e-12, 0.0)],
     "learner.warmup_steps": [(0, -1)],
     "learner.weight_decay": [(0.0, -1e-9)],
@@ -189,3 +191,14 @@ USER_MISTAKES = [
 def test_user_mistake_is_a_config_error(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config([override])
+
+
+def test_micro_batches_by_rows_and_by_tokens_are_exclusive():
+    cfg = load_config(["learner.max_tokens_per_micro_batch=4096"])
+    assert (cfg.learner.micro_batch_rows, cfg.learner.max_tokens_per_micro_batch) == (0, 4096)
+    message = (
+        "learner.micro_batch_rows=4 and learner.max_tokens_per_micro_batch=4096 both form "
+        "micro-batches"
+    )
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(["learner.max_tokens_per_micro_batch=4096", "learner.micro_batch_rows=4"])
