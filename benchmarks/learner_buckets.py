@@ -123,7 +123,7 @@ def peak_memory(args, model_dir: Path, budget: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--groups", type=int, default=16)
     p.add_argument("--n", type=int, default=8, help="samples per group")
@@ -141,14 +141,14 @@ def main() -> None:
     p.add_argument("--out", default=str(RESULTS), help="results directory")
     p.add_argument("--probe", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.probe is not None:
-        return probe(args)
-    t_start = time.monotonic()
-    pinned = pin(args)
+    return p.parse_args()
+
+
+def measure(args, batch) -> dict[str, dict]:
+    """Each arm's first step (its metrics) and ``args.repeat`` interleaved timed steps, and
+    its peak RSS in a fresh process: arm name -> results, ratios against ``padded``."""
     from learner.step import train_on_batch
 
-    batch = build_batch(args)
     real = int(batch.attention_mask.sum())
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
         model_dir = build_model_dir(args, Path(tmp))
@@ -183,6 +183,12 @@ def main() -> None:
     for r in results.values():
         r["tokens_per_s_vs_padded"] = r["real_tokens_per_s"] / base["real_tokens_per_s"]
         r["loss_diff_vs_padded"] = abs(r["first_step_loss"] - base["first_step_loss"])
+    return results
+
+
+def report(args, batch, results: dict[str, dict], pinned, wall_s: float) -> None:
+    """Write the JSON result and print the table."""
+    real = int(batch.attention_mask.sum())
     lengths = batch.attention_mask.sum(-1)
     config = {k: v for k, v in vars(args).items() if k not in ("probe", "model_dir", "out")}
     width = int(batch.input_ids.shape[1])
@@ -202,7 +208,7 @@ def main() -> None:
             "row_len_max": int(lengths.max()),
         },
         "arms": results,
-        "wall_s": time.monotonic() - t_start,
+        "wall_s": wall_s,
         "notes": "CPU only; GPU timing is not measured here. Peak RSS: one step of each arm "
         "in a fresh process (model, optimizer and batch included).",
     }
@@ -213,6 +219,17 @@ def main() -> None:
             for name, r in results.items()]  # fmt: skip
     print(md_table(header, rows))
     print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.probe is not None:
+        return probe(args)
+    t_start = time.monotonic()
+    pinned = pin(args)
+    batch = build_batch(args)
+    results = measure(args, batch)
+    report(args, batch, results, pinned, time.monotonic() - t_start)
 
 
 if __name__ == "__main__":
