@@ -6,6 +6,7 @@ is the rank script (``__main__``): rank R looks in ``ROOT/rank<R>`` if told so, 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,9 @@ def test_every_rank_takes_rank_0s_checkpoint(tmp_path):
     _complete(tmp_path, 8)
     proc = _run(tmp_path, split=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert sorted(proc.stdout.split()) == ["0:step_000008", "1:step_000008"], proc.stdout
+    # the two ranks share the pipe: their lines may interleave, so find them in the text
+    picked = sorted(re.findall(r"[01]:(?:step_\d+|None)", proc.stdout))
+    assert picked == ["0:step_000008", "1:step_000008"], proc.stdout + proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("rank1_has", [None, 4])
@@ -61,7 +64,8 @@ def main(root: str, mode: str) -> None:
     run_dir = Path(root) / f"rank{rank}" if mode == "split" else Path(root)
     try:
         path = _agreed_checkpoint(str(run_dir), rank)
-        print(f"{rank}:{path.name if path else None}", flush=True)
+        sys.stdout.write(f"{rank}:{path.name if path else None}\n")  # one write per line
+        sys.stdout.flush()
     finally:
         dist.destroy_process_group()
 
