@@ -18,84 +18,26 @@ from asyncrl.config_algorithm import (  # noqa: F401 (registry names: tests impo
     AlgorithmConfig,
 )
 from asyncrl.config_checks import bound as _bound
+from asyncrl.config_checks import is_core_list as _is_core_list
+from asyncrl.config_checks import parse_cores  # noqa: F401 (asyncrl.lifeline imports it here)
 from asyncrl.config_checks import require as _require
 from asyncrl.config_checks import require_finite as _require_finite
+from asyncrl.config_learner import LEARNER_DEVICES, LearnerConfig, ModelConfig  # noqa: F401
 from asyncrl.config_network import (
     NetworkConfig,
     check_buffer_tls,
     check_buffer_url,
-    is_endpoint,
     read_secret_file,
 )
 from asyncrl.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, TaskConfig  # noqa: F401
 
 _UPDATE_MODES = ("keep", "abort")
-LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
-_ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """The names ``logger`` takes; asyncrl/trackers.py has one class per external one."""
 _BUFFER_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 # the ports a job serves metrics on: metrics_port + 0..1 (launcher, learner), + 2 + i (actor i);
 # asyncrl.metrics.*_OFFSET (not imported here: it imports prometheus_client)
 _METRICS_PORTS_BEYOND_ACTORS = 2
-
-
-def parse_cores(spec: str) -> list[int]:
-    """``"0-2,5"`` -> ``[0, 1, 2, 5]`` (Linux cpu-list syntax); ``""`` -> ``[]``."""
-    cores: set[int] = set()
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        lo, _, hi = part.partition("-")
-        first, last = int(lo), int(hi or lo)
-        if first < 0 or last < first:
-            raise ValueError(f"bad core range {part!r} in {spec!r}")
-        cores.update(range(first, last + 1))
-    return sorted(cores)
-
-
-def _is_core_list(spec: str) -> bool:
-    try:
-        return not spec or bool(parse_cores(spec))
-    except ValueError:
-        return False
-
-
-@dataclass
-class ModelConfig:
-    """Which policy to train."""
-
-    path: str = "demo"
-    """A local Hugging Face model directory, or ``demo`` for the project's own tiny model
-    (built, warm-started and cached under ``model.cache_dir``; nothing is downloaded)."""
-    cache_dir: str = ".cache/asyncrl"
-    """Where the demo model is built and cached."""
-    sft_steps: int = 500
-    """Demo only: supervised warm-start steps so RL starts from a weak, non-trivial policy
-    (>= 0; 0 = start RL from the untrained model)."""
-    dtype: str = "float32"
-    """The learner's compute dtype: float32 on CPU; bfloat16 on GPU (FSDP2 mixed precision:
-    weights, gradients and optimizer state stay float32). Actors load the model in this dtype."""
-    attn_implementation: str = "auto"
-    """transformers attention in the learner: ``auto`` = flash_attention_2 on a GPU with
-    flash-attn and a 16-bit dtype, else sdpa; or ``sdpa``, ``eager``, ``flash_attention_2``."""
-    gradient_checkpointing: bool = False
-    """Activation checkpointing per decoder layer (policy and critic): keep each layer's input
-    and recompute the layer in backward; about one more forward of compute for activation
-    memory of one layer instead of all (learner/model.py)."""
-    logprob_chunk_tokens: int = 1024
-    """Positions per chunk when the learner takes log-probs and entropy from the final hidden
-    states: only ``chunk x vocab`` logits exist at a time, in forward and backward, instead of
-    the whole micro-batch's ``[B, L, vocab]`` (learner/logprobs.py). >= 0; 0 = full logits."""
-
-    def __post_init__(self) -> None:
-        _require_finite(self, "model")
-        _require(bool(self.path), "model.path is empty; give a local HF model dir or 'demo'")
-        _bound(self, "model.sft_steps", ge=0)
-        _bound(self, "model.logprob_chunk_tokens", ge=0, hint=" (0 = full-vocabulary logits)")
-        _require(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={self.dtype!r}")
-        _require(
-            self.attn_implementation in _ATTN_IMPLS,
-            f"model.attn_implementation={self.attn_implementation!r}, expected one of {_ATTN_IMPLS}",
-        )
 
 
 @dataclass
@@ -172,145 +114,6 @@ class ActorConfig:
         _require(self.engine in ("vllm", "sim"), f"actor.engine in (vllm, sim): {self.engine!r}")
         if self.cpu_affinity and not self.cpu_bind:
             self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
-
-
-@dataclass
-class LearnerConfig:
-    """The FSDP2 learner (torchrun ranks)."""
-
-    nproc: int = 2
-    """Learner ranks per node (torchrun --nproc_per_node), >= 1."""
-    nnodes: int = 1
-    """Learner nodes (torchrun --nnodes), >= 1. Above 1, every learner node runs
-    ``asyncrl launch learner`` with the same ``rdzv_endpoint`` and its own ``node_rank``."""
-    node_rank: int = 0
-    """This node's rank among the learner nodes, 0 .. nnodes-1; node 0 hosts the rendezvous
-    (at ``rdzv_endpoint``, which must be its address)."""
-    rdzv_endpoint: str = ""
-    """``HOST:PORT`` of torchrun's rendezvous when ``nnodes > 1``: learner node 0's
-    ``network.bind`` address and a free port (static rendezvous: docs/multinode.md)."""
-    steps: int = 400
-    """Optimizer steps to run (>= 1)."""
-    batch_groups: int = 16
-    """Groups per optimizer step (>= 1)."""
-    micro_batch_rows: int = 0
-    """Rows (samples) per forward/backward on each rank, each padded to the batch's longest
-    row: the no-grad forwards (pi_prox, pi_ref, V_old) run in chunks of this many rows and a
-    policy (and critic) update accumulates the gradients of its micro-batches into one
-    optimizer update (equal to the whole-minibatch update). Bounds activation memory on a GPU;
-    0 = a rank's whole share at once. Set at most one of this and
-    ``max_tokens_per_micro_batch``."""
-    max_tokens_per_micro_batch: int = 0
-    """Token budget of one forward/backward on each rank (verl's ``ppo_max_token_len_per_gpu``):
-    a rank's rows are sorted by length and packed so that rows x the longest row of each
-    micro-batch stays within it, and each micro-batch is trimmed to its own longest row (no
-    padding to the batch's longest). A row longer than the budget runs alone (said once in the
-    log). Ranks run the same number of micro-batches (learner/micro_batches.py). Same update as
-    the padded path, less padding; 0 = off (``micro_batch_rows`` decides). >= 0."""
-    lr: float = 2e-4
-    """AdamW learning rate (> 0)."""
-    warmup_steps: int = 10
-    """Linear learning-rate warm-up over this many steps (Adam's first steps are large); >= 0."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay (>= 0; torch refuses a negative one)."""
-    grad_clip: float = 1.0
-    """Max global gradient norm (``clip_grad_norm_``; the critic's too), > 0. There is no
-    off value: torch scales gradients by ``grad_clip / norm`` when the norm is larger, so 0
-    would zero every gradient and a negative value flip their signs; to not clip in effect,
-    give a large value (e.g. 1e9)."""
-    sync_every: int = 1
-    """Send weights to the actors every this many steps (>= 1)."""
-    checkpoint_every: int = 100
-    """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
-    checkpoint_dir: str = ""
-    """Where checkpoints go (``<dir>/checkpoints/step_<V>``); '' = the run directory. Every
-    rank writes its own shards there, so with ``learner.nnodes > 1`` it must be a directory
-    every learner node shares (the same path on a shared filesystem): required then."""
-    device: str = "auto"
-    """``auto`` (a GPU per rank when CUDA is available, else the CPU), ``cpu`` or ``cuda``.
-    GPU ranks use ``cuda:LOCAL_RANK`` and NCCL for FSDP2 (learner/device.py)."""
-    cpu_threads: int = 1
-    """Torch threads per learner rank (>= 1)."""
-    cpu_affinity: str = ""
-    """Cores the learner ranks may run on, e.g. ``0`` or ``0-3``; '' = unpinned."""
-    max_wall_s: float = 0.0
-    """Stop after this many seconds (>= 0; 0 = no limit)."""
-    data_timeout_s: float = 300.0
-    """Fail with a clear error if no fresh group arrives for this long (> 0 seconds)."""
-    actor_wait_s: float = 600.0
-    """How long the learner waits at start for all ``actor.num_actors * actor.nnodes`` actors
-    to register
-    (each loads the model and starts vLLM: ~30 s for the demo on CPU, minutes for a large
-    model). The wait prints what it lacks every 15 s and stops at once on SIGTERM/Ctrl-C."""
-    weight_sync_timeout_s: float = 120.0
-    """Deadline of the weight rendezvous and of every weight collective, on both sides: a
-    receiver that dies mid-transfer fails the sync after at most this long, and the learner
-    rebuilds the group with the live actors (learner/weight_sender.py)."""
-    restart_max: int = 0
-    """Times ``asyncrl run`` / ``asyncrl launch learner`` restart a dead learner (short growing
-    backoff); 0 = a dead learner fails the job. A restarted learner resumes from the newest
-    complete checkpoint (so it re-trains up to ``checkpoint_every`` steps) and re-reads the
-    groups it had not acked; a group that crashes it ``buffer.max_deliveries`` times is
-    dead-lettered as poison. Restarts are counted in ``asyncrl_launcher_role_restarts_total``."""
-    weight_sync: bool = True
-    """Wait for the job's actors (``num_actors * nnodes``) and send them weights. false = no actor weight
-    channel: train on groups already in (or written to) the buffer by other means, e.g. the
-    learner fault tests (tests/faults/test_learner_kills.py)."""
-    max_nonfinite_steps: int = 3
-    """An optimizer update whose loss or gradient norm is NaN/inf is skipped (counted in the
-    step's ``nonfinite_updates``); this many steps in a row with a skipped update fail the run
-    (>= 1), naming the step, its groups and the metric (learner/finite.py)."""
-
-    @property
-    def world_size(self) -> int:
-        """Learner ranks in all: ``nproc`` on each of ``nnodes`` nodes."""
-        return self.nproc * self.nnodes
-
-    def __post_init__(self) -> None:
-        _require_finite(self, "learner")
-        _bound(self, "learner.nproc", ge=1)
-        _bound(self, "learner.nnodes", ge=1)
-        _bound(self, "learner.node_rank", ge=0, lt=self.nnodes, hint=" (below learner.nnodes)")
-        _require(
-            self.nnodes == 1 or bool(self.checkpoint_dir),
-            f"learner.nnodes={self.nnodes}: every learner rank writes its checkpoint shards, "
-            "so the nodes need one shared directory; set learner.checkpoint_dir=<a path on a "
-            "filesystem all learner nodes mount>",
-        )
-        _require(
-            self.nnodes == 1 or is_endpoint(self.rdzv_endpoint),
-            f"learner.nnodes={self.nnodes} needs learner.rdzv_endpoint=HOST:PORT (learner node "
-            f"0's address and a free port), got {self.rdzv_endpoint!r}",
-        )
-        _bound(self, "learner.steps", ge=1)
-        _bound(self, "learner.batch_groups", ge=1)
-        _bound(self, "learner.micro_batch_rows", ge=0, hint=" (0 = a rank's whole share)")
-        _bound(self, "learner.max_tokens_per_micro_batch", ge=0, hint=" (0 = off)")
-        _require(
-            not (self.micro_batch_rows and self.max_tokens_per_micro_batch),
-            f"learner.micro_batch_rows={self.micro_batch_rows} and "
-            f"learner.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} both form "
-            "micro-batches: with a token budget the rows per micro-batch follow from the "
-            "lengths; set learner.micro_batch_rows=0 (or the budget to 0 for row micro-batches)",
-        )
-        _bound(self, "learner.lr", gt=0)
-        _bound(self, "learner.warmup_steps", ge=0)
-        _bound(self, "learner.weight_decay", ge=0)
-        _bound(self, "learner.grad_clip", gt=0, hint=" (for no clipping give e.g. 1e9)")
-        _bound(self, "learner.sync_every", ge=1)
-        _bound(self, "learner.checkpoint_every", ge=0, hint=" (0 = only at the end)")
-        _bound(self, "learner.cpu_threads", ge=1)
-        _bound(self, "learner.max_wall_s", ge=0, hint=" (0 = no limit)")
-        _bound(self, "learner.data_timeout_s", gt=0)
-        _bound(self, "learner.actor_wait_s", gt=0)
-        _bound(self, "learner.weight_sync_timeout_s", gt=0)
-        _bound(self, "learner.restart_max", ge=0, hint=" (0 = a dead learner fails the job)")
-        _bound(self, "learner.max_nonfinite_steps", ge=1)
-        _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
-        _require(
-            self.device in LEARNER_DEVICES,
-            f"learner.device={self.device!r}, expected one of {LEARNER_DEVICES}",
-        )
 
 
 @dataclass

@@ -47,3 +47,22 @@ def bound(
     if not all(OPS[sym](value, limit) for sym, limit in rules.items()):
         want = " and ".join(f"{sym} {limit}" for sym, limit in rules.items())
         require(False, f"{key} must be {want}{hint}, got {value!r}")
+
+
+def parse_cores(spec: str) -> list[int]:
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]`` (Linux cpu-list syntax); ``""`` -> ``[]``."""
+    cores: set[int] = set()
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        lo, _, hi = part.partition("-")
+        first, last = int(lo), int(hi or lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad core range {part!r} in {spec!r}")
+        cores.update(range(first, last + 1))
+    return sorted(cores)
+
+
+def is_core_list(spec: str) -> bool:
+    try:
+        return not spec or bool(parse_cores(spec))
+    except ValueError:
+        return False
