@@ -130,6 +130,41 @@ def shard_value_model(model: ValueModel, compute_dtype: str = "float32") -> Valu
     return shard_model(model, compute_dtype, getattr(model.body, "layers", []))
 
 
+def load_sharded_value_model(
+    model_dir: str | Path, attn: str | None, device: torch.device, compute_dtype: str
+) -> ValueModel:
+    """``load_value_model`` (float32) then ``shard_value_model``, each rank loading only its
+    shards (as ``learner.model.load_sharded_hf_model``): the body's tensors come from the
+    checkpoint's ``model.*`` names (its base-model prefix, as transformers strips it; the LM
+    head is not read), the value head is zeroed. Falls back to the full load likewise."""
+    from transformers import AutoConfig, AutoModel
+
+    from learner import sharded_load
+
+    path = check_model_dir(model_dir)
+    config = AutoConfig.from_pretrained(path)
+    checkpoint = sharded_load.open_streamable(path, config.model_type)
+    if checkpoint is None:
+        return shard_value_model(load_value_model(path, "float32", attn).to(device), compute_dtype)
+
+    def construct() -> ValueModel:
+        body = AutoModel.from_config(config, dtype=torch.float32, attn_implementation=attn)
+        return ValueModel(body, config.hidden_size)
+
+    shard = lambda m: shard_value_model(m, compute_dtype)  # noqa: E731
+    model = sharded_load.build_sharded(construct, shard, device)
+    prefix = f"{model.body.base_model_prefix}."
+    if not any(key.startswith(prefix) for key in checkpoint.files):
+        prefix = ""  # a checkpoint of the bare body
+    with checkpoint:
+        sharded_load.load_local_shards(model.body, checkpoint, prefix)
+    with torch.no_grad():  # every value starts at 0 (materialize left the head uninitialised)
+        model.head.weight.zero_()
+        model.head.bias.zero_()
+    model.body.config.use_cache = False
+    return model
+
+
 def build_critic(
     model_dir: str | Path,
     dtype: str,
@@ -139,12 +174,15 @@ def build_critic(
     grad_clip: float,
     attn: str = "auto",
 ) -> Critic:
-    """Load float32 master weights on the learner's device, shard them (when a process group
-    exists) computing in ``dtype``, and give the critic its own AdamW."""
+    """Load float32 master weights on the learner's device computing in ``dtype`` (under a
+    process group each rank loads only its shards, ``load_sharded_value_model``), and give the
+    critic its own AdamW."""
     device = current_device()
-    model = load_value_model(model_dir, "float32", attention_impl(attn, dtype, device)).to(device)
+    attn_impl = attention_impl(attn, dtype, device)
     if dist.is_initialized():
-        model = shard_value_model(model, dtype)
+        model = load_sharded_value_model(model_dir, attn_impl, device, dtype)
+    else:
+        model = load_value_model(model_dir, "float32", attn_impl).to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     return Critic(model, optimizer, value_clip, grad_clip)

@@ -8,7 +8,8 @@ reduced in float32), the recipe of torchtitan, instead of training 16-bit weight
 
 Memory options (``model.*`` config keys, docs/architecture.md): ``logprob_chunk_tokens``, the
 positions per chunk of the head in ``token_logprobs`` (no ``[B, L, V]`` logits), and
-``gradient_checkpointing``, per decoder layer.
+``gradient_checkpointing``, per decoder layer. Under a process group no rank loads the full
+model: ``load_sharded_hf_model`` reads each rank's shards only (learner/sharded_load.py).
 """
 
 from __future__ import annotations
@@ -90,6 +91,47 @@ def shard_model(model: nn.Module, compute_dtype: str = "float32", layers=None) -
     return model
 
 
+def load_sharded_hf_model(
+    model_dir: str | Path,
+    dtype: str,
+    attn: str | None,
+    device: torch.device,
+    *,
+    compute_dtype: str = "float32",
+    trainable: bool = True,
+) -> nn.Module:
+    """``load_hf_model`` then ``shard_model(model, compute_dtype)``, without any rank holding
+    the full model (learner/sharded_load.py): built on the meta device, sharded, then each
+    rank allocates its shards on ``device`` and reads them from the safetensors file(s),
+    converted to ``dtype``. Parameters are frozen before sharding unless ``trainable``.
+
+    A checkpoint that cannot be read shard by shard (no safetensors, or names transformers
+    converts on load) is loaded whole on every rank, as before, and rank 0 prints why."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from learner import sharded_load
+
+    path = check_model_dir(model_dir)
+    config = AutoConfig.from_pretrained(path)
+    checkpoint = sharded_load.open_streamable(path, config.model_type)
+    if checkpoint is None:
+        model = load_hf_model(path, dtype, attn).to(device).requires_grad_(trainable)
+        return shard_model(model, compute_dtype)
+
+    def construct() -> nn.Module:
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=_DTYPES[dtype], attn_implementation=attn
+        )
+        return model.requires_grad_(trainable)
+
+    shard = lambda m: shard_model(m, compute_dtype)  # noqa: E731
+    model = sharded_load.build_sharded(construct, shard, device)
+    with checkpoint:
+        sharded_load.load_local_shards(model, checkpoint)
+    model.config.use_cache = False
+    return model
+
+
 def build_policy(
     model_dir: str | Path,
     dtype: str = "float32",
@@ -99,19 +141,21 @@ def build_policy(
     logprob_chunk_tokens: int | None = None,
     temperature: float = 1.0,
 ) -> nn.Module:
-    """Load float32 master weights on the learner's device and (when a process group exists)
-    shard them, computing in ``dtype``; train mode, no dropout. ``gradient_checkpointing``:
-    recompute each decoder layer in backward; ``logprob_chunk_tokens``: ``token_logprobs``'s
+    """Load float32 master weights on the learner's device, computing in ``dtype``; under a
+    process group each rank loads only its shards (``load_sharded_hf_model``); train mode, no
+    dropout. ``gradient_checkpointing``: recompute each decoder layer in backward; ``logprob_chunk_tokens``: ``token_logprobs``'s
     chunk for this model (None = the config default); ``temperature``: the actors' sampling
     temperature, which ``token_logprobs`` scores at (``set_logprob_temperature``)."""
     from learner.device import current_device
 
     device = current_device()
-    model = load_hf_model(model_dir, "float32", attention_impl(attn, dtype, device)).to(device)
+    attn_impl = attention_impl(attn, dtype, device)
+    if dist.is_initialized():
+        model = load_sharded_hf_model(model_dir, "float32", attn_impl, device, compute_dtype=dtype)
+    else:
+        model = load_hf_model(model_dir, "float32", attn_impl).to(device)
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    if dist.is_initialized():
-        model = shard_model(model, dtype)
     set_logprob_chunk_tokens(model, logprob_chunk_tokens)
     set_logprob_temperature(model, temperature)
     model.train()

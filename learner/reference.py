@@ -16,9 +16,9 @@ from learner.device import current_device
 from learner.model import (
     attention_impl,
     load_hf_model,
+    load_sharded_hf_model,
     set_logprob_chunk_tokens,
     set_logprob_temperature,
-    shard_model,
     token_logprobs,
 )
 
@@ -32,13 +32,15 @@ def build_reference(
     temperature: float = 1.0,
 ) -> nn.Module:
     """Load ``model_dir`` frozen in ``dtype`` (no gradients, no optimizer, so no float32 master
-    copy), eval mode, on the learner's device; FSDP2-sharded under a process group.
+    copy), eval mode, on the learner's device; under a process group FSDP2-sharded, each rank
+    loading only its shards (``learner.model.load_sharded_hf_model``).
     ``logprob_chunk_tokens``, ``temperature``: as the policy's (``learner.model.build_policy``)."""
     device = current_device()
-    model = load_hf_model(model_dir, dtype, attention_impl(attn, dtype, device)).to(device)
-    model.requires_grad_(False)
+    attn_impl = attention_impl(attn, dtype, device)
     if dist.is_initialized():
-        model = shard_model(model)
+        model = load_sharded_hf_model(model_dir, dtype, attn_impl, device, trainable=False)
+    else:
+        model = load_hf_model(model_dir, dtype, attn_impl).to(device).requires_grad_(False)
     set_logprob_chunk_tokens(model, logprob_chunk_tokens)
     set_logprob_temperature(model, temperature)
     return model.eval()

@@ -69,6 +69,15 @@ class Cluster:
         return self.start("actors", "actors", f"buffer.url_file={self.url_file('actor')}",
                           *overrides, **kw)  # fmt: skip
 
+    def wait_job(self, learners: list[Proc], actors: Proc, learner_s: float = 300) -> None:
+        """Wait for both learner nodes, then the actors, to exit 0. The actors leave once the
+        learner announced it is done, which may be before node 0's process has exited (it seals
+        its checkpoint and writes the summary after): that exit 0 is expected, not a death."""
+        self.roles.expect_exit(actors)
+        for proc in learners:
+            assert self.roles.wait(proc, learner_s) == 0, proc.tail(60)
+        assert self.roles.wait(actors, 120) == 0, actors.tail(60)
+
     def summary(self) -> dict:
         return json.loads((self.tmp / "learner0" / "summary.json").read_text())
 

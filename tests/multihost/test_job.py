@@ -61,9 +61,7 @@ def test_job_trains_across_hosts_listens_only_where_configured_and_ignores_an_ou
     assert result["control_plain"] in ("NOT_ADMITTED", "NO_ANSWER"), result
     assert result["control_curve_other_key"] in ("NOT_ADMITTED", "NO_ANSWER"), result
 
-    for proc in learners:
-        assert roles.wait(proc, 300) == 0, proc.tail(60)
-    assert roles.wait(actors, 120) == 0, actors.tail(60)
+    cluster.wait_job(learners, actors, 300)
     summary = cluster.summary()
     check_conservation(summary)
     assert summary["final_version"] == STEPS and summary["groups_trained"] == STEPS * 4
@@ -112,9 +110,7 @@ def test_actor_host_killed_then_relaunched_loses_and_doubles_nothing(cluster):
     roles.wait_until(lambda: said.search(learners[0].output()[mark:]), 60, "the learner's report")
     cursors_before = cluster.meta()
     relaunched = cluster.start_actors(*slow, tag="actors")
-    for proc in learners:
-        assert roles.wait(proc, 400) == 0, proc.tail(60)
-    assert roles.wait(relaunched, 120) == 0, relaunched.tail(60)
+    cluster.wait_job(learners, relaunched, 400)
     assert first.poll() is not None
     summary = cluster.summary()
     check_conservation(summary)
@@ -151,9 +147,7 @@ def test_partitioned_actor_host_is_reported_and_the_job_carries_on_after_the_hea
         with hosts.partitioned("actors"):  # 2 batches), so the next sync meets the partition
             time.sleep(seconds)
         _next_step(roles, learners[0])  # the job carries on after the heal
-    for proc in learners:
-        assert roles.wait(proc, 400) == 0, proc.tail(60)
-    assert roles.wait(actors, 120) == 0, actors.tail(60)
+    cluster.wait_job(learners, actors, 400)
     summary = cluster.summary()
     check_conservation(summary)
     assert summary["final_version"] == 80 and summary["max_trained_staleness"] <= 2

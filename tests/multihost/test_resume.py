@@ -52,9 +52,7 @@ def test_learner_on_two_hosts_resumes_after_ctrl_c_and_after_both_hosts_die(clus
     trained, resume_at, killed_records = _kill_both(cluster, learners, mark)
     marks = [len(p.output()) for p in (*learners, actors)]
     learners = cluster.start_learner(*LEARNER)
-    for proc in learners:
-        assert roles.wait(proc, 300) == 0, proc.tail(60)
-    assert roles.wait(actors, 120) == 0, actors.tail(60)
+    cluster.wait_job(learners, actors, 300)
     wall_s = time.monotonic() - t_kill
     out0, out1, actor_log = (
         p.output()[m:] for p, m in zip((*learners, actors), marks, strict=True)
