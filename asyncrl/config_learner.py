@@ -12,7 +12,7 @@ from asyncrl.config_checks import require_finite as _require_finite
 from asyncrl.config_network import is_endpoint
 
 LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
-_ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
+_ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2", "flex_attention")
 
 
 @dataclass
@@ -32,7 +32,9 @@ class ModelConfig:
     weights, gradients and optimizer state stay float32). Actors load the model in this dtype."""
     attn_implementation: str = "auto"
     """transformers attention in the learner: ``auto`` = flash_attention_2 on a GPU with
-    flash-attn and a 16-bit dtype, else sdpa; or ``sdpa``, ``eager``, ``flash_attention_2``."""
+    flash-attn and a 16-bit dtype, else flex_attention on a GPU with packed sequences
+    (``learner.pack_sequences``), else sdpa; or ``sdpa``, ``eager``, ``flash_attention_2``,
+    ``flex_attention``."""
     gradient_checkpointing: bool = False
     """Activation checkpointing per decoder layer (policy and critic): keep each layer's input
     and recompute the layer in backward; about one more forward of compute for activation
@@ -87,6 +89,14 @@ class LearnerConfig:
     padding to the batch's longest). A row longer than the budget runs alone (said once in the
     log). Ranks run the same number of micro-batches (learner/micro_batches.py). Same update as
     the padded path, less padding; 0 = off (``micro_batch_rows`` decides). >= 0."""
+    pack_sequences: bool | None = None
+    """With ``max_tokens_per_micro_batch``: run each micro-batch as one stream of its rows'
+    real tokens, no padding at all, with a document mask so no token attends across rows
+    (learner/packing.py); the budget then counts real tokens. null = auto: packed when the
+    learner trains on a GPU, bucketed (trimmed rows) on the CPU, where packing's attention is
+    sdpa with a dense S x S mask; true / false force it. Packing uses flash-attn's varlen kernel when
+    ``model.attn_implementation`` is flash_attention_2, else torch's flex_attention on a GPU
+    (``auto`` picks it there) or sdpa with a dense boolean mask."""
     lr: float = 2e-4
     """AdamW learning rate (> 0)."""
     warmup_steps: int = 10
@@ -172,6 +182,11 @@ class LearnerConfig:
             f"learner.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} both form "
             "micro-batches: with a token budget the rows per micro-batch follow from the "
             "lengths; set learner.micro_batch_rows=0 (or the budget to 0 for row micro-batches)",
+        )
+        _require(
+            not self.pack_sequences or self.max_tokens_per_micro_batch > 0,
+            "learner.pack_sequences=true packs micro-batches formed by a token budget; set "
+            "learner.max_tokens_per_micro_batch=N (e.g. 16384 on a GPU) or pack_sequences=null",
         )
         _bound(self, "learner.lr", gt=0)
         _bound(self, "learner.warmup_steps", ge=0)

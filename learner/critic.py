@@ -26,6 +26,7 @@ from learner.finite import step_if_finite
 from learner.losses import make_aggregation, merge_metrics
 from learner.micro_batches import MicroBatch, plan_micro_batches
 from learner.model import _DTYPES, attention_impl, check_model_dir, shard_model
+from learner.packing import is_packed, pack, packed_forward, set_packed
 
 _VALUE_AGGREGATION = "token_mean"
 
@@ -41,6 +42,11 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if is_packed(self):  # one stream of real tokens (learner.packing); 0 off the scored
+            packed = pack(input_ids, attention_mask)
+            at = packed.scored()
+            hidden = packed_forward(self.body, packed).last_hidden_state[0, at]
+            return packed.to_grid(self.head(hidden).squeeze(-1).float(), at)
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.head(hidden[:, :-1]).squeeze(-1).float()
 
@@ -173,16 +179,18 @@ def build_critic(
     value_clip: float | None,
     grad_clip: float,
     attn: str = "auto",
+    packed: bool = False,
 ) -> Critic:
     """Load float32 master weights on the learner's device computing in ``dtype`` (under a
     process group each rank loads only its shards, ``load_sharded_value_model``), and give the
     critic its own AdamW."""
     device = current_device()
-    attn_impl = attention_impl(attn, dtype, device)
+    attn_impl = attention_impl(attn, dtype, device, packed)
     if dist.is_initialized():
         model = load_sharded_value_model(model_dir, attn_impl, device, dtype)
     else:
         model = load_value_model(model_dir, "float32", attn_impl).to(device)
+    set_packed(model, packed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     return Critic(model, optimizer, value_clip, grad_clip)

@@ -9,6 +9,9 @@ at most one of them set):
           micro-batch's padded size, rows x its longest row, stays within the budget; each
           micro-batch keeps only the columns of its own longest row (the bucketed path).
           A row longer than the budget gets a micro-batch of its own (never an error).
+  packed: the token plan, counting real tokens (the sum of the rows' lengths) against the
+          budget: the forward runs the micro-batch as one stream without padding
+          (``learner.packing``, ``learner.pack_sequences``).
 
 Right padding makes trimming exact: a real token's position id is its column index, which
 trimming does not change, and a causal mask never lets a real token see a padding column, so
@@ -45,6 +48,8 @@ class MicroBatch:
     """[k] int64 row indices into the rank's rows, on the rows' device."""
     width: int
     """Input columns kept: ``input_ids[index, :width]``; per-token tensors keep ``width - 1``."""
+    real_tokens: int = 0
+    """Packed: the rows' real tokens, the stream the forward processes; 0 = not packed."""
 
     @property
     def num_rows(self) -> int:
@@ -52,8 +57,9 @@ class MicroBatch:
 
     @property
     def padded_tokens(self) -> int:
-        """rows x width: the tokens the forward processes, padding included."""
-        return self.num_rows * self.width
+        """The tokens the forward processes: rows x width, padding included (the packed
+        stream's length when packed)."""
+        return self.real_tokens or self.num_rows * self.width
 
     def inputs(self, t: Tensor) -> Tensor:
         """[k, width] of an input tensor ``[b, L]`` (input_ids, attention_mask)."""
@@ -81,23 +87,38 @@ def row_groups(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)] or [[]]
 
 
-def token_groups(lengths: list[int], budget: int) -> list[list[int]]:
-    """Rows packed by a token budget: sorted longest first (ties in row order), a row joins the
-    current group while ``(rows + 1) x the group's first (longest) row <= budget``. A row
-    longer than ``budget`` is a group of its own. Every group is sorted longest first."""
+def group_tokens(group: list[int], lengths: list[int], packed: bool) -> int:
+    """The tokens a forward of ``group`` processes: the sum of its rows' lengths when packed,
+    else rows x its longest row."""
+    if packed:
+        return sum(lengths[r] for r in group)
+    return len(group) * max((lengths[r] for r in group), default=0)
+
+
+def token_groups(lengths: list[int], budget: int, packed: bool = False) -> list[list[int]]:
+    """Rows grouped by a token budget, taken longest first (ties in row order): a row joins
+    the current group while the group with it processes ``<= budget`` tokens
+    (``group_tokens``); packed, it joins the first group it fits in (first-fit decreasing:
+    short rows fill the gaps the long ones left). A row longer than ``budget`` is a group
+    of its own. Every group is sorted longest first."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     for i in order:
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
-            groups[-1].append(i)
+        candidates = groups if packed else groups[-1:]
+        fits = (g for g in candidates if group_tokens([*g, i], lengths, packed) <= budget)
+        if (group := next(fits, None)) is not None:
+            group.append(i)
         else:
             groups.append([i])
     return groups or [[]]
 
 
-def split_to(groups: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
-    """``groups`` split until there are ``count``: each time the group of 2+ rows with the
-    largest padded size (rows x longest) is cut in two, longer rows first, in place of it."""
+def split_to(
+    groups: list[list[int]], lengths: list[int], count: int, packed: bool = False
+) -> list[list[int]]:
+    """``groups`` split until there are ``count``: each time the group of 2+ rows that
+    processes the most tokens (``group_tokens``) is cut in two, longer rows first, in place
+    of it."""
     groups = [list(g) for g in groups]
     while len(groups) < count:
         splittable = [i for i, g in enumerate(groups) if len(g) > 1]
@@ -105,7 +126,7 @@ def split_to(groups: list[list[int]], lengths: list[int], count: int) -> list[li
             raise ValueError(
                 f"cannot split {len(groups)} micro-batches of single rows into {count}"
             )
-        i = max(splittable, key=lambda j: len(groups[j]) * max(lengths[r] for r in groups[j]))
+        i = max(splittable, key=lambda j: group_tokens(groups[j], lengths, packed))
         g = groups[i]
         half = (len(g) + 1) // 2
         groups[i : i + 1] = [g[:half], g[half:]]
@@ -113,13 +134,14 @@ def split_to(groups: list[list[int]], lengths: list[int], count: int) -> list[li
 
 
 def plan_micro_batches(
-    attention_mask: Tensor, micro_batch_rows: int, max_tokens: int, world: int
-) -> list[MicroBatch]:
+    attention_mask: Tensor, micro_batch_rows: int, max_tokens: int, world: int,
+    packed: bool = False,
+) -> list[MicroBatch]:  # fmt: skip
     """This rank's micro-batches for its rows ``attention_mask [b, L]`` (right-padded).
 
-    ``max_tokens > 0``: the token plan, equalised to the max count over ranks (collective when
-    ``world > 1``: every rank must call it); else the row plan at full width ``L``. Each row is
-    in exactly one micro-batch.
+    ``max_tokens > 0``: the token plan (``packed``: counting real tokens), equalised to the max
+    count over ranks (collective when ``world > 1``: every rank must call it); else the row
+    plan at full width ``L``. Each row is in exactly one micro-batch.
     """
     b, width = attention_mask.shape
     device = attention_mask.device
@@ -127,15 +149,16 @@ def plan_micro_batches(
         groups = row_groups(b, micro_batch_rows)
         return [MicroBatch(torch.tensor(g, dtype=torch.long, device=device), width) for g in groups]
     lengths = attention_mask.sum(-1).tolist()
-    groups = token_groups(lengths, max_tokens)
+    groups = token_groups(lengths, max_tokens, packed)
     if world > 1:
         count = torch.tensor([len(groups)], dtype=torch.long)  # host tensor: gloo on GPU too
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        groups = split_to(groups, lengths, int(count))
+        groups = split_to(groups, lengths, int(count), packed)
     return [
         MicroBatch(
             torch.tensor(g, dtype=torch.long, device=device),
             max((int(lengths[r]) for r in g), default=width),
+            group_tokens(g, lengths, True) if packed else 0,
         )
         for g in groups
     ]

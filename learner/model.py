@@ -25,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from asyncrl.config import ModelConfig
 from learner.logprobs import chunked_token_logprobs
+from learner.packing import is_packed, pack, packed_forward, set_packed
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
@@ -47,17 +48,31 @@ def check_model_dir(model_dir: str | Path) -> Path:
     return path
 
 
-def attention_impl(setting: str, dtype: str, device: torch.device) -> str | None:
+def attention_impl(
+    setting: str, dtype: str, device: torch.device, packed: bool = False
+) -> str | None:
     """transformers' ``attn_implementation``: ``auto`` is flash_attention_2 on a GPU with the
-    flash-attn package and a 16-bit compute dtype (its kernels need one), else transformers'
-    default (sdpa); any other value is passed through."""
+    flash-attn package and a 16-bit compute dtype (its kernels need one), else flex_attention
+    on a GPU when sequences are packed (its block mask skips the blocks across rows, which
+    sdpa computes and masks), else transformers' default (sdpa); any other value is passed
+    through."""
     if setting != "auto":
         return setting
     import importlib.util
 
     if device.type == "cuda" and dtype != "float32" and importlib.util.find_spec("flash_attn"):
         return "flash_attention_2"
+    if device.type == "cuda" and packed:
+        return "flex_attention"
     return None
+
+
+def resolve_packing(setting: bool | None, max_tokens: int, device: torch.device) -> bool:
+    """``learner.pack_sequences``: null = packed on a GPU when micro-batches have a token
+    budget; true / false as given (the config refuses true without a budget)."""
+    if setting is None:
+        return device.type == "cuda" and max_tokens > 0
+    return bool(setting)
 
 
 def load_hf_model(
@@ -140,16 +155,19 @@ def build_policy(
     gradient_checkpointing: bool = False,
     logprob_chunk_tokens: int | None = None,
     temperature: float = 1.0,
+    packed: bool = False,
 ) -> nn.Module:
     """Load float32 master weights on the learner's device, computing in ``dtype``; under a
     process group each rank loads only its shards (``load_sharded_hf_model``); train mode, no
-    dropout. ``gradient_checkpointing``: recompute each decoder layer in backward; ``logprob_chunk_tokens``: ``token_logprobs``'s
-    chunk for this model (None = the config default); ``temperature``: the actors' sampling
-    temperature, which ``token_logprobs`` scores at (``set_logprob_temperature``)."""
+    dropout. ``gradient_checkpointing``: recompute each decoder layer in backward;
+    ``logprob_chunk_tokens``: ``token_logprobs``'s chunk for this model (None = the config
+    default); ``temperature``: the actors' sampling temperature, which ``token_logprobs``
+    scores at (``set_logprob_temperature``); ``packed``: forwards on packed streams
+    (``learner.packing``)."""
     from learner.device import current_device
 
     device = current_device()
-    attn_impl = attention_impl(attn, dtype, device)
+    attn_impl = attention_impl(attn, dtype, device, packed)
     if dist.is_initialized():
         model = load_sharded_hf_model(model_dir, "float32", attn_impl, device, compute_dtype=dtype)
     else:
@@ -158,6 +176,7 @@ def build_policy(
         enable_gradient_checkpointing(model)
     set_logprob_chunk_tokens(model, logprob_chunk_tokens)
     set_logprob_temperature(model, temperature)
+    set_packed(model, packed)
     model.train()
     return model
 
@@ -229,6 +248,8 @@ def token_logprobs(
 
 def _full_logits_logprobs(model, input_ids, attention_mask, entropy, temperature=1.0):
     """The plain path: ``model(...).logits`` ([B, L, V]) and ``log_softmax`` over all of it."""
+    if is_packed(model):
+        return _packed_full_logits(model, input_ids, attention_mask, entropy, temperature)
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
     if temperature != 1.0:
         logits = logits / temperature
@@ -239,6 +260,21 @@ def _full_logits_logprobs(model, input_ids, attention_mask, entropy, temperature
         return torch.where(scored, logprobs, zero), None
     ent = -(logp_all.exp() * logp_all).sum(-1)
     return torch.where(scored, logprobs, zero), torch.where(scored, ent, zero)
+
+
+def _packed_full_logits(model, input_ids, attention_mask, entropy, temperature):
+    """``_full_logits_logprobs`` on the packed stream (``learner.packing``): ``[S, V]`` logits,
+    scored where the next token is in the same row."""
+    packed = pack(input_ids, attention_mask)
+    at = packed.scored()
+    logits = packed_forward(model, packed).logits[0, at]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    targets = packed.input_ids[0, at + 1]
+    logprobs = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+    return packed.to_grid(logprobs, at), (None if ent is None else packed.to_grid(ent, at))
 
 
 def _run_chunked(model, *args):
@@ -266,6 +302,9 @@ def _hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy, te
     """``token_logprobs`` from the final hidden states: only positions whose target is a real
     token go through the head; the rest of the [B, L-1] grid is 0. ``(h / T) W^T`` is the
     tempered logits ``z / T`` exactly (no bias in these heads)."""
+    if is_packed(model):
+        return _packed_hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy,
+                                       temperature)  # fmt: skip
     b, length = input_ids.shape
     out = model.base_model(input_ids=input_ids, attention_mask=attention_mask)
     hidden = out.last_hidden_state.flatten(0, 1)  # [B*L, H], after the final norm
@@ -282,6 +321,18 @@ def _hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy, te
         return full.view(b, length)[:, :-1].contiguous()
 
     return grid(lp), (None if ent is None else grid(ent))
+
+
+def _packed_hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy, temperature):
+    """``_hidden_logprobs`` on the packed stream: the head sees the positions whose next
+    token is in the same row."""
+    packed = pack(input_ids, attention_mask)
+    hidden = packed_forward(model.base_model, packed).last_hidden_state[0]  # [S, H]
+    at = packed.scored()
+    h = hidden[at] if temperature == 1.0 else hidden[at] / temperature
+    weight = model.get_output_embeddings().weight
+    lp, ent = chunked_token_logprobs(h, weight, packed.input_ids[0, at + 1], chunk_tokens, entropy)
+    return packed.to_grid(lp, at), (None if ent is None else packed.to_grid(ent, at))
 
 
 def full_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

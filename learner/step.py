@@ -61,6 +61,9 @@ class StepContext:
     max_tokens_per_micro_batch: int = 0
     """Token budget of a forward/backward (rows x longest row) over length-sorted rows, each
     micro-batch trimmed to its longest row (``learner.micro_batches``); 0 = off."""
+    pack_sequences: bool = False
+    """With a token budget: the budget counts real tokens, and the models (built with
+    ``packed=True``) run each micro-batch as one stream (``learner.packing``)."""
     say: Callable[[str], None] = field(default=lambda text: None, repr=False)
     """Rank 0's log line (``Hub.say``); quiet by default and on the other ranks."""
     said_oversize: bool = field(default=False, repr=False)
@@ -136,7 +139,8 @@ def _forward_no_grad(ctx: StepContext, batch: Batch, rows: slice) -> _Shard:
     same number of calls, so the FSDP2 collectives stay matched."""
     mb = shard_rows(batch.rows(rows), ctx.rank, ctx.world)
     plan = plan_micro_batches(mb.attention_mask, ctx.micro_batch_rows,
-                              ctx.max_tokens_per_micro_batch, ctx.world)  # fmt: skip
+                              ctx.max_tokens_per_micro_batch, ctx.world,
+                              ctx.pack_sequences)  # fmt: skip
     _say_oversize(ctx, plan)
     sh = _Shard(mb, batch.loss_mask[rows], plan)
     if ctx.algo.ppo_epochs * ctx.algo.minibatches > 1:  # else pi_prox = pi_theta (one update)

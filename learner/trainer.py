@@ -29,7 +29,7 @@ from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoi
 from learner.critic import build_critic
 from learner.device import current_device, init_distributed
 from learner.finite import NonFiniteError, NonFiniteGuard, nonfinite_models
-from learner.model import build_policy, enable_gradient_checkpointing
+from learner.model import build_policy, enable_gradient_checkpointing, resolve_packing
 from learner.reference import build_reference
 from learner.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
 from learner.targets import uses_critic
@@ -107,26 +107,41 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
     """Policy + optimizer, and only what the algorithm needs: a critic for an estimator that
     takes values (gae), the frozen reference policy when ``kl_coef > 0``."""
     algo, lc, mc = cfg.algorithm, cfg.learner, cfg.model
+    packed = resolve_packing(lc.pack_sequences, lc.max_tokens_per_micro_batch, current_device())
     model = build_policy(model_dir, mc.dtype, mc.attn_implementation,
                          gradient_checkpointing=mc.gradient_checkpointing,
                          logprob_chunk_tokens=mc.logprob_chunk_tokens,
-                         temperature=cfg.actor.temperature)  # fmt: skip
+                         temperature=cfg.actor.temperature, packed=packed)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
     critic = reference = None
     if uses_critic(algo.advantage):
         lr = algo.critic_lr or lc.lr
         critic = build_critic(model_dir, cfg.model.dtype, lr, lc.weight_decay, algo.value_clip,
-                              lc.grad_clip, cfg.model.attn_implementation)  # fmt: skip
+                              lc.grad_clip, cfg.model.attn_implementation, packed)  # fmt: skip
         if mc.gradient_checkpointing:
             enable_gradient_checkpointing(critic.model.body)
     if algo.kl_coef > 0:
         reference = build_reference(model_dir, mc.dtype, mc.attn_implementation,
                                     logprob_chunk_tokens=mc.logprob_chunk_tokens,
-                                    temperature=cfg.actor.temperature)  # fmt: skip
+                                    temperature=cfg.actor.temperature,
+                                    packed=packed)  # fmt: skip
     return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
                        reference=reference, max_tokens=cfg.actor.max_tokens,
                        micro_batch_rows=lc.micro_batch_rows,
-                       max_tokens_per_micro_batch=lc.max_tokens_per_micro_batch)  # fmt: skip
+                       max_tokens_per_micro_batch=lc.max_tokens_per_micro_batch,
+                       pack_sequences=packed)  # fmt: skip
+
+
+def _layout(ctx: StepContext) -> str:
+    """How a rank's rows run (the log's first line): the micro-batches and the attention."""
+    attn = getattr(ctx.model.config, "_attn_implementation", None) or "sdpa"
+    if ctx.pack_sequences:
+        return f"packed micro-batches of <= {ctx.max_tokens_per_micro_batch} real tokens ({attn})"
+    if ctx.max_tokens_per_micro_batch:
+        return (f"length-bucketed micro-batches of <= {ctx.max_tokens_per_micro_batch} padded "
+                f"tokens ({attn})")  # fmt: skip
+    rows = ctx.micro_batch_rows or "all"
+    return f"micro-batches of {rows} rows padded to the batch's longest ({attn})"
 
 
 def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
@@ -144,7 +159,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     hub.set_dynamic_sampling(cfg.algorithm.dynamic_sampling)  # DAPO: where groups are read
     hub.say(
         f"{world} rank(s) on {current_device().type} (process group "
-        f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute"
+        f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute; {_layout(ctx)}"
     )
     # checkpoints: every rank writes its shards there, so all learner nodes must share it
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir

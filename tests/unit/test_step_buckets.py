@@ -59,20 +59,25 @@ def long_tailed_batch(n_groups=4, n=4, seed=0, rank0_short=False):
     return collate(groups)
 
 
-def one_step(model_dir, algo, budget, rank=0, world=1, batch=None, dtype=torch.float64):
+def one_step(model_dir, algo, budget, rank=0, world=1, batch=None, dtype=torch.float64,
+             packed=False, attn="auto"):  # fmt: skip
     """(metrics, policy and critic gradients of the last update, policy weights) after one
-    step with SGD (lr 0.5, no clipping); ``dtype`` of the weights (float32 under FSDP2)."""
+    step with SGD (lr 0.5, no clipping); ``dtype`` of the weights (float32 under FSDP2);
+    ``packed``: every model runs packed streams (learner.packing) with attention ``attn``."""
     torch.manual_seed(0)
-    model = build_policy(model_dir).to(dtype)
+    model = build_policy(model_dir, attn=attn, packed=packed).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    ref = build_reference(model_dir).to(dtype) if algo.kl_coef > 0 else None
+    ref = None
+    if algo.kl_coef > 0:
+        ref = build_reference(model_dir, attn=attn, packed=packed).to(dtype)
     critic = None
     if uses_critic(algo.advantage):
-        critic = build_critic(model_dir, "float32", 0.5, 0.0, algo.value_clip, 1e9)
+        critic = build_critic(model_dir, "float32", 0.5, 0.0, algo.value_clip, 1e9, attn, packed)
         critic.model.to(dtype)
         critic.optimizer = torch.optim.SGD(critic.model.parameters(), lr=0.5)
     ctx = StepContext(model, opt, algo, rank, world, 1e9, critic=critic, reference=ref,
-                      max_tokens=40, max_tokens_per_micro_batch=budget)  # fmt: skip
+                      max_tokens=40, max_tokens_per_micro_batch=budget,
+                      pack_sequences=packed)  # fmt: skip
     metrics = train_on_batch(ctx, long_tailed_batch() if batch is None else batch)
     grads = {k: p.grad.clone() for k, p in model.named_parameters()}
     if critic is not None:
@@ -130,13 +135,51 @@ def test_bucketed_step_equals_the_padded_step(tiny_model, monkeypatch, loss, mod
                 g_bucketed, g_same)  # fmt: skip
 
 
-def test_bucketed_step_with_a_critic_equals_the_padded_step(tiny_model):
+PACKED_CASES = [(loss, mode, attn) for loss, mode in CASES for attn in ("sdpa", "eager")
+                if attn == "sdpa" or loss == "ppo"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("loss", "mode", "attn"), PACKED_CASES,
+                         ids=["-".join(c) for c in PACKED_CASES])  # fmt: skip
+def test_packed_step_equals_the_padded_step(tiny_model, loss, mode, attn):
+    """The packed path (each micro-batch one stream of real tokens with a document mask,
+    learner.packing) makes the padded path's update: the rows' tokens see only their own row."""
+    torch.set_num_threads(1)
+    level = "sequence" if loss in ("gspo", "masked_is") else "token"
+    algo = load_config([f"algorithm.policy_loss={loss}", f"algorithm.aggregation={mode}",
+                        "algorithm.minibatches=2", "algorithm.entropy_coef=0.01",
+                        "algorithm.kl_coef=0.05", "algorithm.kl_estimator=k3",
+                        f"algorithm.is_level={level}"]).algorithm  # fmt: skip
+    padded, g_padded, w_padded = one_step(tiny_model, algo, 0)
+    packed, g_packed, w_packed = one_step(tiny_model, algo, BUDGET, packed=True, attn=attn)
+    assert packed["padding_frac"] == 0 and padded["padding_frac"] > 0.3
+    assert packed["micro_batches"] > 2 and packed["micro_batch_tokens_max"] > BUDGET
+    invariant = set(padded) - BY_GROUPING - (SEQUENCE_LEVEL if level == "sequence" else set())
+    assert {"loss", "pg_loss", "kl_loss", "entropy_loss", "grad_norm", "kl_ref"} <= invariant
+    assert_same(packed, padded, invariant, g_packed, g_padded)
+    for name, ref in w_padded.items():
+        torch.testing.assert_close(w_packed[name], ref, rtol=1e-6, atol=1e-9, msg=name)
+
+
+def test_packed_micro_batches_count_real_tokens():
+    lengths = [10, 9, 3, 3, 2]
+    assert micro_batches.token_groups(lengths, 12) == [[0], [1], [2, 3, 4]]  # padded: 3 x 3
+    assert micro_batches.token_groups(lengths, 12, packed=True) == [[0, 4], [1, 2], [3]]
+    plan = micro_batches.plan_micro_batches(
+        torch.tensor([[1] * n + [0] * (10 - n) for n in lengths]), 0, 12, 1, packed=True
+    )
+    assert [m.padded_tokens for m in plan] == [12, 12, 3]  # the streams' lengths
+    assert [m.width for m in plan] == [10, 9, 3]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["bucketed", "packed"])
+def test_bucketed_step_with_a_critic_equals_the_padded_step(tiny_model, packed):
     """ppo preset: GAE from V_old (no-grad critic forwards, scattered back), the KL penalty in
     the reward (pi_ref forwards), two minibatches, the critic's update accumulated too."""
     torch.set_num_threads(1)
     algo = load_config(["algorithm=ppo", "algorithm.ppo_epochs=2"]).algorithm
     padded, g_padded, w_padded = one_step(tiny_model, algo, 0)
-    bucketed, g_bucketed, w_bucketed = one_step(tiny_model, algo, BUDGET)
+    bucketed, g_bucketed, w_bucketed = one_step(tiny_model, algo, BUDGET, packed=packed)
     assert bucketed["micro_batches"] > 2
     keys = set(padded) - BY_GROUPING
     assert {"value_loss", "critic_grad_norm", "value_explained_var", "kl_reward_mean"} <= keys
@@ -161,21 +204,24 @@ def test_row_longer_than_the_budget_is_said_once(tiny_model):
     )
 
 
-def test_two_ranks_with_different_micro_batch_counts_match_one_process(tiny_model, tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["bucketed", "packed"])
+def test_two_ranks_with_different_micro_batch_counts_match_one_process(
+    tiny_model, tmp_path, packed
+):
     """Rank 0 holds short rows (one micro-batch), rank 1 long ones (several): rank 0 splits
     its micro-batches to rank 1's count, so FSDP2's collectives match, and the update equals
-    the one-process padded update."""
+    the one-process padded update (bucketed, or packed streams under FSDP2)."""
     from asyncrl.torchrun import free_port
 
     batch = long_tailed_batch(rank0_short=True)
     algo = load_config(["algorithm=ppo"]).algorithm  # critic, pi_ref, 2 minibatches
     # minibatch 0 is rows 0-7: rank 0 holds rows 0-3, rank 1 rows 4-7
-    counts = [len(micro_batches.token_groups(batch.attention_mask[r].sum(-1).tolist(), BUDGET))
-              for r in (slice(0, 4), slice(4, 8))]  # fmt: skip
+    lengths = [batch.attention_mask[r].sum(-1).tolist() for r in (slice(0, 4), slice(4, 8))]
+    counts = [len(micro_batches.token_groups(n, BUDGET, packed)) for n in lengths]
     assert counts[0] < counts[1], counts  # the ranks' own plans differ
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", __file__, tiny_model,
-           str(tmp_path)]  # fmt: skip
+           str(tmp_path), str(packed)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     torch.set_num_threads(1)
@@ -194,7 +240,7 @@ def main():
     from learner.step import reduce_metrics
     from learner.trainer import init_distributed
 
-    model_dir, out = sys.argv[1:3]
+    model_dir, out, packed = sys.argv[1], sys.argv[2], sys.argv[3] == "True"
     rank, world = init_distributed()
     torch.set_num_threads(1)
     algo = load_config(["algorithm=ppo"]).algorithm
@@ -208,7 +254,8 @@ def main():
 
     step.plan_micro_batches = recorded
     batch = long_tailed_batch(rank0_short=True)
-    metrics, _, weights = one_step(model_dir, algo, BUDGET, rank, world, batch, torch.float32)
+    metrics, _, weights = one_step(model_dir, algo, BUDGET, rank, world, batch, torch.float32,
+                                   packed=packed)  # fmt: skip
     metrics = reduce_metrics(metrics, world)
     mine = torch.tensor([counts[0]])
     every = [torch.empty_like(mine) for _ in range(world)]
