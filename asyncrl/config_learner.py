@@ -97,6 +97,11 @@ class LearnerConfig:
     sdpa with a dense S x S mask; true / false force it. Packing uses flash-attn's varlen kernel when
     ``model.attn_implementation`` is flash_attention_2, else torch's flex_attention on a GPU
     (``auto`` picks it there) or sdpa with a dense boolean mask."""
+    cpu_offload: bool = False
+    """FSDP2 CPU offload (GPU learners only): the float32 parameter shards, their gradients
+    and the AdamW state live in pinned host memory; each FSDP unit's shards are copied to the
+    GPU for its forward/backward and the optimizer steps on the CPU. Frees about 16 bytes
+    per parameter / ranks of GPU memory for a slower step (learner/model.py)."""
     lr: float = 2e-4
     """AdamW learning rate (> 0)."""
     warmup_steps: int = 10
@@ -187,6 +192,11 @@ class LearnerConfig:
             not self.pack_sequences or self.max_tokens_per_micro_batch > 0,
             "learner.pack_sequences=true packs micro-batches formed by a token budget; set "
             "learner.max_tokens_per_micro_batch=N (e.g. 16384 on a GPU) or pack_sequences=null",
+        )
+        _require(
+            not (self.cpu_offload and self.device == "cpu"),
+            "learner.cpu_offload=true moves FSDP2's shards off the GPU, but learner.device=cpu "
+            "has none (FSDP2 offloads from an accelerator only); set learner.cpu_offload=false",
         )
         _bound(self, "learner.lr", gt=0)
         _bound(self, "learner.warmup_steps", ge=0)

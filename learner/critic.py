@@ -130,14 +130,20 @@ def load_value_model(
     return ValueModel(body, body.config.hidden_size)
 
 
-def shard_value_model(model: ValueModel, compute_dtype: str = "float32") -> ValueModel:
+def shard_value_model(
+    model: ValueModel, compute_dtype: str = "float32", offload: bool = False
+) -> ValueModel:
     """FSDP2 like the policy (``learner.model.shard_model``): the body's decoder layers, then
-    the root; a 16-bit ``compute_dtype`` is mixed precision."""
-    return shard_model(model, compute_dtype, getattr(model.body, "layers", []))
+    the root; a 16-bit ``compute_dtype`` is mixed precision; ``offload``: CPU offload."""
+    return shard_model(model, compute_dtype, getattr(model.body, "layers", []), offload)
 
 
 def load_sharded_value_model(
-    model_dir: str | Path, attn: str | None, device: torch.device, compute_dtype: str
+    model_dir: str | Path,
+    attn: str | None,
+    device: torch.device,
+    compute_dtype: str,
+    offload: bool = False,
 ) -> ValueModel:
     """``load_value_model`` (float32) then ``shard_value_model``, each rank loading only its
     shards (as ``learner.model.load_sharded_hf_model``): the body's tensors come from the
@@ -150,15 +156,17 @@ def load_sharded_value_model(
     path = check_model_dir(model_dir)
     config = AutoConfig.from_pretrained(path)
     checkpoint = sharded_load.open_streamable(path, config.model_type)
+    home = torch.device("cpu") if offload else device  # where the shards live
     if checkpoint is None:
-        return shard_value_model(load_value_model(path, "float32", attn).to(device), compute_dtype)
+        model = load_value_model(path, "float32", attn).to(home)
+        return shard_value_model(model, compute_dtype, offload)
 
     def construct() -> ValueModel:
         body = AutoModel.from_config(config, dtype=torch.float32, attn_implementation=attn)
         return ValueModel(body, config.hidden_size)
 
-    shard = lambda m: shard_value_model(m, compute_dtype)  # noqa: E731
-    model = sharded_load.build_sharded(construct, shard, device)
+    shard = lambda m: shard_value_model(m, compute_dtype, offload)  # noqa: E731
+    model = sharded_load.build_sharded(construct, shard, home)
     prefix = f"{model.body.base_model_prefix}."
     if not any(key.startswith(prefix) for key in checkpoint.files):
         prefix = ""  # a checkpoint of the bare body
@@ -180,14 +188,15 @@ def build_critic(
     grad_clip: float,
     attn: str = "auto",
     packed: bool = False,
+    offload: bool = False,
 ) -> Critic:
     """Load float32 master weights on the learner's device computing in ``dtype`` (under a
     process group each rank loads only its shards, ``load_sharded_value_model``), and give the
-    critic its own AdamW."""
+    critic its own AdamW. ``packed``, ``offload``: as the policy's (``build_policy``)."""
     device = current_device()
     attn_impl = attention_impl(attn, dtype, device, packed)
     if dist.is_initialized():
-        model = load_sharded_value_model(model_dir, attn_impl, device, dtype)
+        model = load_sharded_value_model(model_dir, attn_impl, device, dtype, offload)
     else:
         model = load_value_model(model_dir, "float32", attn_impl).to(device)
     set_packed(model, packed)

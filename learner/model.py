@@ -89,20 +89,26 @@ def load_hf_model(
     return model
 
 
-def shard_model(model: nn.Module, compute_dtype: str = "float32", layers=None) -> nn.Module:
+def shard_model(
+    model: nn.Module, compute_dtype: str = "float32", layers=None, offload: bool = False
+) -> nn.Module:
     """FSDP2: shard each decoder layer (``layers``, default the HF model's), then the root
     (embeddings, norm, head). A 16-bit ``compute_dtype`` casts parameters for forward/backward
-    and reduces gradients in float32."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    and reduces gradients in float32. ``offload`` (``learner.cpu_offload``): the sharded
+    parameters, their gradients and so the optimizer state live in pinned host memory, and
+    FSDP2 copies each unit's shards to the GPU for its forward/backward (GPU only: FSDP2
+    needs an accelerator for it)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy()
     if compute_dtype != "float32":
         mp = MixedPrecisionPolicy(param_dtype=_DTYPES[compute_dtype], reduce_dtype=torch.float32)
+    kw = {"mp_policy": mp, **({"offload_policy": CPUOffloadPolicy()} if offload else {})}
     if layers is None:
         layers = getattr(getattr(model, "model", model), "layers", [])
     for layer in layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     return model
 
 
@@ -114,11 +120,13 @@ def load_sharded_hf_model(
     *,
     compute_dtype: str = "float32",
     trainable: bool = True,
+    offload: bool = False,
 ) -> nn.Module:
-    """``load_hf_model`` then ``shard_model(model, compute_dtype)``, without any rank holding
-    the full model (learner/sharded_load.py): built on the meta device, sharded, then each
-    rank allocates its shards on ``device`` and reads them from the safetensors file(s),
-    converted to ``dtype``. Parameters are frozen before sharding unless ``trainable``.
+    """``load_hf_model`` then ``shard_model(model, compute_dtype, offload=offload)``, without
+    any rank holding the full model (learner/sharded_load.py): built on the meta device,
+    sharded, then each rank allocates its shards on ``device`` (on the host when
+    ``offload``) and reads them from the safetensors file(s), converted to ``dtype``.
+    Parameters are frozen before sharding unless ``trainable``.
 
     A checkpoint that cannot be read shard by shard (no safetensors, or names transformers
     converts on load) is loaded whole on every rank, as before, and rank 0 prints why."""
@@ -129,9 +137,10 @@ def load_sharded_hf_model(
     path = check_model_dir(model_dir)
     config = AutoConfig.from_pretrained(path)
     checkpoint = sharded_load.open_streamable(path, config.model_type)
+    home = torch.device("cpu") if offload else device  # where the shards live
     if checkpoint is None:
-        model = load_hf_model(path, dtype, attn).to(device).requires_grad_(trainable)
-        return shard_model(model, compute_dtype)
+        model = load_hf_model(path, dtype, attn).to(home).requires_grad_(trainable)
+        return shard_model(model, compute_dtype, offload=offload)
 
     def construct() -> nn.Module:
         model = AutoModelForCausalLM.from_config(
@@ -139,8 +148,8 @@ def load_sharded_hf_model(
         )
         return model.requires_grad_(trainable)
 
-    shard = lambda m: shard_model(m, compute_dtype)  # noqa: E731
-    model = sharded_load.build_sharded(construct, shard, device)
+    shard = lambda m: shard_model(m, compute_dtype, offload=offload)  # noqa: E731
+    model = sharded_load.build_sharded(construct, shard, home)
     with checkpoint:
         sharded_load.load_local_shards(model, checkpoint)
     model.config.use_cache = False
@@ -156,6 +165,7 @@ def build_policy(
     logprob_chunk_tokens: int | None = None,
     temperature: float = 1.0,
     packed: bool = False,
+    offload: bool = False,
 ) -> nn.Module:
     """Load float32 master weights on the learner's device, computing in ``dtype``; under a
     process group each rank loads only its shards (``load_sharded_hf_model``); train mode, no
@@ -163,13 +173,14 @@ def build_policy(
     ``logprob_chunk_tokens``: ``token_logprobs``'s chunk for this model (None = the config
     default); ``temperature``: the actors' sampling temperature, which ``token_logprobs``
     scores at (``set_logprob_temperature``); ``packed``: forwards on packed streams
-    (``learner.packing``)."""
+    (``learner.packing``); ``offload``: FSDP2 CPU offload (``shard_model``)."""
     from learner.device import current_device
 
     device = current_device()
     attn_impl = attention_impl(attn, dtype, device, packed)
     if dist.is_initialized():
-        model = load_sharded_hf_model(model_dir, "float32", attn_impl, device, compute_dtype=dtype)
+        model = load_sharded_hf_model(model_dir, "float32", attn_impl, device,
+                                      compute_dtype=dtype, offload=offload)  # fmt: skip
     else:
         model = load_hf_model(model_dir, "float32", attn_impl).to(device)
     if gradient_checkpointing:

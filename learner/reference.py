@@ -32,16 +32,18 @@ def build_reference(
     logprob_chunk_tokens: int | None = None,
     temperature: float = 1.0,
     packed: bool = False,
+    offload: bool = False,
 ) -> nn.Module:
     """Load ``model_dir`` frozen in ``dtype`` (no gradients, no optimizer, so no float32 master
     copy), eval mode, on the learner's device; under a process group FSDP2-sharded, each rank
     loading only its shards (``learner.model.load_sharded_hf_model``).
-    ``logprob_chunk_tokens``, ``temperature``, ``packed``: as the policy's
+    ``logprob_chunk_tokens``, ``temperature``, ``packed``, ``offload``: as the policy's
     (``learner.model.build_policy``)."""
     device = current_device()
     attn_impl = attention_impl(attn, dtype, device, packed)
     if dist.is_initialized():
-        model = load_sharded_hf_model(model_dir, dtype, attn_impl, device, trainable=False)
+        model = load_sharded_hf_model(model_dir, dtype, attn_impl, device, trainable=False,
+                                      offload=offload)  # fmt: skip
     else:
         model = load_hf_model(model_dir, dtype, attn_impl).to(device).requires_grad_(False)
     set_logprob_chunk_tokens(model, logprob_chunk_tokens)

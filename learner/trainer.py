@@ -107,24 +107,33 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
     """Policy + optimizer, and only what the algorithm needs: a critic for an estimator that
     takes values (gae), the frozen reference policy when ``kl_coef > 0``."""
     algo, lc, mc = cfg.algorithm, cfg.learner, cfg.model
-    packed = resolve_packing(lc.pack_sequences, lc.max_tokens_per_micro_batch, current_device())
+    device = current_device()
+    if lc.cpu_offload and device.type != "cuda":
+        raise FatalError(
+            f"learner.cpu_offload=true needs a GPU learner; this one runs on {device.type} "
+            "(FSDP2 offloads shards from an accelerator only): set learner.cpu_offload=false"
+        )
+    packed = resolve_packing(lc.pack_sequences, lc.max_tokens_per_micro_batch, device)
+    offload = lc.cpu_offload
     model = build_policy(model_dir, mc.dtype, mc.attn_implementation,
                          gradient_checkpointing=mc.gradient_checkpointing,
                          logprob_chunk_tokens=mc.logprob_chunk_tokens,
-                         temperature=cfg.actor.temperature, packed=packed)  # fmt: skip
+                         temperature=cfg.actor.temperature, packed=packed,
+                         offload=offload)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
     critic = reference = None
     if uses_critic(algo.advantage):
         lr = algo.critic_lr or lc.lr
         critic = build_critic(model_dir, cfg.model.dtype, lr, lc.weight_decay, algo.value_clip,
-                              lc.grad_clip, cfg.model.attn_implementation, packed)  # fmt: skip
+                              lc.grad_clip, cfg.model.attn_implementation, packed,
+                              offload)  # fmt: skip
         if mc.gradient_checkpointing:
             enable_gradient_checkpointing(critic.model.body)
     if algo.kl_coef > 0:
         reference = build_reference(model_dir, mc.dtype, mc.attn_implementation,
                                     logprob_chunk_tokens=mc.logprob_chunk_tokens,
                                     temperature=cfg.actor.temperature,
-                                    packed=packed)  # fmt: skip
+                                    packed=packed, offload=offload)  # fmt: skip
     return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
                        reference=reference, max_tokens=cfg.actor.max_tokens,
                        micro_batch_rows=lc.micro_batch_rows,
@@ -159,7 +168,9 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     hub.set_dynamic_sampling(cfg.algorithm.dynamic_sampling)  # DAPO: where groups are read
     hub.say(
         f"{world} rank(s) on {current_device().type} (process group "
-        f"{dist.get_backend()}), float32 weights, {cfg.model.dtype} compute; {_layout(ctx)}"
+        f"{dist.get_backend()}), float32 weights"
+        f"{' offloaded to host memory' if cfg.learner.cpu_offload else ''}, "
+        f"{cfg.model.dtype} compute; {_layout(ctx)}"
     )
     # checkpoints: every rank writes its shards there, so all learner nodes must share it
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir
