@@ -56,8 +56,9 @@ class AlgorithmConfig:
     """PPO clip lower bound ``1 - eps_low``; eps_low in [0, 1)."""
     eps_high: float = 0.2
     """PPO clip upper bound ``1 + eps_high``, >= 0 (> eps_low = DAPO clip-higher)."""
-    clip_c: float | None = None
-    """Dual-clip constant (> 1) or null."""
+    clip_c: float | None = 3.0
+    """Dual-clip constant (> 1; verl's default 3): for A < 0 the loss is at most ``-c*A``, so a
+    stale token with ratio > c and A < 0 adds a bounded loss and no gradient. null = off."""
     is_cap: float | None = 2.0
     """Truncate importance weights pi_prox/pi_behave at this value, > 0 (null = no cap)."""
     is_level: str = "token"

@@ -91,7 +91,9 @@ def gae(
     estimates V(s_t). Unmasked positions are skipped (padding, or holes such as tool output):
     delta_t = r_t + gamma * V(next masked) - V_t, A_t = delta_t + gamma * lam * A(next masked),
     with V = A = 0 after the last masked token. Returns ``(advantages, returns = A + V)``, both
-    ``[B, T]`` and 0 outside the mask; ``whiten`` normalises advantages over the masked tokens.
+    ``[B, T]`` and 0 outside the mask. ``whiten`` normalises the advantages over the masked
+    tokens of the whole batch: ``(A - mean) / (std + 1e-6)`` with the sample std (n - 1, as
+    verl's masked_whiten); with fewer than 2 masked tokens the advantages are 0 (no error).
     """
     m = (loss_mask != 0).to(values.dtype)
     r = torch.where(m.bool(), token_rewards.to(values.dtype), 0)
@@ -106,10 +108,10 @@ def gae(
         next_value = torch.where(m[:, t].bool(), v[:, t], next_value)
         next_adv = torch.where(m[:, t].bool(), a_t, next_adv)
     returns = (adv + v) * m
-    if whiten:
-        mean = masked_mean(adv, m)
-        var = masked_mean((adv - mean) ** 2, m)
-        adv = (adv - mean) / (var.sqrt() + _STD_EPS) * m
+    if whiten:  # sample std (n - 1) as verl's masked_whiten and the group estimators; eps as grpo
+        centered = (adv - masked_mean(adv, m)) * m
+        n_minus_1 = (m.sum() - 1).clamp(min=1)  # < 2 masked tokens: centred only, i.e. all 0
+        adv = centered / ((centered * centered).sum() / n_minus_1).sqrt().add(_STD_EPS)
     return adv, returns
 
 
@@ -134,7 +136,10 @@ def value_loss(
     per_token = 0.5 * (v - ret) ** 2
     clipped_frac = torch.zeros((), dtype=v.dtype, device=v.device)
     if clip_range is not None:
-        v_clip = old + (v - old).clamp(-clip_range, clip_range)
+        # clamp V itself (as verl's clip_by_value): inside the range v_clip is exactly v, so
+        # the two terms tie and the token does not count as clipped (old + clamp(v - old)
+        # differed from v by rounding and counted ~0.1% of unclipped tokens in vf_clip_frac)
+        v_clip = v.clamp(old - clip_range, old + clip_range)
         clipped = 0.5 * (v_clip - ret) ** 2
         clipped_frac = masked_mean((clipped > per_token).to(v.dtype), m)
         per_token = torch.maximum(per_token, clipped)

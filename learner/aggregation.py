@@ -35,7 +35,7 @@ from torch import Tensor
 
 _EMPTY_DENOM = 1.0  # an all-masked step has a zero numerator; dividing by 1 keeps loss 0, not NaN
 _MAX_LOG_RATIO = 20.0  # clamp before exp() so a large log-prob gap cannot overflow to inf
-_MAX_KL = 10.0  # k3 grows like e^x: bound one token's KL so an outlier cannot dominate the batch
+_MAX_KL = 10.0  # k3 grows like e^x: bound one token's k3 (as verl) so an outlier cannot dominate
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
@@ -131,16 +131,21 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
     """Per-token estimate ``[B, T]`` of KL(pi_theta || pi_ref) on tokens sampled from pi_theta.
 
     With x = log pi_ref - log pi_theta: k1 = -x (unbiased, but zero expected gradient as a loss
-    term: use it as a reward penalty), k2 = x^2 / 2, k3 = e^x - 1 - x (unbiased, >= 0, clamped
-    at _MAX_KL). Gradient flows through ``logprobs`` only.
+    term: use it as a reward penalty), k2 = x^2 / 2, k3 = e^x - 1 - x (unbiased, >= 0).
+    Gradient flows through ``logprobs`` only. k1 and k2 are not clamped (they cannot overflow,
+    and a clamp would only zero the gradient of the tokens that drifted furthest); k3 has
+    verl's numerics (``low_var_kl``): x clamped at +-_MAX_LOG_RATIO before exp(), the result at
+    _MAX_KL, so its gradient is 0 where k3 > _MAX_KL (verl also clamps at -_MAX_KL, which k3
+    never reaches). tests/unit/test_losses_vs_peers.py checks all three against verl.
     """
-    x = (ref_logprobs.detach() - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    x = ref_logprobs.detach() - logprobs
     if estimator == "k1":
         return -x
     if estimator == "k2":
         return 0.5 * x * x
     if estimator == "k3":
-        return (torch.exp(x) - 1 - x).clamp(max=_MAX_KL)
+        x = x.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        return (torch.exp(x) - x - 1).clamp(max=_MAX_KL)
     raise ValueError(f"kl estimator {estimator!r} not in {KL_ESTIMATORS}")
 
 

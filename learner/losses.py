@@ -61,7 +61,7 @@ class LossParams:
 
     eps_low: float = 0.2  # PPO clip: r >= 1 - eps_low (for A < 0)
     eps_high: float = 0.2  # PPO clip: r <= 1 + eps_high (for A > 0); > eps_low = DAPO clip-higher
-    clip_c: float | None = None  # dual clip: for A < 0 the loss is at most -c*A; None = off
+    clip_c: float | None = 3.0  # dual clip (verl's c): for A < 0 the loss is at most -c*A; None=off
     is_cap: float | None = 2.0  # truncate rho at this (decoupled_ppo, gspo, cispo, tis)
     is_level: str = "token"  # "token" rho per token | "sequence" geometric mean per sequence
     mask_low: float = 0.5  # masked_is: keep tokens/sequences with mask_low <= rho <= mask_high

@@ -107,7 +107,7 @@ def test_gae_gamma_lambda_one_is_return_minus_value():
     white, _ = gae(rewards, values, mask, whiten=True)
     vals = [1.8, 1.6, 1.9, -1.3]
     mean = sum(vals) / 4
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / 4)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / 3)  # sample std (n - 1), as verl
     w = [(v - mean) / (std + 1e-6) for v in vals]
     close(white, [[w[0], w[1], w[2]], [w[3], 0.0, 0.0]])
 

@@ -186,8 +186,11 @@ def test_dual_clip_bounds_negative_advantage_loss():
     close(out.loss, (3.0 + 2.0 - 1.2) / 3)  # min(4, 3): -c*A caps the first token
     close(grad, [[0.0, 2.0 / 3, 0.0]])
     close(out.metrics["clip_frac_dual"], 1 / 3)
-    _, grad_no_dual = run("decoupled_ppo", lp, prox, prox, adv, mask)
+    off = LossParams(clip_c=None)
+    _, grad_no_dual = run("decoupled_ppo", lp, prox, prox, adv, mask, params=off)
     close(grad_no_dual, [[4.0 / 3, 2.0 / 3, 0.0]])
+    _, grad_default = run("decoupled_ppo", lp, prox, prox, adv, mask)  # default clip_c = 3 (verl)
+    close(grad_default, grad)
 
 
 def test_bypass_ignores_proximal():
