@@ -12,14 +12,33 @@ Per position, with float32 logits ``z`` (the head's output in its compute dtype,
 the plain path does), target ``y``, ``log p = z - logsumexp(z)`` and ``H = -sum p log p``:
   logprob ``log p_y``, gradient ``d/dz = onehot(y) - p``;
   entropy ``H``,       gradient ``d/dz = -p * (log p + H)``.
-No temperature: the learner scores the model's raw distribution, as the plain path does.
+No temperature here: ``token_logprobs`` divides the hidden states by it first.
+
+``token_logprobs`` (below; re-exported by learner.model) is the model-level entry: it runs the
+body (padded rows, or a packed stream: learner/packing.py), picks the positions to score, and
+sends only those through the head (or takes the full-logits path for models whose logits are
+more than ``lm_head(hidden)``).
 """
 
 from __future__ import annotations
 
+from types import MethodType
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torch.nn import functional as F
+
+from asyncrl.config import ModelConfig
+from learner.packing import is_packed, pack, packed_forward
+
+_PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+"""HF model types whose causal-LM logits are ``lm_head(final hidden states)`` and nothing more
+(read in transformers 5.19); the chunked ``token_logprobs`` rebuilds exactly that. Others
+(Gemma's soft-capping, Cohere's and Granite's logit scales, ...) take the full-logits path."""
+_CHUNK_ATTR = "logprob_chunk_tokens"  # set on the model by build_policy / build_reference
+_TEMPERATURE_ATTR = "logprob_temperature"  # set_logprob_temperature
+_ROOT_METHOD = "_asyncrl_hidden_logprobs"  # the FSDP2 forward method (_run_chunked)
 
 
 def chunked_token_logprobs(
@@ -73,12 +92,13 @@ class _ChunkedHead(torch.autograd.Function):
             top = logp.amax(-1, keepdim=True)
             logp.sub_(top)
             tmp = torch.exp(logp)
-            log_sum = tmp.sum(-1, keepdim=True).log_()
+            total = tmp.sum(-1, keepdim=True)
+            log_sum = total.log()
             logp.sub_(log_sum)
             lse[s:e] = (top + log_sum).squeeze(1)
             logprobs[s:e] = logp.gather(1, targets[s:e, None]).squeeze(1)
-            if with_entropy:
-                ent[s:e] = -torch.exp(logp, out=tmp).mul_(logp).sum(-1)
+            if with_entropy:  # p = exp(z - top) / total: the softmax's own exp, reused
+                ent[s:e] = -tmp.div_(total).mul_(logp).sum(-1)
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
@@ -118,3 +138,166 @@ class _ChunkedHead(torch.autograd.Function):
             elif need_w:  # 16-bit head: its product, summed in float32
                 grad_w += g.t() @ h
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+
+
+def set_logprob_chunk_tokens(model: nn.Module, tokens: int | None) -> None:
+    """``token_logprobs(model, ...)``'s positions per chunk of the head (None = the config
+    default; 0 = the full ``[B, L, V]`` logits at once)."""
+    if tokens is not None and tokens < 0:
+        raise ValueError(f"logprob_chunk_tokens must be >= 0, got {tokens}")
+    setattr(model, _CHUNK_ATTR, ModelConfig.logprob_chunk_tokens if tokens is None else tokens)
+
+
+def set_logprob_temperature(model: nn.Module, temperature: float) -> None:
+    """Score ``model``'s distribution at ``temperature`` (logits / T) in ``token_logprobs``.
+
+    The actors sample at ``actor.temperature`` and report the log-probs of the tempered
+    distribution (vLLM ``logprobs_mode="processed_logprobs"``), so pi_theta must be tempered
+    alike or the importance ratio pi_theta / pi_behave compares two different distributions
+    (verl divides its logits by the rollout temperature the same way). The actors sample
+    without top-p/top-k (actors/engine.py), so nothing else separates the two."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    setattr(model, _TEMPERATURE_ATTR, float(temperature))
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    entropy: bool = True,
+    chunk_tokens: int | None = None,
+    scored: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each next token and the per-position entropy.
+
+    The final hidden states go through the head ``chunk_tokens`` positions at a time, in
+    forward and in backward (``learner.logprobs``), so no ``[B, L, V]`` tensor is built;
+    positions whose target is padding are skipped. ``chunk_tokens=0``, or a model whose
+    logits are more than ``lm_head(hidden)`` (``_PLAIN_HEAD_MODELS``), takes the full-logits
+    path: same values, with ``B * L * V`` memory. Collective under FSDP2.
+
+    Args:
+        input_ids: [B, L] right-padded sequences (prompt + completion).
+        attention_mask: [B, L] 1 on real tokens.
+        entropy: False skips the entropy (returned as None).
+        chunk_tokens: positions per chunk; None = the model's (``set_logprob_chunk_tokens``,
+            default ``ModelConfig.logprob_chunk_tokens``).
+        scored: [B, L-1] nonzero at the positions wanted (the loss mask: completion tokens);
+            None = every position whose target is real. Others are 0 and cost no head work.
+    Returns:
+        (logprobs [B, L-1], entropy [B, L-1] or None), float32; position t scores token
+        ``input_ids[:, t+1]``; 0 where that token is padding (``attention_mask[:, t+1] == 0``)
+        or not ``scored``.
+    """
+    if chunk_tokens is None:
+        chunk_tokens = getattr(model, _CHUNK_ATTR, ModelConfig.logprob_chunk_tokens)
+    temperature = getattr(model, _TEMPERATURE_ATTR, 1.0)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    wanted = attention_mask[:, 1:] != 0
+    if scored is not None:
+        wanted = wanted & (scored != 0)
+    if chunk_tokens == 0 or model_type not in _PLAIN_HEAD_MODELS:
+        return _full_logits_logprobs(model, input_ids, attention_mask, entropy, temperature, wanted)
+    return _run_chunked(model, input_ids, attention_mask, chunk_tokens, entropy, temperature,
+                        wanted)  # fmt: skip
+
+
+def _full_logits_logprobs(model, input_ids, attention_mask, entropy, temperature, wanted):
+    """The plain path: ``model(...).logits`` ([B, L, V]) and ``log_softmax`` over all of it;
+    0 off ``wanted [B, L-1]``."""
+    if is_packed(model):
+        return _packed_full_logits(model, input_ids, attention_mask, entropy, temperature, wanted)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    logprobs = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    scored, zero = wanted, logprobs.new_zeros(())
+    if not entropy:
+        return torch.where(scored, logprobs, zero), None
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return torch.where(scored, logprobs, zero), torch.where(scored, ent, zero)
+
+
+def _packed_full_logits(model, input_ids, attention_mask, entropy, temperature, wanted):
+    """``_full_logits_logprobs`` on the packed stream (``learner.packing``): ``[S, V]`` logits,
+    scored where the next token is in the same row and the position is ``wanted``."""
+    packed = pack(input_ids, attention_mask)
+    at = _wanted(packed, wanted)
+    logits = packed_forward(model, packed).logits[0, at]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    targets = packed.input_ids[0, at + 1]
+    logprobs = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+    return packed.to_grid(logprobs, at), (None if ent is None else packed.to_grid(ent, at))
+
+
+def _run_chunked(model, *args):
+    """``_hidden_logprobs(model, *args)``; on an FSDP2 root, as a registered FSDP forward method.
+
+    ``shard_model`` leaves the embeddings, the final norm and the head (tied or not) to the
+    root's FSDP unit, whose hooks gather them only around ``model.forward``. Outside it,
+    ``model.model`` and ``lm_head.weight`` are sharded DTensors. ``register_fsdp_forward_method``
+    runs the root's pre/post-forward hooks around ``_hidden_logprobs`` as around ``forward``:
+    the root's parameters are gathered (in the compute dtype), the head weight the chunks
+    read is the unsharded parameter the autograd graph then holds, the pre-backward hook
+    re-gathers it for the backward's recompute of the chunks, and the head's gradient is
+    reduce-scattered with the rest of the root's at the end of backward. Registered once per
+    model, on its first call.
+    """
+    if not isinstance(model, FSDPModule):
+        return _hidden_logprobs(model, *args)
+    if _ROOT_METHOD not in vars(model):
+        setattr(model, _ROOT_METHOD, MethodType(_hidden_logprobs, model))
+        register_fsdp_forward_method(model, _ROOT_METHOD)
+    return getattr(model, _ROOT_METHOD)(*args)
+
+
+def _hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy, temperature, wanted):
+    """``token_logprobs`` from the final hidden states: only the ``wanted`` positions (whose
+    target is a real token) go through the head; the rest of the [B, L-1] grid is 0.
+    ``(h / T) W^T`` is the tempered logits ``z / T`` exactly (no bias in these heads)."""
+    if is_packed(model):
+        return _packed_hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy,
+                                       temperature, wanted)  # fmt: skip
+    b, length = input_ids.shape
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask)
+    hidden = out.last_hidden_state.flatten(0, 1)  # [B*L, H], after the final norm
+    scored = torch.zeros_like(input_ids, dtype=torch.bool)
+    scored[:, :-1] = wanted
+    idx = scored.flatten().nonzero().squeeze(1)  # flat (b, t); its target is at idx + 1
+    weight = model.get_output_embeddings().weight
+    targets = input_ids.flatten()[idx + 1]
+    h = hidden[idx] if temperature == 1.0 else hidden[idx] / temperature
+    lp, ent = chunked_token_logprobs(h, weight, targets, chunk_tokens, entropy)
+
+    def grid(values):  # [n] -> [B, L-1], 0 off ``idx``; a fresh tensor (FSDP hooks its outputs)
+        full = values.new_zeros(b * length).index_copy(0, idx, values)
+        return full.view(b, length)[:, :-1].contiguous()
+
+    return grid(lp), (None if ent is None else grid(ent))
+
+
+def _packed_hidden_logprobs(
+    model, input_ids, attention_mask, chunk_tokens, entropy, temperature, wanted
+):
+    """``_hidden_logprobs`` on the packed stream: the head sees the ``wanted`` positions whose
+    next token is in the same row."""
+    packed = pack(input_ids, attention_mask)
+    hidden = packed_forward(model.base_model, packed).last_hidden_state[0]  # [S, H]
+    at = _wanted(packed, wanted)
+    h = hidden[at] if temperature == 1.0 else hidden[at] / temperature
+    weight = model.get_output_embeddings().weight
+    lp, ent = chunked_token_logprobs(h, weight, packed.input_ids[0, at + 1], chunk_tokens, entropy)
+    return packed.to_grid(lp, at), (None if ent is None else packed.to_grid(ent, at))
+
+
+def _wanted(packed, wanted: Tensor) -> Tensor:
+    """The stream positions to score: next token in the same row, and ``wanted [k, width-1]``
+    at the position's place in its row."""
+    at = packed.scored()
+    return at[wanted[packed.row[at], packed.pos[at]]]

@@ -165,14 +165,14 @@ def plan_micro_batches(
 
 
 def run_planned(
-    fn: Callable[[Tensor, Tensor], Tensor], rows: Batch, plan: list[MicroBatch]
+    fn: Callable[[Tensor, Tensor, Tensor], Tensor], rows: Batch, plan: list[MicroBatch]
 ) -> Tensor:
-    """``fn(input_ids, attention_mask) -> [k, width-1]`` on every micro-batch, scattered back
-    to the rows' order on the full grid ``[b, L-1]``; columns a micro-batch trimmed are 0 (they
-    are outside every row's loss mask)."""
+    """``fn(input_ids, attention_mask, loss_mask) -> [k, width-1]`` on every micro-batch,
+    scattered back to the rows' order on the full grid ``[b, L-1]``; columns a micro-batch
+    trimmed are 0 (they are outside every row's loss mask)."""
     out = None
     for m in plan:
-        part = fn(m.inputs(rows.input_ids), m.inputs(rows.attention_mask))
+        part = fn(m.inputs(rows.input_ids), m.inputs(rows.attention_mask), m.tokens(rows.loss_mask))
         if out is None:
             out = part.new_zeros(rows.loss_mask.shape)
         out[m.index, : m.width - 1] = part

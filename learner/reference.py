@@ -54,7 +54,11 @@ def build_reference(
 
 @torch.no_grad()
 def reference_logprobs(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scored: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[B, L-1] log pi_ref of each next token (collective under FSDP2: every rank calls it)."""
-    return token_logprobs(model, input_ids, attention_mask, entropy=False)[0]
+    """[B, L-1] log pi_ref of each next token, 0 off ``scored`` (``token_logprobs``; collective
+    under FSDP2: every rank calls it)."""
+    return token_logprobs(model, input_ids, attention_mask, entropy=False, scored=scored)[0]

@@ -145,12 +145,13 @@ def _forward_no_grad(ctx: StepContext, batch: Batch, rows: slice) -> _Shard:
     sh = _Shard(mb, batch.loss_mask[rows], plan)
     if ctx.algo.ppo_epochs * ctx.algo.minibatches > 1:  # else pi_prox = pi_theta (one update)
         with torch.no_grad():  # no entropy: pi_prox is only a log-prob
-            prox = lambda i, a: token_logprobs(ctx.model, i, a, entropy=False)[0]  # noqa: E731
+            prox = lambda i, a, s: token_logprobs(ctx.model, i, a, entropy=False, scored=s)[0]  # noqa: E731
             sh.proximal = run_planned(prox, mb, plan)
     if ctx.reference is not None:
-        sh.ref = run_planned(lambda i, a: reference_logprobs(ctx.reference, i, a), mb, plan)
+        ref = lambda i, a, s: reference_logprobs(ctx.reference, i, a, scored=s)  # noqa: E731
+        sh.ref = run_planned(ref, mb, plan)
     if ctx.critic is not None:
-        sh.old_values = run_planned(ctx.critic.values, mb, plan)
+        sh.old_values = run_planned(lambda i, a, s: ctx.critic.values(i, a), mb, plan)
     return sh
 
 
@@ -212,7 +213,8 @@ def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
 def _policy_loss(ctx: StepContext, sh: _Shard, micro: MicroBatch, agg):
     """``POLICY_LOSSES[algorithm.policy_loss]`` on one micro-batch of this rank's shard."""
     algo, mb = ctx.algo, micro.batch(sh.rows)
-    logprobs, entropy = token_logprobs(ctx.model, mb.input_ids, mb.attention_mask)
+    logprobs, entropy = token_logprobs(ctx.model, mb.input_ids, mb.attention_mask,
+                                       scored=mb.loss_mask)  # fmt: skip
     proximal = logprobs.detach() if sh.proximal is None else micro.tokens(sh.proximal)
     ref = None if sh.ref is None else micro.tokens(sh.ref)
     return POLICY_LOSSES[algo.policy_loss](

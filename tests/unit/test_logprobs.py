@@ -127,7 +127,7 @@ def test_entropy_detached_or_skipped():
 def test_chunk_size_from_the_model(monkeypatch):
     """``set_logprob_chunk_tokens`` (what build_policy does with ``model.logprob_chunk_tokens``)
     is the default of ``token_logprobs``."""
-    import learner.model
+    import learner.logprobs
 
     sizes = []
 
@@ -135,7 +135,7 @@ def test_chunk_size_from_the_model(monkeypatch):
         sizes.append(chunk)
         return chunked_token_logprobs(hidden, weight, targets, chunk, entropy)
 
-    monkeypatch.setattr(learner.model, "chunked_token_logprobs", spy)
+    monkeypatch.setattr(learner.logprobs, "chunked_token_logprobs", spy)
     model = tiny_qwen(False)
     ids, mask, _, _ = batch()
     token_logprobs(model, ids, mask)
@@ -273,3 +273,33 @@ def test_the_learner_scores_at_the_actors_temperature(chunk):
     assert float((got[0] - untempered).abs().max()) > 1e-2, "vacuous: T changed nothing"
     with pytest.raises(ValueError, match="temperature must be > 0"):
         set_logprob_temperature(model, 0.0)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("chunk", [3, 0], ids=["chunked", "full_logits"])
+def test_only_the_scored_positions_are_scored(monkeypatch, packed, chunk):
+    """``scored`` (the loss mask: completion tokens) picks the positions: the same values
+    there, 0 elsewhere, and only those positions go through the chunked head."""
+    import learner.logprobs
+    from learner.packing import set_packed
+
+    heads = []
+
+    def spy(hidden, *args, **kw):
+        heads.append(hidden.shape[0])
+        return chunked_token_logprobs(hidden, *args, **kw)
+
+    monkeypatch.setattr(learner.logprobs, "chunked_token_logprobs", spy)
+    model = tiny_qwen(False)
+    set_packed(model, packed)
+    ids, mask, _, _ = batch()
+    scored = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+    scored[:, 2:] = 1  # a 3-token "prompt": positions 0 and 1 score prompt tokens
+    all_lp, all_ent = token_logprobs(model, ids, mask, chunk_tokens=chunk)
+    lp, ent = token_logprobs(model, ids, mask, chunk_tokens=chunk, scored=scored)
+    wanted = (scored != 0) & (mask[:, 1:] != 0)
+    assert 0 < int(wanted.sum()) < int((mask[:, 1:] != 0).sum())
+    for got, want in [(lp, all_lp), (ent, all_ent)]:
+        torch.testing.assert_close(got, torch.where(wanted, want, 0.0), rtol=1e-12, atol=1e-12)
+    if chunk:
+        assert heads == [int((mask[:, 1:] != 0).sum()), int(wanted.sum())]

@@ -81,7 +81,7 @@ def test_plans_cover_every_row_once_and_trim_to_the_longest():
 def test_run_planned_scatters_back_to_the_rows_grid():
     rows = _rows([9, 2, 5, 5, 3, 12], width=12)
 
-    def row_id_per_token(ids, attn):  # each output holds its row's first token id
+    def row_id_per_token(ids, attn, loss_mask):  # each output holds its row's first token id
         return ids[:, :1].float().expand(-1, ids.shape[1] - 1).clone()
 
     plan = plan_micro_batches(rows.attention_mask, 0, 16, world=1)
