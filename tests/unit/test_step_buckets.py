@@ -108,14 +108,21 @@ def assert_same(got, want, keys, grads=None, want_grads=None):
 CASES = [(loss, mode) for loss in POLICY_LOSSES for mode in AGGREGATION_MODES]
 
 
-@pytest.mark.parametrize(("loss", "mode"), CASES, ids=[f"{a}-{b}" for a, b in CASES])
-def test_bucketed_step_equals_the_padded_step(tiny_model, monkeypatch, loss, mode):
-    torch.set_num_threads(1)
+def loss_case(loss: str, mode: str):
+    """(algorithm, is_level) of a loss x aggregation case: 2 minibatches, entropy and a k3
+    KL loss, sequence-level behaviour weights for the sequence losses."""
     level = "sequence" if loss in ("gspo", "masked_is") else "token"
     algo = load_config([f"algorithm.policy_loss={loss}", f"algorithm.aggregation={mode}",
                         "algorithm.minibatches=2", "algorithm.entropy_coef=0.01",
                         "algorithm.kl_coef=0.05", "algorithm.kl_estimator=k3",
                         f"algorithm.is_level={level}"]).algorithm  # fmt: skip
+    return algo, level
+
+
+@pytest.mark.parametrize(("loss", "mode"), CASES, ids=[f"{a}-{b}" for a, b in CASES])
+def test_bucketed_step_equals_the_padded_step(tiny_model, monkeypatch, loss, mode):
+    torch.set_num_threads(1)
+    algo, level = loss_case(loss, mode)
     padded, g_padded, w_padded = one_step(tiny_model, algo, 0)
     bucketed, g_bucketed, w_bucketed = one_step(tiny_model, algo, BUDGET)
     assert bucketed["micro_batches"] > 2 and padded["micro_batches"] == 1
@@ -145,11 +152,7 @@ def test_packed_step_equals_the_padded_step(tiny_model, loss, mode, attn):
     """The packed path (each micro-batch one stream of real tokens with a document mask,
     learner.packing) makes the padded path's update: the rows' tokens see only their own row."""
     torch.set_num_threads(1)
-    level = "sequence" if loss in ("gspo", "masked_is") else "token"
-    algo = load_config([f"algorithm.policy_loss={loss}", f"algorithm.aggregation={mode}",
-                        "algorithm.minibatches=2", "algorithm.entropy_coef=0.01",
-                        "algorithm.kl_coef=0.05", "algorithm.kl_estimator=k3",
-                        f"algorithm.is_level={level}"]).algorithm  # fmt: skip
+    algo, level = loss_case(loss, mode)
     padded, g_padded, w_padded = one_step(tiny_model, algo, 0)
     packed, g_packed, w_packed = one_step(tiny_model, algo, BUDGET, packed=True, attn=attn)
     assert packed["padding_frac"] == 0 and padded["padding_frac"] > 0.3
