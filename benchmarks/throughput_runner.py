@@ -1,0 +1,151 @@
+"""The learner-throughput benchmark's runs (``benchmarks.learner_throughput``): the random model
+made once, then every arm's worker processes, ``--rounds`` interleaved rounds at the preset
+batch and the largest-batch search (each try one step in its own process, so an
+out-of-memory error cannot poison the rest)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.throughput_model import build_model_dir, real_tokens
+from benchmarks.throughput_report import first_of, stated_peak, summarise
+from benchmarks.throughput_worker import run_worker
+
+
+def run_arms(args, cfg: dict, hf_config, real: int) -> tuple[dict, dict, dict, tuple]:
+    """Make the model, measure every arm, search each one's largest batch (unless ``--no-fit``):
+    ``(parameter counts, worker results per arm, per-arm figures, stated peak)``."""
+    with tempfile.TemporaryDirectory(prefix="asyncrl-throughput-") as tmp:
+        work = Path(args.work_dir) if args.work_dir else Path(tmp)
+        t0 = time.monotonic()
+        model_dir, counts = build_model_dir(hf_config, work, args.seed, cfg["dtype"])
+        print(
+            f"random model: {counts['n_params']:,} parameters ({time.monotonic() - t0:.0f} s)",
+            flush=True,
+        )
+        runner = Runner(args, cfg, model_dir, hf_config.vocab_size)
+        runs = runner.measure()
+        peak = stated_peak(first_of(runs, "gpu"), args.peak_tflops)
+        arms = summarise(cfg, runs, counts, real, peak)
+        for arm, a in arms.items():
+            if cfg["fit"] is None:
+                a["fit"], a["fit_skipped_reason"] = None, "--no-fit"
+            else:
+                a["fit"] = runner.fit(arm, runs[arm][0])
+    return counts, runs, arms, peak
+
+
+class Runner:
+    """Worker processes of one run: their spec, environment (threads pinned) and log lines."""
+
+    def __init__(self, args, cfg: dict, model_dir: Path, vocab: int):
+        self.args, self.cfg, self.model_dir, self.vocab = args, cfg, model_dir, vocab
+        self.t0 = time.monotonic()
+        threads = str(args.threads)
+        self.env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+                    "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.0f} s] {text}", flush=True)
+
+    def spec(self, arm: str, groups: int, repeat: int, mem_limit=None) -> dict:
+        a = self.cfg["arms"][arm]
+        from asyncrl.config_checks import parse_cores
+
+        return {"kind": a["kind"], "overrides": a.get("overrides"), "bare": a.get("settings"),
+                "model_dir": str(self.model_dir), "batch": self.cfg["batch"], "groups": groups,
+                "seed": self.cfg["seed"], "vocab": self.vocab, "device": self.cfg["device"],
+                "threads": self.args.threads, "cores": parse_cores(self.args.cores),
+                "repeat": repeat, "mem_limit_gib": mem_limit}  # fmt: skip
+
+    def measure(self) -> dict[str, list[dict]]:
+        """``rounds`` interleaved rounds: every arm's worker in turn, at the preset batch."""
+        groups = self.cfg["batch"]["groups"]
+        runs: dict[str, list[dict]] = {arm: [] for arm in self.cfg["arms"]}
+        for r in range(self.cfg["rounds"]):
+            for arm in runs:
+                if runs[arm] and runs[arm][0]["status"] != "ok":
+                    continue  # it did not fit (or failed): once is enough
+                res = run_worker(self.spec(arm, groups, self.cfg["repeat"]), self.env,
+                                 self.args.timeout)  # fmt: skip
+                runs[arm].append(res)
+                if res["status"] == "ok":
+                    steps = ", ".join(f"{t:.2f}" for t in res["times_s"])
+                    self.say(f"round {r + 1}/{self.cfg['rounds']} {arm} ({res['layout']}): "
+                             f"steps {steps} s "
+                             f"(warm-up {res['warmup_s']:.2f} s), peak "
+                             f"{res['peak_memory_mib']:.0f} MiB")  # fmt: skip
+                else:
+                    self.say(f"round {r + 1} {arm}: {res['status']}: {res['error'][-300:]}")
+        return runs
+
+    def fit(self, arm: str, first: dict) -> dict:
+        """Largest number of groups whose step completes: doubling from the measured batch (or
+        halving when it did not fit), then bisecting; every try one step in a fresh process."""
+        fit = self.cfg["fit"]
+        base, top = self.cfg["batch"]["groups"], max(1, fit["max_groups"])
+        tries: list[dict] = []
+
+        def fits(g: int) -> bool:
+            res = run_worker(self.spec(arm, g, 0, fit["mem_limit_gib"]), self.env,
+                             self.args.timeout)  # fmt: skip
+            tries.append({"groups": g, "real_tokens": real_tokens(self.cfg["batch"], g,
+                          self.cfg["seed"]), "status": res["status"],
+                          "peak_memory_mib": res.get("peak_memory_mib"),
+                          "error": res.get("error")})  # fmt: skip
+            self.say(f"fit {arm}: {g} groups -> {res['status']}")
+            return res["status"] == "ok"
+
+        start = min(base, top)
+        if fit["mem_limit_gib"] is None and start == base and first["status"] in ("ok", "oom"):
+            ok = first["status"] == "ok"  # the timing run was this try
+            tries.append({"groups": base, "real_tokens": real_tokens(self.cfg["batch"], base,
+                          self.cfg["seed"]), "status": first["status"], "from": "timing run",
+                          "peak_memory_mib": first.get("peak_memory_mib")})  # fmt: skip
+        else:
+            ok = fits(start)
+        lo, hi = largest_fitting(fits, start, top, ok)
+        failures = [t for t in tries if t["status"] == "failed"]
+        return {
+            "largest_groups": lo,
+            "largest_rows": lo * self.cfg["batch"]["n"],
+            "largest_real_tokens": real_tokens(self.cfg["batch"], lo, self.cfg["seed"]),
+            "first_failing_groups": hi,
+            "at_bound": hi is None,
+            "max_groups": top,
+            "mem_limit_gib": fit["mem_limit_gib"],
+            "tries": tries,
+            "note": ("bounded by --fit-max-groups: the arm may fit more" if hi is None else
+                     "a try counts as not fitting when it runs out of memory (oom) or its process "
+                     "dies (failed: see its error)") + ("" if not failures else
+                     f"; {len(failures)} tr{'y' if len(failures) == 1 else 'ies'} failed"),
+        }  # fmt: skip
+
+
+def largest_fitting(fits, start: int, top: int, ok: bool) -> tuple[int, int | None]:
+    """``(lo, hi)``: ``lo`` the largest number of groups found to fit (0: none), ``hi`` the
+    smallest found not to (None: ``top`` fits). ``ok`` says whether ``start`` fits; from there
+    it doubles up to ``top`` (or halves down to 1), then bisects between the two."""
+    lo, hi = (start, None) if ok else (0, start)
+    while ok and hi is None and lo < top:
+        g = min(2 * lo, top)
+        if fits(g):
+            lo = g
+        else:
+            hi = g
+    while not ok and hi > 1:
+        g = hi // 2
+        if fits(g):
+            lo, ok = g, True
+        else:
+            hi = g
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
