@@ -1,17 +1,19 @@
-"""vLLM general plugin: registers the ``gloo`` weight-transfer engine in every vLLM process.
+"""vLLM general plugin: registers the ``asyncrl`` weight-transfer engine in every vLLM process.
 
-vLLM calls ``register()`` (entry point group ``vllm.general_plugins``, declared in
-pyproject.toml) in the API process, the engine-core process and each worker process, so the
-worker-side factory knows ``"gloo"`` wherever the model lives. Registration is by module path
-(lazy) so loading the plugin imports nothing heavy, and it is idempotent because vLLM may
-call it more than once per process.
+The one place asyncrl meets vLLM's weight-transfer factories. vLLM calls ``register()``
+(entry point group ``vllm.general_plugins``, declared in pyproject.toml) in the API process,
+the engine-core process and each worker process, so the worker-side factory knows
+``"asyncrl"`` wherever the model lives. The engine then builds the receiver of whichever
+transport the learner names (asyncrl/transports/), so a new transport needs no change here.
+Registration is by module path (lazy) so loading the plugin imports nothing heavy, and it is
+idempotent because vLLM may call it more than once per process.
 """
 
 from __future__ import annotations
 
-BACKEND = "gloo"
-WORKER_ENGINE = ("actors.weight_transfer", "GlooWeightTransferEngine")
-TRAINER_ENGINE = ("learner.vllm_trainer", "GlooTrainerWeightTransferEngine")
+BACKEND = "asyncrl"
+WORKER_ENGINE = ("actors.weight_transfer", "AsyncrlWeightTransferEngine")
+TRAINER_ENGINE = ("learner.vllm_trainer", "AsyncrlTrainerWeightTransferEngine")
 
 
 def register() -> None:

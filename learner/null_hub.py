@@ -33,8 +33,11 @@ class NullHub:
     def step_done(self) -> None:
         pass
 
-    def send_weights(self, named, version: int) -> None:
-        pass
+    def send_weights(self, named, version: int, attempt: int = 0) -> bool:
+        """Take part in the gather only (rank 0 sends); rank 0 says whether to try again."""
+        for _ in named:
+            pass
+        return False
 
     def after_step(self, state, metrics: dict) -> None:
         pass

@@ -293,12 +293,16 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def _sync_weights(model, hub, version: int) -> None:
+    """Send ``version`` to the actors (collective). Every rank gathers each full tensor as
+    rank 0 streams it, so no rank ever holds the whole model gathered (nor a host copy of
+    it: the gloo transport copies one tensor at a time, nccl sends from the GPU). A failed
+    try is gathered again by every rank, as rank 0 says (its channel re-forms the group)."""
     from learner.model import full_named_tensors
 
-    # collective on every rank; each full tensor goes to host memory as it is gathered (the
-    # gloo engine sends from the host), so a GPU holds one full tensor at a time, not the model
-    named = [(name, t.cpu()) for name, t in full_named_tensors(model)]
-    hub.send_weights(named, version)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    attempt = 0
+    while _rank0_flag(rank, hub.send_weights(full_named_tensors(model), version, attempt)):
+        attempt += 1
 
 
 def _extra_state(ctx: StepContext) -> dict:

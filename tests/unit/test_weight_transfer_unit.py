@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from actors.engine import token_versions_from_spans
+from asyncrl.config_network import NetworkConfig
+from asyncrl.transports.gloo import GlooGroup, GlooSender
 from asyncrl.weights import (
     ALIGN,
     KIND_BUCKET,
     KIND_END,
-    GlooGroup,
     WeightSyncError,
     _header,
     crc32,
@@ -30,7 +31,6 @@ from asyncrl.weights import (
     send_stream,
     unpack_bucket,
 )
-from learner.weight_sender import WeightSender
 
 TIMEOUT_S = 3.0
 
@@ -185,20 +185,21 @@ def test_checksum_mismatch_is_caught_before_loading():
 
 
 def test_sender_connect_times_out_when_no_receiver_joins():
-    sender = WeightSender(timeout_s=2.0)
+    sender = GlooSender(timeout_s=2.0)
+    sender.open(2, NetworkConfig())
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError, match="rendezvous failed"):
-        sender.connect(free_port(), world_size=2)
+        sender.connect()
     assert time.monotonic() - t0 < 10.0
     assert not sender.connected
 
 
 def test_send_raises_within_deadline_when_receiver_never_receives():
-    port = free_port()
-    sender = WeightSender(bucket_bytes=1 << 10, timeout_s=2.0)
+    sender = GlooSender(bucket_bytes=1 << 10, timeout_s=2.0)
+    port = sender.open(2, NetworkConfig())["master_port"]
     with ThreadPoolExecutor(1) as ex:
         fut = ex.submit(GlooGroup, "127.0.0.1", port, 1, 2, 2.0)  # joins, then goes silent
-        sender.connect(port, world_size=2)
+        sender.connect()
         receiver = fut.result()
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError):
@@ -228,11 +229,11 @@ def test_receiver_raises_within_deadline_when_sender_dies():
 
 
 def test_weight_sender_stats_and_wire_dtype():
-    groups_port = free_port()
-    sender = WeightSender(bucket_bytes=1 << 12, timeout_s=TIMEOUT_S, wire_dtype=torch.bfloat16)
+    sender = GlooSender(bucket_bytes=1 << 12, timeout_s=TIMEOUT_S, wire_dtype=torch.bfloat16)
+    groups_port = sender.open(2, NetworkConfig())["master_port"]
     with ThreadPoolExecutor(1) as ex:
         fut = ex.submit(GlooGroup, "127.0.0.1", groups_port, 1, 2, TIMEOUT_S)
-        sender.connect(groups_port, world_size=2)
+        sender.connect()
         receiver = fut.result()
     got = {}
     tensors = sample_tensors()
