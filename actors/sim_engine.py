@@ -6,13 +6,16 @@ It lets the learner and the buffer be driven by many actor processes on a small 
 
 - ``generate``: completion lengths are geometric with mean ``mean_len`` (truncated to
   ``[1, max_tokens]``), tokens uniform in ``[0, vocab_size)``, log-probs ``-1.0``, every token
-  tagged with the current version. The engine produces ``tokens_per_s`` tokens per second in
-  total, shared by all requests in flight (a FIFO virtual clock: a request finishes when the
-  engine has produced its tokens after those submitted before it), which is how a batching
-  engine's throughput behaves once it is saturated.
-- weight sync is real: the engine joins the learner's gloo group as one receiver and
-  receives every update (``asyncrl.weights.receive_stream``), discarding the tensors, so the
-  broadcast's cost with many actors is measured, not simulated. As in ``ActorEngine``, a
+  tagged with the current version; ``top_p``, ``top_k`` and ``stop`` are accepted and ignored
+  (uniform tokens have no top set, and there is no text to stop on). The engine produces
+  ``tokens_per_s`` tokens per second in total, shared by all requests in flight (a FIFO
+  virtual clock: a request finishes when the engine has produced its tokens after those
+  submitted before it), which is how a batching engine's throughput behaves once it is
+  saturated.
+- weight sync is real: the engine joins the learner's weight group as one receiver, through
+  the transport the learner names (asyncrl/transports/; gloo on CPU), and receives every
+  update, discarding the tensors, so the broadcast's cost with many actors is measured, not
+  simulated. As in ``ActorEngine``, a
   failed receive marks the weights invalid and generation waits until a later update
   succeeds; ``join_weight_sync`` again joins a rebuilt group.
 """
@@ -36,7 +39,7 @@ class SimEngine:
         self.weights_valid = True
         self._rng = random.Random(seed)
         self._busy_until = 0.0
-        self._group = None
+        self._receiver = None
 
     def _length(self, max_tokens: int) -> int:
         p = 1.0 / self.mean_len
@@ -63,24 +66,26 @@ class SimEngine:
         ]  # fmt: skip
 
     async def join_weight_sync(self, init_info: dict[str, Any]) -> None:
-        from asyncrl.weights import GlooGroup
+        from asyncrl import transports
+        from asyncrl.weights import WeightSyncError
 
-        i = init_info
-        if self._group is not None:  # re-join: the learner rebuilt the group
-            self._group.close()
-            self._group = None
-        self._group = await asyncio.to_thread(
-            GlooGroup, i["master_address"], i["master_port"], i["rank_offset"],
-            i["world_size"], i.get("timeout_s", 120.0), i.get("local_address", ""),
-        )  # fmt: skip
+        if self._receiver is not None:  # re-join: the learner rebuilt the group
+            self._receiver.close()
+            self._receiver = None
+        try:
+            receiver = transports.receiver(init_info.get("transport", ""))
+        except ValueError as e:
+            raise WeightSyncError(str(e)) from e
+        await asyncio.to_thread(receiver.join, init_info, int(init_info["rank_offset"]))
+        self._receiver = receiver
 
     async def update_weights(self, version: int, mode: str = "keep", update_info=None) -> None:
-        from asyncrl.weights import WeightSyncError, receive_stream
+        from asyncrl.weights import WeightSyncError
 
-        if self._group is None:
+        if self._receiver is None:
             raise WeightSyncError("SimEngine.update_weights before join_weight_sync")
         try:
-            await asyncio.to_thread(receive_stream, self._group, version, lambda tensors: None)
+            await asyncio.to_thread(self._receiver.receive, version, lambda tensors: None)
         except Exception as e:
             self.weights_valid = False
             if isinstance(e, WeightSyncError):
@@ -89,6 +94,6 @@ class SimEngine:
         self.version, self.weights_valid = version, True
 
     async def shutdown(self) -> None:
-        if self._group is not None:
-            self._group.close()
-            self._group = None
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None

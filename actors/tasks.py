@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from actors.addition import AdditionSource
+from asyncrl.config import derived_max_model_len
 
 
 def _file_source(cfg, model_dir: str, log=print, split="train"):
@@ -46,8 +47,9 @@ def build_val_source(cfg, model_dir: str, log: Callable[[str], None] = print):
 
 
 def max_model_len(cfg) -> int:
-    """vLLM's ``max_model_len``: the longest prompt kept plus the longest response."""
-    return cfg.data.max_prompt_length + cfg.actor.max_tokens
+    """vLLM's ``max_model_len``: ``actor.max_model_len`` when set (the config checked that it
+    holds the data), else the longest prompt kept plus the longest response."""
+    return cfg.actor.max_model_len or derived_max_model_len(cfg)
 
 
 def check_context(cfg, model_dir: str) -> None:
@@ -64,11 +66,18 @@ def check_context(cfg, model_dir: str) -> None:
         "max_position_embeddings"
     )
     if isinstance(context, int) and max_model_len(cfg) > context:
+        a = cfg.actor
+        if a.max_model_len:
+            length, lower = f"actor.max_model_len={a.max_model_len}", "actor.max_model_len"
+        else:
+            length = (
+                f"data.max_prompt_length={cfg.data.max_prompt_length} + actor.max_tokens="
+                f"{a.max_tokens} = {max_model_len(cfg)}"
+            )
+            lower = "data.max_prompt_length or actor.max_tokens"
         raise DataError(
-            f"data.max_prompt_length={cfg.data.max_prompt_length} + actor.max_tokens="
-            f"{cfg.actor.max_tokens} = {max_model_len(cfg)} tokens exceeds the model's context "
-            f"(max_position_embeddings={context} in {path}); lower data.max_prompt_length or "
-            "actor.max_tokens"
+            f"{length} tokens exceeds the model's context (max_position_embeddings={context} "
+            f"in {path}); lower {lower}"
         )
 
 

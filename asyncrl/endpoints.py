@@ -7,7 +7,7 @@ on which host, for ``asyncrl status`` (and a Prometheus file-based service disco
     learner, actor<i>          learner rank 0, actor i
 
     value   {"metrics": "127.0.0.1:9493", "host": "nodeB", "address": "10.0.0.7",
-             "netns": "<boot id>/<network namespace inode>", "pid": 4242}
+             "netns": "<boot id>/<network namespace inode>", "pid": 4242, "gpus": "2,3"}
 
 Endpoints bind loopback only (they have no authentication), so an endpoint can be scraped
 only from the host, and the network namespace, that registered it. ``netns`` says exactly
@@ -16,7 +16,8 @@ network namespace (different for every namespace of one kernel, e.g. the "hosts"
 ``tests/multihost/netns.py``, which share the host name). ``host`` and ``address``
 (``network.address``, where the job's peers reach the host) are for people. A value in the
 old plain ``host:port`` form (an older version's job) says nothing about its host and is
-taken as this host's, as before.
+taken as this host's, as before. ``gpus`` (only when non-empty) is the process's own
+``CUDA_VISIBLE_DEVICES``, which the launcher set from the GPU plan (asyncrl/placement.py).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class Endpoint:
     place: Place | None
     """None: registered by an older version, which did not record where."""
     pid: int = 0
+    gpus: str = ""
+    """The process's ``CUDA_VISIBLE_DEVICES`` ('' = not set, or a launcher)."""
 
     def scrapable_from(self, here: Place) -> bool:
         return self.place is None or self.place.shares_loopback(here)
@@ -87,7 +90,9 @@ class Endpoint:
         """The hash value (``parse_endpoint`` reads it back)."""
         if self.place is None:
             return self.metrics
-        return json.dumps({"metrics": self.metrics, **asdict(self.place), "pid": self.pid})
+        gpus = {"gpus": self.gpus} if self.gpus else {}
+        record = {"metrics": self.metrics, **asdict(self.place), "pid": self.pid, **gpus}
+        return json.dumps(record)
 
 
 def launcher_role(role: str, network: NetworkConfig) -> str:
@@ -99,13 +104,16 @@ def launcher_role(role: str, network: NetworkConfig) -> str:
 
 
 def register_endpoint(
-    client, buffer_name: str, role: str, port: int, network: NetworkConfig
+    client, buffer_name: str, role: str, port: int, network: NetworkConfig, gpus: str | None = None
 ) -> None:
     """Record that ``role`` serves ``/metrics`` on ``network.metrics:port`` of this host
-    (nothing when ``port`` is 0: metrics off)."""
+    (nothing when ``port`` is 0: metrics off), with its GPUs: ``gpus``, None = this
+    process's ``CUDA_VISIBLE_DEVICES``."""
     if port:
         here = Place.here(network.address)
-        endpoint = Endpoint(role, f"{network.metrics}:{port}", here, os.getpid())
+        if gpus is None:
+            gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        endpoint = Endpoint(role, f"{network.metrics}:{port}", here, os.getpid(), gpus)
         client.hset(f"{buffer_name}:endpoints", role, endpoint.to_json())
 
 
@@ -120,7 +128,9 @@ def parse_endpoint(role: str, raw: str) -> Endpoint:
     place = Place(**{f.name: str(value.get(f.name, "")) for f in fields(Place)})
     pid = value.get("pid")
     pid = pid if isinstance(pid, int) else 0
-    return Endpoint(role, str(value.get("metrics", "")), place, pid)
+    gpus = value.get("gpus")
+    gpus = gpus if isinstance(gpus, str) else ""
+    return Endpoint(role, str(value.get("metrics", "")), place, pid, gpus)
 
 
 def read_endpoints(client, buffer_name: str) -> dict[str, Endpoint]:

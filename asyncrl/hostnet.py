@@ -59,3 +59,10 @@ def socket_env(network: NetworkConfig) -> dict[str, str]:
         return {}
     name = interface_name(network.interface)
     return {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+
+
+def nccl_env(network: NetworkConfig) -> dict[str, str]:
+    """NCCL's bootstrap sockets on ``network.interface`` (``lo`` by default): they listen on an
+    interface NCCL picks otherwise, beyond loopback even in a default job. This covers the
+    nccl weight transport (asyncrl/transports/nccl.py), FSDP2 and vLLM's tensor parallel."""
+    return {"NCCL_SOCKET_IFNAME": interface_name(network.interface)}

@@ -56,7 +56,7 @@ def bare_vllm(model_dir: str, prompts, a, max_len: int) -> dict:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model_dir, dtype="float32", max_model_len=max_len, enforce_eager=True,
-              kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30), seed=0,
+              kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30) or None, seed=0,
               max_num_seqs=a.max_inflight * a.n_samples)  # fmt: skip
     params = SamplingParams(n=a.n_samples, max_tokens=a.max_tokens, temperature=a.temperature,
                             seed=0, logprobs=0, detokenize=False)  # fmt: skip

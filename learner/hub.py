@@ -385,8 +385,9 @@ class Hub:
 def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False):
     """Tell every actor where to join the weight group, then host it as rank 0.
 
-    ``learner.weight_transport`` picks the transport (``auto``: nccl for a learner on a GPU,
-    gloo otherwise; asyncrl/transports/). Each actor takes ``actor.tensor_parallel_size``
+    ``learner.weight_transport`` picks the transport (``auto``: nccl for a learner on a GPU
+    feeding vLLM actors, gloo otherwise, e.g. for simulated actors, which hold no GPU;
+    asyncrl/transports/). Each actor takes ``actor.tensor_parallel_size``
     receiver ranks, one per vLLM worker. The channel re-forms the group with the live actors
     when a receiver dies, and takes a restarted actor back (learner/weight_sender.py)."""
     from asyncrl import transports
@@ -395,7 +396,8 @@ def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False
     from learner.weight_sender import ActorWeightChannel
 
     device = current_device()
-    name = transports.resolve(cfg.learner.weight_transport, device.type == "cuda")
+    gpus_both_ends = device.type == "cuda" and cfg.actor.engine == "vllm"
+    name = transports.resolve(cfg.learner.weight_transport, gpus_both_ends)
     # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
     channel = ActorWeightChannel(
         control, timeout_s=cfg.learner.weight_sync_timeout_s, log=_say,

@@ -13,6 +13,7 @@ from asyncrl.configload import ConfigError, config_to_json, config_to_yaml
 from asyncrl.endpoints import launcher_role, register_endpoint
 from asyncrl.lifeline import child_cmd
 from asyncrl.orchestration.actor_ids import IdKeeper, interrupted
+from asyncrl.orchestration.gpus import plan_node
 from asyncrl.orchestration.launcher import (
     Role,
     actor_cmd,
@@ -25,6 +26,7 @@ from asyncrl.orchestration.launcher import (
     stop_roles,
     supervise,
 )
+from asyncrl.placement import NO_GPUS, Plan
 from asyncrl.trackers import check_available
 
 ALL_ROLES = ("buffer", "learner", "actors")
@@ -178,10 +180,14 @@ def core_split(cfg: Config) -> str:
     return line
 
 
-def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
-    """The learner (torchrun); with ``learner.restart_max=N`` a dead one is started again, on
-    a fresh rendezvous port, and resumes from its newest checkpoint."""
-    env = role_env(cfg, url, cfg.learner.cpu_threads, across_nodes=cfg.learner.nnodes > 1)
+def spawn_learner(
+    cfg: Config, run_dir: Path, model_dir: str, url: str, plan: Plan = NO_GPUS
+) -> Role:
+    """The learner (torchrun, on ``plan``'s learner GPUs); with ``learner.restart_max=N`` a
+    dead one is started again, on a fresh rendezvous port, and resumes from its newest
+    checkpoint."""
+    across = cfg.learner.nnodes > 1
+    env = role_env(cfg, url, cfg.learner.cpu_threads, across, plan.learner_visible())
     cmd = lambda: learner_cmd(cfg, run_dir, model_dir)  # noqa: E731 (a fresh port each start)
     role = spawn("learner", cmd, env, run_dir, show_progress, cfg.learner.cpu_affinity)
     role.restart_max, role.restart_key = cfg.learner.restart_max, "learner.restart_max"
@@ -189,18 +195,26 @@ def spawn_learner(cfg: Config, run_dir: Path, model_dir: str, url: str) -> Role:
 
 
 def spawn_actors(
-    cfg: Config, run_dir: Path, model_dir: str, url: str, ids: list[int]
+    cfg: Config, run_dir: Path, model_dir: str, url: str, ids: list[int], plan: Plan = NO_GPUS
 ) -> list[Role]:
-    """One process per actor id; each may be restarted ``actor.restart_max`` times if it dies
-    (keeping its id, so it resumes its prompt cursor)."""
-    env = role_env(cfg, url, cfg.actor.cpu_threads)
+    """One process per actor id, the j-th on ``plan``'s j-th actor GPUs; each may be restarted
+    ``actor.restart_max`` times if it dies (keeping its id and GPUs, so it resumes its prompt
+    cursor)."""
     roles = []
-    for i in ids:
+    for j, i in enumerate(ids):
+        env = role_env(cfg, url, cfg.actor.cpu_threads, gpus=plan.actor_visible(j))
         cmd = actor_cmd(run_dir, model_dir, i)
         role = spawn(f"actor{i}", cmd, env, run_dir, show_progress, cfg.actor.cpu_affinity)
         role.restart_max, role.restart_key = cfg.actor.restart_max, "actor.restart_max"
         roles.append(role)
     return roles
+
+
+def announce_gpus(run_dir: Path, plan: Plan, actor_ids: list[int]) -> None:
+    """Print the plan once and record it in ``run.json`` (nothing for a CPU run)."""
+    if not plan.empty:
+        _say(f"[asyncrl] {plan.describe(actor_ids)}")
+        write_run_info(run_dir, gpus=plan.by_role(actor_ids))
 
 
 def record_restarts(run_dir: Path, roles: list[Role]) -> dict[str, int]:
@@ -223,7 +237,7 @@ def serve_launcher_metrics(
     port = serve(metrics.registry, role_port(cfg.metrics_port, "launcher"), cfg.network.metrics)
     if port:
         client = connect(url)
-        register_endpoint(client, cfg.buffer.name, name, port, cfg.network)
+        register_endpoint(client, cfg.buffer.name, name, port, cfg.network, gpus="")
         client.close()
         print(f"[asyncrl] metrics: http://{cfg.network.metrics}:{port}/metrics", flush=True)
 
@@ -237,6 +251,7 @@ def run_local(cfg: Config) -> int:
             "buffer|learner|actors` on each node group instead (docs/multinode.md)"
         )
     check_network(cfg)
+    plan = plan_node(cfg, ("learner", "actors"))  # a refused GPU layout fails before anything
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
     import_heavy_modules()  # a stop during torch's import takes effect after it
@@ -250,10 +265,13 @@ def run_local(cfg: Config) -> int:
         url, server = start_buffer(cfg, run_dir)
         write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
         serve_launcher_metrics(cfg, url, "launcher", roles, server)
-        roles.append(spawn_learner(cfg, run_dir, model_dir, role_url(url, server, "learner")))
+        learner_url = role_url(url, server, "learner")
+        roles.append(spawn_learner(cfg, run_dir, model_dir, learner_url, plan))
         actor_url = role_url(url, server, "actor")
         keeper = IdKeeper(cfg, actor_url, run_dir, _say)
-        roles.extend(spawn_actors(cfg, run_dir, model_dir, actor_url, keeper.claim()))
+        ids = keeper.claim()
+        announce_gpus(run_dir, plan, ids)
+        roles.extend(spawn_actors(cfg, run_dir, model_dir, actor_url, ids, plan))
         code, reason = supervise(roles, "learner")
     except KeyboardInterrupt:
         code, reason = interrupted(keeper, "interrupted (Ctrl-C or SIGTERM); all roles stopped")
@@ -349,6 +367,7 @@ def _report(run_dir: Path, code: int, reason: str, restarts: dict[str, int] | No
 def launch_role(cfg: Config, role: str) -> int:
     """One role on this node group, against ``buffer.url`` (``buffer``: start that server)."""
     check_network(cfg)
+    plan = plan_node(cfg, (role,))  # a refused GPU layout fails before anything starts
     if role == "learner":
         check_rendezvous_host(cfg)
     run_dir = prepare_run_dir(cfg, (role,))
@@ -375,12 +394,14 @@ def launch_role(cfg: Config, role: str) -> int:
     roles: list[Role] = []
     try:
         if role == "learner":
-            roles.append(spawn_learner(cfg, run_dir, model_dir, url))
+            announce_gpus(run_dir, plan, [])
+            roles.append(spawn_learner(cfg, run_dir, model_dir, url, plan))
         else:
             keeper = IdKeeper(cfg, url, run_dir, _say)
             ids = keeper.claim()
             _say(f"[asyncrl] actor ids {ids} of {cfg.actor.total} (buffer {cfg.buffer.name!r})")
-            roles.extend(spawn_actors(cfg, run_dir, model_dir, url, ids))
+            announce_gpus(run_dir, plan, ids)
+            roles.extend(spawn_actors(cfg, run_dir, model_dir, url, ids, plan))
         serve_launcher_metrics(cfg, url, launcher_role(role, cfg.network), roles)
         code, reason = supervise(roles, roles[0].name)
     except KeyboardInterrupt:

@@ -19,7 +19,9 @@ SIGTERM stops every role cleanly.
 Every role's command is wrapped by ``asyncrl.lifeline`` (``child_cmd``): it dies with the
 launcher, however the launcher ends (SIGKILL included), and runs on its configured cores
 (``learner.cpu_affinity``, ``actor.cpu_affinity``; inherited by torchrun's ranks and vLLM's
-engine processes). Roles inherit the run directory's lock (asyncrl/rundir.py).
+engine processes). Roles inherit the run directory's lock (asyncrl/rundir.py). On a GPU node
+torchrun and each actor get their own ``CUDA_VISIBLE_DEVICES`` (``role_env``), from the
+node's plan (asyncrl/placement.py, checked before anything starts).
 
 A role's output is copied to ``<run_dir>/<role>.log`` and its last lines are kept in memory,
 so a failure message shows them even when the log cannot be written (a full disk). A role
@@ -74,15 +76,21 @@ class Role:
     """The thread copying the current process's output."""
 
 
-def role_env(cfg, redis_url: str, threads: int, across_nodes: bool = False) -> dict[str, str]:
+def role_env(
+    cfg, redis_url: str, threads: int, across_nodes: bool = False, gpus: str | None = None
+) -> dict[str, str]:
     """A role's environment: the buffer URL (never argv: it holds a password), thread counts;
-    for learner ranks on several nodes, gloo/NCCL kept on ``network.interface``
-    (asyncrl/hostnet.py). Otherwise their sockets stay on loopback."""
-    from asyncrl.hostnet import socket_env
+    NCCL's bootstrap on ``network.interface`` (loopback by default) unless the user set
+    ``NCCL_SOCKET_IFNAME``; for learner ranks on several nodes gloo too (asyncrl/hostnet.py).
+    Otherwise gloo's sockets stay on loopback. ``gpus``: the role's
+    ``CUDA_VISIBLE_DEVICES`` (asyncrl/placement.py); None = the launcher's, inherited."""
+    from asyncrl.hostnet import nccl_env, socket_env
 
-    env = dict(os.environ)
+    env = {**nccl_env(cfg.network), **os.environ}
     if across_nodes:
         env.update(socket_env(cfg.network))
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
     env.update(
         ASYNCRL_REDIS_URL=redis_url,
         OMP_NUM_THREADS=str(threads),

@@ -8,7 +8,10 @@ buffer's ``<name>:endpoints`` hash (``asyncrl/endpoints.py``). The endpoints of 
 scraped twice, ``_WINDOW_S`` apart, so rates (groups/s, tokens/s) and time fractions (busy,
 waiting, paused) are over that window. An endpoint on another host listens on that host's
 loopback (``/metrics`` has no authentication), so it is not scraped: its line names the host
-(run ``asyncrl status`` there) and what Redis knows of it (an actor's live leases).
+(run ``asyncrl status`` there) and what Redis knows of it (an actor's live leases). A role's
+first line ends with its GPUs: the ``CUDA_VISIBLE_DEVICES`` it registered with its endpoint
+(the launcher's GPU plan, asyncrl/placement.py; a role outside the plan, e.g. a CPU learner,
+shows what it inherited from its launcher, if anything).
 """
 
 from __future__ import annotations
@@ -122,19 +125,31 @@ def render_status(cfg: Config, window_s: float = _WINDOW_S) -> str:
         f"{stats.get('dropped_uniform', 0)}",
     ]
     for e in endpoints:
-        if e.role not in first:
-            lines.append(_elsewhere(e, here, leases))
-            continue
-        a, b = first[e.role], second[e.role]
-        if a is None or b is None:
-            lines.append(f"{e.role:9s} [{e.metrics}] not answering (finished or unreachable)")
-            continue
-        kind = _label(b, "asyncrl_process_info", "role")
-        render = {"learner": _learner, "actor": _actor}.get(kind, _launcher)
-        lines += render(e.role, e.metrics, a, b, window_s)
+        if e.role in first:
+            block = _endpoint_lines(e, first[e.role], second[e.role], window_s)
+        else:
+            block = [_elsewhere(e, here, leases)]
+        block[0] += _on_gpus(e.gpus)
+        lines += block
     if not endpoints:
         lines.append("no metrics endpoints registered (metrics_port=0?)")
     return "\n".join(lines)
+
+
+def _on_gpus(gpus: str) -> str:
+    """``; on GPUs 2,3`` for a role whose ``CUDA_VISIBLE_DEVICES`` is ``2,3``; '' for none."""
+    if not gpus:
+        return ""
+    return f"; on GPU{'s' if ',' in gpus else ''} {gpus}"
+
+
+def _endpoint_lines(e: Endpoint, a: Sample | None, b: Sample | None, dt: float) -> list[str]:
+    """The lines of a role scraped here (``a``, ``b``: its samples ``dt`` apart)."""
+    if a is None or b is None:
+        return [f"{e.role:9s} [{e.metrics}] not answering (finished or unreachable)"]
+    kind = _label(b, "asyncrl_process_info", "role")
+    render = {"learner": _learner, "actor": _actor}.get(kind, _launcher)
+    return render(e.role, e.metrics, a, b, dt)
 
 
 def _elsewhere(e: Endpoint, here: Place, leases: dict[int, int]) -> str:

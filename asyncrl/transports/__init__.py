@@ -24,7 +24,8 @@ CHOICES = ("auto", *TRANSPORTS)
 
 
 def resolve(name: str, cuda: bool) -> str:
-    """The transport to use: ``auto`` is ``nccl`` for a learner on CUDA, else ``gloo``."""
+    """The transport to use: ``auto`` is ``nccl`` when both ends hold GPUs (``cuda``: a
+    learner on CUDA feeding vLLM actors), else ``gloo``."""
     if name == "auto":
         return "nccl" if cuda else "gloo"
     _entry(name)

@@ -200,11 +200,11 @@ def test_role_ports_and_endpoint_registry(redis_client, buffer_name):
     assert role_port(9490, "actor", 3) == 9495
     assert role_port(0, "actor", 3) == 0
     network = NetworkConfig(bind="0.0.0.0", advertise="10.0.0.7")
-    register_endpoint(redis_client, buffer_name, "actor3", 9495, network)
+    register_endpoint(redis_client, buffer_name, "actor3", 9495, network, gpus="2,3")
     register_endpoint(redis_client, buffer_name, "actor4", 0, network)  # off: not listed
     here = Place.here("10.0.0.7")
     assert read_endpoints(redis_client, buffer_name) == {
-        "actor3": Endpoint("actor3", "127.0.0.1:9495", here, os.getpid())
+        "actor3": Endpoint("actor3", "127.0.0.1:9495", here, os.getpid(), "2,3")
     }
 
 
@@ -251,7 +251,7 @@ def test_status_scrapes_this_hosts_endpoints_and_names_the_host_of_the_others(
     launcher = "launcher-actors@10.0.0.7"
     written = [
         Endpoint("actor1", older, None),
-        Endpoint("actor7", trap, node_b, 4242),
+        Endpoint("actor7", trap, node_b, 4242, "2,3"),  # its CUDA_VISIBLE_DEVICES
         Endpoint(launcher, trap, node_b, 4241),
     ]
     redis_client.hset(f"{buffer_name}:endpoints", mapping={e.role: e.to_json() for e in written})
@@ -266,7 +266,7 @@ def test_status_scrapes_this_hosts_endpoints_and_names_the_host_of_the_others(
     )
     assert lines["actor7"] == (
         "actor7    on nodeB (10.0.0.7), pid 4242: 2 group(s) leased now; run `asyncrl status` "
-        "on that host for its rates"
+        "on that host for its rates; on GPUs 2,3"
     )
     assert lines["actor0"].startswith(f"actor0    [127.0.0.1:{port}] weights v0  generated")
     assert lines["actor1"].startswith(f"actor1    [{older}] weights v0  generated")

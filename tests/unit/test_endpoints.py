@@ -22,6 +22,7 @@ NODE_A = Place("nodeA", "10.0.0.5", "boot-a/4026531840")
     "endpoint",
     [
         Endpoint("actor3", "127.0.0.1:9495", NODE_A, 4242),
+        Endpoint("actor4", "127.0.0.1:9496", NODE_A, 4243, "2,3"),
         Endpoint("learner", "127.0.0.1:9491", Place("nodeA"), 0),
         Endpoint("actor1", "127.0.0.1:9493", None),  # an older version's plain host:port
     ],
@@ -39,6 +40,13 @@ def test_the_record_is_json_with_the_documented_fields():
         "netns": "boot-a/4026531840",
         "pid": 4242,
     }
+
+
+def test_gpus_are_recorded_only_when_the_process_has_some():
+    value = json.loads(Endpoint("actor4", "127.0.0.1:9496", NODE_A, 4243, "2,3").to_json())
+    assert value["gpus"] == "2,3"
+    assert "gpus" not in json.loads(Endpoint("l", "127.0.0.1:1", NODE_A).to_json())
+    assert parse_endpoint("l", '{"metrics": "127.0.0.1:1", "gpus": 3}').gpus == ""
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ class ScriptedEngine:
     def __init__(self, *rounds: list[Completion]):
         self.rounds, self.calls = list(rounds), []
 
-    async def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None):
+    async def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None, **sampling):
         self.calls.append((list(prompt_ids), n, max_tokens, temperature, seed))
         return self.rounds.pop(0)
 
