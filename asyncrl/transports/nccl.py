@@ -89,11 +89,18 @@ def vllm_unique_id() -> bytes:
 
 
 def cuda_fence(comm: Comm, device: torch.device):
-    """A CUDA event recorded on the current stream of ``device`` (where the communicator's
-    calls enqueue their kernels)."""
+    """A CUDA event recorded on the current stream of ``device`` (where ``NcclGroup`` enqueues
+    the communicator's kernels)."""
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return event
+
+
+def _stream(device: torch.device):
+    """The stream collectives run on: torch's current one. Passed explicitly, so vLLM's
+    ``current_stream()`` (which installs a new current stream in a thread that never had one)
+    is not called from the learner's training thread. None off CUDA (fake communicators)."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
 class NcclGroup:
@@ -112,13 +119,18 @@ class NcclGroup:
         at ``timeout_s``."""
         comm = _within(timeout_s, f"NCCL weight group rendezvous (rank {rank}/{world_size})",
                        lambda: factory(unique_id, rank, world_size, device))  # fmt: skip
+        if getattr(comm, "disabled", False):  # its collectives would silently do nothing
+            raise WeightSyncError(
+                "vLLM's NCCL communicator is disabled (VLLM_DISABLE_PYNCCL is set, or world "
+                "size 1): unset VLLM_DISABLE_PYNCCL, or use learner.weight_transport=gloo"
+            )
         return cls(comm, rank, device, timeout_s, fence)
 
     checksum = staticmethod(device_checksum)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         try:
-            self.comm.broadcast(tensor, src=0)
+            self.comm.broadcast(tensor, src=0, stream=_stream(self.device))
         except Exception as e:
             raise WeightSyncError(f"NCCL broadcast failed: {e}") from e
         self._wait("broadcast")
@@ -128,7 +140,7 @@ class NcclGroup:
 
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
         try:
-            out = self.comm.all_reduce(t, op=ReduceOp.MAX)
+            out = self.comm.all_reduce(t, op=ReduceOp.MAX, stream=_stream(self.device))
         except Exception as e:
             raise WeightSyncError(f"NCCL all-reduce failed: {e}") from e
         self._wait("all-reduce")

@@ -246,3 +246,21 @@ def test_two_workers_per_actor_take_consecutive_ranks():
     inits = [(a, m["rank_offset"], m["world_size"]) for a, m in sent]
     assert inits == [(3, 1, 5), (5, 3, 5)]
     assert channel.transport == "nccl"
+
+
+def test_a_disabled_vllm_communicator_is_refused_not_used():
+    """vLLM hands back a communicator whose collectives are no-ops when VLLM_DISABLE_PYNCCL is
+    set: sending through it would 'succeed' with nothing moved."""
+    net = FakeNccl()
+
+    def disabled(uid, rank, world_size, device):
+        comm = net.factory(uid, rank, world_size, device)
+        comm.disabled = True
+        return comm
+
+    sender = NcclSender(timeout_s=TIMEOUT_S, device=CPU, factory=disabled, unique_id=net.unique_id)
+    info = sender.open(2, NetworkConfig())
+    with ThreadPoolExecutor(1) as ex:
+        ex.submit(NcclReceiver(factory=net.factory).join, info, 1, CPU)
+        with pytest.raises(WeightSyncError, match="VLLM_DISABLE_PYNCCL"):
+            sender.connect()
