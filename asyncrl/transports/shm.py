@@ -1,0 +1,211 @@
+"""The shm transport: buckets through shared memory, for actors on the learner's host.
+
+The default for a CPU learner whose network is loopback (``asyncrl run``: every role on one
+host). Each bucket is packed straight into a fresh file in ``/dev/shm`` (tmpfs); receivers
+map that file and read it in place, so a bucket's bytes are written once by the sender and
+read by each receiver, with no socket copies. Headers, the version label, checksums and the
+ack are those of the gloo stream (``asyncrl.weights``), sent over a private gloo group on
+loopback; only the payload takes the shared-memory path.
+
+Files: one directory per group, ``/dev/shm/asyncrl-weights-<pid>-<random>`` (mode 0700, files
+0600), bucket ``i`` of the group's life in file ``i``. A file is never rewritten: receivers
+may keep views of it (vLLM's layerwise reload does, until a layer is complete). The sender
+unlinks a sync's files once it is acknowledged or failed; a receiver's mapping keeps the
+pages until its views are freed. A directory whose creating process is gone (a SIGKILLed
+learner) is removed by the next sender that opens a group.
+
+A receiver on another host cannot see the directory: ``join`` fails naming
+``learner.weight_transport=gloo``. Receivers must run as the learner's user (the files are
+0600); the directory's random name reaches them only over the control plane.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from asyncrl.transports.base import SendStats
+from asyncrl.transports.gloo import GlooGroup, GlooSender, cast, timed_send
+from asyncrl.weights import DEFAULT_TIMEOUT_S, LoadFn, WeightSyncError, receive_stream
+
+if TYPE_CHECKING:
+    from asyncrl.config_network import NetworkConfig
+
+PREFIX = "asyncrl-weights-"
+TOKEN_FILE = "token"
+
+
+def shm_root() -> str:
+    """``/dev/shm`` (tmpfs) where it exists, else the temp directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class ShmGroup:
+    """A ``Collective`` whose payloads are files in ``directory``; everything else is the
+    gloo ``group``'s. Every rank counts payloads, so bucket ``i`` is file ``i`` on all."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, group: GlooGroup, directory: str) -> None:
+        self.group, self.directory, self.rank = group, Path(directory), group.rank
+        self._next = 0
+        self._written: list[Path] = []
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast(tensor)
+
+    def all_max(self, value: int) -> int:
+        return self.group.all_max(value)
+
+    checksum = staticmethod(GlooGroup.checksum)
+
+    def new_payload(self, nbytes: int) -> torch.Tensor:
+        path = self._path()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, max(nbytes, 1))
+            buf = mmap.mmap(fd, max(nbytes, 1))
+        finally:
+            os.close(fd)
+        self._written.append(path)
+        return torch.frombuffer(buf, dtype=torch.uint8)[:nbytes]
+
+    def send_payload(self, payload: torch.Tensor) -> None:
+        """Nothing to move: the bytes are in the file, which receivers open after the header."""
+
+    def recv_payload(self, nbytes: int) -> torch.Tensor:
+        path = self._path()
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise WeightSyncError(f"shm weight bucket {path} cannot be opened: {e}") from e
+        try:
+            if os.fstat(fd).st_size < nbytes:
+                raise WeightSyncError(f"shm weight bucket {path} is shorter than {nbytes} bytes")
+            buf = mmap.mmap(fd, max(nbytes, 1), access=mmap.ACCESS_COPY)  # never written
+        finally:
+            os.close(fd)
+        return torch.frombuffer(buf, dtype=torch.uint8)[:nbytes]
+
+    def release(self) -> None:
+        """Unlink this sync's files (receivers' mappings keep their pages)."""
+        for path in self._written:
+            path.unlink(missing_ok=True)
+        self._written.clear()
+
+    def _path(self) -> Path:
+        path = self.directory / str(self._next)
+        self._next += 1
+        return path
+
+    def close(self) -> None:
+        self.release()
+        self.group.close()
+
+
+class ShmSender(GlooSender):
+    """Learner rank 0's end of the shm transport (``transports.base.Sender``)."""
+
+    name: ClassVar[str] = "shm"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._dir: str | None = None
+        self._shm: ShmGroup | None = None
+
+    def open(self, world_size: int, network: NetworkConfig) -> dict[str, Any]:
+        info = super().open(world_size, network)
+        remove_orphans()
+        self._dir = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=shm_root())
+        token = secrets.token_hex(16)
+        (Path(self._dir) / TOKEN_FILE).write_text(token)
+        return {**info, "transport": self.name, "shm_dir": self._dir, "shm_token": token}
+
+    def connect(self) -> None:
+        super().connect()
+        assert self._group is not None and self._dir is not None
+        self._shm = ShmGroup(self._group, self._dir)
+
+    def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SendStats:
+        if self._shm is None:
+            raise WeightSyncError("ShmSender.send before connect")
+        return timed_send(self._shm, cast(named, self.wire_dtype, "cpu"), version,
+                          self.bucket_bytes)  # fmt: skip
+
+    def close(self) -> None:
+        self._shm = None
+        super().close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+class ShmReceiver:
+    """A receiver's end of the shm transport (``transports.base.Receiver``)."""
+
+    def __init__(self) -> None:
+        self.group: ShmGroup | None = None
+
+    def join(self, info: dict[str, Any], rank: int, device: torch.device | None = None) -> None:
+        self.close()
+        directory = info.get("shm_dir", "")
+        _check_same_host(directory, info.get("shm_token", ""))
+        gloo = GlooGroup(info["master_address"], info["master_port"], rank,
+                         info["world_size"], info.get("timeout_s", DEFAULT_TIMEOUT_S),
+                         local_address=info.get("local_address", ""))  # fmt: skip
+        self.group = ShmGroup(gloo, directory)
+
+    def receive(self, version: int, load: LoadFn) -> tuple[int, int]:
+        if self.group is None:
+            raise WeightSyncError("weight receive before joining a group")
+        return receive_stream(self.group, version, load)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.group.close()
+            self.group = None
+
+
+def _check_same_host(directory: str, token: str) -> None:
+    """The sender's directory, with its token: this receiver shares the learner's memory."""
+    try:
+        ok = bool(token) and (Path(directory) / TOKEN_FILE).read_text() == token
+    except OSError:
+        ok = False
+    if not ok:
+        raise WeightSyncError(
+            f"shm weight transport: {directory or '(none)'} is not readable here with the "
+            "learner's token, so this actor is not on the learner's host (or runs as another "
+            "user); set learner.weight_transport=gloo"
+        )
+
+
+def remove_orphans(root: str | None = None) -> list[str]:
+    """Remove this user's ``asyncrl-weights-<pid>-*`` directories whose process is gone;
+    returns their paths."""
+    removed = []
+    for entry in Path(root or shm_root()).glob(f"{PREFIX}*"):
+        pid = entry.name.removeprefix(PREFIX).split("-")[0]
+        if not pid.isdigit() or _alive(int(pid)) or entry.stat().st_uid != os.getuid():
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(str(entry))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

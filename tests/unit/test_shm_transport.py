@@ -1,0 +1,115 @@
+"""The shm transport (asyncrl/transports/shm.py) with real files and real gloo groups on
+loopback, sender and receivers as threads: buckets read in place, files unlinked after each
+sync (views stay valid), a receiver that is not on the learner's host refused, a damaged
+file caught by the checksum, orphaned directories of dead learners removed."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl import transports
+from asyncrl.config_network import NetworkConfig
+from asyncrl.transports.shm import PREFIX, ShmReceiver, ShmSender, remove_orphans
+from asyncrl.weights import WeightSyncError
+
+TIMEOUT_S = 5.0
+
+
+def model(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        ("embed.weight", torch.randn(300, 64, generator=g)),
+        ("layer.bias", torch.randn(3, generator=g)),
+        ("layer.weight", torch.randn(64, 32, generator=g).bfloat16()),
+        ("steps", torch.arange(5, dtype=torch.int64)),
+    ]
+
+
+def pair(receivers: int = 1, bucket_bytes: int = 16 << 10):
+    sender = ShmSender(bucket_bytes=bucket_bytes, timeout_s=TIMEOUT_S)
+    info = sender.open(1 + receivers, NetworkConfig())
+    recvs = [ShmReceiver() for _ in range(receivers)]
+    with ThreadPoolExecutor(receivers) as ex:
+        joins = [ex.submit(r.join, info, 1 + i) for i, r in enumerate(recvs)]
+        sender.connect()
+        for j in joins:
+            j.result()
+    return sender, recvs, Path(info["shm_dir"])
+
+
+def both(send, recvs):
+    with ThreadPoolExecutor(1 + len(recvs)) as ex:
+        futs = [ex.submit(send)] + [ex.submit(r) for r in recvs]
+    return [f.exception() or f.result() for f in futs]
+
+
+def test_auto_is_shm_on_one_host_only():
+    assert transports.resolve("auto", cuda=False, same_host=True) == "shm"
+    assert transports.resolve("auto", cuda=False, same_host=False) == "gloo"
+    assert transports.resolve("auto", cuda=True, same_host=True) == "nccl"
+
+
+def test_two_receivers_read_the_buckets_in_place_and_the_files_go_after_each_sync():
+    sender, recvs, directory = pair(receivers=2)
+    kept: list[dict] = [{}, {}]
+    try:
+        for version in (1, 2):
+            out = both(lambda v=version: sender.send(model(v), v),
+                       [lambda r=r, i=i, v=version: r.receive(v, kept[i].update)
+                        for i, r in enumerate(recvs)])  # fmt: skip
+            assert out[0].tensors == 4 and out[1] == out[2] == (out[0].bytes, 4)
+            assert sorted(p.name for p in directory.iterdir()) == ["token"]  # unlinked
+            for got in kept:  # views of unlinked files: still the sent values
+                assert all(torch.equal(got[n], t) for n, t in model(version))
+    finally:
+        sender.close()
+        for r in recvs:
+            r.close()
+    assert not directory.exists()
+
+
+def test_a_receiver_elsewhere_is_refused_naming_gloo():
+    sender = ShmSender(timeout_s=TIMEOUT_S)
+    info = sender.open(2, NetworkConfig())
+    try:
+        with pytest.raises(WeightSyncError, match="learner.weight_transport=gloo"):
+            ShmReceiver().join({**info, "shm_token": "another host's"}, 1)
+        with pytest.raises(WeightSyncError, match="not on the learner's host"):
+            ShmReceiver().join({**info, "shm_dir": "/nonexistent/dir"}, 1)
+    finally:
+        sender.close()
+
+
+def test_a_bucket_damaged_in_shared_memory_is_refused_by_both_ends(monkeypatch):
+    sender, (recv,), directory = pair(bucket_bytes=1 << 20)  # one bucket
+    group = sender._shm
+    checksum = group.checksum
+
+    def damage(data):  # the sender's checksum is taken, then the file changes
+        value = checksum(data)
+        data[-1] ^= 1
+        return value
+
+    monkeypatch.setattr(group, "checksum", damage)
+    loaded: list = []
+    out = both(lambda: sender.send(model(), 3), [lambda: recv.receive(3, loaded.append)])
+    sender.close()
+    recv.close()
+    assert isinstance(out[1], WeightSyncError) and "checksum" in str(out[1])
+    assert isinstance(out[0], WeightSyncError) and loaded == []
+
+
+def test_directories_of_dead_learners_are_removed(tmp_path):
+    dead = tmp_path / f"{PREFIX}999999999-abc"  # no such pid
+    live = tmp_path / f"{PREFIX}{os.getpid()}-def"
+    other = tmp_path / "unrelated"
+    for d in (dead, live, other):
+        d.mkdir()
+        (d / "0").write_bytes(b"x")
+    assert remove_orphans(str(tmp_path)) == [str(dead)]
+    assert live.exists() and other.exists() and not dead.exists()
