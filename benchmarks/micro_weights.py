@@ -142,26 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--receivers", type=int, default=1, help="receiving processes (actors)")
     p.add_argument("--bucket-mb", type=int, default=64, help="the sender's bucket size")
-    p.add_argument("--transport", default="gloo", choices=("gloo", "nccl"))
-    p.add_argument("--name", default="micro_weights")
+    p.add_argument("--transports", default="gloo,shm",
+                   help="comma list of gloo, shm, nccl (nccl: one GPU per rank)")  # fmt: skip
     args = p.parse_args(argv)
+    names = [t for t in args.transports.split(",") if t]
     torch.set_num_threads(1)
     results = {}
     for label, build in (("demo", demo_model), ("random_124m", random_model)):
         tensors = build()
         params = sum(t.numel() for t in tensors.values())
         t0 = time.perf_counter()
-        gloo = transfer(tensors, args.receivers, args.repeat, args.bucket_mb, args.transport)
         copy = memcopy(tensors, args.repeat)
-        packing = pack_only(tensors, args.repeat, args.bucket_mb)
-        results[label] = {"parameters": params, "gloo": gloo, "memcpy": copy,
-                          "sender_pack_crc": packing,
-                          "gloo_vs_memcpy_slowdown": gloo["seconds_median"] / copy["seconds_median"],
-                          "wall_s": time.perf_counter() - t0}  # fmt: skip
-        print(f"{label}: {params / 1e6:.1f}M params, {gloo['bytes'] / 1e6:.1f} MB: gloo "
-              f"{gloo['seconds_median']:.3f} s ({gloo['GB_per_s']:.2f} GB/s, {args.receivers} "
-              f"receiver(s)); memcpy {copy['seconds_median']:.4f} s ({copy['GB_per_s']:.2f} GB/s); "
-              f"sender pack+crc alone {packing['seconds_median']:.3f} s",
+        row = {"parameters": params, "memcpy": copy,
+               "sender_pack_checksum": pack_only(tensors, args.repeat, args.bucket_mb)}  # fmt: skip
+        for name in names:  # side by side in one run: this machine is shared and noisy
+            row[name] = transfer(tensors, args.receivers, args.repeat, args.bucket_mb, name)
+            row[f"{name}_share_of_memcpy"] = copy["seconds_median"] / row[name]["seconds_median"]
+        row["wall_s"] = time.perf_counter() - t0
+        results[label] = row
+        print(f"{label}: {params / 1e6:.1f}M params, {copy['bytes'] / 1e6:.1f} MB; memcpy "
+              f"{copy['seconds_median']:.4f} s; " + "; ".join(
+                  f"{n} {row[n]['seconds_median']:.3f} s ({row[n]['GB_per_s']:.2f} GB/s, "
+                  f"{100 * row[f'{n}_share_of_memcpy']:.1f}% of memcpy)" for n in names),
               flush=True)  # fmt: skip
         del tensors
     path = write_result(args.name, {"config": vars(args), "results": results})

@@ -42,6 +42,9 @@ from buffer.connection import call_with_retries, describe
 log = logging.getLogger(__name__)
 
 ACK_STATES = ("trained", "dropped_stale", "dropped_uniform")
+WAKE_POLL_S = 0.5
+"""Longest an actor blocks in ``lease`` without retrying: slots freed by a read or a release
+wake it at once (a token on ``<name>:wake``); one freed by a lease's expiry is seen within this."""
 """States the learner acks with; dropped_invalid/dropped_poison are set by the buffer."""
 TERMINAL_STATES = (
     "trained",
@@ -155,7 +158,7 @@ class ReplayBuffer:
         self.max_payload_bytes, self.reconnect_s = max_payload_bytes, reconnect_s
         self.max_deliveries, self.stop = max_deliveries, stop
         self._where = describe(client)
-        keys = ("dead", "leases", "stats", "meta", "group_ids", "commits")
+        keys = ("dead", "leases", "stats", "meta", "group_ids", "commits", "wake")
         self._k = {s: f"{name}:{s}" for s in keys}
         self._k["stream"] = name
         self._s = {n: client.register_script(getattr(scripts, n)) for n in _SCRIPTS}
@@ -181,16 +184,35 @@ class ReplayBuffer:
         keys = [self._k["leases"], self._k["stream"], self._k["meta"]]
         args = [lease_id, int(self.lease_ttl_s * 1000)]
         deadline = time.monotonic() + timeout_s
-        delay = 0.002
         while True:
             if self._run("LEASE", keys, args) == 1:
                 return lease_id
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            # Poll with a short, growing sleep: a freed slot is picked up within ~50 ms.
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 0.05)
+            self._await_wake(min(remaining, WAKE_POLL_S))
+
+    def _await_wake(self, timeout_s: float) -> None:
+        """Block in Redis (BLPOP on ``<name>:wake``) until a slot may have been freed (a read
+        or a release pushes a token) or ``timeout_s`` passes (a lease may expire unseen)."""
+        wake = self._k["wake"]
+        timeout = max(timeout_s, 0.01)
+        self._redis(lambda: self.client.blpop([wake], timeout=timeout), [wake])
+
+    def _wake(self, slots: int) -> None:
+        """Tell up to ``slots`` actors waiting in ``lease`` that slots were freed; the list is
+        trimmed to ``capacity`` tokens (a stale token only costs a waiter one more LEASE)."""
+        if slots <= 0:
+            return
+        wake = self._k["wake"]
+
+        def push():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.rpush(wake, *([b"1"] * min(slots, self.capacity)))
+            pipe.ltrim(wake, -self.capacity, -1)
+            pipe.execute()
+
+        self._redis(push, [wake])
 
     def commit(self, lease_id: str, group: Group) -> bool:
         """Store ``group`` and release ``lease_id`` atomically.
@@ -214,7 +236,10 @@ class ReplayBuffer:
     def release(self, lease_id: str) -> bool:
         """Give a slot back without committing. Returns False if the lease was already gone."""
         leases = self._k["leases"]
-        return bool(self._redis(lambda: self.client.zrem(leases, lease_id), [leases]))
+        released = bool(self._redis(lambda: self.client.zrem(leases, lease_id), [leases]))
+        if released:
+            self._wake(1)
+        return released
 
     def renew(self, lease_id: str) -> bool:
         """Extend a live lease by ``lease_ttl_s`` from now; False if it had already expired."""
@@ -241,6 +266,7 @@ class ReplayBuffer:
                 return self._hand(consumer, recovered)
             wait_ms = int((deadline - time.monotonic()) * 1000)
             raw = self._xreadgroup(consumer, ">", count, wait_ms if wait_ms > 0 else None)
+            self._wake(len(raw))  # delivered entries no longer take slots
             seqs = self._delivered(consumer, [eid for eid, _ in raw])
             decoded = (self._decode(eid, f, 1, vocab_size, seqs.get(eid)) for eid, f in raw)
             valid = [e for e in decoded if e]

@@ -17,6 +17,8 @@ Keys of a buffer named ``N`` (passed in KEYS, never built inside a script)::
                  entry id ever delivered to the learner) and delivered_to (its consumer),
                  user keys (set_meta)
     N:group_ids  set: every group_id ever committed (idempotent commit)
+    N:wake       list: a token per slot freed by a read or a release (trimmed to capacity);
+                 an actor whose LEASE found the buffer full BLPOPs it (no busy polling)
 
 ``unread`` = stream length - entries pending in the learner's consumer group: acked and
 dead-lettered entries are XDELed in the same script that XACKs them, so every entry still in

@@ -101,6 +101,38 @@ def test_backpressure_blocks_until_learner_reads(redis_client, buffer_name):
     assert buf.lease(2, timeout_s=0.05) is None  # 1 leased + 1 unread == capacity
 
 
+def test_a_waiting_lease_blocks_in_redis_and_wakes_on_a_read_or_a_release(
+    redis_client, buffer_name, monkeypatch
+):
+    """No busy polling: a lease on a full buffer makes one LEASE call, then blocks on
+    ``<name>:wake`` until the learner's read (or another actor's release) frees a slot. The
+    fallback poll is set to 60 s here, so only the wake-up can end the waits below."""
+    import buffer.redis_buffer as rb
+
+    monkeypatch.setattr(rb, "WAKE_POLL_S", 60.0)
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=2)
+    _fill(buf, ["0:1", "0:2"])
+
+    def lease_calls() -> int:
+        stats = redis_client.info("commandstats")
+        return sum(v["calls"] for k, v in stats.items() if k.startswith("cmdstat_evalsha"))
+
+    def woken_by(free) -> str:
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.append(buf.lease(1, timeout_s=30.0)))
+        before = lease_calls()
+        waiter.start()
+        time.sleep(1.0)
+        assert not got and lease_calls() - before <= 2  # one LEASE, then blocked in BLPOP
+        free()
+        waiter.join(timeout=10.0)
+        assert got and got[0] is not None, "the waiter was not woken"
+        return got[0]
+
+    held = woken_by(lambda: buf.read("c", count=1, block_ms=0))  # full again: 1 unread, 1 held
+    woken_by(lambda: buf.release(held))
+
+
 def test_release_and_renew(redis_client, buffer_name):
     # a 2 s TTL with 1.2 s steps: each check has 0.8 s of slack for a stall on a busy machine
     buf = ReplayBuffer(redis_client, buffer_name, capacity=1, lease_ttl_s=2.0)
