@@ -25,8 +25,9 @@ stamp="$VENV/.asyncrl-setup-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ -f "$stamp" ]; then
   exit 0
 fi
-# the tests read back what each experiment tracker writes: install all three
-EXTRAS=cpu,dev,tensorboard,wandb,mlflow
+# the tests read back what each experiment tracker writes: install all three; bench: TRL for
+# tests/e2e/test_vs_trl_schema.py
+EXTRAS=cpu,dev,tensorboard,wandb,mlflow,bench
 echo "[setup] creating $VENV and installing asyncrl[$EXTRAS] (first time: a few minutes)"
 if ! "$PYTHON" -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian splits venv out
   echo "[setup] installing Debian's python3-venv"

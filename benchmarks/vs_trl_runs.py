@@ -1,0 +1,129 @@
+"""Running both sides of ``benchmarks/vs_trl.py``: the TRL worker and ``asyncrl run``, each
+in its own process session (a timeout ends only what that run started), and the parity check.
+
+Clocks: both runs are timed from this process's spawn of them (``time.time()`` just before
+``Popen``). The TRL worker stamps each step itself (``--t0``); for ``asyncrl run`` each line of
+``metrics.jsonl`` is stamped when it appears here (polled every 0.1 s), which puts the origin
+of its ``elapsed_s`` on the same clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import REPO
+
+
+def _rel(path: Path) -> str:
+    """``path`` relative to the repository when inside it (no machine-specific prefix)."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def _spawn(cmd: list[str], log: Path, env: dict) -> tuple[subprocess.Popen, float]:
+    t0 = time.time()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                                start_new_session=True)  # fmt: skip
+    return proc, t0
+
+
+def _wait(proc: subprocess.Popen, deadline: float, on_tick=None) -> int:
+    """Wait for ``proc`` (calling ``on_tick`` every 0.1 s); past ``deadline``, SIGTERM its
+    session (only the processes it started), then SIGKILL."""
+    while proc.poll() is None:
+        if on_tick:
+            on_tick()
+        if time.time() > deadline:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            return -1
+        time.sleep(0.1)
+    if on_tick:
+        on_tick()
+    return proc.returncode
+
+
+def worker_cmd(overrides: list[str], out: Path, threads: int, *extra: str) -> list[str]:
+    return [sys.executable, "-W", "ignore", "-m", "benchmarks.trl_worker", "--out", str(out),
+            "--threads", str(threads), *extra, "--", *overrides]  # fmt: skip
+
+
+def check_parity(overrides: list[str], out: Path, threads: int, cases: int) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = worker_cmd(overrides, out, threads, "--parity-only", "--parity-cases", str(cases))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})  # fmt: skip
+    path = out / "parity.json"
+    if not path.is_file():
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        return {"passed": False, "failures": [f"the parity check did not run:\n{tail}"]}
+    return json.loads(path.read_text())
+
+
+def run_trl(overrides: list[str], out: Path, threads: int, timeout: float) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    t0 = time.time()
+    cmd = worker_cmd(overrides, out, threads, "--skip-parity", "--t0", repr(t0))
+    proc, _ = _spawn(cmd, out / "trl.log", env)
+    code = _wait(proc, t0 + timeout)
+    run = {"system": "trl", "returncode": code, "log": _rel(out / "trl.log")}
+    if code != 0 or not (out / "done.json").is_file():
+        return {**run, "error": (out / "trl.log").read_text(errors="replace")[-3000:]}
+    done = json.loads((out / "done.json").read_text())
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x]
+    return {**run, "startup_s": done["startup_s"], "steps": steps, "trl": done}
+
+
+def run_asyncrl(overrides: list[str], run_dir: Path, timeout: float) -> dict:
+    """``asyncrl run``; each metrics.jsonl line is stamped when it appears (polled every 0.1
+    s), which places the ``elapsed_s`` origin on the spawn clock: start-up = min(seen -
+    elapsed_s) over the steps."""
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    run_dir.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "asyncrl.orchestration.cli", "run", *overrides,
+           f"run_dir={run_dir}"]  # fmt: skip
+    log, metrics = run_dir.parent / f"{run_dir.name}.log", run_dir / "metrics.jsonl"
+    proc, t0 = _spawn(cmd, log, {})
+    seen: list[tuple[bytes, float]] = []
+    state = {"pos": 0, "buf": b""}
+
+    def tick() -> None:
+        if not metrics.is_file():
+            return
+        with open(metrics, "rb") as f:
+            f.seek(state["pos"])
+            chunk = f.read()
+        state["pos"] += len(chunk)
+        *lines, state["buf"] = (state["buf"] + chunk).split(b"\n")
+        seen.extend((line, time.time() - t0) for line in lines)
+
+    code = _wait(proc, t0 + timeout, tick)
+    run = {"system": "asyncrl", "returncode": code, "log": _rel(log), "run_dir": _rel(run_dir)}
+    if code != 0 or not seen:
+        return {**run, "error": log.read_text(errors="replace")[-3000:]}
+    recs = [(json.loads(line), t) for line, t in seen if line.strip()]
+    startup = min(t - r["elapsed_s"] for r, t in recs)
+    steps = [{"step": r["step"] + 1, "t_proc_s": startup + r["elapsed_s"], "t_train_s": r["elapsed_s"],
+              "reward": r["reward"], "completion_tokens": r.get("response_len_mean"),
+              "seen_s": t} for r, t in recs]  # fmt: skip
+    summary = json.loads((run_dir / "summary.json").read_text())
+    keep = ("train_wall_s", "final_version", "groups_dropped_stale", "trained_staleness_histogram")
+    cores = next(
+        (ln for ln in log.read_text().splitlines() if ln.startswith("[asyncrl] cores:")), ""
+    )
+    return {**run, "startup_s": startup, "steps": steps, "cores_line": cores,
+            "summary": {k: summary.get(k) for k in keep}}  # fmt: skip

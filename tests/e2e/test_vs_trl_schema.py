@@ -1,0 +1,105 @@
+"""``benchmarks/vs_trl.py --tiny``: the JSON has every figure, parity passed, and a parity
+mismatch is refused before anything is timed.
+
+A schema check on 3 steps of 4 prompts x 4 samples, one seed (not a measurement: no number is
+asserted beyond being present and well-formed). Both systems run for real: TRL's
+GRPOTrainer in the worker process and ``asyncrl run`` with its vLLM actor (~1.5 min here).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.conftest import REPO, needs_full_stack
+
+pytest.importorskip("trl", reason="needs TRL: pip install -e '.[bench]' (make test installs it)")
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
+
+PER_RUN = {"steps", "startup_s", "train_s", "total_s", "steps_per_s", "steps_per_s_with_startup",
+           "reward_initial", "reward_final", "completion_tokens_mean", "time_to_threshold"}  # fmt: skip
+
+
+def _run(out, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "benchmarks.vs_trl", "--tiny", "--out", str(out),
+           "--runs-dir", str(out / "runs"), *extra]  # fmt: skip
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    needs_full_stack()
+    out = tmp_path_factory.mktemp("vs_trl")
+    proc = _run(out)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return out, json.loads((out / "vs_trl_tiny.json").read_text()), proc.stdout
+
+
+def test_provenance_config_and_pinning(result):
+    _, doc, _ = result
+    for key in ("name", "created", "command", "commit", "machine", "config", "pinning"):
+        assert doc[key], key
+    assert doc["command"].startswith("python -m benchmarks.vs_trl --tiny")
+    assert str(REPO) not in doc["command"] and sys.executable not in doc["command"]
+    cfg = doc["config"]
+    assert cfg["setting"] == "demo" and cfg["steps"] == 3 and cfg["seeds"] == [0]
+    trl = cfg["trl_grpo_config"]
+    assert trl["loss_type"] == "dapo" and trl["beta"] == 0.0 and trl["num_iterations"] == 1
+    assert trl["per_device_train_batch_size"] == 16 and trl["num_generations"] == 4
+    assert trl["bf16"] is False and trl["shuffle_dataset"] is False
+    assert set(cfg["asyncrl_extra_overrides"]) == {"learner.checkpoint_every=0", "metrics_port=0"}
+    assert "torch.set_num_threads(2)" in doc["pinning"]["trl"]
+    assert "learner 2 rank(s)" in doc["pinning"]["asyncrl"]
+
+
+def test_parity_passed(result):
+    _, doc, _ = result
+    parity = doc["parity"]
+    assert parity["passed"] is True
+    seed0 = parity["per_seed"]["0"]
+    assert seed0["failures"] == [] and seed0["cases"] == 20
+    assert seed0["rewards_compared"] >= 20 * 8
+    for name, (ours, theirs) in seed0["settings"].items():
+        assert ours == theirs, name
+
+
+def test_every_run_and_figure(result):
+    _, doc, stdout = result
+    assert {(r["system"], r["seed"]) for r in doc["runs"]} == {("trl", 0), ("asyncrl", 0)}
+    for run in doc["runs"]:
+        assert run["returncode"] == 0 and [s["step"] for s in run["steps"]] == [1, 2, 3]
+        assert run["startup_s"] > 0
+        for s in run["steps"]:
+            assert s["t_proc_s"] == pytest.approx(run["startup_s"] + s["t_train_s"], abs=0.05)
+            assert 0.0 <= s["reward"] <= 1.0
+    for fig in doc["per_run"]:
+        assert not PER_RUN - set(fig), fig["system"]
+        assert set(fig["time_to_threshold"]) == {"0.3", "0.4", "0.5", "0.6"}
+    for system in ("trl", "asyncrl"):
+        agg = doc["systems"][system]
+        assert set(agg["steps_per_s"]) == {"mean", "std", "n"} and agg["steps_per_s"]["n"] == 1
+        assert agg["time_to_threshold"]["0.3"]["reached"].endswith("/1")
+    assert doc["asyncrl_vs_trl"]["steps_per_s_ratio"] > 0
+    assert doc["verdicts"] and doc["verdicts"][0] in stdout
+
+
+def test_plot_is_written(result):
+    out, doc, _ = result
+    with open(out / "vs_trl_tiny.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert doc["plot"].endswith("vs_trl_tiny.png")
+
+
+def test_parity_mismatch_is_refused(tmp_path):
+    """asyncrl set to a loss aggregation this TRL configuration does not run: exit 2 with the
+    mismatch named, before any timed run, and no result written."""
+    needs_full_stack()
+    proc = _run(tmp_path, "--set", "algorithm.aggregation=seq_mean_token_mean")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "PARITY FAILED" in proc.stderr and "aggregation" in proc.stderr
+    assert not (tmp_path / "vs_trl_tiny.json").exists()
+    assert not (tmp_path / "runs" / "vs_trl_tiny" / "trl-seed0").exists()
