@@ -154,8 +154,14 @@ def test_partitioned_actor_host_is_reported_and_the_job_carries_on_after_the_hea
     assert summary["weight_sync"]["failures"] >= 1, summary["weight_sync"]  # reported, retried
     learner_log, actor_log = learners[0].output(), actors.output()
     assert "weight sync" in learner_log and "failed" in learner_log, learner_log[-3000:]
-    assert "lost connection to Redis" in actor_log, actor_log[-3000:]  # each partition said
-    assert "reconnected to Redis" in actor_log, actor_log[-3000:]
+    # the actors' host reports it too. Which of its Redis clients notices depends on timing:
+    # a call in flight when the link drops simply waits (the socket timeout is 30 s), a new
+    # connection fails at once (No route to host). The launcher renews the actor ids every
+    # few seconds, so at least its renewal meets the partition. A client that lost its
+    # connection reconnects over TLS after the heal, and the job finishing proves the rest.
+    lost = "lost connection to Redis" in actor_log
+    assert lost or "cannot renew actor ids" in actor_log, actor_log[-3000:]
+    assert not lost or "reconnected to Redis" in actor_log, actor_log[-3000:]
     print(
         "\n--- learner ---\n"
         + "\n".join(ln for ln in learner_log.splitlines() if not ln.startswith("step"))[-3000:]
