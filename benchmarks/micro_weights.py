@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket-mb", type=int, default=64, help="the sender's bucket size")
     p.add_argument("--transports", default="gloo,shm",
                    help="comma list of gloo, shm, nccl (nccl: one GPU per rank)")  # fmt: skip
+    p.add_argument("--name", default="micro_weights")
     args = p.parse_args(argv)
     names = [t for t in args.transports.split(",") if t]
     torch.set_num_threads(1)

@@ -8,11 +8,13 @@ ack are those of the gloo stream (``asyncrl.weights``), sent over a private gloo
 loopback; only the payload takes the shared-memory path.
 
 Files: one directory per group, ``/dev/shm/asyncrl-weights-<pid>-<random>`` (mode 0700, files
-0600), bucket ``i`` of the group's life in file ``i``. A file is never rewritten: receivers
-may keep views of it (vLLM's layerwise reload does, until a layer is complete). The sender
-unlinks a sync's files once it is acknowledged or failed; a receiver's mapping keeps the
-pages until its views are freed. A directory whose creating process is gone (a SIGKILLed
-learner) is removed by the next sender that opens a group.
+0600); bucket ``i`` of every sync is file ``i``. Within a sync a file is written once and
+never again, so receivers may keep views of it until the sync ends (vLLM's layerwise reload
+keeps them until a layer is complete); the next sync rewrites the files in place (warm
+pages, no page faults: the sender's pack is one copy). The group's files hold about one
+model in /dev/shm while the group lives, reserved with ``posix_fallocate`` (a full /dev/shm
+is a clear error, not a SIGBUS); ``close`` removes them, and a directory whose creating
+process is gone (a SIGKILLed learner) is removed by the next sender that opens a group.
 
 A receiver on another host cannot see the directory: ``join`` fails naming
 ``learner.weight_transport=gloo``. Receivers must run as the learner's user (the files are
@@ -50,14 +52,15 @@ def shm_root() -> str:
 
 class ShmGroup:
     """A ``Collective`` whose payloads are files in ``directory``; everything else is the
-    gloo ``group``'s. Every rank counts payloads, so bucket ``i`` is file ``i`` on all."""
+    gloo ``group``'s. Every rank counts a sync's payloads, so its bucket ``i`` is file ``i``
+    on all ranks (``restart`` at each sync)."""
 
     device = torch.device("cpu")
 
     def __init__(self, group: GlooGroup, directory: str) -> None:
         self.group, self.directory, self.rank = group, Path(directory), group.rank
         self._next = 0
-        self._written: list[Path] = []
+        self._segments: dict[int, torch.Tensor] = {}  # sender: file i, mapped and warm
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.group.broadcast(tensor)
@@ -67,22 +70,25 @@ class ShmGroup:
 
     checksum = staticmethod(GlooGroup.checksum)
 
+    def restart(self) -> None:
+        """A new sync begins: its first bucket is file 0 again."""
+        self._next = 0
+
     def new_payload(self, nbytes: int) -> torch.Tensor:
-        path = self._path()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, max(nbytes, 1))
-            buf = mmap.mmap(fd, max(nbytes, 1))
-        finally:
-            os.close(fd)
-        self._written.append(path)
-        return torch.frombuffer(buf, dtype=torch.uint8)[:nbytes]
+        """File ``i``, reused from the last sync when it is large enough: its pages are
+        already allocated and mapped, so packing into it costs one copy, no page faults."""
+        i = self._take()
+        segment = self._segments.get(i)
+        if segment is None or segment.numel() < nbytes:
+            segment = self._segments[i] = _allocate(self.directory / str(i), nbytes)
+        return segment[:nbytes]
 
     def send_payload(self, payload: torch.Tensor) -> None:
         """Nothing to move: the bytes are in the file, which receivers open after the header."""
 
     def recv_payload(self, nbytes: int) -> torch.Tensor:
-        path = self._path()
+        """File ``i`` mapped afresh (private: this rank's writes, if any, stay its own)."""
+        path = self.directory / str(self._take())
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
@@ -90,25 +96,41 @@ class ShmGroup:
         try:
             if os.fstat(fd).st_size < nbytes:
                 raise WeightSyncError(f"shm weight bucket {path} is shorter than {nbytes} bytes")
-            buf = mmap.mmap(fd, max(nbytes, 1), access=mmap.ACCESS_COPY)  # never written
+            buf = mmap.mmap(fd, max(nbytes, 1), access=mmap.ACCESS_COPY)
         finally:
             os.close(fd)
         return torch.frombuffer(buf, dtype=torch.uint8)[:nbytes]
 
     def release(self) -> None:
-        """Unlink this sync's files (receivers' mappings keep their pages)."""
-        for path in self._written:
-            path.unlink(missing_ok=True)
-        self._written.clear()
+        """The sync is over; its files stay for the next one (``close`` removes them)."""
+        self.restart()
 
-    def _path(self) -> Path:
-        path = self.directory / str(self._next)
-        self._next += 1
-        return path
+    def _take(self) -> int:
+        i, self._next = self._next, self._next + 1
+        return i
 
     def close(self) -> None:
-        self.release()
+        self._segments.clear()
         self.group.close()
+
+
+def _allocate(path: Path, nbytes: int) -> torch.Tensor:
+    """A file of ``nbytes`` whose blocks are reserved now (``posix_fallocate``: a full
+    /dev/shm fails here with a clear error, not later with SIGBUS), mapped shared."""
+    size = max(nbytes, 1)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        buf = mmap.mmap(fd, size)
+    except OSError as e:
+        raise WeightSyncError(
+            f"shm weight transport: cannot allocate {size / 1e6:.0f} MB in {path.parent} ({e}); "
+            "free space in /dev/shm (a container may need a larger --shm-size) or set "
+            "learner.weight_transport=gloo"
+        ) from e
+    finally:
+        os.close(fd)
+    return torch.frombuffer(buf, dtype=torch.uint8)
 
 
 class ShmSender(GlooSender):
@@ -137,6 +159,7 @@ class ShmSender(GlooSender):
     def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SendStats:
         if self._shm is None:
             raise WeightSyncError("ShmSender.send before connect")
+        self._shm.restart()
         return timed_send(self._shm, cast(named, self.wire_dtype, "cpu"), version,
                           self.bucket_bytes)  # fmt: skip
 
@@ -166,6 +189,7 @@ class ShmReceiver:
     def receive(self, version: int, load: LoadFn) -> tuple[int, int]:
         if self.group is None:
             raise WeightSyncError("weight receive before joining a group")
+        self.group.restart()
         return receive_stream(self.group, version, load)
 
     def close(self) -> None:
