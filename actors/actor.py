@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -335,12 +336,22 @@ class Actor:
         return index
 
     async def _group_task(self, index: int, lease: str, limit: asyncio.Semaphore) -> None:
+        """One group: generate (holding one of ``max_inflight`` engine slots, given back as
+        soon as the completions are in, so scoring and committing overlap the next prompts'
+        generation), score, commit. The lease bounds the groups in flight in all."""
         self._inflight += 1
         self.metrics.inflight.inc()
         self._refresh_state()
         t0 = time.monotonic()
+        slot = [True]  # held
+
+        def give_back() -> None:
+            if slot[0]:
+                slot[0] = False
+                limit.release()
+
         try:
-            group = await self.make_group(index)
+            group = await self.make_group(index, give_back)
             self._count_generated(group, time.monotonic() - t0)
             # A stop cancels this task; a commit already under way (in a thread, so it lands
             # in Redis either way) finishes and is counted first, or the actor's tally and
@@ -358,7 +369,7 @@ class Actor:
             await asyncio.to_thread(self.buffer.release, lease)
             self.error = self.error or e
         finally:
-            limit.release()
+            give_back()
             self._inflight -= 1
             self.metrics.inflight.dec()
             self._refresh_state()
@@ -421,8 +432,10 @@ class Actor:
             stop=a.stop,
         )
 
-    async def make_group(self, index: int) -> Group:
+    async def make_group(self, index: int, generated: Callable[[], None] = lambda: None) -> Group:
         """Prompt ``index`` -> ``n_samples`` whole completions -> rewards -> one Group.
+        ``generated()`` is called once the completions are in, before scoring (the caller
+        gives the engine's slot to the next prompt then).
 
         A reward function that fails gives its sample reward 0 and the reason in
         ``Sample.reward_error`` (counted in ``reward_errors``); the group is still committed.
@@ -433,6 +446,7 @@ class Actor:
         prompt_ids = ids if ids is not None else self.tokenizer.encode(prompt.text)
         seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
         completions = await self._generate(prompt_ids, seed)  # abort-mode cuts resubmitted
+        generated()
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
         rewards = await self.scorer.score_all(prompt.text, texts, prompt.fields)  # at once
         samples = []

@@ -316,9 +316,29 @@ class RewardPool:
             w.join(_JOIN_S)
 
 
-def make_pool(fn: RewardFn, task) -> RewardPool:
+class InlinePool:
+    """``task.reward_executor=inline``: ``fn`` runs on the actor's event loop, one call after
+    another, with no timeout and no isolation. For rewards that take microseconds (the
+    built-in addition task's), where a worker's round trip costs far more than the call: on
+    one core, 8 calls cost ~3-4 ms through threads or processes (benchmarks/README.md,
+    micro_overheads). A slow or hanging function stalls the whole actor (weight syncs too)."""
+
+    def __init__(self, fn: RewardFn) -> None:
+        self.fn = fn
+        self.workers: set = set()
+
+    async def call(self, prompt: str, completion: str, fields: dict) -> Scored:
+        return score_call(self.fn, prompt, completion, fields)
+
+    def close(self) -> None:
+        pass
+
+
+def make_pool(fn: RewardFn, task) -> RewardPool | InlinePool:
     """The pool ``task`` (``TaskConfig``) asks for: ``reward_workers`` threads calling
-    ``fn``, or processes loading ``task.reward_fn`` themselves."""
+    ``fn``, processes loading ``task.reward_fn`` themselves, or ``fn`` inline."""
+    if task.reward_executor == "inline":
+        return InlinePool(fn)
     if task.reward_executor == "thread":
         return RewardPool(lambda: ThreadWorker(fn), task.reward_workers, task.reward_timeout_s)
     spec = task.reward_fn

@@ -41,7 +41,9 @@ class TaskConfig:
     JSON lines, and module-level state is per worker. ``thread``: threads in the actor, for
     rewards that wait on I/O (an HTTP verifier) or release the GIL; with
     ``reward_workers > 1`` the function runs concurrently and must be thread-safe, and a
-    timed-out call keeps its thread until it returns."""
+    timed-out call keeps its thread until it returns. ``inline``: on the actor's event loop,
+    one call at a time, no timeout: only for rewards that take microseconds (the built-in
+    addition task's default), where a worker's round trip costs more than the call."""
     reward_workers: int = 4
     """Reward calls an actor runs at once (its workers), 1..256; the n samples of a group are
     scored at once. A pool keeps up while the actor makes fewer than ``reward_workers /
@@ -81,8 +83,8 @@ class TaskConfig:
         _bound(self, "task.seed", ge=0, le=SEED_MAX, hint=" or null")
         _bound(self, "task.reward_workers", ge=1, le=256)
         _require(
-            self.reward_executor in ("process", "thread"),
-            f"task.reward_executor must be process or thread, got {self.reward_executor!r}",
+            self.reward_executor in ("process", "thread", "inline"),
+            f"task.reward_executor must be process, thread or inline, got {self.reward_executor!r}",
         )
 
 

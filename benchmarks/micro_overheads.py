@@ -120,7 +120,7 @@ def actor_part(args) -> dict:
 
     os.sched_setaffinity(0, {args.core})  # client, engine core and worker all on one core
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(args.core)  # bare LLM binds like the actor
-    cfg, model_dir = _demo_cfg([f"actor.cpu_bind='{args.core}'"])
+    cfg, model_dir = _demo_cfg([f"actor.cpu_bind='{args.core}'", *args.set])
     prompts = _prompts(cfg, model_dir, args.prompts)
     bare = bare_vllm(model_dir, prompts, cfg.actor, 64 + cfg.actor.max_tokens)
     with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp) as server:
@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, default=2, help="learner ranks")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--name", default="micro_overheads")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for the actor part (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
     results = {}
     if args.part in ("learner", "all"):
