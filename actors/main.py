@@ -38,6 +38,8 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
                           reconnect_s=b.reconnect_s)  # fmt: skip
     # the data the buffer's prompt cursors count in: FatalError if it changed since they began
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
+    if cfg.actor.engine == "vllm":  # ~30 s on CPU, minutes for a large model on a GPU
+        say(f"starting the vLLM engine ({model_dir})")
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
     validator = _validator(cfg, actor, model_dir, say)
