@@ -38,8 +38,6 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
                           reconnect_s=b.reconnect_s)  # fmt: skip
     # the data the buffer's prompt cursors count in: FatalError if it changed since they began
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
-    if cfg.actor.engine == "vllm":  # ~30 s on CPU, minutes for a large model on a GPU
-        say(f"starting the vLLM engine ({model_dir})")
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
     validator = _validator(cfg, actor, model_dir, say)
@@ -108,6 +106,9 @@ async def _start_engine(cfg, actor_id: int, model_dir: str):
         return SimEngine(vocab, a.sim_tokens_per_s, a.sim_mean_len, seed=cfg.seed + actor_id)
     from actors.engine import ActorEngine
     from actors.tasks import max_model_len
+
+    # ~30 s on CPU, minutes for a large model on a GPU (tests/e2e/test_interrupt.py waits for it)
+    print(f"[actor {actor_id}] starting the vLLM engine ({model_dir})", flush=True)
 
     return await ActorEngine.start(
         model_dir,

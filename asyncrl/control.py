@@ -2,7 +2,8 @@
 
     learner rank 0 (ROUTER, bound on network.bind)  <---->  actor i (DEALER)
       <- {"type": "register", "actor_id": i}
-      -> {"type": "weights_init", "rank": r, "world_size": w, "host": h, "port": p}
+      -> {"type": "weights_init", "transport": t, "rank_offset": r, ...}   (the
+         transport's own JSON: asyncrl/transports/base.py)
       -> {"type": "update", "version": v}      (then both sides enter the weight collective)
       <- {"type": "updated", "actor_id": i, "version": v}
       -> {"type": "stop"}

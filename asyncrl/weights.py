@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -109,15 +108,6 @@ class BroadcastPayloads:
 
     def release(self) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class SyncStats:
-    """What one sync moved: ``bytes`` of tensor data, ``tensors`` count, ``seconds`` wall."""
-
-    bytes: int
-    tensors: int
-    seconds: float
 
 
 def _align(n: int) -> int:
