@@ -1,8 +1,9 @@
 """One actor process: lease a slot -> next prompt -> n samples -> rewards -> commit a group.
 
     control task:  weights_init -> join the weight collective;  update v -> receive weights
-    producer:      [admission: weights fresh enough? sync quota left?] -> lease (blocks while
-                   the buffer is full) -> prompt index from the cursor -> spawn a group task
+    producer:      one worker-thread trip per group: [admission: weights fresh enough? sync
+                   quota left?] -> lease (blocks while the buffer is full) -> prompt index
+                   from the cursor; then spawn a group task
     group task:    vLLM generate (n, logprobs, per-token versions) -> reward -> commit
                    (the n rewards at once in a worker pool, each with a deadline:
                    actors/scoring.py)
@@ -230,16 +231,15 @@ class Actor:
             if self.error is not None:
                 await self._cancel_groups()  # give their slots back before failing
                 raise self.error
-            if not await self._admitted():
-                continue
             await limit.acquire()
             self._block("waiting_buffer")  # lease() waits while the buffer is full
-            lease = await asyncio.to_thread(self.buffer.lease, self.state.actor_id, 1.0)
-            if lease is None:  # buffer full: backpressure, try again
+            outcome, lease, index = await asyncio.to_thread(self._claim_slot)
+            if outcome != "ok":  # refused: wait for new weights; full: backpressure, again
                 limit.release()
+                if outcome == "refused":
+                    await self._wait_for_weights()
                 continue
             self._block("idle")
-            index = await asyncio.to_thread(self._next_index)
             if index is None:  # no prompt left: finish what is in flight, then idle
                 await asyncio.to_thread(self.buffer.release, lease)
                 limit.release()
@@ -291,26 +291,32 @@ class Actor:
         await asyncio.gather(*held, return_exceptions=True)
         await asyncio.to_thread(lambda: [self.buffer.release(x) for x in held.values()])
 
-    async def _admitted(self) -> bool:
-        """Weights fresh enough for the staleness bound (``buffer.staleness``), and (sync)
-        the version's quota left (``buffer.cursors.SyncQuota``)."""
-        learner_v = await asyncio.to_thread(self.buffer.learner_version)
+    def _claim_slot(self) -> tuple[str, str | None, int | None]:
+        """Admission, a buffer slot and a prompt index in one trip to a worker thread (each
+        trip is a thread hop on the core the engine shares; one per group, not three):
+        ``("refused", None, None)`` when the weights are too stale for the staleness bound
+        (``buffer.staleness``) or, in sync mode, the version's quota is used up
+        (``buffer.cursors.SyncQuota``); ``("full", None, None)`` when no slot freed within
+        1 s; else ``("ok", lease, index)``, index None once out of prompts."""
+        learner_v = self.buffer.learner_version()
         valid = self.engine.weights_valid  # False after a failed sync
         k = self.cfg.buffer.max_staleness
         fresh = valid and within_staleness(learner_v, self.state.version, k)
-        quota_ok = fresh and (
-            self.cfg.mode.name != "sync"
-            or await asyncio.to_thread(self.quota.take, self.state.version)
-        )
-        if fresh and quota_ok:
-            return True
+        if not fresh or (self.cfg.mode.name == "sync" and not self.quota.take(self.state.version)):
+            return "refused", None, None
+        lease = self.buffer.lease(self.state.actor_id, 1.0)
+        if lease is None:
+            return "full", None, None
+        return "ok", lease, self._next_index()
+
+    async def _wait_for_weights(self) -> None:
+        """Admission refused: wait (at most 0.2 s) for the control task's next update."""
         self._block("waiting_weights")
         self._version_changed.clear()
         try:
             await asyncio.wait_for(self._version_changed.wait(), timeout=0.2)
         except asyncio.TimeoutError:
             pass
-        return False
 
     def _resume_prompts(self) -> None:
         """Read the prompt indices an earlier run of this actor left in flight (the cursor
@@ -375,10 +381,9 @@ class Actor:
             self._refresh_state()
 
     async def _commit_and_count(self, index: int, lease: str, group: Group) -> None:
-        fresh = await asyncio.to_thread(self._commit, lease, group)
+        fresh = await asyncio.to_thread(self._commit, lease, group, index)
         if fresh is None:  # stopping with no slot: the index stays in flight for a restart
             return
-        await asyncio.to_thread(self.cursor.done, index)
         self.state.committed += int(fresh)
         self.state.duplicates += int(not fresh)
         (self.metrics.committed if fresh else self.metrics.duplicates).inc()
@@ -402,21 +407,27 @@ class Actor:
 
         return {**asdict(self.state), "time_s": self.clock.totals()}
 
-    def _commit(self, lease: str, group: Group) -> bool | None:
-        """Commit; if the lease expired meanwhile and the buffer is full, wait for a new slot.
+    def _commit(self, lease: str, group: Group, index: int) -> bool | None:
+        """Commit, then take ``index`` out of the cursor's in-flight set (one thread trip);
+        if the lease expired meanwhile and the buffer is full, wait for a new slot.
 
-        True: stored; False: committed before (duplicate); None: stopped before a slot freed.
+        True: stored; False: committed before (duplicate); None: stopped before a slot freed
+        (the index stays in flight for a restart).
         """
         from buffer.redis_buffer import LeaseExpired
 
         try:
-            return self.buffer.commit(lease, group)
+            fresh = self.buffer.commit(lease, group)
         except LeaseExpired:
-            while not self.state.stop:
+            fresh = None
+            while fresh is None and not self.state.stop:
                 again = self.buffer.lease(self.state.actor_id, 1.0)
                 if again is not None:
-                    return self.buffer.commit(again, group)
-            return None
+                    fresh = self.buffer.commit(again, group)
+            if fresh is None:
+                return None
+        self.cursor.done(index)
+        return fresh
 
     async def _generate(self, prompt_ids: list[int], seed: int) -> list:
         a = self.cfg.actor

@@ -24,6 +24,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from asyncrl.control import ControlClient
     from asyncrl.faults import failpoint
     from asyncrl.waiting import StopRequested, Wait
+    from buffer import codec
     from buffer.connection import BufferUnavailable, connect
     from buffer.redis_buffer import ReplayBuffer
 
@@ -38,7 +39,9 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
                           reconnect_s=b.reconnect_s)  # fmt: skip
     # the data the buffer's prompt cursors count in: FatalError if it changed since they began
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
+    warm = asyncio.create_task(asyncio.to_thread(codec.warm_up))  # while vLLM starts
     engine = await _start_engine(cfg, actor_id, model_dir)
+    await warm
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
     validator = _validator(cfg, actor, model_dir, say)
     _serve_metrics(cfg, actor, buffer)

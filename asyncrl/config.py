@@ -111,7 +111,9 @@ class ActorConfig:
     ``actor.cpu_affinity`` when that is set, else vLLM's ``auto``."""
     cpu_affinity: str = ""
     """Cores the actor processes (and their vLLM engine processes) may run on, e.g. ``1`` or
-    ``2-3,6``; '' = unpinned. Applied by the launcher with ``sched_setaffinity``."""
+    ``2-3,6``; '' = unpinned; ``auto`` = the cores ``asyncrl run`` leaves to the actors after
+    the learner's (asyncrl/cores.py; unpinned where they do not fit, and under ``asyncrl
+    launch``). Applied by the launcher with ``sched_setaffinity``."""
     engine: str = "vllm"
     """``vllm``, or ``sim``: no model, completions of random tokens at ``sim_tokens_per_s``
     (actors/sim_engine.py; real buffer and weight sync), to drive the learner and buffer with
@@ -158,9 +160,12 @@ class ActorConfig:
         _bound(self, "actor.restart_max", ge=0, hint=" (0 = a dead actor fails the job)")
         _bound(self, "actor.learner_wait_s", gt=0)
         _require(self.update_mode in _UPDATE_MODES, f"actor.update_mode in {_UPDATE_MODES}")
-        _require(_is_core_list(self.cpu_affinity), f"actor.cpu_affinity={self.cpu_affinity!r}")
+        _require(
+            self.cpu_affinity == "auto" or _is_core_list(self.cpu_affinity),
+            f"actor.cpu_affinity={self.cpu_affinity!r} (a core list, '' or auto)",
+        )
         _require(self.engine in ("vllm", "sim"), f"actor.engine in (vllm, sim): {self.engine!r}")
-        if self.cpu_affinity and not self.cpu_bind:
+        if self.cpu_affinity not in ("", "auto") and not self.cpu_bind:
             self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
 
 

@@ -135,7 +135,10 @@ class LearnerConfig:
     cpu_threads: int = 1
     """Torch threads per learner rank (>= 1)."""
     cpu_affinity: str = ""
-    """Cores the learner ranks may run on, e.g. ``0`` or ``0-3``; '' = unpinned."""
+    """Cores the learner ranks may run on, e.g. ``0`` or ``0-3``; '' = unpinned; ``auto`` =
+    under ``asyncrl run``, the lowest ``nproc x cpu_threads`` usable cores, the actors getting
+    the rest (asyncrl/cores.py; unpinned where both sides do not fit, and under ``asyncrl
+    launch``)."""
     max_wall_s: float = 0.0
     """Stop after this many seconds (>= 0; 0 = no limit)."""
     data_timeout_s: float = 300.0
@@ -227,7 +230,10 @@ class LearnerConfig:
                  f"learner.weight_transport in {_TRANSPORTS}: {self.weight_transport!r}")  # fmt: skip
         _bound(self, "learner.restart_max", ge=0, hint=" (0 = a dead learner fails the job)")
         _bound(self, "learner.max_nonfinite_steps", ge=1)
-        _require(_is_core_list(self.cpu_affinity), f"learner.cpu_affinity={self.cpu_affinity!r}")
+        _require(
+            self.cpu_affinity == "auto" or _is_core_list(self.cpu_affinity),
+            f"learner.cpu_affinity={self.cpu_affinity!r} (a core list, '' or auto)",
+        )
         _require(_is_core_list(self.gpus), f"learner.gpus={self.gpus!r} (e.g. 0-3 or 0,1)")
         _require(
             not (self.gpus and self.device == "cpu"),

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from learner.advantages import value_loss
@@ -25,7 +24,7 @@ from learner.device import current_device
 from learner.finite import step_if_finite
 from learner.losses import make_aggregation, merge_metrics
 from learner.micro_batches import MicroBatch, plan_micro_batches
-from learner.model import _DTYPES, attention_impl, check_model_dir, shard_model
+from learner.model import _DTYPES, attention_impl, check_model_dir, fsdp_wanted, shard_model
 from learner.packing import is_packed, pack, packed_forward, set_packed
 
 _VALUE_AGGREGATION = "token_mean"
@@ -191,11 +190,12 @@ def build_critic(
     offload: bool = False,
 ) -> Critic:
     """Load float32 master weights on the learner's device computing in ``dtype`` (under a
-    process group each rank loads only its shards, ``load_sharded_value_model``), and give the
+    process group that ``fsdp_wanted`` each rank loads only its shards,
+    ``load_sharded_value_model``), and give the
     critic its own AdamW. ``packed``, ``offload``: as the policy's (``build_policy``)."""
     device = current_device()
     attn_impl = attention_impl(attn, dtype, device, packed)
-    if dist.is_initialized():
+    if fsdp_wanted(dtype, offload):
         model = load_sharded_value_model(model_dir, attn_impl, device, dtype, offload)
     else:
         model = load_value_model(model_dir, "float32", attn_impl).to(device)

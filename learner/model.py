@@ -107,6 +107,16 @@ def shard_model(
     return model
 
 
+def fsdp_wanted(compute_dtype: str = "float32", offload: bool = False) -> bool:
+    """Whether a learner model is FSDP2-sharded: under a process group of 2+ ranks, or on one
+    rank for what only FSDP2 gives it (a 16-bit ``compute_dtype`` over float32 master weights,
+    CPU offload). One float32 rank trains the plain module: there FSDP2's hooks shard nothing
+    and cost ~11% of a demo step (``benchmarks/demo_defaults.py``, issue 17)."""
+    if not dist.is_initialized():
+        return False
+    return dist.get_world_size() > 1 or compute_dtype != "float32" or offload
+
+
 def load_sharded_hf_model(
     model_dir: str | Path,
     dtype: str,
@@ -163,7 +173,8 @@ def build_policy(
     offload: bool = False,
 ) -> nn.Module:
     """Load float32 master weights on the learner's device, computing in ``dtype``; under a
-    process group each rank loads only its shards (``load_sharded_hf_model``); train mode, no
+    process group that ``fsdp_wanted`` each rank loads only its shards
+    (``load_sharded_hf_model``), else the plain module on the device; train mode, no
     dropout. ``gradient_checkpointing``: recompute each decoder layer in backward;
     ``logprob_chunk_tokens``: ``token_logprobs``'s chunk for this model (None = the config
     default); ``temperature``: the actors' sampling temperature, which ``token_logprobs``
@@ -173,7 +184,7 @@ def build_policy(
 
     device = current_device()
     attn_impl = attention_impl(attn, dtype, device, packed)
-    if dist.is_initialized():
+    if fsdp_wanted(dtype, offload):
         model = load_sharded_hf_model(model_dir, "float32", attn_impl, device,
                                       compute_dtype=dtype, offload=offload)  # fmt: skip
     else:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from learner.device import current_device
 from learner.model import (
     attention_impl,
+    fsdp_wanted,
     load_hf_model,
     load_sharded_hf_model,
     set_logprob_chunk_tokens,
@@ -35,13 +35,13 @@ def build_reference(
     offload: bool = False,
 ) -> nn.Module:
     """Load ``model_dir`` frozen in ``dtype`` (no gradients, no optimizer, so no float32 master
-    copy), eval mode, on the learner's device; under a process group FSDP2-sharded, each rank
-    loading only its shards (``learner.model.load_sharded_hf_model``).
+    copy), eval mode, on the learner's device; FSDP2-sharded where ``fsdp_wanted`` (2+ ranks,
+    or offload), each rank loading only its shards (``learner.model.load_sharded_hf_model``).
     ``logprob_chunk_tokens``, ``temperature``, ``packed``, ``offload``: as the policy's
     (``learner.model.build_policy``)."""
     device = current_device()
     attn_impl = attention_impl(attn, dtype, device, packed)
-    if dist.is_initialized():
+    if fsdp_wanted("float32", offload):  # frozen: it computes in the dtype it is loaded in
         model = load_sharded_hf_model(model_dir, dtype, attn_impl, device, trainable=False,
                                       offload=offload)  # fmt: skip
     else:

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from asyncrl import rundir
+from asyncrl import cores, rundir
 from asyncrl.config import Config
 from asyncrl.configload import ConfigError, config_to_json, config_to_yaml
 from asyncrl.endpoints import launcher_role, register_endpoint
@@ -161,19 +161,19 @@ def role_url(url: str, server, role: str) -> str:
 
 
 def core_split(cfg: Config) -> str:
-    cores = os.cpu_count() or 1
+    n = os.cpu_count() or 1
     lt, at = cfg.learner.cpu_threads, cfg.actor.cpu_threads
     la = f"cores {cfg.learner.cpu_affinity}" if cfg.learner.cpu_affinity else "any core"
     aa = f"cores {cfg.actor.cpu_affinity}" if cfg.actor.cpu_affinity else "any core"
     line = (
-        f"cores: {cores} available; learner {cfg.learner.nproc} rank(s) x {lt} thread(s) "
+        f"cores: {n} available; learner {cfg.learner.nproc} rank(s) x {lt} thread(s) "
         f"on {la}, {cfg.actor.num_actors} actor(s) x {at} thread(s) on {aa} "
         f"(vLLM bind {cfg.actor.cpu_bind or 'auto'})"
     )
     if not (cfg.learner.cpu_affinity or cfg.actor.cpu_affinity):
         busy = cfg.learner.nproc * lt + cfg.actor.num_actors * at
         line += (
-            f"; unpinned: the OS shares the {cores} cores among {busy} busy threads, so an "
+            f"; unpinned: the OS shares the {n} cores among {busy} busy threads, so an "
             "idle side lends its core to the other (pin with learner.cpu_affinity= and "
             "actor.cpu_affinity=)"
         )
@@ -252,8 +252,11 @@ def run_local(cfg: Config) -> int:
         )
     check_network(cfg)
     plan = plan_node(cfg, ("learner", "actors"))  # a refused GPU layout fails before anything
+    pinned = cores.resolve(cfg, sorted(os.sched_getaffinity(0)), both_sides=True)
     run_dir = prepare_run_dir(cfg)
     print(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}", flush=True)
+    if pinned:
+        print(f"[asyncrl] {pinned}", flush=True)
     import_heavy_modules()  # a stop during torch's import takes effect after it
     check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
     check_available(cfg.logger)  # a tracker's missing library too
@@ -370,6 +373,7 @@ def launch_role(cfg: Config, role: str) -> int:
     plan = plan_node(cfg, (role,))  # a refused GPU layout fails before anything starts
     if role == "learner":
         check_rendezvous_host(cfg)
+    cores.resolve(cfg, sorted(os.sched_getaffinity(0)), both_sides=False)  # auto: unpinned
     run_dir = prepare_run_dir(cfg, (role,))
     if role == "buffer":
         return _serve_buffer(cfg, run_dir)

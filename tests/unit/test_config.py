@@ -36,7 +36,8 @@ def test_default_is_the_cpu_demo():
     cfg = load_config()
     assert cfg.model.path == "demo"
     assert cfg.mode.name == "async"
-    assert cfg.learner.nproc == 2
+    assert cfg.learner.nproc == 1  # one rank pinned apart from the actor (issue 17)
+    assert (cfg.learner.cpu_affinity, cfg.actor.cpu_affinity) == ("auto", "auto")
 
 
 def test_sync_mode_is_strictly_on_policy():
@@ -56,7 +57,7 @@ def test_sync_mode_is_strictly_on_policy():
         (["algorithm.policy_loss=foo"], "algorithm.policy_loss"),
         (["buffer.capacity=zero"], "buffer.capacity"),
         (["buffer.capacity=-1"], "buffer.capacity"),
-        (["learner.batch_groups=3", "actor.n_samples=3"], "split evenly"),
+        (["learner.nproc=2", "learner.batch_groups=3", "actor.n_samples=3"], "split evenly"),
         (["learner.sync_every=3", "buffer.max_staleness=1"], "learner.sync_every <= buffer"),
         (["mode=sync", "learner.sync_every=2"], "learner.sync_every=2 with"),
         (["model.attn_implementation=flash_attention_2"], "flash_attention_2 needs a CUDA"),

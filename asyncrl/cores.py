@@ -1,0 +1,63 @@
+"""``cpu_affinity: auto``: which cores the learner and the actors of one host get (pure).
+
+    usable cores of the launcher (sched_getaffinity)   0 1 2 3
+    asyncrl run  learner 1 rank x 1 thread, 1 actor x 1 thread
+                                                       L a a a
+    learner.cpu_affinity=0, actor.cpu_affinity=1-3 (and the actor's vLLM bind, actor.cpu_bind)
+
+Rules of ``split_cores``:
+
+- The learner needs ``learner.nproc x learner.cpu_threads`` cores, the actors ``num_actors x
+  actor.cpu_threads``. When both fit, the learner takes the lowest ones it needs and the
+  actors every core left: the two sides never share a core, so neither starves the other
+  (a side that is idle does not lend its core either; on the demo that trade is measured in
+  ``benchmarks/demo_defaults.py``: pinned 1.5x unpinned).
+- When they do not fit, both sides run unpinned and the note says why.
+- Only a command that starts both sides on this host splits (``asyncrl run``); a command that
+  starts one side (``asyncrl launch learner|actors``) leaves ``auto`` unpinned: its role has
+  the node's cores to itself.
+
+``resolve`` writes the decision into the config before the run directory's ``config.json`` is
+written, so the roles read plain core lists (or '') and never ``auto``.
+"""
+
+from __future__ import annotations
+
+from asyncrl.config_checks import format_indices
+
+AUTO = "auto"
+
+
+def split_cores(usable: list[int], learner_n: int, actor_n: int) -> tuple[str, str] | None:
+    """(learner cores, actor cores) as core lists, or None when ``learner_n + actor_n``
+    exceed ``usable``. Invariant: the two lists are disjoint and cover ``usable``."""
+    cores = sorted(usable)
+    if learner_n < 1 or actor_n < 1 or learner_n + actor_n > len(cores):
+        return None
+    return format_indices(cores[:learner_n]), format_indices(cores[learner_n:])
+
+
+def resolve(cfg, usable: list[int], both_sides: bool) -> str:
+    """Replace ``auto`` in ``learner.cpu_affinity`` / ``actor.cpu_affinity`` (in place) and
+    return a note for the launcher's log ('' when neither key is ``auto``)."""
+    lc, ac = cfg.learner, cfg.actor
+    if AUTO not in (lc.cpu_affinity, ac.cpu_affinity):
+        return ""
+    learner_n, actor_n = lc.nproc * lc.cpu_threads, ac.num_actors * ac.cpu_threads
+    split = split_cores(usable, learner_n, actor_n) if both_sides else None
+    if split is None:
+        why = (
+            f"{len(usable)} usable core(s) for {learner_n} learner + {actor_n} actor thread(s)"
+            if both_sides
+            else "this command starts one side, which has the cores to itself"
+        )
+        split, note = ("", ""), f"cpu_affinity=auto: unpinned ({why})"
+    else:
+        note = f"cpu_affinity=auto: learner on cores {split[0]}, actors on cores {split[1]}"
+    if lc.cpu_affinity == AUTO:
+        lc.cpu_affinity = split[0]
+    if ac.cpu_affinity == AUTO:
+        ac.cpu_affinity = split[1]
+        if not ac.cpu_bind:
+            ac.cpu_bind = split[1]  # vLLM re-pins its OMP threads: keep them inside ('' = auto)
+    return note
