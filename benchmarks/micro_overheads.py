@@ -75,6 +75,7 @@ async def engine_and_actor(cfg, model_dir: str, prompts, url: str) -> dict:
     from actors.addition import AdditionSource
     from actors.engine import ActorEngine
     from actors.rewards import load_reward_fn
+    from buffer import codec
     from buffer.connection import connect
     from buffer.redis_buffer import ReplayBuffer
 
@@ -97,6 +98,7 @@ async def engine_and_actor(cfg, model_dir: str, prompts, url: str) -> dict:
     tokens = sum(len(c.token_ids) for cs in outs for c in cs)
     result = {"engine": {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt}}
 
+    codec.warm_up()  # as actors.main does while the engine starts (pyarrow's lazy imports)
     buf = ReplayBuffer(connect(url), "overheads", capacity=len(prompts) + 8)
     actor = Actor(cfg, 0, model_dir, buf, engine, AdditionSource(cfg.task.seed, split="train"),
                   load_reward_fn(cfg.task.reward_fn))  # fmt: skip

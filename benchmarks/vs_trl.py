@@ -10,8 +10,9 @@ Per seed, in alternating order, this runs
 
     trl      benchmarks/trl_worker.py: GRPOTrainer, its own process, ``--threads`` torch
              threads (OMP_NUM_THREADS too), on the cores this process may use;
-    asyncrl  ``asyncrl run`` with the demo defaults (learner 2 ranks x 1 thread, 1 vLLM
-             actor x 1 thread, unpinned) plus ``ASYNCRL_OVERRIDES`` below.
+    asyncrl  ``asyncrl run`` with the demo defaults (learner 1 rank x 1 thread on the first
+             usable core, 1 vLLM actor x 1 thread on the rest: ``cpu_affinity: auto``) plus
+             ``ASYNCRL_OVERRIDES`` below.
 
 Both sides are built from one asyncrl config (the setting's overrides, ``--set``, the seed):
 the TRL worker composes it too and takes the model directory, prompt source (cursor order),
@@ -166,8 +167,8 @@ def _pinning(args, runs: list[dict]) -> dict:
     return {"trl": f"one process, torch.set_num_threads({args.threads}) and OMP_NUM_THREADS="
                    f"{args.threads}, affinity = the benchmark's cores {trl.get('cores')} "
                    "(threads not pinned one by one)",
-            "asyncrl": f"the demo's launcher defaults (learner.cpu_affinity and actor.cpu_affinity "
-                       f"unset unless --set): {cores.removeprefix('[asyncrl] ')}"}  # fmt: skip
+            "asyncrl": f"the demo's launcher defaults (cpu_affinity: auto unless --set): "
+                       f"{cores.removeprefix('[asyncrl] ')}"}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from asyncrl.metrics import LEARNER_STATES, LearnerMetrics, StateClock, role_por
 from asyncrl.runlog import RunLog
 from asyncrl.trackers import open_trackers
 from asyncrl.waiting import Wait
+from buffer import codec
 from buffer.staleness import staleness, within_staleness
 from learner.data import GroupSource
 from learner.totals import RunTotals
@@ -115,6 +116,7 @@ class Hub:
             batch_groups=cfg.learner.batch_groups,
         )
         self.buffer.set_learner_version(version)
+        codec.warm_up()  # pyarrow's lazy imports (~0.5 s) now, while the actors start
         pending = self.source.resume()
         if pending:
             self.say(f"re-read {pending} groups delivered before a restart")

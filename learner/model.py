@@ -1,7 +1,8 @@
 """Load a Hugging Face causal LM and shard it with FSDP2; token log-probs; full weights.
 
 Every learner rank calls ``build_policy``; parameters become DTensors sharded over the
-default process group (gloo on CPU, NCCL on GPU, see ``learner.device``). Parameters, gradients
+default process group (gloo on CPU, NCCL on GPU, see ``learner.device``), except on a single
+float32 rank without offload, which trains the plain module (``fsdp_wanted``). Parameters, gradients
 and optimizer state are float32; ``model.dtype`` is the compute dtype: bfloat16 or float16
 runs forward and backward in that dtype through FSDP2's ``MixedPrecisionPolicy`` (gradients
 reduced in float32), the recipe of torchtitan, instead of training 16-bit weights directly.

@@ -1,14 +1,17 @@
-"""Scrape the endpoints of a real ``asyncrl run`` (tiny model, pinned cores) mid-run, check
-every documented name, ``asyncrl status`` and the core pinning, then stop it with Ctrl-C."""
+"""Scrape the endpoints of a real ``asyncrl run`` (tiny model, cores pinned by the default
+``cpu_affinity: auto``) mid-run, check every documented name, ``asyncrl status`` and the core
+pinning, then stop it with Ctrl-C."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
 
+from asyncrl.config_checks import format_indices
 from asyncrl.orchestration.status import scrape
 from tests.e2e.conftest import needs_full_stack, run_cli
 from tests.integration.test_metrics_endpoints import free_port, missing_names
@@ -16,7 +19,10 @@ from tests.roles import Roles
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
-PINNED = os.cpu_count() >= 2  # learner on core 0, actor on core 1
+USABLE = sorted(os.sched_getaffinity(0))
+PINNED = (
+    len(USABLE) >= 2
+)  # cpu_affinity=auto (the default): learner on the lowest core, actor on the rest
 
 
 def _endpoints(run_dir: Path) -> dict[str, str]:
@@ -65,8 +71,7 @@ def live_run(tmp_path_factory):
     base = free_port()
     args = ["run", "experiment=tiny", "learner.steps=1000", "learner.checkpoint_every=0",
             f"metrics_port={base}", f"run_dir={run_dir}"]  # fmt: skip
-    if PINNED:
-        args += ["learner.nproc=1", "learner.cpu_affinity=0", "actor.cpu_affinity=1"]
+    # the defaults: learner.nproc=1, learner.cpu_affinity=auto, actor.cpu_affinity=auto
 
     def ready() -> dict | None:
         eps = _endpoints(run_dir)
@@ -109,16 +114,22 @@ def test_status_prints_one_screen_about_the_job(live_run):
 
 @pytest.mark.skipif(not PINNED, reason="core pinning needs 2+ cores")
 def test_roles_run_on_their_configured_cores(live_run):
-    proc, _, _ = live_run
+    proc, run_dir, _ = live_run
     pids = _descendants(proc.pid)
     learners = [p for p in pids if "learner.main" in _cmdline(p)]
     actors = [p for p in pids if "actors.main" in _cmdline(p)]
     assert learners and actors
+    learner_cores, actor_cores = set(USABLE[:1]), set(USABLE[1:])
     for p in learners:
-        assert _affinity(p) in ({0}, None)
+        assert _affinity(p) in (learner_cores, None)
     for p in pids:  # the actor and every process below it (vLLM engine core, worker)
         if p in actors or any(a in _ancestors(p) for a in actors):
-            assert _affinity(p) in ({1}, None), _cmdline(p)
+            assert _affinity(p) in (actor_cores, None), _cmdline(p)
+    # the roles read the resolved lists, never "auto" (and vLLM binds inside the actor's)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    fmt = lambda cores: format_indices(sorted(cores))  # noqa: E731
+    assert cfg["learner"]["cpu_affinity"] == fmt(learner_cores)
+    assert cfg["actor"]["cpu_affinity"] == cfg["actor"]["cpu_bind"] == fmt(actor_cores)
 
 
 def _affinity(pid: int) -> set[int] | None:

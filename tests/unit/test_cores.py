@@ -45,9 +45,15 @@ def test_too_few_cores_or_one_side_leave_auto_unpinned():
 
 
 def test_explicit_choices_are_kept():
-    cfg = load_config(["learner.cpu_affinity=''", "actor.cpu_affinity='3'", "actor.cpu_bind=nobind"])
+    cfg = load_config(
+        ["learner.cpu_affinity=''", "actor.cpu_affinity='3'", "actor.cpu_bind=nobind"]
+    )
     assert cores.resolve(cfg, [0, 1, 2, 3], both_sides=True) == ""
-    assert (cfg.learner.cpu_affinity, cfg.actor.cpu_affinity, cfg.actor.cpu_bind) == ("", "3", "nobind")
+    assert (cfg.learner.cpu_affinity, cfg.actor.cpu_affinity, cfg.actor.cpu_bind) == (
+        "",
+        "3",
+        "nobind",
+    )
     cfg = load_config(["learner.cpu_affinity='0'"])  # the actors' auto takes what is left
     cores.resolve(cfg, [0, 1, 2], both_sides=True)
     assert (cfg.learner.cpu_affinity, cfg.actor.cpu_affinity) == ("0", "1-2")
