@@ -1,6 +1,6 @@
 """``learner.model.fsdp_wanted``: which learner models FSDP2 shards. One float32 rank trains
-the plain module (FSDP2's hooks cost it ~11% of a demo step and shard nothing); two or more
-ranks, 16-bit compute over float32 masters, and CPU offload keep FSDP2."""
+the plain module (FSDP2's hooks shard nothing there); two or more ranks, 16-bit compute over
+float32 masters, and CPU offload keep FSDP2."""
 
 from __future__ import annotations
 
