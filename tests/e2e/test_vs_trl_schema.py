@@ -53,7 +53,8 @@ def test_provenance_config_and_pinning(result):
     assert trl["bf16"] is False and trl["shuffle_dataset"] is False
     assert set(cfg["asyncrl_extra_overrides"]) == {"learner.checkpoint_every=0", "metrics_port=0"}
     assert "torch.set_num_threads(2)" in doc["pinning"]["trl"]
-    assert "learner 2 rank(s)" in doc["pinning"]["asyncrl"]
+    asyncrl = doc["pinning"]["asyncrl"]
+    assert "cpu_affinity: auto" in asyncrl and "learner 1 rank(s)" in asyncrl, asyncrl
 
 
 def test_parity_passed(result):
