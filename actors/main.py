@@ -24,7 +24,6 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from asyncrl.control import ControlClient
     from asyncrl.faults import failpoint
     from asyncrl.waiting import StopRequested, Wait
-    from buffer import codec
     from buffer.connection import BufferUnavailable, connect
     from buffer.redis_buffer import ReplayBuffer
 
@@ -39,9 +38,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
                           reconnect_s=b.reconnect_s)  # fmt: skip
     # the data the buffer's prompt cursors count in: FatalError if it changed since they began
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
-    warm = asyncio.create_task(asyncio.to_thread(codec.warm_up))  # while vLLM starts
     engine = await _start_engine(cfg, actor_id, model_dir)
-    await warm
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
     validator = _validator(cfg, actor, model_dir, say)
     _serve_metrics(cfg, actor, buffer)
@@ -100,6 +97,17 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
 
 
 async def _start_engine(cfg, actor_id: int, model_dir: str):
+    """``_new_engine``, while a thread warms pyarrow's lazy imports (``codec.warm_up``: ~0.5
+    s that would otherwise land in the first commit)."""
+    from buffer import codec
+
+    warm = asyncio.create_task(asyncio.to_thread(codec.warm_up))
+    engine = await _new_engine(cfg, actor_id, model_dir)
+    await warm
+    return engine
+
+
+async def _new_engine(cfg, actor_id: int, model_dir: str):
     """vLLM (``actor.engine=vllm``) or the model-free simulator (``sim``)."""
     a = cfg.actor
     if a.engine == "sim":
