@@ -97,7 +97,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
 
 
 async def _start_engine(cfg, actor_id: int, model_dir: str):
-    """``_new_engine``, while a thread warms pyarrow's lazy imports (``codec.warm_up``: ~0.5
+    """``_new_engine``, while a thread warms pyarrow's lazy imports (``codec.warm_up``: ~0.6
     s that would otherwise land in the first commit)."""
     from buffer import codec
 

@@ -11,8 +11,10 @@ Rules of ``split_cores``:
   actor.cpu_threads``. When both fit, the learner takes the lowest ones it needs and the
   actors every core left: the two sides never share a core, so neither starves the other
   (a side that is idle does not lend its core either; on the demo that trade is measured in
-  ``benchmarks/demo_defaults.py``: pinned 1.5x unpinned).
+  ``benchmarks/demo_defaults.py``: pinned 1.65x unpinned).
 - When they do not fit, both sides run unpinned and the note says why.
+- One side given explicitly (a core list, or '' = unpinned): the other side's ``auto`` takes
+  the usable cores the explicit list leaves (all of them when it is ''), never a core of it.
 - Only a command that starts both sides on this host splits (``asyncrl run``); a command that
   starts one side (``asyncrl launch learner|actors``) leaves ``auto`` unpinned: its role has
   the node's cores to itself.
@@ -23,7 +25,7 @@ written, so the roles read plain core lists (or '') and never ``auto``.
 
 from __future__ import annotations
 
-from asyncrl.config_checks import format_indices
+from asyncrl.config_checks import format_indices, parse_cores
 
 AUTO = "auto"
 
@@ -43,6 +45,8 @@ def resolve(cfg, usable: list[int], both_sides: bool) -> str:
     lc, ac = cfg.learner, cfg.actor
     if AUTO not in (lc.cpu_affinity, ac.cpu_affinity):
         return ""
+    if lc.cpu_affinity != AUTO or ac.cpu_affinity != AUTO:
+        return _resolve_one_side(cfg, usable, both_sides)
     learner_n, actor_n = lc.nproc * lc.cpu_threads, ac.num_actors * ac.cpu_threads
     split = split_cores(usable, learner_n, actor_n) if both_sides else None
     if split is None:
@@ -61,3 +65,20 @@ def resolve(cfg, usable: list[int], both_sides: bool) -> str:
         if not ac.cpu_bind:
             ac.cpu_bind = split[1]  # vLLM re-pins its OMP threads: keep them inside ('' = auto)
     return note
+
+
+def _resolve_one_side(cfg, usable: list[int], both_sides: bool) -> str:
+    """One key is ``auto``, the other explicit: ``auto`` gets the usable cores the explicit
+    list leaves (unpinned when none are left, or when this command starts one side)."""
+    lc, ac = cfg.learner, cfg.actor
+    explicit = ac.cpu_affinity if lc.cpu_affinity == AUTO else lc.cpu_affinity
+    left = [c for c in usable if c not in set(parse_cores(explicit))] if both_sides else []
+    cores = format_indices(sorted(left)) if left else ""
+    side = "learner" if lc.cpu_affinity == AUTO else "actors"
+    if side == "learner":
+        lc.cpu_affinity = cores
+    else:
+        ac.cpu_affinity = cores
+        if not ac.cpu_bind:
+            ac.cpu_bind = cores
+    return f"cpu_affinity=auto: {side} on " + (f"cores {cores}" if cores else "any core (unpinned)")

@@ -117,7 +117,7 @@ def encode_group(group: Group) -> bytes:
 
 def warm_up() -> None:
     """Encode and decode one tiny group, untimed: the first ``pa.array`` call imports what
-    pyarrow loads lazily (pandas, when installed: ~0.3 s here), which would otherwise land in
+    pyarrow loads lazily (pandas, when installed: ~0.6 s here), which would otherwise land in
     an actor's first commit. ``actors.main`` runs this while the engine starts."""
     sample = Sample([1], [2], [-0.5], [0], 1.0)
     decode_group(encode_group(Group("warm-up", 0, 0, [sample])))

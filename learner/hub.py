@@ -116,7 +116,7 @@ class Hub:
             batch_groups=cfg.learner.batch_groups,
         )
         self.buffer.set_learner_version(version)
-        codec.warm_up()  # pyarrow's lazy imports (~0.5 s) now, while the actors start
+        codec.warm_up()  # pyarrow's lazy imports (~0.6 s) now, while the actors start
         pending = self.source.resume()
         if pending:
             self.say(f"re-read {pending} groups delivered before a restart")

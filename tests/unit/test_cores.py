@@ -64,3 +64,17 @@ def test_a_bad_value_is_refused():
 
     with pytest.raises((ConfigError, ValueError), match="a core list, '' or auto"):
         load_config(["actor.cpu_affinity=everything"])
+
+
+def test_an_explicit_side_keeps_its_cores_from_the_other_sides_auto():
+    cfg = load_config(["learner.cpu_affinity='2'"])
+    note = cores.resolve(cfg, [0, 1, 2, 3], both_sides=True)
+    assert (cfg.learner.cpu_affinity, cfg.actor.cpu_affinity, cfg.actor.cpu_bind) == (
+        "2",
+        "0-1,3",
+        "0-1,3",
+    )
+    assert note == "cpu_affinity=auto: actors on cores 0-1,3"
+    cfg = load_config(["actor.cpu_affinity='0-1'"])
+    cores.resolve(cfg, [0, 1], both_sides=True)  # nothing left: the learner runs unpinned
+    assert (cfg.learner.cpu_affinity, cfg.actor.cpu_affinity) == ("", "0-1")
