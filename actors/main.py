@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from asyncrl import fatal
     from asyncrl.configload import config_from_json
+    from asyncrl.lifeline import watch_launcher
 
+    watch_launcher()  # bounded even where a SIGTERM's handler cannot run (asyncrl/lifeline.py)
     cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
     with fatal.recorded(args.run_dir, f"actor{args.actor_id}"):  # e.g. a damaged buffer
         return asyncio.run(run(cfg, args.actor_id, args.model_dir, url))

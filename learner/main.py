@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from asyncrl import fatal
+    from asyncrl.lifeline import watch_launcher
+
+    watch_launcher()  # bounded even where a SIGTERM's handler cannot run (asyncrl/lifeline.py)
     from asyncrl.configload import config_from_json
     from buffer.connection import BufferUnavailable
     from learner.null_hub import NullHub

@@ -46,6 +46,12 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def _log_tails(run_dir, chars: int = 3000) -> str:
+    """The last output of each role's log (what a process that outlived the job was doing)."""
+    return "\n".join(f"--- {p.name}:\n{p.read_text(errors='replace')[-chars:]}"
+                     for p in sorted(run_dir.glob("*.log")))  # fmt: skip
+
+
 def _redis_alive(run_dir) -> bool:
     return any("redis-server" in p for p in _job_procs(run_dir))
 
@@ -80,7 +86,7 @@ def test_a_second_job_in_a_busy_run_dir_is_refused_and_a_killed_job_frees_it(tmp
     assert _redis_alive(run_dir), "the check below would be vacuous"
     roles.kill(first)
     left = _gone(run_dir, 60)
-    assert not left, f"processes outlived the SIGKILLed launcher: {left}"
+    assert not left, f"processes outlived the SIGKILLed launcher: {left}\n{_log_tails(run_dir)}"
     # ...and the kernel dropped the lock with them: a new job may take the directory
     take = (
         "from asyncrl import rundir; import sys; "

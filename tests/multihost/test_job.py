@@ -87,6 +87,12 @@ def _next_step(roles, proc, timeout_s: float = 120) -> None:
                      "the learner's next step")  # fmt: skip
 
 
+def _read_traced(trace: Path, hit: int) -> bool:
+    """Whether a learner's ``learner.after_read`` failpoint traced its ``hit``-th read."""
+    lines = trace.read_text().splitlines() if trace.is_file() else []
+    return any(json.loads(line)["hit"] == hit for line in lines if line.endswith("}"))
+
+
 def _wait_step(roles, proc, step: int, timeout_s: float) -> None:
     roles.wait_line(proc, f"step {step:4d} ", timeout_s)
 
@@ -127,24 +133,30 @@ def test_actor_host_killed_then_relaunched_loses_and_doubles_nothing(cluster):
 @pytest.mark.timeout(600)
 def test_partitioned_actor_host_is_reported_and_the_job_carries_on_after_the_heal(cluster):
     """The actors' link goes down twice, mid-run: first for longer than the lease TTL, then
-    for longer than the weight-sync deadline (syncs happen every step, so both partitions
-    catch generation and a sync). Every role reports it, nothing waits past its deadline, and
+    for longer than the weight-sync deadline. Each partition starts while the learner holds a
+    batch it has just read (a failpoint traces the read and sleeps 3 s), so the sync after that
+    step meets the partition: which is what the test is about, not a race between the actors'
+    speed and the learner's. Every role reports it, nothing waits past its deadline, and
     after each heal the job carries on; conservation and the staleness bound hold. Redis
     serves TLS only here (``buffer.tls_dir``: a certificate made for the redis host's address),
     so the roles also reconnect over TLS after each heal."""
     roles, hosts = cluster.roles, cluster.hosts
     ttl, sync_s = 4, 8
+    reads = cluster.tmp / "reads.jsonl"  # one line per batch read, on each learner node
+    partitions = {15: ttl + 3, 30: sync_s + 6}  # the read (1, 2, ...) that starts each one
+    hold = ",".join(f"learner.after_read=sleep:3@{n}" for n in partitions)
+    failpoints = {"ASYNCRL_FAILPOINTS": f"learner.after_read=trace:{reads}@0,{hold}"}
     cluster.start_buffer(f"buffer.tls_dir={cluster.tmp / 'tls'}")
     assert cluster.url_file("actor").read_text().startswith("rediss://actor:")
     learners = cluster.start_learner("learner.steps=80", f"learner.weight_sync_timeout_s={sync_s}",
-                                     f"buffer.lease_ttl_s={ttl}", "buffer.max_staleness=2")  # fmt: skip
+                                     f"buffer.lease_ttl_s={ttl}", "buffer.max_staleness=2",
+                                     env=failpoints)  # fmt: skip
     actors = cluster.start_actors("actor.sim_tokens_per_s=300", f"buffer.lease_ttl_s={ttl}",
                                   "buffer.max_staleness=2",
                                   f"learner.weight_sync_timeout_s={sync_s}")  # fmt: skip
-    _wait_step(roles, learners[0], 10, 300)
-    for seconds in (ttl + 3, sync_s + 6):
-        _next_step(roles, learners[0])  # right after a step: groups are buffered (capacity
-        with hosts.partitioned("actors"):  # 2 batches), so the next sync meets the partition
+    for hit, seconds in partitions.items():
+        roles.wait_until(lambda hit=hit: _read_traced(reads, hit), 300, f"the learner's read {hit}")
+        with hosts.partitioned("actors"):  # the learner sleeps 3 s, trains, then syncs
             time.sleep(seconds)
         _next_step(roles, learners[0])  # the job carries on after the heal
     cluster.wait_job(learners, actors, 400)

@@ -1,0 +1,81 @@
+"""asyncrl.lifeline: a role outlives a dead launcher by a bounded time, even when it cannot act
+on its SIGTERM. Real processes: a launcher, the lifeline, a role that ignores SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from asyncrl import lifeline
+
+# a role whose SIGTERM handler never runs (as when its main thread is blocked in C)
+ROLE = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "from asyncrl.lifeline import watch_launcher; "
+    "print('watching' if watch_launcher(grace_s=1.0, poll_s=0.1) else 'not watching', "
+    "flush=True); time.sleep(60)"
+)
+# a launcher: starts the role under the lifeline, says its PID, then waits to be killed
+LAUNCHER = (
+    "import subprocess, sys, time; from asyncrl.lifeline import child_cmd; "
+    "p = subprocess.Popen(child_cmd([sys.executable, '-c', sys.argv[1]]), "
+    "stderr=open(sys.argv[2], 'w')); print(p.pid, flush=True); time.sleep(60)"
+)
+
+
+def _gone(pid: int) -> bool:
+    return lifeline._start_time(pid) is None
+
+
+def test_a_role_that_ignores_sigterm_exits_soon_after_its_launcher_is_killed(tmp_path):
+    err = tmp_path / "role.err"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, ROLE, str(err)],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    role = 0
+    try:
+        role = int(launcher.stdout.readline())
+        assert launcher.stdout.readline().strip() == "watching"  # the role's stdout: inherited
+        time.sleep(1.5)  # past the grace: alive while the launcher is
+        assert not _gone(role), "the role left while its launcher was alive"
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 10
+        while not _gone(role) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(role), "the role outlived its launcher by 10 s (grace 1 s)"
+        text = err.read_text()
+        assert f"the launcher (PID {launcher.pid}) died" in text, text
+        assert "time.sleep" in text or 'File "<string>"' in text, text  # its stack, dumped
+    finally:
+        launcher.kill()
+        if role and not _gone(role):
+            os.kill(role, signal.SIGKILL)
+
+
+def test_outside_a_lifeline_nothing_is_watched(monkeypatch):
+    monkeypatch.delenv(lifeline.ENV, raising=False)
+    assert lifeline.watch_launcher(grace_s=0.1) is False
+
+
+@pytest.mark.parametrize("value", ["", "123", "abc:1", ":5"])
+def test_a_malformed_lifeline_variable_watches_nothing(monkeypatch, value):
+    monkeypatch.setenv(lifeline.ENV, value)
+    assert lifeline.watch_launcher(grace_s=0.1) is False
+
+
+def test_start_time_names_a_live_process_and_not_a_zombie():
+    assert lifeline._start_time(os.getpid()) is not None
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    time.sleep(0.5)  # exited, not reaped: a zombie
+    try:
+        assert lifeline._start_time(child) is None
+    finally:
+        os.waitpid(child, 0)
+    assert lifeline._start_time(child) is None  # reaped: gone
