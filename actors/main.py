@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 
@@ -97,13 +98,14 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
 
 
 async def _start_engine(cfg, actor_id: int, model_dir: str):
-    """``_new_engine``, while a thread warms pyarrow's lazy imports (``codec.warm_up``: ~0.6
-    s that would otherwise land in the first commit)."""
+    """``_new_engine``, then a thread warms pyarrow's lazy imports (``codec.warm_up``: ~0.6 s
+    that would otherwise land in the first commit) while the actor meets its learner and
+    generates its first groups. Not before: vLLM's processes may be forked from this one
+    (``actor.cpu_start_method``), and a fork must not copy a thread's half-done import."""
     from buffer import codec
 
-    warm = asyncio.create_task(asyncio.to_thread(codec.warm_up))
     engine = await _new_engine(cfg, actor_id, model_dir)
-    await warm
+    threading.Thread(target=codec.warm_up, name="pyarrow-warm-up", daemon=True).start()
     return engine
 
 
@@ -134,6 +136,7 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
         cpu_bind=a.cpu_bind or None,
         torch_threads=a.cpu_threads,
         max_num_seqs=a.max_inflight * a.n_samples,
+        cpu_start_method=a.cpu_start_method,
     )
 
 

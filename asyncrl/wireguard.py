@@ -10,7 +10,7 @@ aborts the unpickling before the global is used.
 Scope (documented in docs/reliability.md, Security):
 
 * Our code paths only: a frame of ours in the calling chain, up to the start of the current
-  asyncio task step or thread. vLLM and torch.multiprocessing pickle between their own
+  asyncio task step, thread or ``multiprocessing`` process. vLLM and torch.multiprocessing pickle between their own
   processes (engine core, workers) and in their own tasks and threads; those are out of
   scope, as is pickle in tests and benchmarks.
 * ``ALLOWED_CALL_SITES``: unpicklers called directly by these library functions are not on
@@ -84,9 +84,10 @@ def allowed(module: str, name: str) -> bool:
 def _our_frame() -> str | None:
     """``file:line`` of the innermost frame of our packages in the calling chain, or None.
 
-    The walk stops at an asyncio callback/task step (``Handle._run``) and at a thread's start:
-    a task or thread that a library created (e.g. vLLM's output handler) is not our code path
-    just because our ``asyncio.run`` is further down the same OS-thread stack.
+    The walk stops at an asyncio callback/task step (``Handle._run``), at a thread's start
+    and at a process's start: a task, thread or process that a library created (e.g. vLLM's
+    output handler, or its engine core forked from our actor) is not our code path just
+    because our frames are further down the same stack (a forked child keeps its parent's).
     """
     frame = sys._getframe(2)
     while frame is not None:
@@ -118,8 +119,11 @@ def _allowed_call_site(frame) -> bool:
 
 
 def _boundary(path: str, name: str) -> bool:
-    """A frame that starts an unrelated call chain: an event-loop callback or a new thread."""
+    """A frame that starts an unrelated call chain: an event-loop callback, a new thread, or
+    a new ``multiprocessing`` process (forked: the frames below it are the parent's)."""
     if name == "_run" and path.endswith(os.path.join("asyncio", "events.py")):
+        return True
+    if name == "_bootstrap" and path.endswith(os.path.join("multiprocessing", "process.py")):
         return True
     return name == "_bootstrap_inner" and path.endswith("threading.py")
 

@@ -250,6 +250,55 @@ def test_guard_scope_stops_at_task_boundaries():
     assert "LIBRARY Counter" in r.stdout and "OURS BLOCKED" in r.stdout, r.stdout + r.stderr
 
 
+_FORKED = '''
+import collections, multiprocessing, pickle, buffer.codec
+from asyncrl import wireguard
+payload = pickle.dumps(collections.Counter("ab"))
+fork = multiprocessing.get_context("fork")
+
+
+def library_child(conn):  # a library's process (vLLM's engine core), forked from our frames
+    conn.send_bytes(repr(pickle.loads(payload)).encode())
+
+
+ours = {}
+exec(compile("""
+import pickle
+def start(ctx, target):
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=target, args=(child,))
+    p.start()
+    out = parent.recv_bytes().decode() if parent.poll(30) else "NOTHING"
+    p.join(30)
+    return out, p.exitcode
+def our_child(conn, payload):
+    try:
+        pickle.loads(payload)
+        conn.send_bytes(b"UNPICKLED")
+    except Exception as e:
+        conn.send_bytes(type(e).__name__.encode())
+""", buffer.codec.__file__, "exec"), ours)
+
+
+def our_target(conn):  # the child's own code path runs through our function
+    ours["our_child"](conn, payload)
+
+
+print("LIBRARY", *ours["start"](fork, library_child))
+print("OURS", *ours["start"](fork, our_target))
+'''
+
+
+@pytest.mark.timeout(60)
+def test_guard_scope_stops_at_a_forked_process_start():
+    """A forked child keeps its parent's frames below ``multiprocessing``'s ``_bootstrap``
+    (vLLM's engine core forked from our actor, ``actor.cpu_start_method=fork``): a library's
+    code there may unpickle; our own code in the child may not."""
+    r = _run(_FORKED)
+    assert "LIBRARY Counter({'a': 1, 'b': 1}) 0" in r.stdout, r.stdout + r.stderr
+    assert "OURS PickleForbidden 0" in r.stdout, r.stdout + r.stderr
+
+
 _VLLM_INSPECTION = """
 import os, sys, tempfile, actors.engine
 from asyncrl import wireguard
