@@ -190,7 +190,6 @@ USER_MISTAKES = [
     ("metrics_port=70000", "metrics_port must be >= 0 and <= 65535 (0 = off), got 70000"),
     ("actor.kv_cache_gib=-1", "actor.kv_cache_gib must be >= 0 (0 = vLLM sizes it, on a GPU)"),
     ("learner.cpu_threads=0", "learner.cpu_threads must be >= 1, got 0"),
-    ("learner.pack_sequences=true", "learner.pack_sequences=true packs micro-batches formed by"),
 ]
 
 
@@ -209,6 +208,8 @@ def test_micro_batches_by_rows_and_by_tokens_are_exclusive():
     )
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(["learner.max_tokens_per_micro_batch=4096", "learner.micro_batch_rows=4"])
+    with pytest.raises(ConfigError, match="learner.pack_sequences=true packs micro-batches formed"):
+        load_config(["learner.max_tokens_per_micro_batch=0", "learner.pack_sequences=true"])
     packed = load_config(["learner.max_tokens_per_micro_batch=64", "learner.pack_sequences=true"])
     assert packed.learner.pack_sequences is True
     assert load_config([]).learner.pack_sequences is None  # auto
