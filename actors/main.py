@@ -120,7 +120,8 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
     from actors.engine import ActorEngine
     from actors.tasks import max_model_len
 
-    # ~30 s on CPU, minutes for a large model on a GPU (tests/e2e/test_interrupt.py waits for it)
+    # ~7 s on one CPU core, minutes for a large model on a GPU (tests/e2e/test_interrupt.py
+    # waits for this line)
     print(f"[actor {actor_id}] starting the vLLM engine ({model_dir})", flush=True)
 
     return await ActorEngine.start(

@@ -145,9 +145,8 @@ class LearnerConfig:
     """Fail with a clear error if no fresh group arrives for this long (> 0 seconds)."""
     actor_wait_s: float = 600.0
     """How long the learner waits at start for all ``actor.num_actors * actor.nnodes`` actors
-    to register
-    (each loads the model and starts vLLM: ~30 s for the demo on CPU, minutes for a large
-    model). The wait prints what it lacks every 15 s and stops at once on SIGTERM/Ctrl-C."""
+    to register (each loads the model and starts vLLM: ~10 s for the demo on CPU, minutes for
+    a large model). The wait prints what it lacks every 15 s and stops at once on SIGTERM/Ctrl-C."""
     weight_sync_timeout_s: float = 120.0
     """Deadline of the weight rendezvous and of every weight collective, on both sides: a
     receiver that dies mid-transfer fails the sync after at most this long, and the learner

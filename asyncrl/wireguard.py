@@ -10,9 +10,9 @@ aborts the unpickling before the global is used.
 Scope (documented in docs/reliability.md, Security):
 
 * Our code paths only: a frame of ours in the calling chain, up to the start of the current
-  asyncio task step, thread or ``multiprocessing`` process. vLLM and torch.multiprocessing pickle between their own
-  processes (engine core, workers) and in their own tasks and threads; those are out of
-  scope, as is pickle in tests and benchmarks.
+  asyncio task step, thread or ``multiprocessing`` process. vLLM and torch.multiprocessing
+  pickle between their own processes (engine core, workers) and in their own tasks and
+  threads; those are out of scope, as is pickle in tests and benchmarks.
 * ``ALLOWED_CALL_SITES``: unpicklers called directly by these library functions are not on
   one of our wires, even with our frames further down the stack. Today one: vLLM's
   ``registry._run_in_subprocess``, which inspects a model class in a child process the first
