@@ -109,7 +109,8 @@ def _new_llm(async_llm: type, args: Any, cpu: bool, cpu_start_method: str) -> An
     config = args.create_engine_config()
     if cpu:  # set after the config: building it wrote "spawn"
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = cpu_start_method
-    return async_llm.from_vllm_config(config, disable_log_stats=args.disable_log_stats)
+    return async_llm.from_vllm_config(config, enable_log_requests=args.enable_log_requests,
+                                      disable_log_stats=args.disable_log_stats)  # fmt: skip
 
 
 class ActorEngine:
