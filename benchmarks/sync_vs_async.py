@@ -2,6 +2,7 @@
 
     python -m benchmarks.sync_vs_async --quick     # 2 seeds x 100 steps, < 30 min on 2 cores
     python -m benchmarks.sync_vs_async             # 3 seeds x 300 steps (the demo's length)
+    python -m benchmarks.sync_vs_async --setting long_tail --steps 100   # vs_trl's long_tail task
 
 Arms (C = the cores this process may use; "split" = learner ranks on the first half of
 them, the actor on the second half, each pinned with sched_setaffinity):
@@ -12,8 +13,10 @@ them, the actor on the second half, each pinned with sched_setaffinity):
     sync_split      mode=sync (max_staleness=0 + one batch per version); split cores.
     async_s<k>      mode=async, buffer.max_staleness=k for k in --staleness; split cores.
 
-Every run is a real ``asyncrl run`` (demo model, addition task); seeds vary the prompt
-stream (``task.seed``) while the warm-started model stays the same. Checkpoints are only
+Every run is a real ``asyncrl run``; seeds vary the prompt stream (``task.seed``) while the
+warm-started model stays the same. ``--setting demo`` (default): the demo model and addition
+task. ``--setting long_tail``: ``benchmarks/vs_trl_long_tail.py``'s 23.6M-parameter model on
+addition with long-tailed answer lengths (its per-seed prompt file and model, built once). Checkpoints are only
 written at the end (``learner.checkpoint_every=0``) so disk I/O is not part of the race.
 
 From each run: wall-clock time to a target reward (``--target``; default: a level every
@@ -90,6 +93,15 @@ def arm_overrides(cores: list[int], staleness: list[int]) -> dict[str, list[str]
     return arms
 
 
+def setting_overrides(setting: str, seed: int, steps: int, work: Path, tiny: bool) -> list[str]:
+    """The task and model overrides of ``setting`` for ``seed`` (none for the demo)."""
+    if setting == "demo":
+        return []
+    from benchmarks.vs_trl_long_tail import prepare
+
+    return prepare(work, seed, steps, tiny=tiny)
+
+
 def load_run(arm: str, overrides: list[str], run_dir: Path) -> dict:
     """What a finished run wrote (summary, per-step records, actor stats)."""
     return {
@@ -143,6 +155,8 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sync_vs_async", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--setting", choices=("demo", "long_tail"), default="demo",
+                   help="the demo task, or vs_trl's long_tail task (larger model, long tail)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="2 seeds x 100 steps (< 30 min here)")
     p.add_argument("--tiny", action="store_true", help="schema check only: experiment=tiny")
     p.add_argument("--steps", type=int, help="learner steps per run (overrides the preset)")
@@ -167,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     preset_name = "tiny" if args.tiny else "quick" if args.quick else "full"
     preset = PRESETS[preset_name]
     steps, seeds = args.steps or preset["steps"], args.seeds or preset["seeds"]
-    name = args.name or ("sync_vs_async" + ("" if preset_name == "full" else f"_{preset_name}"))
+    suffix = ("" if args.setting == "demo" else f"_{args.setting}") + (
+        "" if preset_name == "full" else f"_{preset_name}"
+    )
+    name = args.name or f"sync_vs_async{suffix}"
     cores = sorted(os.sched_getaffinity(0))
     arms = arm_overrides(cores, args.staleness)
     if args.arms:
@@ -183,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
           f"actor on {cpulist(split['actor'])}; sync_colocated uses all of them", flush=True)  # fmt: skip
     runs = []
     for seed in seeds:
+        task = setting_overrides(args.setting, seed, steps, args.runs_dir / name, args.tiny)
         for arm, ovr in arms.items():
-            overrides = [*common, *ovr, f"task.seed={seed}"]
+            overrides = [*task, *common, *ovr, f"task.seed={seed}"]
             print(f"[bench] {arm} seed {seed}: asyncrl run {' '.join(overrides)}", flush=True)
             run_dir = args.runs_dir / name / f"{arm}-seed{seed}"
             done = (run_dir / "summary.json").is_file() and list(run_dir.glob("actor*.json"))
@@ -196,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             _say_done(r)
             runs.append(r)
     report = analyse(runs, list(arms), args.target)
-    config = {"preset": preset_name, "steps": steps, "seeds": seeds, "staleness": args.staleness,
+    config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds, "staleness": args.staleness,
               "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
               "seed_meaning": "task.seed (prompt stream); model seed=0 in every run"}  # fmt: skip
     plots = plot_all(runs, report, args.out, name)

@@ -4,6 +4,7 @@
     python -m benchmarks.vs_trl --steps 100 --seeds 0  # shorter
     python -m benchmarks.vs_trl --setting long_tail    # larger model, long-tailed lengths
     python -m benchmarks.vs_trl --tiny                 # schema check: 3 steps, 1 seed, 4 x 4
+    python -m benchmarks.vs_trl --parity-only          # prepare and check parity; time nothing
 
 A user on one machine who wants GRPO picks TRL's ``GRPOTrainer``: synchronous, one process.
 Per seed, in alternating order, this runs
@@ -76,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
     p.add_argument("--parity-cases", type=int, default=20)
     p.add_argument("--tiny", action="store_true", help="schema check: 3 steps, 1 seed, 4 x 4")
+    p.add_argument("--parity-only", action="store_true",
+                   help="prepare the setting and check parity for every seed; run nothing timed")  # fmt: skip
     p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                    help="extra asyncrl config override, for both systems (repeatable)")  # fmt: skip
     p.add_argument("--name", help="result name (default vs_trl[_<setting>][_tiny])")
@@ -110,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {line}", file=sys.stderr)
             return 2
         print(f"[vs_trl] parity seed {seed}: {parity[seed]['summary']}", flush=True)
+    if args.parity_only:
+        print(f"[vs_trl] parity passed for seeds {args.seeds} (--parity-only: no timed run)")
+        return 0
     runs, timeout = [], 600 + 30 * args.steps
     for k, seed in enumerate(args.seeds):
         for system in ("trl", "asyncrl") if k % 2 == 0 else ("asyncrl", "trl"):

@@ -104,3 +104,18 @@ def test_parity_mismatch_is_refused(tmp_path):
     assert "PARITY FAILED" in proc.stderr and "aggregation" in proc.stderr
     assert not (tmp_path / "vs_trl_tiny.json").exists()
     assert not (tmp_path / "runs" / "vs_trl_tiny" / "trl-seed0").exists()
+
+
+def test_long_tail_setting_prepares_and_passes_parity(tmp_path):
+    """The long_tail setting (its prompt file, its warm-started model at the tiny size, the
+    addition reward on its ``answer`` column) passes the same parity check before anything
+    is timed."""
+    needs_full_stack()
+    proc = _run(tmp_path, "--setting", "long_tail", "--parity-only")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "[vs_trl] parity seed 0: 20 prompts" in proc.stdout and "0 mismatches" in proc.stdout
+    assert "--parity-only: no timed run" in proc.stdout
+    assert not (tmp_path / "vs_trl_long_tail_tiny.json").exists()
+    data = tmp_path / "runs" / "vs_trl_long_tail_tiny" / "long_tail_data" / "seed0.jsonl"
+    first = json.loads(data.read_text().splitlines()[0])
+    assert set(first) == {"prompt", "answer"} and first["prompt"].endswith("=")
