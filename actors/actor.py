@@ -1,9 +1,10 @@
 """One actor process: lease a slot -> next prompt -> n samples -> rewards -> commit a group.
 
     control task:  weights_init -> join the weight collective;  update v -> receive weights
-    producer:      one worker-thread trip per group: [admission: weights fresh enough? sync
-                   quota left?] -> lease (blocks while the buffer is full) -> prompt index
-                   from the cursor; then spawn a group task
+    producer:      take every free engine slot (actors/slots.py), then one worker-thread
+                   trip for all of them: [admission: weights fresh enough? sync quota
+                   left?] -> leases (blocks while the buffer is full) -> prompt indices
+                   from the cursor; then spawn a group task per claim
     group task:    vLLM generate (n, logprobs, per-token versions) -> reward -> commit
                    (the n rewards at once in a worker pool, each with a deadline:
                    actors/scoring.py)
@@ -14,9 +15,10 @@ finish, not in lockstep.
 Prompt cursor (survives SIGKILL; ``buffer.cursors.PromptCursor``): actor i takes prompts i,
 i+K, i+2K, ... (K actors). A claimed index stays in flight in the buffer until its group was
 committed (or found already committed); a restarted actor first re-generates the indices left
-in flight, then claims new ones, so no prompt is skipped. A kill between commit and ``done``
-makes the restart generate that prompt again: group ids are deterministic (``task_seed:index``)
-and commit dedupes by group id, so it is stored once (counted as a duplicate by the actor).
+in flight, then claims new ones, so no prompt is skipped. The commit takes the index out of
+the in-flight set in the same script, so no kill falls between them; group ids are still
+deterministic (``task_seed:index``) and commit dedupes by group id, so a commit retried after
+a lost reply stores the group once (counted as a duplicate by the actor).
 
 End of the data: a finite source (``task.name=file``: ``data.epochs`` passes over the data)
 has an ``end`` index; the cursor claims no index from there on. The actor then stops
@@ -45,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.engine_protocol import Engine
+from actors.slots import Slots
 from asyncrl.config import Config
 from asyncrl.metrics import ACTOR_STATES, ActorMetrics, StateClock
 from asyncrl.types import Group, Sample
@@ -223,7 +226,7 @@ class Actor:
 
     # ---- production ------------------------------------------------------------------------
     async def produce(self) -> None:
-        limit = asyncio.Semaphore(self.cfg.actor.max_inflight)
+        slots = Slots(self.cfg.actor.max_inflight)
         self._block("idle")
         await asyncio.to_thread(self._publish_data)
         await asyncio.to_thread(self._resume_prompts)
@@ -231,23 +234,20 @@ class Actor:
             if self.error is not None:
                 await self._cancel_groups()  # give their slots back before failing
                 raise self.error
-            await limit.acquire()
-            self._block("waiting_buffer")  # lease() waits while the buffer is full
-            outcome, lease, index = await asyncio.to_thread(self._claim_slot)
-            if outcome != "ok":  # refused: wait for new weights; full: backpressure, again
-                limit.release()
-                if outcome == "refused":
-                    await self._wait_for_weights()
-                continue
+            want = await slots.take()
+            self._block("waiting_buffer")  # lease_many() waits while the buffer is full
+            outcome, claims = await asyncio.to_thread(self._claim_slots, want)
+            slots.give(want - len(claims))
+            if outcome == "refused":  # wait for new weights; "full": backpressure, again
+                await self._wait_for_weights()
             self._block("idle")
-            if index is None:  # no prompt left: finish what is in flight, then idle
-                await asyncio.to_thread(self.buffer.release, lease)
-                limit.release()
+            for lease, index in claims:
+                task = asyncio.create_task(self._group_task(index, lease, slots))
+                self._tasks[task] = lease
+                task.add_done_callback(lambda t: self._tasks.pop(t, None))
+            if outcome == "exhausted":  # no prompt left: finish what is in flight, then idle
                 await self._finish_data()
                 return
-            task = asyncio.create_task(self._group_task(index, lease, limit))
-            self._tasks[task] = lease
-            task.add_done_callback(lambda t: self._tasks.pop(t, None))
         await self._cancel_groups()
 
     def _publish_data(self) -> None:
@@ -291,23 +291,34 @@ class Actor:
         await asyncio.gather(*held, return_exceptions=True)
         await asyncio.to_thread(lambda: [self.buffer.release(x) for x in held.values()])
 
-    def _claim_slot(self) -> tuple[str, str | None, int | None]:
-        """Admission, a buffer slot and a prompt index in one trip to a worker thread (each
-        trip is a thread hop on the core the engine shares; one per group, not three):
-        ``("refused", None, None)`` when the weights are too stale for the staleness bound
+    def _claim_slots(self, want: int) -> tuple[str, list[tuple[str, int]]]:
+        """Admission, up to ``want`` buffer slots and as many prompt indices, in one trip to a
+        worker thread and three round trips to Redis however many groups (a thread hop and a
+        round trip each wait for a time slice on the core the engine shares).
+
+        Returns ``("refused", [])`` when the weights are too stale for the staleness bound
         (``buffer.staleness``) or, in sync mode, the version's quota is used up
-        (``buffer.cursors.SyncQuota``); ``("full", None, None)`` when no slot freed within
-        1 s; else ``("ok", lease, index)``, index None once out of prompts."""
+        (``buffer.cursors.SyncQuota``); ``("full", [])`` when no slot freed within 1 s;
+        ``("ok", claims)`` with 1..``want`` (lease, index) pairs; ``("exhausted", claims)``
+        once the prompts ran out (the leases without an index were released)."""
         learner_v = self.buffer.learner_version()
-        valid = self.engine.weights_valid  # False after a failed sync
+        version, sync = self.state.version, self.cfg.mode.name == "sync"
         k = self.cfg.buffer.max_staleness
-        fresh = valid and within_staleness(learner_v, self.state.version, k)
-        if not fresh or (self.cfg.mode.name == "sync" and not self.quota.take(self.state.version)):
-            return "refused", None, None
-        lease = self.buffer.lease(self.state.actor_id, 1.0)
-        if lease is None:
-            return "full", None, None
-        return "ok", lease, self._next_index()
+        fresh = self.engine.weights_valid and within_staleness(learner_v, version, k)
+        if fresh and sync:
+            want = self.quota.take_many(version, want)
+        if not fresh or want == 0:
+            return "refused", []
+        leases = self.buffer.lease_many(self.state.actor_id, want, 1.0)
+        if sync:
+            self.quota.give_back(version, want - len(leases))
+        if not leases:
+            return "full", []
+        indices = [self._track_epoch(i) for i in self.cursor.next_many(len(leases))]
+        for lease in leases[len(indices) :]:
+            self.buffer.release(lease)
+        claims = list(zip(leases[: len(indices)], indices, strict=True))
+        return "ok" if len(indices) == len(leases) else "exhausted", claims
 
     async def _wait_for_weights(self) -> None:
         """Admission refused: wait (at most 0.2 s) for the control task's next update."""
@@ -327,11 +338,6 @@ class Actor:
                 f"resuming {len(left)} prompt(s) left in flight by an earlier run: {left[:8]}"
             )
 
-    def _next_index(self) -> int | None:
-        """The next prompt index (an earlier run's leftovers first); None when out of data."""
-        index = self.cursor.next()
-        return None if index is None else self._track_epoch(index)
-
     def _track_epoch(self, index: int) -> int:
         """Say when this actor's prompts enter a new epoch (finite sources); ``index``."""
         epoch = self.prompts.epoch_of(index)
@@ -341,7 +347,7 @@ class Actor:
         self.state.epoch = max(self.state.epoch, epoch)
         return index
 
-    async def _group_task(self, index: int, lease: str, limit: asyncio.Semaphore) -> None:
+    async def _group_task(self, index: int, lease: str, slots: Slots) -> None:
         """One group: generate (holding one of ``max_inflight`` engine slots, given back as
         soon as the completions are in, so scoring and committing overlap the next prompts'
         generation), score, commit. The lease bounds the groups in flight in all."""
@@ -354,7 +360,7 @@ class Actor:
         def give_back() -> None:
             if slot[0]:
                 slot[0] = False
-                limit.release()
+                slots.give()
 
         try:
             group = await self.make_group(index, give_back)
@@ -408,26 +414,23 @@ class Actor:
         return {**asdict(self.state), "time_s": self.clock.totals()}
 
     def _commit(self, lease: str, group: Group, index: int) -> bool | None:
-        """Commit, then take ``index`` out of the cursor's in-flight set (one thread trip);
-        if the lease expired meanwhile and the buffer is full, wait for a new slot.
+        """Commit, taking ``index`` out of the cursor's in-flight set in the same script; if
+        the lease expired meanwhile and the buffer is full, wait for a new slot.
 
         True: stored; False: committed before (duplicate); None: stopped before a slot freed
         (the index stays in flight for a restart).
         """
         from buffer.redis_buffer import LeaseExpired
 
+        done = self.cursor.in_flight_entry(index)
         try:
-            fresh = self.buffer.commit(lease, group)
+            return self.buffer.commit(lease, group, done)
         except LeaseExpired:
-            fresh = None
-            while fresh is None and not self.state.stop:
+            while not self.state.stop:
                 again = self.buffer.lease(self.state.actor_id, 1.0)
                 if again is not None:
-                    fresh = self.buffer.commit(again, group)
-            if fresh is None:
-                return None
-        self.cursor.done(index)
-        return fresh
+                    return self.buffer.commit(again, group, done)
+            return None
 
     async def _generate(self, prompt_ids: list[int], seed: int) -> list:
         a = self.cfg.actor

@@ -8,15 +8,17 @@ Keys of a buffer named ``N`` (besides those of ``buffer/scripts.py``)::
 
 Prompt cursor. Actor ``i`` of ``K`` takes prompts ``i, i+K, i+2K, ...``. ``CLAIM_INDEX``
 advances ``N:cursor:<i>`` and adds the index to ``N:inflight:<i>`` in one script, so a kill
-can never separate the two; the index leaves the set only in ``done`` (after its group was
-committed, or found committed before). Hence, across any number of kills:
+can never separate the two; the index leaves the set only when its group was committed, or
+found committed before: in the same COMMIT script (``ReplayBuffer.commit(...,
+in_flight=in_flight_entry(index))``, what actors do) or in ``done``. Hence, across any
+number of kills:
 
 - every index below the cursor was claimed once and is either committed or in the set, and
   a restarted actor re-generates the set (``resume``) before claiming new indices, so no
   prompt is skipped;
-- an index is claimed by one actor and once; it may be *generated* again only if a kill fell
-  between its commit and ``done``, and commit dedupes by group id (``task_seed:index``), so
-  it is stored once (the actor counts a duplicate).
+- an index is claimed by one actor and once; it is *generated* again only if a kill fell
+  before its commit (or, with ``done``, between the commit and ``done``), and commit dedupes
+  by group id (``task_seed:index``), so it is stored once (the actor counts a duplicate).
 
 That holds while the mapping index -> prompt and the stride ``K`` stay fixed
 (actors/data_identity.py checks it at start).
@@ -24,19 +26,23 @@ That holds while the mapping index -> prompt and the stride ``K`` stay fixed
 
 from __future__ import annotations
 
-# KEYS: cursor, inflight   ARGV: actor_id, num_actors, end (-1 = endless)
-# Claims the next index of this actor's stride and records it as in flight, atomically;
-# -1 (and the cursor unchanged) once the stride reaches `end`.
+# KEYS: cursor, inflight   ARGV: actor_id, num_actors, end (-1 = endless), count
+# Claims the next ``count`` indices of this actor's stride and records them as in flight,
+# atomically; returns them (fewer, or none, once the stride reaches ``end``, where the
+# cursor stops).
 CLAIM_INDEX = """
 local k = tonumber(redis.call('GET', KEYS[1]) or '0')
-local index = tonumber(ARGV[1]) + k * tonumber(ARGV[2])
-local stop = tonumber(ARGV[3])
-if stop >= 0 and index >= stop then
-  return -1
+local first, stride, stop = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local claimed = {}
+for _ = 1, tonumber(ARGV[4]) do
+  local index = first + k * stride
+  if stop >= 0 and index >= stop then break end
+  redis.call('SADD', KEYS[2], index)
+  claimed[#claimed + 1] = index
+  k = k + 1
 end
-redis.call('INCR', KEYS[1])
-redis.call('SADD', KEYS[2], index)
-return index
+if #claimed > 0 then redis.call('SET', KEYS[1], k) end
+return claimed
 """
 
 
@@ -91,29 +97,53 @@ class PromptCursor:
     def next(self) -> int | None:
         """The next index to generate: an earlier run's leftovers first, then a fresh claim.
         None once a finite source has no index left for this actor."""
+        got = self.next_many(1)
+        return got[0] if got else None
+
+    def next_many(self, count: int) -> list[int]:
+        """Up to ``count`` indices to generate (leftovers first, then fresh claims, in one
+        round trip); fewer only once a finite source runs out for this actor."""
         if self._leftover is None:
             self.resume()
-        if self._leftover:
-            return self._leftover.pop(0)
-        return self.claim()
+        assert self._leftover is not None
+        taken, self._leftover = self._leftover[:count], self._leftover[count:]
+        return taken + (self.claim_many(count - len(taken)) if count > len(taken) else [])
 
     def claim(self) -> int | None:
         """Claim a new index (advance the cursor and record it in flight, atomically)."""
+        got = self.claim_many(1)
+        return got[0] if got else None
+
+    def claim_many(self, count: int) -> list[int]:
+        """Claim up to ``count`` new indices in one script (``CLAIM_INDEX``)."""
         if self._script is None:
             self._script = self.buffer.client.register_script(CLAIM_INDEX)
         end = -1 if self.end is None else self.end
-        args = [self.actor_id, self.num_actors, end]
-        index = int(self._redis(lambda: self._script(self.keys, args)))
-        return None if index < 0 else index
+        args = [self.actor_id, self.num_actors, end, count]
+        return [int(i) for i in self._redis(lambda: self._script(self.keys, args))]
 
     def done(self, index: int) -> None:
         """The group of ``index`` is in the buffer: it is no longer in flight."""
         self._redis(lambda: self.buffer.client.srem(self.keys[1], index))
 
+    def in_flight_entry(self, index: int) -> tuple[str, int]:
+        """``(set key, index)`` for ``ReplayBuffer.commit(..., in_flight=...)``: the commit
+        that stores ``index``'s group marks it done in the same script."""
+        return self.keys[1], index
+
     def _redis(self, fn):
         # A retried claim whose reply was lost claims the next index too; the lost one stays
         # in the in-flight set and is generated after the next restart (nothing is skipped).
         return self.buffer._redis(fn, self.keys)
+
+
+# KEYS: quota   ARGV: per_version, count   Admits min(count, per_version - admitted so far).
+TAKE_QUOTA = """
+local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local granted = math.max(0, math.min(tonumber(ARGV[2]), tonumber(ARGV[1]) - used))
+if granted > 0 then redis.call('INCRBY', KEYS[1], granted) end
+return granted
+"""
 
 
 def quota_key(name: str, version: int) -> str:
@@ -125,16 +155,31 @@ class SyncQuota:
     """The sync barrier of ``mode=sync``: at most ``per_version`` groups are admitted under
     each weight version, summed over every actor of the buffer (``N:quota:<v>``).
 
-    Invariant: ``take(v)`` returns True at most ``per_version`` times per ``v`` job-wide. It
-    is not retried on a dropped connection: a retried INCR whose first reply was lost would
-    count one group twice and leave the version a group short of a full batch.
+    Invariant: ``take_many(v, k)`` admits at most ``per_version`` groups per ``v`` job-wide,
+    summed over all calls (``take`` is ``take_many(v, 1)``). It is not retried on a dropped
+    connection: a retried take whose first reply was lost would count its groups twice and
+    leave the version short of a full batch.
     """
 
     def __init__(self, buffer, per_version: int) -> None:
         if per_version < 1:
             raise ValueError(f"per_version must be >= 1, got {per_version}")
         self.buffer, self.per_version = buffer, per_version
+        self._script = None
 
     def take(self, version: int) -> bool:
         """Admit one group under ``version`` if its quota is not used up."""
-        return self.buffer.client.incr(quota_key(self.buffer.name, version)) <= self.per_version
+        return self.take_many(version, 1) == 1
+
+    def take_many(self, version: int, count: int) -> int:
+        """Admit up to ``count`` groups under ``version`` (one script, ``TAKE_QUOTA``: the
+        counter holds exactly the groups admitted); returns how many."""
+        if self._script is None:
+            self._script = self.buffer.client.register_script(TAKE_QUOTA)
+        key = quota_key(self.buffer.name, version)
+        return int(self._script([key], [self.per_version, count]))
+
+    def give_back(self, version: int, count: int) -> None:
+        """Return ``count`` admissions of ``version`` that found no buffer slot."""
+        if count > 0:
+            self.buffer.client.decrby(quota_key(self.buffer.name, version), count)

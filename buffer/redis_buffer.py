@@ -180,16 +180,26 @@ class ReplayBuffer:
 
         Returns a lease id (valid ``lease_ttl_s``; see ``renew``) or None on timeout.
         """
-        lease_id = f"{actor_id}:{secrets.token_hex(8)}"
+        got = self.lease_many(actor_id, 1, timeout_s)
+        return got[0] if got else None
+
+    def lease_many(self, actor_id: int, count: int, timeout_s: float) -> list[str]:
+        """Reserve up to ``count`` slots in one round trip, waiting up to ``timeout_s`` while
+        the buffer is full. Returns 1..``count`` lease ids as slots are free now (each valid
+        ``lease_ttl_s``), or ``[]`` on timeout."""
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        ids = [f"{actor_id}:{secrets.token_hex(8)}" for _ in range(count)]
         keys = [self._k["leases"], self._k["stream"], self._k["meta"]]
-        args = [lease_id, int(self.lease_ttl_s * 1000)]
+        args = [int(self.lease_ttl_s * 1000), *ids]
         deadline = time.monotonic() + timeout_s
         while True:
-            if self._run("LEASE", keys, args) == 1:
-                return lease_id
+            granted = int(self._run("LEASE", keys, args))
+            if granted > 0:
+                return ids[:granted]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return None
+                return []
             self._await_wake(min(remaining, WAKE_POLL_S))
 
     def _await_wake(self, timeout_s: float) -> None:
@@ -214,16 +224,21 @@ class ReplayBuffer:
 
         self._redis(push, [wake])
 
-    def commit(self, lease_id: str, group: Group) -> bool:
+    def commit(self, lease_id: str, group: Group, in_flight: tuple[str, int] | None = None) -> bool:
         """Store ``group`` and release ``lease_id`` atomically.
 
         Returns True if stored, False if ``group.group_id`` was committed before (nothing is
         stored; the lease is still released). Raises ``LeaseExpired`` if the lease expired and
         no slot is free (the group is not stored), ``ValueError`` for a malformed group.
+        ``in_flight=(set_key, index)``: in the same script, when True or False is returned,
+        ``index`` leaves that set (``PromptCursor.in_flight_entry``: the prompt is done).
         """
         payload = encode_group(group)
         keys = [self._k[k] for k in ("leases", "stream", "meta", "stats", "group_ids", "commits")]
         args = [lease_id, group.group_id, payload]
+        if in_flight is not None:
+            keys.append(in_flight[0])
+            args.append(in_flight[1])
         result = self._run("COMMIT", keys, args)
         if result == -1:
             raise LeaseExpired(

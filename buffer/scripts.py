@@ -73,23 +73,31 @@ local function require_group(stream, g)
 end
 """
 
-# KEYS: leases, stream, meta   ARGV: lease_id, ttl_ms
-# Grants a slot iff live leases + unread < capacity. Returns 1 (granted) or 0 (full).
+# KEYS: leases, stream, meta   ARGV: ttl_ms, lease_id...
+# Grants the first g of the given lease ids, g = min(their number, capacity - live leases -
+# unread); returns g (0 = full). One call reserves several slots (an actor refilling its
+# engine after a batch of groups finished makes one round trip, not one per group).
 LEASE = (
     _PRELUDE
     + """
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) + unread_count(KEYS[2], KEYS[3]) >= capacity(KEYS[3]) then
-  return 0
+local free = capacity(KEYS[3]) - redis.call('ZCARD', KEYS[1]) - unread_count(KEYS[2], KEYS[3])
+local granted = math.max(0, math.min(free, #ARGV - 1))
+local expiry = now + tonumber(ARGV[1])
+for i = 2, granted + 1 do
+  redis.call('ZADD', KEYS[1], expiry, ARGV[i])
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-return 1
+return granted
 """
 )
 
-# KEYS: leases, stream, meta, stats, group_ids, commits   ARGV: lease_id, group_id, payload
+# KEYS: leases, stream, meta, stats, group_ids, commits[, inflight]
+# ARGV: lease_id, group_id, payload[, index]
 # Returns 1 stored, 0 duplicate group_id (nothing stored), -1 lease gone and buffer full.
+# With the optional 7th key, ``index`` leaves that set (the prompt cursor's in-flight set,
+# buffer/cursors.py) when the result is 1 or 0: the group and its prompt's "done" land
+# together, so no kill can fall between them.
 # A live lease's slot turns into the new unread entry (leased-1, unread+1); without a live
 # lease the group is stored only if a slot is free, so leased + unread <= capacity holds.
 # The capacity is checked on every commit, so a wiped meta hash fails the actor at once.
@@ -100,7 +108,10 @@ local now = now_ms()
 local cap = capacity(KEYS[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local held = redis.call('ZREM', KEYS[1], ARGV[1])
-if redis.call('SISMEMBER', KEYS[5], ARGV[2]) == 1 then return 0 end
+if redis.call('SISMEMBER', KEYS[5], ARGV[2]) == 1 then
+  if KEYS[7] then redis.call('SREM', KEYS[7], ARGV[4]) end
+  return 0
+end
 if held == 0 then
   local used = redis.call('ZCARD', KEYS[1]) + unread_count(KEYS[2], KEYS[3])
   if used >= cap then return -1 end
@@ -110,6 +121,7 @@ local seq = redis.call('HINCRBY', KEYS[4], 'committed', 1)
 local id = redis.call('XADD', KEYS[2], '*', 'group_id', ARGV[2], 'seq', seq, 'payload', ARGV[3])
 redis.call('HSET', KEYS[6], id, seq)
 redis.call('SADD', KEYS[5], ARGV[2])
+if KEYS[7] then redis.call('SREM', KEYS[7], ARGV[4]) end
 return 1
 """
 )

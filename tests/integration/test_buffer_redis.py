@@ -82,6 +82,38 @@ def test_commit_is_idempotent_by_group_id(redis_client, buffer_name):
     assert buf.stats()["committed"] == 1
 
 
+def test_lease_many_grants_the_free_slots_in_one_call(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=5)
+    _fill(buf, ["0:1"])
+    before = redis_client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    got = buf.lease_many(0, 6, timeout_s=1.0)
+    assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] - before == 1
+    assert len(got) == 4 and len(set(got)) == 4  # 5 slots - 1 unread
+    assert buf.stats()["leased"] == 4 and buf.lease_many(1, 2, timeout_s=0.05) == []
+    assert buf.release(got[0]) and buf.lease_many(1, 3, timeout_s=1.0)[0].startswith("1:")
+    with pytest.raises(ValueError, match="count"):
+        buf.lease_many(0, 0, timeout_s=1.0)
+
+
+def test_a_commit_marks_its_prompt_done_in_the_same_script(redis_client, buffer_name):
+    """``commit(..., in_flight=(key, index))``: a stored or duplicate group takes ``index``
+    out of the set; a commit that stores nothing (lease gone, buffer full) leaves it."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=1, lease_ttl_s=0.2)
+    key = f"{buffer_name}:inflight:0"
+    redis_client.sadd(key, 3, 4, 5)
+    assert buf.commit(buf.lease(0, 1.0), _group("0:3"), (key, 3)) is True
+    assert redis_client.smembers(key) == {b"4", b"5"}
+    buf.ack([e.entry_id for e in buf.read("c", 5, 0)], "trained")
+    assert buf.commit(buf.lease(0, 1.0), _group("0:3"), (key, 4)) is False  # a duplicate
+    assert redis_client.smembers(key) == {b"5"}
+    late = buf.lease(0, 1.0)
+    time.sleep(0.3)  # the lease expires ...
+    _fill(buf, ["0:9"])  # ... and its slot is taken
+    with pytest.raises(LeaseExpired):
+        buf.commit(late, _group("0:5"), (key, 5))
+    assert redis_client.smembers(key) == {b"5"}
+
+
 def test_backpressure_blocks_until_learner_reads(redis_client, buffer_name):
     buf = ReplayBuffer(redis_client, buffer_name, capacity=2)
     _fill(buf, ["0:1", "0:2"])
@@ -269,16 +301,19 @@ def test_concurrent_leases_never_exceed_capacity(redis_server, buffer_name):
 
     def actor(i: int) -> None:
         buf = ReplayBuffer(connect(redis_server.url), buffer_name, capacity)
-        for k in range(per_actor):
-            lease = buf.lease(i, timeout_s=10.0)
-            assert lease is not None
+        k = 0
+        while k < per_actor:  # odd actors lease two slots at a time where two are free
+            leases = buf.lease_many(i, 1 + i % 2 if k + 1 < per_actor else 1, timeout_s=10.0)
+            assert leases
             with lock:
-                held[0] += 1
+                held[0] += len(leases)
                 max_held[0] = max(max_held[0], held[0])
             time.sleep(0.002)
-            with lock:
-                held[0] -= 1  # before commit: afterwards the slot is an unread entry
-            assert buf.commit(lease, _group(f"{i}:{k}", seed=k))
+            for lease in leases:
+                with lock:
+                    held[0] -= 1  # before commit: afterwards the slot is an unread entry
+                assert buf.commit(lease, _group(f"{i}:{k}", seed=k))
+                k += 1
 
     def monitor() -> None:
         while not done.is_set():

@@ -63,3 +63,41 @@ def test_sync_quota_admits_per_version_across_actors(redis_client, buffer_name):
     assert actors[1].take(1)  # a new version has a fresh quota
     with pytest.raises(ValueError, match="per_version"):
         SyncQuota(buf, per_version=0)
+
+
+def test_batched_claims_leftovers_first_and_stop_at_the_end(redis_client, buffer_name):
+    """``next_many``: an earlier run's leftovers, then fresh claims, all in one call; fewer
+    only once the stride reaches ``end``, and the cursor stays there."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    first = PromptCursor(buf, actor_id=0, num_actors=2, end=13)
+    assert first.next_many(3) == [0, 2, 4]
+    first.done(2)
+    again = PromptCursor(buf, actor_id=0, num_actors=2, end=13)  # the restart
+    assert again.next_many(1) == [0] and again.next_many(3) == [4, 6, 8]
+    assert again.next_many(5) == [10, 12] and again.next_many(2) == []
+    assert again.claimed() == 7 and again.in_flight() == [0, 4, 6, 8, 10, 12]
+
+
+def test_batched_quota_takes_never_admit_more_than_per_version(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    a, b = SyncQuota(buf, per_version=5), SyncQuota(buf, per_version=5)
+    assert a.take_many(0, 3) == 3 and b.take_many(0, 4) == 2 and a.take_many(0, 1) == 0
+    b.give_back(0, 1)  # one admission found no buffer slot
+    assert a.take_many(0, 4) == 1 and not b.take(0)
+    assert b.take_many(1, 9) == 5  # a new version: a fresh quota
+
+
+def test_concurrent_batched_quota_takes_admit_exactly_per_version(redis_client, buffer_name):
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    got: list[int] = []
+
+    def take() -> None:
+        quota = SyncQuota(buf, per_version=37)
+        got.extend(quota.take_many(0, 3) for _ in range(10))
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(got) == 37

@@ -48,15 +48,15 @@ def test_every_prompt_of_every_epoch_is_claimed_once_across_restarts(redis_clien
     done: list[int] = []
     for actor_id in range(cfg.actor.num_actors):
         first = _actor(cfg, actor_id, model_dir, buf, src)
-        claimed = [first._next_index() for _ in range(3)]
+        claimed = [first.cursor.next() for _ in range(3)]
         first.cursor.done(claimed[0])  # committed one, then killed with two in flight
         done.append(claimed[0])
         again = _actor(cfg, actor_id, model_dir, buf, src)  # the restart
         assert again.cursor.in_flight() == sorted(claimed[1:])
-        while (index := again._next_index()) is not None:
+        while (index := again.cursor.next()) is not None:
             again.cursor.done(index)
             done.append(index)
-        assert _actor(cfg, actor_id, model_dir, buf, src)._next_index() is None  # stays done
+        assert _actor(cfg, actor_id, model_dir, buf, src).cursor.next() is None  # stays done
     assert sorted(done) == list(range(src.end)) and src.end == 2 * PROMPTS
     assert Counter(src.get(i).text for i in done) == {f"{i}+1=": 2 for i in range(PROMPTS)}
 
