@@ -2,6 +2,7 @@
 
     python -m benchmarks.demo_defaults                     # 4 arms x 2 reps x 100 steps, ~12 min
     python -m benchmarks.demo_defaults --arm mine:learner.sync_every=4 --reps 3
+    python -m benchmarks.demo_defaults --arm before@HEAD~1: --arm after:   # code, not config
 
 Each arm is ``asyncrl run`` with the config defaults plus the arm's overrides (and
 ``learner.checkpoint_every=0 metrics_port=0``, as ``benchmarks/vs_trl.py``). The default arms
@@ -12,6 +13,10 @@ are the choices issue 17 asks about, each differing from its neighbour in one th
   r1_split       learner.nproc=1, learner on the first half of the usable cores, the actor on
                  the second (``learner.cpu_affinity``, ``actor.cpu_affinity``)
   r1_split_s2    r1_split with ``learner.sync_every=2``
+
+``--arm NAME@REV:overrides`` runs the code of commit ``REV`` (a temporary ``git worktree``,
+removed at the end) with the demo model cached in this checkout (``model.cache_dir``), so
+two commits compare side by side.
 
 Reps run the arms in alternating order (A B C D, D C B A, ...) so machine noise hits every arm
 alike. Per run: start-up (spawn to first step), steps/s over training, the learner's busy and
@@ -31,6 +36,7 @@ from pathlib import Path
 from benchmarks.common import REPO, RESULTS, mean_std, write_result
 from benchmarks.vs_trl_report import run_figures
 from benchmarks.vs_trl_runs import run_asyncrl
+from benchmarks.worktrees import Worktrees
 
 COMMON = ["learner.checkpoint_every=0", "metrics_port=0"]
 
@@ -54,10 +60,11 @@ def default_arms() -> dict[str, list[str]]:
 
 
 def parse_arm(text: str) -> tuple[str, list[str]]:
-    """``NAME:k=v,k=v`` (values may not contain commas here; quote lists as ``'0'``)."""
+    """``NAME[@REV]:k=v,k=v`` (values may not contain commas here; quote lists as ``'0'``);
+    the name keeps its ``@REV``."""
     name, _, rest = text.partition(":")
     if not name or not _:
-        raise SystemExit(f"--arm {text!r}: expected NAME:key=value[,key=value...]")
+        raise SystemExit(f"--arm {text!r}: expected NAME[@REV]:key=value[,key=value...]")
     return name, [kv for kv in rest.split(",") if kv]
 
 
@@ -90,13 +97,25 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     arms = dict(map(parse_arm, args.arm)) if args.arm else default_arms()
     names = list(arms)
+    trees = Worktrees(args.runs_dir / args.name / "worktrees")
+    try:
+        return _run_arms(args, arms, names, trees)
+    finally:
+        trees.close()
+
+
+def _run_arms(args, arms: dict[str, list[str]], names: list[str], trees: Worktrees) -> int:
+    checkouts = {n: trees.add(n.partition("@")[2]) for n in names if "@" in n}
+    cache = [f"model.cache_dir={REPO / '.cache' / 'asyncrl'}"]
     runs = []
     for rep in range(args.reps):
         for name in names if rep % 2 == 0 else names[::-1]:
             ovr = [*arms[name], *COMMON, f"learner.steps={args.steps}", f"seed={args.seed}"]
-            run_dir = args.runs_dir / args.name / f"{name}-rep{rep}"
+            ovr += cache if name in checkouts else []
+            safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
+            run_dir = args.runs_dir / args.name / f"{safe}-rep{rep}"
             print(f"[demo_defaults] rep {rep} {name}: {' '.join(arms[name])}", flush=True)
-            r = run_asyncrl(ovr, run_dir, timeout=600 + 10 * args.steps)
+            r = run_asyncrl(ovr, run_dir, 600 + 10 * args.steps, checkouts.get(name))
             if r["returncode"] != 0 or "error" in r:
                 print(f"[demo_defaults]   FAILED ({r['returncode']}); log: {r['log']}",
                       file=sys.stderr)  # fmt: skip
@@ -114,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                          ("startup_s", "steps_per_s", "steps_per_s_with_startup",
                           "reward_final", "learner_busy_s", "learner_waiting_data_s",
                           "learner_weight_sync_s", "learner_cpu_s")}  # fmt: skip
-    config = {"arms": arms, "common": COMMON, "steps": args.steps, "reps": args.reps,
+    config = {"arms": arms, "commits": trees.hashes, "common": COMMON, "steps": args.steps, "reps": args.reps,
               "seed": args.seed, "thresholds": args.thresholds, "window": args.window,
               "cores_usable": sorted(os.sched_getaffinity(0))}  # fmt: skip
     path = write_result(args.name, {"config": config, "per_arm": per_arm, "runs": runs}, args.out)

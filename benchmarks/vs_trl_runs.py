@@ -28,10 +28,12 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
-def _spawn(cmd: list[str], log: Path, env: dict) -> tuple[subprocess.Popen, float]:
+def _spawn(
+    cmd: list[str], log: Path, env: dict, cwd: Path = REPO
+) -> tuple[subprocess.Popen, float]:
     t0 = time.time()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                                 start_new_session=True)  # fmt: skip
     return proc, t0
@@ -88,16 +90,20 @@ def run_trl(overrides: list[str], out: Path, threads: int, timeout: float) -> di
     return {**run, "startup_s": done["startup_s"], "steps": steps, "trl": done}
 
 
-def run_asyncrl(overrides: list[str], run_dir: Path, timeout: float) -> dict:
+def run_asyncrl(
+    overrides: list[str], run_dir: Path, timeout: float, checkout: Path | None = None
+) -> dict:
     """``asyncrl run``; each metrics.jsonl line is stamped when it appears (polled every 0.1
     s), which places the ``elapsed_s`` origin on the spawn clock: start-up = min(seen -
-    elapsed_s) over the steps."""
+    elapsed_s) over the steps. ``checkout``: run that checkout's code (another commit's
+    worktree: its working directory and first on ``PYTHONPATH``) instead of this one's."""
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, "-m", "asyncrl.orchestration.cli", "run", *overrides,
            f"run_dir={run_dir}"]  # fmt: skip
     log, metrics = run_dir.parent / f"{run_dir.name}.log", run_dir / "metrics.jsonl"
-    proc, t0 = _spawn(cmd, log, {})
+    env = {} if checkout is None else {"PYTHONPATH": str(checkout)}
+    proc, t0 = _spawn(cmd, log, env, cwd=checkout or REPO)
     seen: list[tuple[bytes, float]] = []
     state = {"pos": 0, "buf": b""}
 
