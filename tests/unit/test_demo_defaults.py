@@ -24,7 +24,8 @@ def test_default_arms_pin_explicitly(monkeypatch):
 def test_parse_arm():
     assert dd.parse_arm("a:learner.nproc=1,seed=2") == ("a", ["learner.nproc=1", "seed=2"])
     assert dd.parse_arm("plain:") == ("plain", [])
-    with pytest.raises(SystemExit, match="expected NAME:key=value"):
+    assert dd.parse_arm("before@HEAD~1:seed=3") == ("before@HEAD~1", ["seed=3"])  # its code
+    with pytest.raises(SystemExit, match=r"expected NAME\[@REV\]:key=value"):
         dd.parse_arm("no-colon")
 
 
