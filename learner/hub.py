@@ -236,6 +236,7 @@ class Hub:
         """The actors hold the weights of ``version`` now: validate them if due."""
         v = self.validation
         if v is not None and v.due(version, start=start):
+            self._settle_weights()
             v.request(version)
 
     def sync_allowed(self, version: int, synced: int) -> bool:
@@ -255,6 +256,12 @@ class Hub:
                 self.clock.set("busy")
         return not v.holding
 
+    def _settle_weights(self) -> None:
+        """Wait until the actors loaded the last sync (its deferred ack), so a validation
+        requested now runs on those weights."""
+        if self.sender is not None:
+            self.sender.settle()
+
     def end_validation_due(self, version: int) -> bool:
         """After the last step: finish a validation under way; validate ``version`` too?"""
         v = self.validation
@@ -265,6 +272,7 @@ class Hub:
 
     def validate_final(self, version: int) -> None:
         """Validate the final weights (at the actors now) and wait for the result."""
+        self._settle_weights()
         self.validation.request(version)
         self.validation.wait(version - 1, self.stop_requested)
 
@@ -405,6 +413,7 @@ def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False
         control, timeout_s=cfg.learner.weight_sync_timeout_s, log=_say,
         wire_dtype=_DTYPES[cfg.model.dtype], stop=stop, network=cfg.network, transport=name,
         workers_per_actor=cfg.actor.tensor_parallel_size, device=device,
+        defer_ack=cfg.learner.defer_weight_ack,
     )  # fmt: skip
     _say(f"weights travel over {name} (learner.weight_transport={cfg.learner.weight_transport})")
     return channel.open()

@@ -12,6 +12,7 @@ learner does not import vLLM).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -66,12 +67,14 @@ class ActorWeightChannel:
                  stop: Callable[[], bool] = lambda: False,
                  network: NetworkConfig | None = None, transport: str = "gloo",
                  workers_per_actor: int = 1, device: torch.device | None = None,
-                 sender: Sender | None = None) -> None:  # fmt: skip
+                 sender: Sender | None = None, defer_ack: bool = False) -> None:  # fmt: skip
         """``network``: where the group binds and what the actors are told (its
         ``address``); loopback by default. ``transport``: a name in
         ``asyncrl.transports.TRANSPORTS``; ``bucket_bytes`` None = the transport's default;
         ``device``: the learner's device (nccl sends from it); ``sender``: a ready sender
-        (tests), instead of building one."""
+        (tests), instead of building one. ``defer_ack``: a try returns once every byte is
+        sent, and the receivers' ack is collected in a thread (``settle``), where the
+        transport can (``defers_ack``: gloo, shm); otherwise each try waits for it."""
         if workers_per_actor < 1:
             raise ValueError(f"workers_per_actor must be >= 1, got {workers_per_actor}")
         self.control = control
@@ -97,6 +100,9 @@ class ActorWeightChannel:
         self.last_stats = SendStats(bytes=0, tensors=0, seconds=0.0)
         """What the last successful try sent (zeros when it had no live actor)."""
         self._dirty = True
+        self.defer_ack = defer_ack and getattr(self.sender, "defers_ack", False)
+        self._ack: PendingAck | None = None
+        self._regroup = False  # a deferred ack failed: re-form the group with a ping round
 
     @property
     def transport(self) -> str:
@@ -131,8 +137,12 @@ class ActorWeightChannel:
         try:
             self.last_stats = SendStats(bytes=0, tensors=0, seconds=0.0)
             if attempt == 0:
+                self.settle()  # the last sync's deferred ack
                 self._drain()
-                if self._dirty:
+                if self._regroup:
+                    self._regroup = False
+                    self._rebuild(self._ping(), "after its ack failed or was abandoned")
+                elif self._dirty:
                     self._rebuild(self._candidates(), "an actor registered or was outside it")
             else:
                 self._rebuild(self._ping(), "after the failure above")
@@ -140,7 +150,11 @@ class ActorWeightChannel:
                 return False
             for actor_id in self.members:
                 self.control.send(actor_id, {"type": "update", "version": version})
-            self.last_stats = self.sender.send(it, version)
+            if self.defer_ack:
+                self.last_stats = self.sender.send(it, version, wait_ack=False)
+                self._ack = PendingAck(self.sender, version)
+            else:
+                self.last_stats = self.sender.send(it, version)
             return False
         except WeightSyncError as e:
             return self._failed(e, version, attempt)
@@ -164,6 +178,24 @@ class ActorWeightChannel:
                  f"members {self.members}): {error}; rebuilding the group with the actors "
                  "that answer")  # fmt: skip
         return True
+
+    def settle(self) -> None:
+        """Wait for the deferred ack of the last sync, if one is pending (bounded by the
+        group's deadline; abandoned once the learner is stopping). A failed ack is counted in
+        ``failures`` and logged; then, as after an abandoned one, the group is closed and the
+        next try re-forms it with the actors that answer and sends its version in full."""
+        pending, self._ack = self._ack, None
+        if pending is None:
+            return
+        done, error = pending.wait(self.stop)
+        if done and error is None:
+            return
+        self.sender.close()  # the ack's thread may still be in a collective on it
+        self._regroup = True
+        if error is not None:
+            self.failures += 1
+            self.log(f"weight sync {pending.version} failed at its ack ({error}); the next "
+                     "sync rebuilds the group with the actors that answer")  # fmt: skip
 
     def rejoin_pending(self) -> bool:
         """Read the control plane now; True if the next sync will rebuild the group (an
@@ -227,4 +259,34 @@ class ActorWeightChannel:
             self.log(f"weight sync: new group with actors {self.members} ({reason})")
 
     def close(self) -> None:
+        """Close the group; a deferred ack still pending is not waited for."""
+        self._ack = None
         self.sender.close()
+
+
+class PendingAck:
+    """The receivers' ack of version ``version``, collected by a daemon thread
+    (``sender.collect_ack``) while the learner trains its next step."""
+
+    def __init__(self, sender: Sender, version: int) -> None:
+        self.version = version
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, args=(sender,), daemon=True,
+                                        name=f"weight-ack-{version}")  # fmt: skip
+        self._thread.start()
+
+    def _run(self, sender) -> None:
+        try:
+            sender.collect_ack(self.version)
+        except Exception as e:  # WeightSyncError, or a collective's own error
+            self._error = e
+
+    def wait(self, stop: Callable[[], bool]) -> tuple[bool, Exception | None]:
+        """``(done, error)``: ``(True, None)`` once every receiver loaded the version,
+        ``(True, error)`` if the ack failed, ``(False, None)`` as soon as ``stop()`` turns
+        True while it is still waiting (abandoned)."""
+        while self._thread.is_alive():
+            if stop():
+                return False, None
+            self._thread.join(0.05)
+        return True, self._error

@@ -46,7 +46,12 @@ class SendStats:
 class Sender(Protocol):
     """Learner rank 0's end. Invariant: at most one group and one sync at a time; ``send``
     returns only after every receiver verified and loaded the version, else raises
-    ``WeightSyncError`` (then ``close``, and ``open`` a new group)."""
+    ``WeightSyncError`` (then ``close``, and ``open`` a new group).
+
+    Optional capability (host transports, ``defers_ack = True``): ``send(named, version,
+    wait_ack=False)`` returns once every byte is sent, and ``collect_ack(version)`` (one
+    thread, before the group's next call) waits for the receivers' ack and raises as
+    ``send`` would (learner/weight_sender.py ``PendingAck``)."""
 
     name: ClassVar[str]
     timeout_s: float

@@ -27,6 +27,7 @@ from asyncrl.weights import (
     BroadcastPayloads,
     LoadFn,
     WeightSyncError,
+    collect_ack,
     host_checksum,
     receive_stream,
     send_stream,
@@ -120,6 +121,9 @@ class GlooSender:
     """Rank 0 of a gloo group whose other ranks are the receivers (``transports.base.Sender``)."""
 
     name: ClassVar[str] = "gloo"
+    defers_ack: ClassVar[bool] = True
+    """``send(..., wait_ack=False)`` + ``collect_ack`` (host memory: once a broadcast returned
+    its bytes are sent, so nothing sent can change before the receivers load it)."""
 
     def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout_s: float = DEFAULT_TIMEOUT_S, wire_dtype: torch.dtype | None = None,
@@ -152,11 +156,21 @@ class GlooSender:
     def connected(self) -> bool:
         return self._group is not None
 
-    def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SendStats:
+    def send(
+        self, named: Iterable[tuple[str, torch.Tensor]], version: int, wait_ack: bool = True
+    ) -> SendStats:
+        """``wait_ack=False``: return once every byte is sent; ``collect_ack`` ends the sync."""
         if self._group is None:
             raise WeightSyncError("GlooSender.send before connect")
         return timed_send(self._group, cast(named, self.wire_dtype, "cpu"), version,
-                          self.bucket_bytes)  # fmt: skip
+                          self.bucket_bytes, wait_ack)  # fmt: skip
+
+    def collect_ack(self, version: int) -> None:
+        """The receivers' ack of a ``send(..., wait_ack=False)`` (``asyncrl.weights``)."""
+        group = self._group
+        if group is None:
+            raise WeightSyncError(f"weight sync {version}: the group closed before its ack")
+        collect_ack(group, version)
 
     def close(self) -> None:
         if self._group is not None:
@@ -204,10 +218,10 @@ def cast(named: Iterable[tuple[str, torch.Tensor]], wire_dtype: torch.dtype | No
         yield name, t.to(device)
 
 
-def timed_send(group, named, version: int, bucket_bytes: int) -> SendStats:
+def timed_send(group, named, version: int, bucket_bytes: int, wait_ack: bool = True) -> SendStats:
     """``send_stream`` with its wall time; the shared body of every sender's ``send``."""
     if version < 0:
         raise ValueError(f"version must be >= 0, got {version}")
     t0 = time.perf_counter()
-    nbytes, count = send_stream(group, named, version, bucket_bytes)
+    nbytes, count = send_stream(group, named, version, bucket_bytes, wait_ack)
     return SendStats(bytes=nbytes, tensors=count, seconds=time.perf_counter() - t0)

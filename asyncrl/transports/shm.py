@@ -36,7 +36,13 @@ import torch
 
 from asyncrl.transports.base import SendStats
 from asyncrl.transports.gloo import GlooGroup, GlooSender, cast, timed_send
-from asyncrl.weights import DEFAULT_TIMEOUT_S, LoadFn, WeightSyncError, receive_stream
+from asyncrl.weights import (
+    DEFAULT_TIMEOUT_S,
+    LoadFn,
+    WeightSyncError,
+    collect_ack,
+    receive_stream,
+)
 
 if TYPE_CHECKING:
     from asyncrl.config_network import NetworkConfig
@@ -156,12 +162,22 @@ class ShmSender(GlooSender):
         assert self._group is not None and self._dir is not None
         self._shm = ShmGroup(self._group, self._dir)
 
-    def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SendStats:
+    def send(
+        self, named: Iterable[tuple[str, torch.Tensor]], version: int, wait_ack: bool = True
+    ) -> SendStats:
+        """``wait_ack=False``: return once every bucket is in its file and announced; the
+        files are rewritten only by the next ``send``, after ``collect_ack``."""
         if self._shm is None:
             raise WeightSyncError("ShmSender.send before connect")
         self._shm.restart()
         return timed_send(self._shm, cast(named, self.wire_dtype, "cpu"), version,
-                          self.bucket_bytes)  # fmt: skip
+                          self.bucket_bytes, wait_ack)  # fmt: skip
+
+    def collect_ack(self, version: int) -> None:
+        shm = self._shm
+        if shm is None:
+            raise WeightSyncError(f"weight sync {version}: the group closed before its ack")
+        collect_ack(shm, version)
 
     def close(self) -> None:
         self._shm = None

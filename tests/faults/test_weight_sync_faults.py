@@ -176,3 +176,60 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
         control.close()
     print(f"\nweight sync kills: {rounds}; (failure surfaced s, sync incl. rebuild s): {figures}; "
           f"rebuilds {channel.rebuilds}, failures {channel.failures}")  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_a_receiver_killed_under_deferred_acks_fails_a_later_settle_and_survivors_match(
+    tmp_path, roles
+):
+    """``defer_ack=True`` (the learner's default on host transports): a sync returns once its
+    bytes are sent, so the kill surfaces either in that sync (a send to the dead peer) or
+    in the ack collected later (``settle``, which the next sync runs first). Either way the
+    failure is counted, the next sync re-forms the group with the survivors and sends its
+    version in full, and the survivors end identical."""
+    from asyncrl.control import ControlServer
+    from asyncrl.waiting import Wait
+    from learner.weight_sender import ActorWeightChannel
+
+    buckets = n_buckets()
+    control = ControlServer()
+    recv = Receivers(json.dumps(control.meta()), tmp_path, roles)
+    said: list[str] = []
+    channel = ActorWeightChannel(control, timeout_s=TIMEOUT_S, ping_s=PING_S,
+                                 bucket_bytes=BUCKET_BYTES, log=said.append,
+                                 transport="shm", defer_ack=True)  # fmt: skip
+    assert channel.defer_ack
+    try:
+        victim = 1
+        for i in range(N_RECEIVERS):  # the victim dies in the middle of its second sync
+            recv.start(i, kill_at=buckets + buckets // 2 if i == victim else None)
+        control.wait_for_actors(
+            N_RECEIVERS, Wait("the receivers", START_S, print, lambda: roles.check() or False)
+        )
+        channel.open()
+        channel.sync(weights(1).items(), 1)
+        channel.settle()
+        assert channel.failures == 0 and channel._ack is None
+        digests = wait_versions(recv, list(range(N_RECEIVERS)), 1)
+        assert set(digests.values()) == {digest(weights(1))}
+        t0 = time.monotonic()
+        channel.sync(weights(2).items(), 2)  # the victim dies in here ...
+        assert roles.wait(recv.procs[victim], 30) == -9, recv.log(victim)
+        channel.settle()  # ... and its failure is known by now, one way or the other
+        assert time.monotonic() - t0 < 2 * TIMEOUT_S + 10.0, "the failure took too long"
+        assert channel.failures >= 1, said
+        survivors = [i for i in range(N_RECEIVERS) if i != victim]
+        channel.sync(weights(3).items(), 3)
+        channel.settle()
+        assert channel.members == survivors, said
+        digests = wait_versions(recv, survivors, 3)
+        assert set(digests.values()) == {digest(weights(3))}, digests
+        control.broadcast({"type": "stop"})
+        survivors_procs = [recv.procs[i] for i in survivors]
+        roles.expect_exit(*survivors_procs)
+        for p in survivors_procs:
+            assert roles.wait(p, 30) == 0, p.tail()
+    finally:
+        channel.close()
+        roles.stop_all()
+        control.close()
