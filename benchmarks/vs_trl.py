@@ -5,6 +5,8 @@
     python -m benchmarks.vs_trl --setting long_tail    # larger model, long-tailed lengths
     python -m benchmarks.vs_trl --tiny                 # schema check: 3 steps, 1 seed, 4 x 4
     python -m benchmarks.vs_trl --parity-only          # prepare and check parity; time nothing
+    python -m benchmarks.vs_trl --reanalyse results/vs_trl_long_tail.json --thresholds 0.1 0.2
+                                                       # the same runs at other thresholds
 
 A user on one machine who wants GRPO picks TRL's ``GRPOTrainer``: synchronous, one process.
 Per seed, in alternating order, this runs
@@ -77,6 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
     p.add_argument("--parity-cases", type=int, default=20)
     p.add_argument("--tiny", action="store_true", help="schema check: 3 steps, 1 seed, 4 x 4")
+    p.add_argument("--reanalyse", type=Path, metavar="JSON",
+                   help="re-report a result's runs at --thresholds/--window (nothing is run); "
+                        "writes <name> (default: the JSON's name + _reanalysed)")  # fmt: skip
     p.add_argument("--parity-only", action="store_true",
                    help="prepare the setting and check parity for every seed; run nothing timed")  # fmt: skip
     p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
@@ -89,6 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.steps = args.steps or (3 if args.tiny else 400)
     args.seeds = [int(s) for s in (args.seeds or ("0" if args.tiny else "0,1")).split(",")]
     suffix = ("" if args.setting == "demo" else f"_{args.setting}") + ("_tiny" if args.tiny else "")
+    args.name_given = args.name is not None
     args.name = args.name or f"vs_trl{suffix}"
     args.window = min(args.window, args.steps)
     return args
@@ -96,6 +102,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return reanalyse(args)
     work = args.runs_dir / args.name
     per_seed = {}
     for seed in args.seeds:
@@ -140,6 +148,28 @@ def main(argv: list[str] | None = None) -> int:
                "runs": runs}  # fmt: skip
     path = write_result(args.name, payload, args.out)
     print("\n".join(["", *report["verdicts"], f"[vs_trl] wrote {path} and {png}"]), flush=True)
+    return 0
+
+
+def reanalyse(args) -> int:
+    """Report the runs of an earlier result at other thresholds (or window): the figures of
+    ``vs_trl_report`` recomputed from each run's per-step curve; config, parity and pinning
+    are kept, with where they came from."""
+    import json
+
+    doc = json.loads(args.reanalyse.read_text())
+    if not args.name_given:
+        args.name = f"{doc['name']}_reanalysed"
+    window = min(args.window, min(len(r["steps"]) for r in doc["runs"]))
+    report = analyse(doc["runs"], args.thresholds, window)
+    args.out.mkdir(parents=True, exist_ok=True)
+    png = plot(doc["runs"], args.thresholds, window, args.out / f"{args.name}.png")
+    config = {**doc["config"], "thresholds": args.thresholds, "window": window}
+    payload = {"config": config, "reanalysed_from": {k: doc[k] for k in ("name", "created",
+               "command", "commit")}, "parity": doc["parity"], "pinning": doc["pinning"],
+               **report, "plot": Path(png).name, "runs": doc["runs"]}  # fmt: skip
+    path = write_result(args.name, payload, args.out)
+    print("\n".join([*report["verdicts"], f"[vs_trl] wrote {path} and {png}"]), flush=True)
     return 0
 
 

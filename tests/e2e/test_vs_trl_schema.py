@@ -119,3 +119,18 @@ def test_long_tail_setting_prepares_and_passes_parity(tmp_path):
     data = tmp_path / "runs" / "vs_trl_long_tail_tiny" / "long_tail_data" / "seed0.jsonl"
     first = json.loads(data.read_text().splitlines()[0])
     assert set(first) == {"prompt", "answer"} and first["prompt"].endswith("=")
+
+
+def test_reanalyse_reports_the_same_runs_at_other_thresholds(result):
+    out, doc, _ = result
+    cmd = [sys.executable, "-m", "benchmarks.vs_trl", "--reanalyse", str(out / "vs_trl_tiny.json"),
+           "--thresholds", "0.0", "0.99", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    again = json.loads((out / "vs_trl_tiny_reanalysed.json").read_text())
+    assert again["reanalysed_from"]["commit"] == doc["commit"]
+    assert again["runs"] == doc["runs"] and again["config"]["thresholds"] == [0.0, 0.99]
+    for fig in again["per_run"]:
+        assert set(fig["time_to_threshold"]) == {"0.0", "0.99"}
+        assert fig["time_to_threshold"]["0.0"]["train_s"] is not None  # every run reaches 0
+    assert (out / "vs_trl_tiny_reanalysed.png").is_file()
