@@ -1,5 +1,5 @@
 """The ``long_tail`` setting of ``benchmarks/vs_trl.py``: a 23.6M-parameter model on addition
-with long-tailed answer lengths (not measured yet).
+with long-tailed answer lengths (measured 2026-11-26: README Results, benchmarks/README.md).
 
 - Task: ``task=file`` on a JSON Lines file of ``"a+b="`` prompts, written per seed from
   ``AdditionSource(seed, digit_weights=DIGIT_WEIGHTS)`` (``data.shuffle=false``: file order is
@@ -10,13 +10,14 @@ with long-tailed answer lengths (not measured yet).
 - Model: the demo's architecture and tokenizer at ``LAYERS`` x ``HIDDEN`` (23.6M parameters),
   warm-started by the demo's recipe (``warmstart.train_sft``: plain and chat-formatted sums,
   label smoothing 0.5) on the same digit distribution (another seed stream) for ``SFT_STEPS``
-  steps, cached in ``.cache/asyncrl/vs_trl-long_tail-<hash>``. That SFT took 10-14 s a step
-  on the 2 shared development cores (about an hour, once); whether 300 steps give a model
-  that RL improves is not measured. ``--tiny`` uses a 2 x 128 model and 20 SFT steps.
+  steps, cached in ``.cache/asyncrl/vs_trl-long_tail-<hash>``. That SFT took 3.5 s a step on
+  the 2 quiet development cores (31 min, once; 10-14 s a step on shared cores). RL improves
+  it for 25-40 steps (10-step mean reward 0.07 -> 0.22-0.28), then reward falls on both
+  systems. ``--tiny`` uses a 2 x 128 model and 20 SFT steps.
 
-On the demo's 2 cores expect a step of several seconds (TRL pads every row to the step's
-longest prompt and completion; asyncrl's learner trims rows and its actor streams), so a full
-400-step run of both systems takes hours: pick ``--steps`` accordingly.
+On the demo's 2 cores a step takes 3.5-4.1 s (asyncrl) and 5.9-6.1 s (TRL, which pads every
+row to the step's longest prompt and completion), so a full 400-step run of both systems
+takes ~5 h: pick ``--steps`` accordingly (100 was measured).
 """
 
 from __future__ import annotations
