@@ -296,6 +296,48 @@ def send_stream(
     return total, count
 
 
+def stage_stream(
+    group: Collective,
+    named: Iterable[tuple[str, torch.Tensor]],
+    version: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], int, int]:
+    """The sender's half of a sync that needs no receiver: every bucket packed into its
+    ``group.new_payload`` buffer and checksummed, with its header, and the trailer. Returns
+    ``(messages, total_bytes, n_tensors)``; ``announce_stream`` sends them later (from
+    another thread), so the tensors may change as soon as this returns. Holds every bucket
+    at once: for a transport whose payloads stay put anyway (shm's files)."""
+    dev = group.device
+    messages: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    total, count = 0, 0
+    for bucket in plan_buckets(named, bucket_bytes):
+        meta_len, payload = pack_payload(bucket, group.new_payload)
+        data = payload[meta_len:]
+        checksum = group.checksum(data)
+        messages.append((_header(KIND_BUCKET, version, meta_len, data.numel(), checksum, dev),
+                         payload))  # fmt: skip
+        total += data.numel()
+        count += len(bucket)
+    messages.append((_header(KIND_END, version, count, total, len(messages), dev), None))
+    return messages, total, count
+
+
+def announce_stream(
+    group: Collective, messages: list[tuple[torch.Tensor, torch.Tensor | None]], version: int
+) -> None:
+    """The receivers' half of a staged sync (``stage_stream``): the headers and payloads in
+    order, then the ack (``collect_ack``). Raises WeightSyncError as ``send_stream`` would."""
+    try:
+        for header, payload in messages:
+            group.broadcast(header)
+            if payload is not None:
+                group.send_payload(payload)
+    except BaseException:
+        group.release()
+        raise
+    collect_ack(group, version)
+
+
 def collect_ack(group: Collective, version: int) -> None:
     """The end of a sync on the sender: the receivers' ack (every one verified and loaded
     ``version``), then the payloads are released. Raises WeightSyncError if one rejected."""

@@ -28,6 +28,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -40,8 +41,9 @@ from asyncrl.weights import (
     DEFAULT_TIMEOUT_S,
     LoadFn,
     WeightSyncError,
-    collect_ack,
+    announce_stream,
     receive_stream,
+    stage_stream,
 )
 
 if TYPE_CHECKING:
@@ -148,6 +150,7 @@ class ShmSender(GlooSender):
         super().__init__(*args, **kwargs)
         self._dir: str | None = None
         self._shm: ShmGroup | None = None
+        self._staged: list | None = None  # send(wait_ack=False)'s messages, for collect_ack
 
     def open(self, world_size: int, network: NetworkConfig) -> dict[str, Any]:
         info = super().open(world_size, network)
@@ -165,19 +168,29 @@ class ShmSender(GlooSender):
     def send(
         self, named: Iterable[tuple[str, torch.Tensor]], version: int, wait_ack: bool = True
     ) -> SendStats:
-        """``wait_ack=False``: return once every bucket is in its file and announced; the
-        files are rewritten only by the next ``send``, after ``collect_ack``."""
+        """``wait_ack=False``: pack every bucket into its file (the snapshot) and return; the
+        headers, which block until each receiver joins, and the ack go in ``collect_ack``
+        (the learner runs it in a thread while it trains). The files are rewritten only by
+        the next ``send``, after that."""
         if self._shm is None:
             raise WeightSyncError("ShmSender.send before connect")
         self._shm.restart()
-        return timed_send(self._shm, cast(named, self.wire_dtype, "cpu"), version,
-                          self.bucket_bytes, wait_ack)  # fmt: skip
+        named = cast(named, self.wire_dtype, "cpu")
+        if wait_ack:
+            return timed_send(self._shm, named, version, self.bucket_bytes)
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        t0 = time.perf_counter()
+        self._staged, nbytes, count = stage_stream(self._shm, named, version, self.bucket_bytes)
+        return SendStats(bytes=nbytes, tensors=count, seconds=time.perf_counter() - t0)
 
     def collect_ack(self, version: int) -> None:
-        shm = self._shm
+        shm, staged, self._staged = self._shm, self._staged, None
         if shm is None:
             raise WeightSyncError(f"weight sync {version}: the group closed before its ack")
-        collect_ack(shm, version)
+        if staged is None:
+            raise WeightSyncError(f"weight sync {version}: nothing was staged")
+        announce_stream(shm, staged, version)
 
     def close(self) -> None:
         self._shm = None
