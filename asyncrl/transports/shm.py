@@ -16,6 +16,12 @@ model in /dev/shm while the group lives, reserved with ``posix_fallocate`` (a fu
 is a clear error, not a SIGBUS); ``close`` removes them, and a directory whose creating
 process is gone (a SIGKILLed learner) is removed by the next sender that opens a group.
 
+Deferred syncs (``send(..., wait_ack=False)``, the learner's default, ``learner.defer_weight_ack``):
+``send`` packs every bucket into its file and returns (the files are the snapshot: the
+learner may train on at once), and ``collect_ack``, run by the learner in a thread, sends the
+headers (a gloo broadcast returns only once every receiver joined it, so this is where the
+actors' pause is waited for) and collects the ack. The next ``send`` waits for that first.
+
 A receiver on another host cannot see the directory: ``join`` fails naming
 ``learner.weight_transport=gloo``. Receivers must run as the learner's user (the files are
 0600); the directory's random name reaches them only over the control plane.
@@ -193,7 +199,7 @@ class ShmSender(GlooSender):
         announce_stream(shm, staged, version)
 
     def close(self) -> None:
-        self._shm = None
+        self._shm, self._staged = None, None
         super().close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
