@@ -9,8 +9,9 @@ Where the learner's time goes is read off those calls (``asyncrl.metrics.StateCl
 
     starting      until every actor registered and the weight channel is open
     waiting_data  inside next_groups (reading, validating, dropping stale groups)
-    weight_sync   inside send_weights (broadcast + every actor's ack; the FSDP gather
-                  before it is not visible here and counts as busy)
+    weight_sync   inside send_weights (broadcast + every actor's ack, or with
+                  learner.defer_weight_ack the packing and the wait for the last sync's ack;
+                  the FSDP gather before it is not visible here and counts as busy)
     checkpoint    from trained_ids to ack_trained (the save between them)
     busy          everything else: collate/scatter, forward/backward/step, gather
 """
