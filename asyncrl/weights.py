@@ -261,6 +261,34 @@ def _header(
     return torch.tensor([MAGIC, kind, version, a, b, c, 0, 0], dtype=torch.int64, device=device)
 
 
+Message = tuple[torch.Tensor, torch.Tensor | None]
+"""(header, payload) of one bucket, or (trailer header, None)."""
+
+
+class _Tally:
+    """What ``_messages`` produced so far: data bytes and tensors."""
+
+    total = count = 0
+
+
+def _messages(
+    group: Collective, named: Iterable[tuple[str, torch.Tensor]], version: int,
+    bucket_bytes: int, tally: _Tally,
+) -> Iterator[Message]:  # fmt: skip
+    """Each bucket packed into its ``group.new_payload`` buffer and checksummed, with its
+    header, then the trailer; lazily, one bucket at a time (``tally`` counts as it goes)."""
+    dev, buckets = group.device, 0
+    for bucket in plan_buckets(named, bucket_bytes):
+        meta_len, payload = pack_payload(bucket, group.new_payload)
+        data = payload[meta_len:]
+        checksum = group.checksum(data)
+        yield _header(KIND_BUCKET, version, meta_len, data.numel(), checksum, dev), payload
+        tally.total += data.numel()
+        tally.count += len(bucket)
+        buckets += 1
+    yield _header(KIND_END, version, tally.count, tally.total, buckets, dev), None
+
+
 def send_stream(
     group: Collective,
     named: Iterable[tuple[str, torch.Tensor]],
@@ -268,32 +296,18 @@ def send_stream(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     wait_ack: bool = True,
 ) -> tuple[int, int]:
-    """Sender side of one sync. Returns ``(total_bytes, n_tensors)``.
+    """Sender side of one sync, one bucket held at a time. Returns ``(total_bytes,
+    n_tensors)``.
 
     Raises WeightSyncError when a receiver rejected the sync or a peer died / timed out.
     ``wait_ack=False`` returns once the trailer is sent, before the receivers verified and
     loaded the version: the caller then runs ``collect_ack(group, version)`` (in one thread,
     before the group's next collective), which raises instead.
     """
-    dev = group.device
-    total, count, buckets = 0, 0, 0
-    try:
-        for bucket in plan_buckets(named, bucket_bytes):
-            meta_len, payload = pack_payload(bucket, group.new_payload)
-            data = payload[meta_len:]
-            checksum = group.checksum(data)
-            group.broadcast(_header(KIND_BUCKET, version, meta_len, data.numel(), checksum, dev))
-            group.send_payload(payload)
-            total += data.numel()
-            count += len(bucket)
-            buckets += 1
-        group.broadcast(_header(KIND_END, version, count, total, buckets, dev))
-    except BaseException:
-        group.release()
-        raise
-    if wait_ack:
-        collect_ack(group, version)
-    return total, count
+    tally = _Tally()
+    announce_stream(group, _messages(group, named, version, bucket_bytes, tally), version,
+                    wait_ack)  # fmt: skip
+    return tally.total, tally.count
 
 
 def stage_stream(
@@ -301,32 +315,23 @@ def stage_stream(
     named: Iterable[tuple[str, torch.Tensor]],
     version: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], int, int]:
-    """The sender's half of a sync that needs no receiver: every bucket packed into its
-    ``group.new_payload`` buffer and checksummed, with its header, and the trailer. Returns
-    ``(messages, total_bytes, n_tensors)``; ``announce_stream`` sends them later (from
-    another thread), so the tensors may change as soon as this returns. Holds every bucket
-    at once: for a transport whose payloads stay put anyway (shm's files)."""
-    dev = group.device
-    messages: list[tuple[torch.Tensor, torch.Tensor | None]] = []
-    total, count = 0, 0
-    for bucket in plan_buckets(named, bucket_bytes):
-        meta_len, payload = pack_payload(bucket, group.new_payload)
-        data = payload[meta_len:]
-        checksum = group.checksum(data)
-        messages.append((_header(KIND_BUCKET, version, meta_len, data.numel(), checksum, dev),
-                         payload))  # fmt: skip
-        total += data.numel()
-        count += len(bucket)
-    messages.append((_header(KIND_END, version, count, total, len(messages), dev), None))
-    return messages, total, count
+) -> tuple[list[Message], int, int]:
+    """The sender's half of a sync that needs no receiver: every bucket packed and
+    checksummed, with its header, and the trailer. Returns ``(messages, total_bytes,
+    n_tensors)``; ``announce_stream`` sends them later (from another thread), so the tensors
+    may change as soon as this returns. Holds every bucket at once: for a transport whose
+    payloads stay put anyway (shm's files)."""
+    tally = _Tally()
+    messages = list(_messages(group, named, version, bucket_bytes, tally))
+    return messages, tally.total, tally.count
 
 
 def announce_stream(
-    group: Collective, messages: list[tuple[torch.Tensor, torch.Tensor | None]], version: int
+    group: Collective, messages: Iterable[Message], version: int, wait_ack: bool = True
 ) -> None:
-    """The receivers' half of a staged sync (``stage_stream``): the headers and payloads in
-    order, then the ack (``collect_ack``). Raises WeightSyncError as ``send_stream`` would."""
+    """Send ``messages`` (``_messages``, lazy or staged) in order, then the ack
+    (``collect_ack``; not with ``wait_ack=False``). Raises WeightSyncError when a peer died
+    or timed out, or a receiver rejected the sync."""
     try:
         for header, payload in messages:
             group.broadcast(header)
@@ -335,7 +340,8 @@ def announce_stream(
     except BaseException:
         group.release()
         raise
-    collect_ack(group, version)
+    if wait_ack:
+        collect_ack(group, version)
 
 
 def collect_ack(group: Collective, version: int) -> None:

@@ -86,6 +86,18 @@ class Receivers:
         return json.loads(path.read_text()) if path.exists() else {}
 
 
+def start_with_victim(recv: Receivers, control, roles, victim: int, buckets: int) -> None:
+    """Start every receiver, ``victim`` armed to die in the middle of its second sync, and
+    wait until all registered."""
+    from asyncrl.waiting import Wait
+
+    for i in range(N_RECEIVERS):
+        recv.start(i, kill_at=buckets + buckets // 2 if i == victim else None)
+    control.wait_for_actors(
+        N_RECEIVERS, Wait("the receivers", START_S, print, lambda: roles.check() or False)
+    )
+
+
 def wait_versions(recv: Receivers, ids: list[int], version: int) -> dict[int, str]:
     """{actor id: digest} once every receiver in ``ids`` reported ``version``; bounded."""
 
@@ -104,7 +116,6 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
     tmp_path, roles, transport
 ):
     from asyncrl.control import ControlServer
-    from asyncrl.waiting import Wait
     from learner.weight_sender import ActorWeightChannel
 
     rounds = fault_count(2, 10)
@@ -123,11 +134,7 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
     figures = []
     try:
         victim = 1
-        for i in range(N_RECEIVERS):  # the victim dies in the middle of its second sync
-            recv.start(i, kill_at=buckets + buckets // 2 if i == victim else None)
-        control.wait_for_actors(
-            N_RECEIVERS, Wait("the receivers", START_S, print, lambda: roles.check() or False)
-        )
+        start_with_victim(recv, control, roles, victim, buckets)
         channel.open()
         version = 1
         channel.sync(weights(version).items(), version)
@@ -188,7 +195,6 @@ def test_a_receiver_killed_under_deferred_acks_fails_a_later_settle_and_survivor
     failure is counted, the next sync re-forms the group with the survivors and sends its
     version in full, and the survivors end identical."""
     from asyncrl.control import ControlServer
-    from asyncrl.waiting import Wait
     from learner.weight_sender import ActorWeightChannel
 
     buckets = n_buckets()
@@ -201,11 +207,7 @@ def test_a_receiver_killed_under_deferred_acks_fails_a_later_settle_and_survivor
     assert channel.defer_ack
     try:
         victim = 1
-        for i in range(N_RECEIVERS):  # the victim dies in the middle of its second sync
-            recv.start(i, kill_at=buckets + buckets // 2 if i == victim else None)
-        control.wait_for_actors(
-            N_RECEIVERS, Wait("the receivers", START_S, print, lambda: roles.check() or False)
-        )
+        start_with_victim(recv, control, roles, victim, buckets)
         channel.open()
         channel.sync(weights(1).items(), 1)
         channel.settle()
