@@ -2,7 +2,7 @@
 
     control task:  weights_init -> join the weight collective;  update v -> receive weights
     producer:      take every free engine slot (actors/slots.py), then one worker-thread
-                   trip for all of them: [admission: weights fresh enough? sync quota
+                   trip for all of them (actors/claims.py): [admission: weights fresh enough? sync quota
                    left?] -> leases (blocks while the buffer is full) -> prompt indices
                    from the cursor; then spawn a group task per claim
     group task:    vLLM generate (n, logprobs, per-token versions) -> reward -> commit
@@ -46,13 +46,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.claims import Claims
 from actors.engine_protocol import Engine
 from actors.slots import Slots
 from asyncrl.config import Config
 from asyncrl.metrics import ACTOR_STATES, ActorMetrics, StateClock
 from asyncrl.types import Group, Sample
-from buffer.cursors import PromptCursor, SyncQuota
-from buffer.staleness import within_staleness
 
 
 @dataclass
@@ -117,8 +116,10 @@ class Actor:
         self._paused = False
         self._blocked = "idle"
         # the stride: every actor of the job (num_actors on each of actor.nnodes hosts)
-        self.cursor = PromptCursor(buffer, actor_id, cfg.actor.total, prompts.end)
-        self.quota = SyncQuota(buffer, cfg.learner.batch_groups)  # used in mode=sync only
+        self.claims = Claims(buffer, actor_id, cfg.actor.total, prompts.end,
+                             cfg.learner.batch_groups, cfg.buffer.max_staleness,
+                             cfg.mode.name == "sync")  # fmt: skip
+        self.cursor = self.claims.cursor
 
     def _say(self, text: str) -> None:
         print(f"[actor {self.state.actor_id}] {text}", flush=True)
@@ -236,7 +237,10 @@ class Actor:
                 raise self.error
             want = await slots.take()
             self._block("waiting_buffer")  # lease_many() waits while the buffer is full
-            outcome, claims = await asyncio.to_thread(self._claim_slots, want)
+            outcome, claims = await asyncio.to_thread(
+                self.claims.claim, want, self.state.version, self.engine.weights_valid,
+                self._track_epoch,
+            )  # fmt: skip
             slots.give(want - len(claims))
             if outcome == "refused":  # wait for new weights; "full": backpressure, again
                 await self._wait_for_weights()
@@ -290,35 +294,6 @@ class Actor:
             t.cancel()
         await asyncio.gather(*held, return_exceptions=True)
         await asyncio.to_thread(lambda: [self.buffer.release(x) for x in held.values()])
-
-    def _claim_slots(self, want: int) -> tuple[str, list[tuple[str, int]]]:
-        """Admission, up to ``want`` buffer slots and as many prompt indices, in one trip to a
-        worker thread and three round trips to Redis however many groups (a thread hop and a
-        round trip each wait for a time slice on the core the engine shares).
-
-        Returns ``("refused", [])`` when the weights are too stale for the staleness bound
-        (``buffer.staleness``) or, in sync mode, the version's quota is used up
-        (``buffer.cursors.SyncQuota``); ``("full", [])`` when no slot freed within 1 s;
-        ``("ok", claims)`` with 1..``want`` (lease, index) pairs; ``("exhausted", claims)``
-        once the prompts ran out (the leases without an index were released)."""
-        learner_v = self.buffer.learner_version()
-        version, sync = self.state.version, self.cfg.mode.name == "sync"
-        k = self.cfg.buffer.max_staleness
-        fresh = self.engine.weights_valid and within_staleness(learner_v, version, k)
-        if fresh and sync:
-            want = self.quota.take_many(version, want)
-        if not fresh or want == 0:
-            return "refused", []
-        leases = self.buffer.lease_many(self.state.actor_id, want, 1.0)
-        if sync:
-            self.quota.give_back(version, want - len(leases))
-        if not leases:
-            return "full", []
-        indices = [self._track_epoch(i) for i in self.cursor.next_many(len(leases))]
-        for lease in leases[len(indices) :]:
-            self.buffer.release(lease)
-        claims = list(zip(leases[: len(indices)], indices, strict=True))
-        return "ok" if len(indices) == len(leases) else "exhausted", claims
 
     async def _wait_for_weights(self) -> None:
         """Admission refused: wait (at most 0.2 s) for the control task's next update."""
@@ -387,7 +362,9 @@ class Actor:
             self._refresh_state()
 
     async def _commit_and_count(self, index: int, lease: str, group: Group) -> None:
-        fresh = await asyncio.to_thread(self._commit, lease, group, index)
+        fresh = await asyncio.to_thread(
+            self.claims.commit, lease, group, index, lambda: self.state.stop
+        )
         if fresh is None:  # stopping with no slot: the index stays in flight for a restart
             return
         self.state.committed += int(fresh)
@@ -412,25 +389,6 @@ class Actor:
         from dataclasses import asdict
 
         return {**asdict(self.state), "time_s": self.clock.totals()}
-
-    def _commit(self, lease: str, group: Group, index: int) -> bool | None:
-        """Commit, taking ``index`` out of the cursor's in-flight set in the same script; if
-        the lease expired meanwhile and the buffer is full, wait for a new slot.
-
-        True: stored; False: committed before (duplicate); None: stopped before a slot freed
-        (the index stays in flight for a restart).
-        """
-        from buffer.redis_buffer import LeaseExpired
-
-        done = self.cursor.in_flight_entry(index)
-        try:
-            return self.buffer.commit(lease, group, done)
-        except LeaseExpired:
-            while not self.state.stop:
-                again = self.buffer.lease(self.state.actor_id, 1.0)
-                if again is not None:
-                    return self.buffer.commit(again, group, done)
-            return None
 
     async def _generate(self, prompt_ids: list[int], seed: int) -> list:
         a = self.cfg.actor

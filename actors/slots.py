@@ -10,7 +10,7 @@ class Slots:
 
     ``take`` waits until at least one slot is free, then takes every free one: groups that
     finished together are refilled by one claim (one round trip to the buffer for all of
-    them, ``Actor._claim_slots``), not one per group. On the demo's shared core a buffer
+    them, ``actors.claims.Claims.claim``), not one per group. On the demo's shared core a buffer
     round trip waits for a time slice, and one claim per group left the engine's batch short.
 
     Invariant: ``free`` + the slots taken and not given back == ``size``.
