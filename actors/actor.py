@@ -2,9 +2,9 @@
 
     control task:  weights_init -> join the weight collective;  update v -> receive weights
     producer:      take every free engine slot (actors/slots.py), then one worker-thread
-                   trip for all of them (actors/claims.py): [admission: weights fresh enough? sync quota
-                   left?] -> leases (blocks while the buffer is full) -> prompt indices
-                   from the cursor; then spawn a group task per claim
+                   trip for all of them (actors/claims.py): [admission: weights fresh
+                   enough? sync quota left?] -> leases (blocks while the buffer is full)
+                   -> prompt indices from the cursor; then spawn a group task per claim
     group task:    vLLM generate (n, logprobs, per-token versions) -> reward -> commit
                    (the n rewards at once in a worker pool, each with a deadline:
                    actors/scoring.py)
