@@ -50,6 +50,7 @@ from actors.claims import Claims
 from actors.engine_protocol import Engine
 from actors.slots import Slots
 from asyncrl.config import Config
+from asyncrl.faults import failpoint
 from asyncrl.metrics import ACTOR_STATES, ActorMetrics, StateClock
 from asyncrl.types import Group, Sample
 
@@ -210,6 +211,7 @@ class Actor:
             self.state.stop = True
 
     async def _update_weights(self, version: int) -> None:
+        failpoint("actor.before_weight_receive", version=version)  # a slow or frozen actor
         t0 = time.monotonic()
         self._paused = True
         self._refresh_state()

@@ -10,8 +10,10 @@ stream's version and checksums reject weights nobody meant to send.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -136,6 +138,8 @@ class GlooSender:
         self.bucket_bytes, self.timeout_s, self.wire_dtype = bucket_bytes, timeout_s, wire_dtype
         self._group: GlooGroup | None = None
         self._plan: tuple[str, int, int, str, str] | None = None
+        self._lock = threading.Lock()
+        self._ack_group: GlooGroup | None = None  # the group a collect_ack waits on
 
     def open(self, world_size: int, network: NetworkConfig) -> dict[str, Any]:
         """A new port on ``network.bind``; receivers connect to ``network.address``."""
@@ -167,15 +171,36 @@ class GlooSender:
 
     def collect_ack(self, version: int) -> None:
         """The receivers' ack of a ``send(..., wait_ack=False)`` (``asyncrl.weights``)."""
-        group = self._group
+        with self._acking(version) as group:
+            collect_ack(group, version)
+
+    @contextmanager
+    def _acking(self, version: int) -> Iterator[GlooGroup]:
+        """The group a ``collect_ack`` waits on: a ``close`` meanwhile (from another thread)
+        only detaches it, and it is torn down here once the wait is over. (Destroying a gloo
+        group under a running collective blocks the closing thread until that collective
+        ends, up to ``timeout_s``, and can abort the process.)"""
+        with self._lock:
+            group = self._ack_group = self._group
         if group is None:
             raise WeightSyncError(f"weight sync {version}: the group closed before its ack")
-        collect_ack(group, version)
+        try:
+            yield group
+        finally:
+            with self._lock:
+                self._ack_group = None
+                detached = group is not self._group
+            if detached:
+                group.close()
 
     def close(self) -> None:
-        if self._group is not None:
-            self._group.close()
-            self._group = None
+        """Drop the group; one a ``collect_ack`` is still waiting on is only detached (that
+        wait tears it down when it ends, bounded by ``timeout_s``), so this never blocks."""
+        with self._lock:
+            group, self._group = self._group, None
+            busy = group is not None and group is self._ack_group
+        if group is not None and not busy:
+            group.close()
 
 
 class GlooReceiver:

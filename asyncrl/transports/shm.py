@@ -196,7 +196,8 @@ class ShmSender(GlooSender):
             raise WeightSyncError(f"weight sync {version}: the group closed before its ack")
         if staged is None:
             raise WeightSyncError(f"weight sync {version}: nothing was staged")
-        announce_stream(shm, staged, version)
+        with self._acking(version):  # shm.group: a close meanwhile only detaches it
+            announce_stream(shm, staged, version)
 
     def close(self) -> None:
         self._shm, self._staged = None, None

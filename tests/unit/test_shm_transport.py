@@ -7,6 +7,7 @@ file caught by the checksum, orphaned directories of dead learners removed."""
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 
 from asyncrl import transports
 from asyncrl.config_network import NetworkConfig
+from asyncrl.transports.gloo import GlooReceiver, GlooSender
 from asyncrl.transports.shm import PREFIX, ShmReceiver, ShmSender, remove_orphans
 from asyncrl.weights import WeightSyncError
 
@@ -31,16 +33,18 @@ def model(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def pair(receivers: int = 1, bucket_bytes: int = 16 << 10):
-    sender = ShmSender(bucket_bytes=bucket_bytes, timeout_s=TIMEOUT_S)
+def pair(receivers: int = 1, bucket_bytes: int = 16 << 10, kind: str = "shm",
+         timeout_s: float = TIMEOUT_S):  # fmt: skip
+    send_cls, recv_cls = (ShmSender, ShmReceiver) if kind == "shm" else (GlooSender, GlooReceiver)
+    sender = send_cls(bucket_bytes=bucket_bytes, timeout_s=timeout_s)
     info = sender.open(1 + receivers, NetworkConfig())
-    recvs = [ShmReceiver() for _ in range(receivers)]
+    recvs = [recv_cls() for _ in range(receivers)]
     with ThreadPoolExecutor(receivers) as ex:
         joins = [ex.submit(r.join, info, 1 + i) for i, r in enumerate(recvs)]
         sender.connect()
         for j in joins:
             j.result()
-    return sender, recvs, Path(info["shm_dir"])
+    return sender, recvs, Path(info.get("shm_dir", "/nonexistent"))
 
 
 def both(send, recvs):
@@ -75,6 +79,33 @@ def test_two_receivers_read_the_buckets_in_place_and_the_next_sync_reuses_the_fi
         for r in recvs:
             r.close()
     assert not directory.exists()
+
+
+@pytest.mark.parametrize("kind", ["shm", "gloo"])
+def test_a_close_during_a_deferred_ack_returns_at_once_and_the_ack_fails_when_the_receiver_leaves(
+    kind,
+):
+    """A stopping learner closes the group while ``collect_ack`` (its thread) waits on a
+    receiver that never answers: ``close`` only detaches the group, so it returns at once
+    instead of after the collective's deadline (CI of stop 24: a learner outlived its
+    SIGKILLed launcher by 60 s; destroying a gloo group under a running collective blocks
+    until it ends, and can abort the process). Once the receiver leaves, the ack fails and
+    tears the group down."""
+    sender, recvs, directory = pair(kind=kind, timeout_s=60.0)
+    if kind == "shm":
+        sender.send(model(1), 1, wait_ack=False)  # staged; its headers wait for the receiver
+    with ThreadPoolExecutor(1) as ex:
+        ack = ex.submit(sender.collect_ack, 1)
+        time.sleep(0.5)
+        assert not ack.done(), "vacuous: the ack did not wait for the receiver"
+        t0 = time.monotonic()
+        sender.close()
+        took = time.monotonic() - t0
+        assert took < 5.0, f"close blocked {took:.1f}s on the collective under way"
+        assert not directory.exists()
+        recvs[0].close()
+        with pytest.raises(WeightSyncError):
+            ack.result(timeout=30)
 
 
 def test_a_receiver_elsewhere_is_refused_naming_gloo():
