@@ -24,6 +24,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from asyncrl import fatal
     from asyncrl.control import ControlClient
     from asyncrl.faults import failpoint
+    from asyncrl.heap import freeze_startup_heap
     from asyncrl.waiting import StopRequested, Wait
     from buffer.connection import BufferUnavailable, connect
     from buffer.redis_buffer import ReplayBuffer
@@ -41,6 +42,9 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
+    # no collection traverses the start-up's objects again; its garbage stays (~340,000
+    # objects, +3 MB of RSS), as a full collection now would cost 0.7 s (asyncrl/heap.py)
+    freeze_startup_heap()
     validator = _validator(cfg, actor, model_dir, say)
     _serve_metrics(cfg, actor, buffer)
     loop = asyncio.get_running_loop()
@@ -176,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", required=True)
     p.add_argument("--actor-id", type=int, required=True)
     args = p.parse_args(argv)
+    from asyncrl.heap import defer_collection
+
+    defer_collection()  # until the engine is up: freeze_startup_heap in run()
     url = os.environ.get("ASYNCRL_REDIS_URL")
     if not url:
         print("actor: ASYNCRL_REDIS_URL is not set (the buffer's Redis URL)", file=sys.stderr)

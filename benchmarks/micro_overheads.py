@@ -11,7 +11,9 @@ actor: completion tokens/s of
   - actor:  ``actors.actor.Actor.produce`` (lease, prompt cursor, generate, reward, Arrow
             encode, commit into a real redis-server), no learner;
   same prompts (the demo task's first ``--prompts``), n, max_tokens, temperature and seed,
-  vLLM bound to the same core (``--core``).
+  vLLM bound to the same core (``--core``); ``--rounds`` rounds of the three arms in turn,
+  both engines alive throughout, the start-up heap frozen as an actor freezes it
+  (asyncrl/heap.py); ratios are medians of the per-round ratios.
 learner: seconds per step on one batch of demo-sized groups, under ``torchrun
   --nproc_per_node=--nproc``, of
   - bare:   FSDP2 forward + REINFORCE-style token loss + backward + AdamW step;
@@ -25,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,54 +55,53 @@ def _prompts(cfg, model_dir: str, count: int) -> list[list[int]]:
     return [tok.encode(src.get(i).text) for i in range(count)]
 
 
-def bare_vllm(model_dir: str, prompts, a, max_len: int) -> dict:
-    from vllm import LLM, SamplingParams
+def bare_llm(model_dir: str, a, max_len: int):
+    """The offline ``vllm.LLM`` (warmed up), for ``bare_round``."""
+    from vllm import LLM
 
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=max_len, enforce_eager=True,
-              kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30) or None, seed=0,
-              max_num_seqs=a.max_inflight * a.n_samples)  # fmt: skip
+    return LLM(model=model_dir, dtype="float32", max_model_len=max_len, enforce_eager=True,
+               kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30) or None, seed=0,
+               max_num_seqs=a.max_inflight * a.n_samples)  # fmt: skip
+
+
+def bare_round(llm, prompts, a) -> dict:
+    """One offline batch: every prompt at once (vLLM's scheduler always has a queue)."""
+    from vllm import SamplingParams
+
     params = SamplingParams(n=a.n_samples, max_tokens=a.max_tokens, temperature=a.temperature,
                             seed=0, logprobs=0, detokenize=False)  # fmt: skip
     inputs = [{"prompt_token_ids": p} for p in prompts]
-    llm.generate(inputs[:4], params, use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
     outs = llm.generate(inputs, params, use_tqdm=False)
     dt = time.perf_counter() - t0
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    del llm
     return {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt}
 
 
-async def engine_and_actor(cfg, model_dir: str, prompts, url: str) -> dict:
-    from actors.actor import Actor
-    from actors.addition import AdditionSource
-    from actors.engine import ActorEngine
-    from actors.rewards import load_reward_fn
-    from buffer import codec
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
-
-    a = cfg.actor
-    engine = await ActorEngine.start(
-        model_dir, max_model_len=64 + a.max_tokens, kv_cache_bytes=int(a.kv_cache_gib * 2**30),
-        seed=0, cpu_bind=a.cpu_bind or None, max_num_seqs=a.max_inflight * a.n_samples,
-        weight_backend=None,
-    )  # fmt: skip
-    limit = asyncio.Semaphore(a.max_inflight)
+async def engine_round(engine, prompts, a, inflight: int) -> dict:
+    """``ActorEngine.generate``, one request per prompt, ``inflight`` at once."""
+    limit = asyncio.Semaphore(inflight)
 
     async def one(i, p):
         async with limit:
             return await engine.generate(p, a.n_samples, a.max_tokens, a.temperature, i)
 
-    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts[:4])))  # warm-up
     t0 = time.perf_counter()
     outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     dt = time.perf_counter() - t0
     tokens = sum(len(c.token_ids) for cs in outs for c in cs)
-    result = {"engine": {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt}}
+    return {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt}
 
-    codec.warm_up()  # as actors.main does while the engine starts (pyarrow's lazy imports)
-    buf = ReplayBuffer(connect(url), "overheads", capacity=len(prompts) + 8)
+
+async def actor_round(cfg, model_dir: str, engine, prompts, url: str, name: str) -> dict:
+    """``Actor.produce`` into a fresh buffer ``name`` until it committed every prompt."""
+    from actors.actor import Actor
+    from actors.addition import AdditionSource
+    from actors.rewards import load_reward_fn
+    from buffer.connection import connect
+    from buffer.redis_buffer import ReplayBuffer
+
+    buf = ReplayBuffer(connect(url), name, capacity=len(prompts) + 8)
     actor = Actor(cfg, 0, model_dir, buf, engine, AdditionSource(cfg.task.seed, split="train"),
                   load_reward_fn(cfg.task.reward_fn))  # fmt: skip
     t0 = time.perf_counter()
@@ -111,28 +113,69 @@ async def engine_and_actor(cfg, model_dir: str, prompts, url: str) -> dict:
     await task
     actor.scorer.close()
     s = actor.state
-    result["actor"] = {"seconds": dt, "groups": s.committed, "completion_tokens": s.tokens_generated,
-                       "tokens_per_s": s.tokens_generated / dt, "time_s": actor.clock.totals()}  # fmt: skip
+    return {"seconds": dt, "groups": s.committed, "completion_tokens": s.tokens_generated,
+            "tokens_per_s": s.tokens_generated / dt, "time_s": actor.clock.totals()}  # fmt: skip
+
+
+async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> dict:
+    """``rounds`` rounds of bare, engine and actor, one after the other in each round: the
+    three arms share the core's slow and fast minutes (bare vLLM alone moved 30% between
+    two runs of this benchmark minutes apart). Both engines live for the whole run; the
+    idle one sleeps."""
+    from actors.engine import ActorEngine
+    from asyncrl.heap import freeze_startup_heap
+    from buffer import codec
+
+    a = cfg.actor
+    llm = bare_llm(model_dir, a, 64 + a.max_tokens)
+    engine = await ActorEngine.start(
+        model_dir, max_model_len=64 + a.max_tokens, kv_cache_bytes=int(a.kv_cache_gib * 2**30),
+        seed=0, cpu_bind=a.cpu_bind or None, max_num_seqs=a.max_inflight * a.n_samples,
+        weight_backend=None,
+    )  # fmt: skip
+    codec.warm_up()  # as actors.main does while the engine starts (pyarrow's lazy imports)
+    bare_round(llm, prompts[:4], a)  # warm-ups
+    await engine_round(engine, prompts[:4], a, a.max_inflight)
+    freeze_startup_heap()  # as actors.main does once its engine is up; bare gains from it too
+    arms: dict[str, list[dict]] = {"bare_vllm": [], "engine": [], "actor": []}
+    for r in range(rounds):
+        arms["bare_vllm"].append(bare_round(llm, prompts, a))
+        arms["engine"].append(await engine_round(engine, prompts, a, a.max_inflight))
+        arms["actor"].append(await actor_round(cfg, model_dir, engine, prompts, url, f"ov{r}"))
+        print(f"round {r + 1}/{rounds}: " + ", ".join(
+            f"{k} {v[-1]['tokens_per_s']:.0f}" for k, v in arms.items()) + " tok/s", flush=True)  # fmt: skip
     await engine.shutdown()
-    return result
+    del llm
+    return arms
+
+
+def _summary(runs: list[dict]) -> dict:
+    rates = [r["tokens_per_s"] for r in runs]
+    return {"tokens_per_s_median": statistics.median(rates), "tokens_per_s": rates,
+            "runs": runs}  # fmt: skip
 
 
 def actor_part(args) -> dict:
     from buffer.server import RedisServer
 
-    os.sched_setaffinity(0, {args.core})  # client, engine core and worker all on one core
+    os.sched_setaffinity(0, {args.core})  # client, engine cores and workers all on one core
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(args.core)  # bare LLM binds like the actor
     cfg, model_dir = _demo_cfg([f"actor.cpu_bind='{args.core}'", *args.set])
     prompts = _prompts(cfg, model_dir, args.prompts)
-    bare = bare_vllm(model_dir, prompts, cfg.actor, 64 + cfg.actor.max_tokens)
     with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp) as server:
-        ours = asyncio.run(engine_and_actor(cfg, model_dir, prompts, server.url))
-    out = {"prompts": len(prompts), "core": args.core, "bare_vllm": bare, **ours}
+        arms = asyncio.run(interleaved(cfg, model_dir, prompts, server.url, args.rounds))
+    out = {"prompts": len(prompts), "core": args.core, "rounds": args.rounds,
+           **{k: _summary(v) for k, v in arms.items()}}  # fmt: skip
+    bare = [r["tokens_per_s"] for r in arms["bare_vllm"]]
     for k in ("engine", "actor"):
-        out[f"{k}_vs_bare"] = ours[k]["tokens_per_s"] / bare["tokens_per_s"]
-    print(f"actor: bare vLLM {bare['tokens_per_s']:.0f} tok/s, ActorEngine "
-          f"{ours['engine']['tokens_per_s']:.0f} tok/s ({out['engine_vs_bare']:.2f}x), Actor "
-          f"{ours['actor']['tokens_per_s']:.0f} tok/s ({out['actor_vs_bare']:.2f}x)", flush=True)  # fmt: skip
+        ratios = [r["tokens_per_s"] / b for r, b in zip(arms[k], bare, strict=True)]
+        out[f"{k}_vs_bare_per_round"] = ratios
+        out[f"{k}_vs_bare"] = statistics.median(ratios)
+    med = {k: out[k]["tokens_per_s_median"] for k in arms}
+    print(f"actor ({args.rounds} interleaved rounds, medians): bare vLLM {med['bare_vllm']:.0f} "
+          f"tok/s, ActorEngine {med['engine']:.0f} tok/s ({out['engine_vs_bare']:.2f}x), Actor "
+          f"{med['actor']:.0f} tok/s ({out['actor_vs_bare']:.2f}x; median of per-round "
+          "ratios)", flush=True)  # fmt: skip
     return out
 
 
@@ -160,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=256, help="prompts (groups) per actor run")
     p.add_argument("--core", type=int, default=1, help="core for the actor measurements")
     p.add_argument("--nproc", type=int, default=2, help="learner ranks")
-    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=10, help="learner steps timed per arm")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="interleaved rounds of the actor part's three arms")  # fmt: skip
     p.add_argument("--name", default="micro_overheads")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for the actor part (repeatable)")  # fmt: skip

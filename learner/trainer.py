@@ -23,6 +23,7 @@ import torch.distributed as dist
 from asyncrl.config import Config
 from asyncrl.fatal import FatalError
 from asyncrl.faults import failpoint
+from asyncrl.heap import freeze_startup_heap
 from asyncrl.waiting import StopRequested
 from learner.batch import broadcast_batch, collate
 from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -176,6 +177,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir
     state = _maybe_resume(ckpt_dir, ctx, hub)
     guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
+    freeze_startup_heap(collect=True)  # model, optimizer, imports: never traversed again
     start = time.monotonic() - state.wall_s
     if _rank0_flag(rank, _start_or_stop(hub, state.version)):
         if state.version == 0:
