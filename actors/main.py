@@ -140,7 +140,7 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
         seed=cfg.seed + actor_id,
         cpu_bind=a.cpu_bind or None,
         torch_threads=a.cpu_threads,
-        max_num_seqs=a.max_inflight * a.n_samples,
+        max_num_seqs=a.engine_batch,
         cpu_start_method=a.cpu_start_method,
     )
 

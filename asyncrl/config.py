@@ -69,7 +69,13 @@ class ActorConfig:
     temperature: float = 1.0
     """Sampling temperature (> 0)."""
     max_inflight: int = 16
-    """Prompts generating at once per actor (continuous batching), >= 1."""
+    """Prompts an actor keeps submitted to its engine (each with ``n_samples`` sequences),
+    >= 1. Beyond ``max_num_seqs`` they wait in vLLM's queue."""
+    max_num_seqs: int = 0
+    """Sequences vLLM runs in one batch (its ``max_num_seqs``), >= 0; 0 = ``max_inflight x
+    n_samples``, every submitted sequence at once. A smaller batch than the submitted prompts
+    keeps a queue in vLLM, so a finished sequence's place is taken in the next engine step
+    rather than after the actor submits the next prompt (``engine_batch``)."""
     update_mode: str = "keep"
     """On a weight update, ``keep`` finishes in-flight requests on the new weights (mixed
     versions, tagged per token); ``abort`` drops and resubmits them."""
@@ -143,6 +149,11 @@ class ActorConfig:
         """Actors in the whole job: ``num_actors`` on each of ``nnodes`` hosts."""
         return self.num_actors * self.nnodes
 
+    @property
+    def engine_batch(self) -> int:
+        """vLLM's ``max_num_seqs``: ``max_num_seqs``, or 0's ``max_inflight x n_samples``."""
+        return self.max_num_seqs or self.max_inflight * self.n_samples
+
     def __post_init__(self) -> None:
         _require_finite(self, "actor")
         _bound(self, "actor.num_actors", ge=1)
@@ -160,6 +171,7 @@ class ActorConfig:
         _bound(self, "actor.max_tokens", ge=1)
         _bound(self, "actor.temperature", gt=0)
         _bound(self, "actor.max_inflight", ge=1)
+        _bound(self, "actor.max_num_seqs", ge=0, hint=" (0 = max_inflight x n_samples)")
         _bound(self, "actor.kv_cache_gib", ge=0, hint=" (0 = vLLM sizes it, on a GPU)")
         _bound(self, "actor.cpu_threads", ge=1)
         _bound(self, "actor.sim_tokens_per_s", gt=0)

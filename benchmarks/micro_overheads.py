@@ -61,7 +61,7 @@ def bare_llm(model_dir: str, a, max_len: int):
 
     return LLM(model=model_dir, dtype="float32", max_model_len=max_len, enforce_eager=True,
                kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30) or None, seed=0,
-               max_num_seqs=a.max_inflight * a.n_samples)  # fmt: skip
+               max_num_seqs=a.engine_batch)  # fmt: skip
 
 
 def bare_round(llm, prompts, a) -> dict:
@@ -130,7 +130,7 @@ async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> di
     llm = bare_llm(model_dir, a, 64 + a.max_tokens)
     engine = await ActorEngine.start(
         model_dir, max_model_len=64 + a.max_tokens, kv_cache_bytes=int(a.kv_cache_gib * 2**30),
-        seed=0, cpu_bind=a.cpu_bind or None, max_num_seqs=a.max_inflight * a.n_samples,
+        seed=0, cpu_bind=a.cpu_bind or None, max_num_seqs=a.engine_batch,
         weight_backend=None,
     )  # fmt: skip
     codec.warm_up()  # as actors.main does while the engine starts (pyarrow's lazy imports)

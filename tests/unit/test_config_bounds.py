@@ -38,6 +38,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "actor.max_tokens": [(1, 0)],
     "actor.temperature": [(1e-6, 0.0)],
     "actor.max_inflight": [(1, 0)],
+    "actor.max_num_seqs": [(0, -1)],
     "actor.kv_cache_gib": [(0.0, -1e-9)],
     "actor.gpu_memory_utilization": [(1e-6, 0.0), (1.0, 1.000001)],
     "actor.tensor_parallel_size": [(1, 0)],
