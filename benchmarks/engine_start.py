@@ -11,8 +11,9 @@ tokens, 16 groups in flight, as the demo's actor). Runs alternate between the me
 (fork spawn spawn fork ...) so machine noise hits both alike.
 
 Per run: seconds from the process's start to the engine being ready (the import of vLLM
-included; the demo model is built or found once, before any run), and
-completion tokens/s of each round. Per method: mean and spread over runs. The question it
+included; the demo model is built or found once, before any run), seconds of the first 16
+groups (one-time costs of a new engine, e.g. a ``torch.compile``: none since the actor turns
+it off in an eager CPU engine, actors/engine.py), and completion tokens/s of each round. Per method: mean and spread over runs. The question it
 answers: does forking (engine processes that inherit the actor's imports) start faster, and
 does it cost generation throughput (copy-on-write pages, inherited state)?
 """
@@ -53,6 +54,9 @@ def _child(method: str, core: int, rounds: int, model_dir: str) -> dict:
             async with limit:
                 return await engine.generate([5, 6, 7, i % 10 + 3, 4, 9], 8, 8, 1.0, i)
 
+        t = time.monotonic()
+        await asyncio.gather(*(one(i) for i in range(16)))  # the first batch: one-time costs
+        first = time.monotonic() - t
         await asyncio.gather(*(one(i) for i in range(64)))  # warm-up
         rates = []
         for _ in range(rounds):
@@ -61,7 +65,10 @@ def _child(method: str, core: int, rounds: int, model_dir: str) -> dict:
             tokens = sum(len(c.token_ids) for cs in outs for c in cs)
             rates.append(tokens / (time.monotonic() - t))
         await engine.shutdown()
-        return {"method": method, "ready_s": ready, "tokens_per_s": rates}
+        import torch._dynamo
+
+        return {"method": method, "ready_s": ready, "first_batch_s": first,
+                "tokens_per_s": rates, "compile_disabled": torch._dynamo.config.disable}  # fmt: skip
 
     return asyncio.run(run())
 
@@ -99,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(_one_run(method, args.core, args.rounds, model_dir))
         r = runs[-1]
         rate = sum(r["tokens_per_s"]) / len(r["tokens_per_s"])
-        print(
-            f"[engine_start] {method}: ready {r['ready_s']:.1f} s, {rate:.0f} tokens/s", flush=True
-        )
+        print(f"[engine_start] {method}: ready {r['ready_s']:.1f} s, first 16 groups "
+              f"{r['first_batch_s']:.2f} s, {rate:.0f} tokens/s", flush=True)  # fmt: skip
     per = {}
     for m in ("fork", "spawn"):
         mine = [r for r in runs if r["method"] == m]
         per[m] = {"ready_s": mean_std([r["ready_s"] for r in mine]),
+                  "first_batch_s": mean_std([r["first_batch_s"] for r in mine]),
                   "tokens_per_s": mean_std([x for r in mine for x in r["tokens_per_s"]])}  # fmt: skip
     ratio = per["fork"]["tokens_per_s"]["mean"] / per["spawn"]["tokens_per_s"]["mean"]
     print(f"fork: ready {per['fork']['ready_s']['mean']:.1f} s vs spawn "

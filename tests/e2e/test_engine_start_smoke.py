@@ -36,6 +36,7 @@ def test_both_methods_start_an_engine_and_generate(result):
     for run in doc["runs"]:
         assert run["ready_s"] > 0 and len(run["tokens_per_s"]) == 1, run
         assert run["tokens_per_s"][0] > 0, run
+        assert run["first_batch_s"] > 0 and run["compile_disabled"] is True, run
     for method in ("fork", "spawn"):
         assert doc["per_method"][method]["ready_s"]["n"] == 1
     assert doc["fork_vs_spawn_tokens_per_s"] > 0
