@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from actors.engine_args import engine_kwargs, sampling_kwargs
 from asyncrl.config import CPU_START_METHODS
+from asyncrl.heap import freeze_startup_heap
 from asyncrl.weights import WeightSyncError
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -111,6 +112,10 @@ def _new_llm(async_llm: type, args: Any, cpu: bool, cpu_start_method: str) -> An
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = cpu_start_method
         if config.model_config.enforce_eager:
             _no_compile_in_an_eager_engine()
+        if cpu_start_method == "fork":
+            # what the forks inherit is frozen: their collections (vLLM's engine core runs a
+            # full one at start) skip it and leave its pages shared (asyncrl/heap.py)
+            freeze_startup_heap()
     return async_llm.from_vllm_config(config, enable_log_requests=args.enable_log_requests,
                                       disable_log_stats=args.disable_log_stats)  # fmt: skip
 

@@ -123,14 +123,15 @@ def _run_arms(args, arms: dict[str, list[str]], names: list[str], trees: Worktre
             fig = run_figures(r, args.thresholds, args.window)
             runs.append({"arm": name, "rep": rep, **fig, **_learner_time(run_dir),
                          "cores_line": r["cores_line"]})  # fmt: skip
-            print(f"[demo_defaults]   start-up {fig['startup_s']:.1f} s, "
+            print(f"[demo_defaults]   start-up {fig['startup_s']:.1f} s, first step at "
+                  f"{fig['first_step_s']:.1f} s, "
                   f"{fig['steps_per_s']:.2f} steps/s, final reward {fig['reward_final']:.3f}",
                   flush=True)  # fmt: skip
     per_arm = {}
     for name in names:
         mine = [r for r in runs if r["arm"] == name]
         per_arm[name] = {k: mean_std([r[k] for r in mine]) for k in
-                         ("startup_s", "steps_per_s", "steps_per_s_with_startup",
+                         ("startup_s", "first_step_s", "steps_per_s", "steps_per_s_with_startup",
                           "reward_final", "learner_busy_s", "learner_waiting_data_s",
                           "learner_weight_sync_s", "learner_cpu_s")}  # fmt: skip
     config = {"arms": arms, "commits": trees.hashes, "common": COMMON, "steps": args.steps, "reps": args.reps,
@@ -141,7 +142,7 @@ def _run_arms(args, arms: dict[str, list[str]], names: list[str], trees: Worktre
         sps, st, rf = a["steps_per_s"], a["startup_s"], a["reward_final"]
         busy, wait = a["learner_busy_s"]["mean"], a["learner_waiting_data_s"]["mean"]
         print(f"{name:14s} {sps['mean']:.2f} ± {sps['std']:.2f} steps/s, start-up "
-              f"{st['mean']:.1f} s, final reward {rf['mean']:.3f}, learner busy {busy:.3f} "
+              f"{st['mean']:.1f} s, first step at {a['first_step_s']['mean']:.1f} s, final reward {rf['mean']:.3f}, learner busy {busy:.3f} "
               f"/ waiting {wait:.3f} s per step")  # fmt: skip
     print(f"[demo_defaults] wrote {path}")
     return 0

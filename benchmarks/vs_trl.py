@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[vs_trl]   FAILED ({r['returncode']}); log: {r['log']}", file=sys.stderr)
                 return 1
             last = r["steps"][-1]
-            print(f"[vs_trl]   start-up {r['startup_s']:.1f} s, {len(r['steps'])} steps in "
+            print(f"[vs_trl]   start-up {r['startup_s']:.1f} s, first step at "
+                  f"{r['steps'][0]['t_proc_s']:.1f} s, {len(r['steps'])} steps in "
                   f"{last['t_train_s']:.1f} s, last reward {last['reward']:.3f}", flush=True)  # fmt: skip
     report = analyse(runs, args.thresholds, args.window)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ def run_figures(run: dict, thresholds: list[float], window: int) -> dict:
     return {
         "steps": len(steps),
         "startup_s": run["startup_s"],
+        "first_step_s": steps[0]["t_proc_s"],  # spawn to the first step's end
         "train_s": last["t_train_s"],
         "total_s": last["t_proc_s"],
         "steps_per_s": len(steps) / last["t_train_s"],
@@ -72,7 +73,7 @@ def analyse(runs: list[dict], thresholds: list[float], window: int) -> dict:
         if not figs:
             continue
         agg = {k: mean_std([f[k] for f in figs]) for k in
-               ("steps_per_s", "steps_per_s_with_startup", "startup_s", "train_s", "total_s",
+               ("steps_per_s", "steps_per_s_with_startup", "startup_s", "first_step_s", "train_s", "total_s",
                 "reward_initial", "reward_final", "completion_tokens_mean")}  # fmt: skip
         ttt = {}
         for thr in map(str, thresholds):
@@ -124,7 +125,8 @@ def _verdicts(systems: dict, thresholds: list[float]) -> list[str]:
     a, t = systems["asyncrl"], systems["trl"]
     ratio = a["steps_per_s"]["mean"] / t["steps_per_s"]["mean"]
     out = [f"asyncrl ran {ratio:.2f}x TRL's steps/s (training only; start-up excluded); "
-           f"start-up {a['startup_s']['mean']:.0f} s vs TRL {t['startup_s']['mean']:.0f} s"]  # fmt: skip
+           f"start-up {a['startup_s']['mean']:.0f} s vs TRL {t['startup_s']['mean']:.0f} s, "
+           f"first step at {a['first_step_s']['mean']:.1f} s vs {t['first_step_s']['mean']:.1f} s"]  # fmt: skip
     for thr in map(str, thresholds):
         ta, tt = a["time_to_threshold"][thr], t["time_to_threshold"][thr]
         if not (_all(ta["reached"]) and _all(tt["reached"])):

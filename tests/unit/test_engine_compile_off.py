@@ -4,6 +4,7 @@ first batch there); a compiled engine and a GPU engine keep it. Fakes stand in f
 
 from __future__ import annotations
 
+import gc
 import os
 from types import SimpleNamespace
 
@@ -31,6 +32,7 @@ def clean(monkeypatch):
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     with torch._dynamo.config.patch(disable=False):  # restored after the test
         yield
+    gc.unfreeze()  # a fork start froze the heap (asyncrl/heap.py)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -39,6 +41,8 @@ def test_an_eager_cpu_engine_starts_with_compile_off_here_and_in_spawned_process
     assert torch._dynamo.config.disable is True  # this process, and forked ones
     assert os.environ["TORCH_COMPILE_DISABLE"] == "1"  # spawned ones
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == method
+    # what a fork inherits is frozen first (its collections skip it)
+    assert (gc.get_freeze_count() > 0) == (method == "fork")
 
 
 @pytest.mark.parametrize(("eager", "cpu"), [(False, True), (True, False), (False, False)])
