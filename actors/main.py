@@ -17,15 +17,13 @@ from pathlib import Path
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from actors import data_identity
-    from actors.actor import Actor, wait_for_learner
+    from actors.actor import Actor
     from actors.rewards import check_signature, load_reward_fn, preflight
     from actors.scoring import RewardErrorRate
     from actors.tasks import build_prompt_source
-    from asyncrl import fatal
     from asyncrl.control import ControlClient
     from asyncrl.faults import failpoint
     from asyncrl.heap import freeze_startup_heap
-    from asyncrl.waiting import StopRequested, Wait
     from buffer.connection import BufferUnavailable, connect
     from buffer.redis_buffer import ReplayBuffer
 
@@ -42,27 +40,15 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
-    # no collection traverses the start-up's objects again; its garbage stays (~340,000
-    # objects, +3 MB of RSS), as a full collection now would cost 0.7 s (asyncrl/heap.py)
-    freeze_startup_heap()
+    freeze_startup_heap()  # what the engine's start built, too (asyncrl/heap.py)
     validator = _validator(cfg, actor, model_dir, say)
     _serve_metrics(cfg, actor, buffer)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(actor.state, "stop", True))
     buffer.stop = lambda: actor.state.stop  # a stopping actor does not wait for Redis
-    wait = Wait(
-        f"a learner to announce itself in buffer {b.name!r}",
-        cfg.actor.learner_wait_s,
-        lambda text: print(f"[actor {actor_id}] {text}", flush=True),
-        lambda: actor.state.stop,
-        hint="start `asyncrl launch learner` with the same buffer.url and buffer.name, or "
-        "raise actor.learner_wait_s",
-    )
-    try:
-        endpoint = await wait_for_learner(buffer, wait)
-    except StopRequested as e:
-        print(f"[actor {actor_id}] {e}", flush=True)
+    endpoint = await _meet_learner(cfg, actor, buffer, say)
+    if endpoint is None:  # told to stop first
         await engine.shutdown()
         return 0
     print(f"[actor {actor_id}] engine ready; learner control plane at {endpoint.address}",
@@ -83,20 +69,47 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
         client.close()
         actor.scorer.close()  # kills reward worker processes (and a call stuck in one)
         await engine.shutdown()
+    return _report(cfg, actor, failed, say)
+
+
+async def _meet_learner(cfg, actor, buffer, say):
+    """The learner's control-plane endpoint, once it announced itself in the buffer (bounded
+    by ``actor.learner_wait_s``); None if the actor was told to stop first."""
+    from actors.actor import wait_for_learner
+    from asyncrl.waiting import StopRequested, Wait
+
+    wait = Wait(
+        f"a learner to announce itself in buffer {cfg.buffer.name!r}",
+        cfg.actor.learner_wait_s,
+        say,
+        lambda: actor.state.stop,
+        hint="start `asyncrl launch learner` with the same buffer.url and buffer.name, or "
+        "raise actor.learner_wait_s",
+    )
+    try:
+        return await wait_for_learner(buffer, wait)
+    except StopRequested as e:
+        say(str(e))
+        return None
+
+
+def _report(cfg, actor, failed: Exception | None, say) -> int:
+    """Write ``actor<i>.json``, say how the actor ended; 1 (recorded as fatal) if ``failed``."""
+    from asyncrl import fatal
+
     s = actor.state
-    stats_path = Path(cfg.run_dir) / f"actor{actor_id}.json"
+    stats_path = Path(cfg.run_dir) / f"actor{s.actor_id}.json"
     stats_path.write_text(json.dumps(actor.stats(), indent=2))
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(s.reward_errors_by_kind.items()))
-    print(
-        f"[actor {actor_id}] {'stopped' if failed else 'done'}: committed {s.committed} groups, "
+    say(
+        f"{'stopped' if failed else 'done'}: committed {s.committed} groups, "
         f"duplicates {s.duplicates}, reward errors {s.reward_errors}"
         f"{f' ({kinds})' if kinds else ''}, final weights v{s.version} "
-        f"({s.weight_syncs} syncs, {s.weight_sync_failures} failed)",
-        flush=True,
+        f"({s.weight_syncs} syncs, {s.weight_sync_failures} failed)"
     )
     if failed:
-        print(f"[actor {actor_id}] FAILED: {failed}", flush=True)
-        fatal.record(cfg.run_dir, f"actor{actor_id}", failed)  # a restart would fail the same
+        say(f"FAILED: {failed}")
+        fatal.record(cfg.run_dir, f"actor{s.actor_id}", failed)  # a restart would fail the same
         return 1
     return 0
 

@@ -2,15 +2,19 @@
 
 A role imports torch, transformers and vLLM and builds its engine or model before its steady
 state: ~670,000 tracked objects in an actor's process, none of which will become garbage. A
-full (generation 2) collection traverses all of them, ~0.2 s on this machine's cores, and
-the steady state's allocations trigger one every few seconds: 11 of them, 2.25 s, in an
-actor of a 35 s demo run, each a pause of the event loop that feeds the engine
-(``benchmarks/micro_overheads.py`` measured the actor with and without; benchmarks/README.md).
-Frozen objects sit in a permanent generation that no collection visits; objects created
-later are collected as usual.
+full (generation 2) collection traverses all of them, ~0.2-0.5 s on this machine's cores,
+and the steady state's allocations trigger one every few seconds: 11 of them, 2.25 s, in an
+actor of a 35 s demo run, each a pause of the event loop that feeds the engine. Frozen
+objects sit in a permanent generation that no collection visits; objects created later are
+collected as usual.
 
-An actor also defers collection during its start-up (``defer_collection``): the same growing
-heap made nine full collections there, 1.5 s of its ~10 s start, and it starts every run.
+An actor follows Python's recipe for a process that forks without exec (the ``gc.freeze``
+docs): ``defer_collection`` at the top of ``actors.main`` (the growing heap made nine full
+collections during its start, 1.5 s); ``freeze_startup_heap`` right before vLLM forks its
+engine processes (``actors/engine.py`` ``_new_llm``: the forks never walk, nor copy page by
+page, what they inherit), collection on again in them by an at-fork hook; and once more when
+its engine is up. The learner collects once and freezes before its loop. Everything frozen is
+unfrozen at exit. Measured: docs/architecture.md, benchmarks/README.md (startup).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from asyncrl import rundir
+from tests.faults.test_checkpoint_kills import pid_alive
 from tests.faults.test_supervision import procs_mentioning
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
@@ -205,18 +206,9 @@ def test_a_learner_stopped_while_its_weight_ack_waits_on_a_stuck_actor_leaves_in
     learner = _role_pid(run_dir, "learner.main")
     t0 = time.monotonic()
     os.kill(learner, signal.SIGTERM)
-    while _alive(learner) and time.monotonic() - t0 < 60:
+    while pid_alive(learner) and time.monotonic() - t0 < 60:
         time.sleep(0.1)
     took = time.monotonic() - t0
     log = (run_dir / "learner.log").read_text(errors="replace")[-3000:]
     assert took < 10, f"the learner took {took:.0f}s to leave after SIGTERM\n{log}"
     assert "summary" in log, log  # it finished its run, it was not killed
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
