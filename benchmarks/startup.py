@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,19 +45,22 @@ def one_run(checkout: Path, run_dir: Path, timeout: float) -> dict:
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     marks: dict[str, float] = {}
     tail: list[str] = []
+    timer = threading.Timer(timeout, proc.kill)  # a run that hangs silently ends too
+    timer.start()
     assert proc.stdout is not None
-    for line in proc.stdout:
-        now = time.monotonic() - t0
-        tail = (tail + [line])[-40:]
-        for key, needle in MILESTONES.items():
-            if needle in line and key not in marks:
-                marks[key] = now
-        if now > timeout:
-            proc.kill()
-            break
+    try:
+        for line in proc.stdout:
+            now = time.monotonic() - t0
+            tail = (tail + [line])[-40:]
+            for key, needle in MILESTONES.items():
+                if needle in line and key not in marks:
+                    marks[key] = now
+    finally:
+        timer.cancel()
     code = proc.wait(60)
     if code != 0 or len(marks) < len(MILESTONES):
-        raise SystemExit(f"startup: the run in {run_dir} failed (exit {code}, milestones "
+        raise SystemExit(f"startup: the run in {run_dir} failed or passed --timeout={timeout:g}s "
+                         f"(exit {code}, milestones "
                          f"{sorted(marks)}):\n{''.join(tail)}")  # fmt: skip
     return marks
 
