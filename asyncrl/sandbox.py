@@ -7,7 +7,12 @@ lists the ones that were in force; ``require`` makes missing ones an error):
 
 ``rlimits``    RLIMIT_CPU (CPU seconds), RLIMIT_AS (memory), RLIMIT_FSIZE (largest file),
                RLIMIT_NOFILE, RLIMIT_CORE=0, and RLIMIT_NPROC (processes, counted inside the
-               sandbox's own user namespace) against fork bombs.
+               sandbox's own user namespace) against fork bombs. The kernel exempts uid 0
+               from RLIMIT_NPROC: there a watchdog polls the process tree every 10 ms and
+               kills the sandbox above ``max_procs`` (a bomb can overshoot between polls).
+``cgroup``     a pids cgroup of its own (``asyncrl/cgroup.py``) with ``pids.max=max_procs``:
+               the process limit for root too, exact (forks fail at the limit, which counts
+               threads and the confining bootstrap); where cgroups are writable.
 ``userns``     a new user namespace: no capabilities outside it.
 ``netns``      a new network namespace with no interface up: no network at all (TCP, UDP,
                abstract unix sockets of the host).
@@ -43,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncrl.cgroup import PidsCgroup
+
 __all__ = ["SandboxResult", "SandboxError", "run_untrusted", "available_isolation"]
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -57,7 +64,7 @@ _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 _READ_ONLY_ROOTS = ("/usr", "/lib", "/lib64", "/bin", "/sbin")
 _DEV_FILES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
-ALL_LAYERS = ("rlimits", "userns", "netns", "pidns", "landlock", "timeout")
+ALL_LAYERS = ("rlimits", "cgroup", "userns", "netns", "pidns", "landlock", "timeout")
 _TEST_WITHOUT: tuple[str, ...] = ()
 """Tests only: layers the child reports missing, to act out a kernel without them."""
 
@@ -77,7 +84,7 @@ class SandboxResult:
     duration_s: float
     isolation: list[str] = field(default_factory=list)
     peak_procs: int = 0
-    """Most processes seen at once in the sandbox (10 ms polling)."""
+    """Most processes seen at once in the sandbox's tree (10 ms polling; not the bootstrap)."""
 
     @property
     def ok(self) -> bool:
@@ -120,10 +127,18 @@ def run_untrusted(
             "require": [layer for layer in require if layer != "timeout"],
             "without": list(_TEST_WITHOUT),
         }
-        return _supervise(spec, Path(private), timeout_s, max_output_bytes)
+        cgroup = None if "cgroup" in _TEST_WITHOUT else PidsCgroup.create(max_procs)
+        spec["cgroup"] = str(cgroup.path) if cgroup else None
+        try:
+            return _supervise(spec, Path(private), timeout_s, max_output_bytes, cgroup)
+        finally:
+            if cgroup:
+                cgroup.remove()
 
 
-def _supervise(spec: dict, private: Path, timeout_s: float, max_out: int) -> SandboxResult:
+def _supervise(
+    spec: dict, private: Path, timeout_s: float, max_out: int, cgroup: PidsCgroup | None
+) -> SandboxResult:
     """Start the confining bootstrap, enforce the wall clock, collect the result."""
     out_path, err_path = private / "stdout", private / "stderr"
     info_r, info_w = os.pipe()
@@ -141,7 +156,8 @@ def _supervise(spec: dict, private: Path, timeout_s: float, max_out: int) -> San
         )  # fmt: skip
     os.close(info_w)
     info: dict = {}
-    timed_out, peak, over = _watch(proc, info_r, info, start + timeout_s, spec["max_procs"])
+    limit = _Limit(spec["max_procs"], cgroup)
+    timed_out, peak, over = _watch(proc, info_r, info, start + timeout_s, limit)
     info.update(_read_info(info_r))
     _kill_all(proc, info.get("pid"))
     duration = time.monotonic() - start
@@ -160,14 +176,26 @@ def _supervise(spec: dict, private: Path, timeout_s: float, max_out: int) -> San
     if over:
         reason = f"process limit: more than {spec['max_procs']} processes (all killed)"
     else:
+        info["refused_forks"] = bool(cgroup and cgroup.refused_forks())
         reason = _reason(code, stderr, timed_out, timeout_s, spec, info)
     return SandboxResult(code, stdout, stderr, reason, duration, isolation + ["timeout"], peak)
 
 
-def _watch(proc, info_fd: int, info: dict, deadline: float, max_procs: int):
-    """Wait for the bootstrap until ``deadline``, polling the sandbox's process count every
-    10 ms (the process-limit watchdog: RLIMIT_NPROC does not bind uid 0, so as root this is
-    the only process limit). Returns (timed_out, peak process count, over the limit)."""
+@dataclass(frozen=True)
+class _Limit:
+    """The process limit the watchdog checks: ``cgroup`` refused a fork (exact), or the tree
+    polled holds more than ``max_procs`` (as root without a cgroup: RLIMIT_NPROC is void)."""
+
+    max_procs: int
+    cgroup: PidsCgroup | None
+
+    def exceeded(self, n: int) -> bool:
+        return n > self.max_procs or bool(self.cgroup and self.cgroup.refused_forks())
+
+
+def _watch(proc, info_fd: int, info: dict, deadline: float, limit: _Limit):
+    """Wait for the bootstrap until ``deadline``, checking the process limit every 10 ms.
+    Returns (timed_out, peak process count, over the limit)."""
     os.set_blocking(info_fd, False)
     peak = 0
     while proc.poll() is None:
@@ -176,7 +204,7 @@ def _watch(proc, info_fd: int, info: dict, deadline: float, max_procs: int):
         if info.get("pid"):
             n = _count_tree(info["pid"])
             peak = max(peak, n)
-            if n > max_procs:
+            if limit.exceeded(n):
                 return False, peak, True
         if time.monotonic() >= deadline:
             return True, peak, False
@@ -278,7 +306,8 @@ def _reason(code: int, stderr: str, timed_out: bool, timeout_s: float, spec, inf
         return f"killed by signal {name}"
     if "MemoryError" in last:
         return f"memory limit: {spec['mem_bytes'] >> 20} MiB address space exceeded ({last})"
-    if "BlockingIOError" in last or "Resource temporarily unavailable" in last:
+    refusal = ("BlockingIOError", "Resource temporarily unavailable", "can't start new thread")
+    if info.get("refused_forks") or any(word in last for word in refusal):
         return f"process limit: more than {spec['max_procs']} processes ({last})"
     if "PermissionError" in last:
         return f"denied by the sandbox (files outside its directory, network) ({last})"
@@ -301,6 +330,14 @@ def _bootstrap() -> None:
     layers, errors = [], {}
     _set_rlimits(spec)
     layers.append("rlimits")
+    if spec["cgroup"]:
+        try:  # first: while this process still has root's rights in the cgroupfs
+            PidsCgroup(Path(spec["cgroup"])).join(os.getpid())
+            layers.append("cgroup")
+        except OSError as e:
+            errors["cgroup"] = str(e)
+    else:
+        errors["cgroup"] = "no writable pids cgroup (needs root or a delegated pids controller)"
     libc = ctypes.CDLL(None, use_errno=True)
     for name, flag in (("userns", _CLONE_NEWUSER), ("netns", _CLONE_NEWNET)):
         if libc.unshare(flag) == 0:
