@@ -198,6 +198,10 @@ def test_many_long_seeded_prompts_at_once_do_not_kill_the_cpu_engine(engine, loo
 
 
 def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop):
+    # This vLLM takes the direct pause (ActorEngine._pause, without pause_generation's sleep).
+    assert hasattr(engine._llm.engine_core, "pause_scheduler_async")
+    assert hasattr(engine._llm.renderer, "clear_mm_cache_async")
+
     async def go():
         sender = await connect(engine)
         try:
