@@ -10,7 +10,9 @@ cgroup in the first hierarchy that has the pids controller: cgroup v1's ``pids``
 where the parent delegates ``pids`` (``cgroup.subtree_control``). It returns None where none can
 be made (no root and no delegation, a read-only cgroupfs as in most containers, no pids
 controller): the sandbox then runs with RLIMIT_NPROC and the watchdog only, and does not list
-the ``cgroup`` layer. Standard library only (the sandbox's child imports it).
+the ``cgroup`` layer. A process SIGKILLed between ``create`` and ``remove`` leaves an empty
+directory behind (harmless; ``rmdir`` removes it). Standard library only (the sandbox's child
+imports it).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -139,14 +140,47 @@ async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> di
     freeze_startup_heap()  # as actors.main does once its engine is up; bare gains from it too
     arms: dict[str, list[dict]] = {"bare_vllm": [], "engine": [], "actor": []}
     for r in range(rounds):
-        arms["bare_vllm"].append(bare_round(llm, prompts, a))
-        arms["engine"].append(await engine_round(engine, prompts, a, a.max_inflight))
-        arms["actor"].append(await actor_round(cfg, model_dir, engine, prompts, url, f"ov{r}"))
+        with _cpu_split() as cpu:
+            arms["bare_vllm"].append(bare_round(llm, prompts, a))
+        arms["bare_vllm"][-1].update(cpu)
+        with _cpu_split() as cpu:
+            arms["engine"].append(await engine_round(engine, prompts, a, a.max_inflight))
+        arms["engine"][-1].update(cpu)
+        with _cpu_split() as cpu:
+            arms["actor"].append(await actor_round(cfg, model_dir, engine, prompts, url, f"ov{r}"))
+        arms["actor"][-1].update(cpu)
         print(f"round {r + 1}/{rounds}: " + ", ".join(
             f"{k} {v[-1]['tokens_per_s']:.0f}" for k, v in arms.items()) + " tok/s", flush=True)  # fmt: skip
     await engine.shutdown()
     del llm
     return arms
+
+
+@contextlib.contextmanager
+def _cpu_split():
+    """Fills the yielded dict with the CPU seconds this (client) process and its descendants
+    (vLLM's engine processes, reward workers) used inside the block: on one core, the
+    client's share is what the engine did not get."""
+    import psutil
+
+    me = psutil.Process()
+
+    def sample() -> tuple[float, float]:
+        own = me.cpu_times()
+        kids = 0.0
+        for child in me.children(recursive=True):
+            try:
+                t = child.cpu_times()
+                kids += t.user + t.system
+            except psutil.Error:
+                continue
+        return own.user + own.system, kids
+
+    out: dict = {}
+    c0, e0 = sample()
+    yield out
+    c1, e1 = sample()
+    out.update(client_cpu_s=c1 - c0, engine_cpu_s=e1 - e0)
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -171,6 +205,11 @@ def actor_part(args) -> dict:
         ratios = [r["tokens_per_s"] / b for r, b in zip(arms[k], bare, strict=True)]
         out[f"{k}_vs_bare_per_round"] = ratios
         out[f"{k}_vs_bare"] = statistics.median(ratios)
+    for k, runs in arms.items():
+        cpu = [r["client_cpu_s"] / r["seconds"] for r in runs]
+        out[k]["client_cpu_share_median"] = statistics.median(cpu)
+    print("client process CPU share of each arm's wall time (medians): " + ", ".join(
+        f"{k} {out[k]['client_cpu_share_median']:.0%}" for k in arms), flush=True)  # fmt: skip
     med = {k: out[k]["tokens_per_s_median"] for k in arms}
     print(f"actor ({args.rounds} interleaved rounds, medians): bare vLLM {med['bare_vllm']:.0f} "
           f"tok/s, ActorEngine {med['engine']:.0f} tok/s ({out['engine_vs_bare']:.2f}x), Actor "
