@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -72,11 +71,11 @@ def bare_round(llm, prompts, a) -> dict:
     params = SamplingParams(n=a.n_samples, max_tokens=a.max_tokens, temperature=a.temperature,
                             seed=0, logprobs=0, detokenize=False)  # fmt: skip
     inputs = [{"prompt_token_ids": p} for p in prompts]
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), CpuMeter()
     outs = llm.generate(inputs, params, use_tqdm=False)
-    dt = time.perf_counter() - t0
+    dt, used = time.perf_counter() - t0, cpu.read()
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    return {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt}
+    return {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt, **used}
 
 
 async def engine_round(engine, prompts, a, inflight: int) -> dict:
@@ -87,11 +86,11 @@ async def engine_round(engine, prompts, a, inflight: int) -> dict:
         async with limit:
             return await engine.generate(p, a.n_samples, a.max_tokens, a.temperature, i)
 
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), CpuMeter()
     outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-    dt = time.perf_counter() - t0
+    dt, used = time.perf_counter() - t0, cpu.read()
     tokens = sum(len(c.token_ids) for cs in outs for c in cs)
-    return {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt}
+    return {"seconds": dt, "completion_tokens": tokens, "tokens_per_s": tokens / dt, **used}
 
 
 async def actor_round(cfg, model_dir: str, engine, prompts, url: str, name: str) -> dict:
@@ -105,17 +104,17 @@ async def actor_round(cfg, model_dir: str, engine, prompts, url: str, name: str)
     buf = ReplayBuffer(connect(url), name, capacity=len(prompts) + 8)
     actor = Actor(cfg, 0, model_dir, buf, engine, AdditionSource(cfg.task.seed, split="train"),
                   load_reward_fn(cfg.task.reward_fn))  # fmt: skip
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), CpuMeter()
     task = asyncio.create_task(actor.produce())
     while actor.state.committed < len(prompts):
         await asyncio.sleep(0.01)
-    dt = time.perf_counter() - t0
+    dt, used = time.perf_counter() - t0, cpu.read()
     actor.state.stop = True
     await task
     actor.scorer.close()
     s = actor.state
     return {"seconds": dt, "groups": s.committed, "completion_tokens": s.tokens_generated,
-            "tokens_per_s": s.tokens_generated / dt, "time_s": actor.clock.totals()}  # fmt: skip
+            "tokens_per_s": s.tokens_generated / dt, "time_s": actor.clock.totals(), **used}  # fmt: skip
 
 
 async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> dict:
@@ -140,15 +139,9 @@ async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> di
     freeze_startup_heap()  # as actors.main does once its engine is up; bare gains from it too
     arms: dict[str, list[dict]] = {"bare_vllm": [], "engine": [], "actor": []}
     for r in range(rounds):
-        with _cpu_split() as cpu:
-            arms["bare_vllm"].append(bare_round(llm, prompts, a))
-        arms["bare_vllm"][-1].update(cpu)
-        with _cpu_split() as cpu:
-            arms["engine"].append(await engine_round(engine, prompts, a, a.max_inflight))
-        arms["engine"][-1].update(cpu)
-        with _cpu_split() as cpu:
-            arms["actor"].append(await actor_round(cfg, model_dir, engine, prompts, url, f"ov{r}"))
-        arms["actor"][-1].update(cpu)
+        arms["bare_vllm"].append(bare_round(llm, prompts, a))
+        arms["engine"].append(await engine_round(engine, prompts, a, a.max_inflight))
+        arms["actor"].append(await actor_round(cfg, model_dir, engine, prompts, url, f"ov{r}"))
         print(f"round {r + 1}/{rounds}: " + ", ".join(
             f"{k} {v[-1]['tokens_per_s']:.0f}" for k, v in arms.items()) + " tok/s", flush=True)  # fmt: skip
     await engine.shutdown()
@@ -156,31 +149,32 @@ async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> di
     return arms
 
 
-@contextlib.contextmanager
-def _cpu_split():
-    """Fills the yielded dict with the CPU seconds this (client) process and its descendants
-    (vLLM's engine processes, reward workers) used inside the block: on one core, the
-    client's share is what the engine did not get."""
-    import psutil
+class CpuMeter:
+    """CPU seconds of this (client) process and of its descendants (vLLM's engine processes,
+    redis-server) between construction and ``read()``: with everything on one core, the
+    client's share of the wall time is what the engine did not get."""
 
-    me = psutil.Process()
+    def __init__(self) -> None:
+        import psutil
 
-    def sample() -> tuple[float, float]:
-        own = me.cpu_times()
-        kids = 0.0
-        for child in me.children(recursive=True):
+        self._me = psutil.Process()
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float]:
+        import psutil
+
+        own, kids = self._me.cpu_times(), 0.0
+        for child in self._me.children(recursive=True):
             try:
                 t = child.cpu_times()
-                kids += t.user + t.system
             except psutil.Error:
                 continue
+            kids += t.user + t.system
         return own.user + own.system, kids
 
-    out: dict = {}
-    c0, e0 = sample()
-    yield out
-    c1, e1 = sample()
-    out.update(client_cpu_s=c1 - c0, engine_cpu_s=e1 - e0)
+    def read(self) -> dict:
+        (c0, e0), (c1, e1) = self._start, self._sample()
+        return {"client_cpu_s": c1 - c0, "children_cpu_s": e1 - e0}
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -206,10 +200,13 @@ def actor_part(args) -> dict:
         out[f"{k}_vs_bare_per_round"] = ratios
         out[f"{k}_vs_bare"] = statistics.median(ratios)
     for k, runs in arms.items():
-        cpu = [r["client_cpu_s"] / r["seconds"] for r in runs]
-        out[k]["client_cpu_share_median"] = statistics.median(cpu)
-    print("client process CPU share of each arm's wall time (medians): " + ", ".join(
-        f"{k} {out[k]['client_cpu_share_median']:.0%}" for k in arms), flush=True)  # fmt: skip
+        out[k]["client_cpu_share_median"] = statistics.median(
+            r["client_cpu_s"] / r["seconds"] for r in runs)  # fmt: skip
+        out[k]["children_cpu_ms_per_group_median"] = statistics.median(
+            1000 * r["children_cpu_s"] / len(prompts) for r in runs)  # fmt: skip
+    print("CPU (medians): " + ", ".join(
+        f"{k}: client {out[k]['client_cpu_share_median']:.0%} of the wall time, engine "
+        f"{out[k]['children_cpu_ms_per_group_median']:.1f} ms a group" for k in arms), flush=True)  # fmt: skip
     med = {k: out[k]["tokens_per_s_median"] for k in arms}
     print(f"actor ({args.rounds} interleaved rounds, medians): bare vLLM {med['bare_vllm']:.0f} "
           f"tok/s, ActorEngine {med['engine']:.0f} tok/s ({out['engine_vs_bare']:.2f}x), Actor "
