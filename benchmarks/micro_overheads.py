@@ -160,21 +160,30 @@ class CpuMeter:
         self._me = psutil.Process()
         self._start = self._sample()
 
-    def _sample(self) -> tuple[float, float]:
+    def _sample(self) -> dict[str, float]:
+        """CPU seconds by process: ``client``, then each descendant's name and pid."""
         import psutil
 
-        own, kids = self._me.cpu_times(), 0.0
+        own = self._me.cpu_times()
+        out = {"client": own.user + own.system}
         for child in self._me.children(recursive=True):
             try:
-                t = child.cpu_times()
+                t, name = child.cpu_times(), child.name()
             except psutil.Error:
                 continue
-            kids += t.user + t.system
-        return own.user + own.system, kids
+            out[f"{name}:{child.pid}"] = t.user + t.system
+        return out
 
     def read(self) -> dict:
-        (c0, e0), (c1, e1) = self._start, self._sample()
-        return {"client_cpu_s": c1 - c0, "children_cpu_s": e1 - e0}
+        before, after = self._start, self._sample()
+        used = {k: v - before.get(k, 0.0) for k, v in after.items()}
+        by_name: dict[str, float] = {}
+        for key, v in used.items():
+            if key != "client":
+                name = key.rsplit(":", 1)[0]
+                by_name[name] = by_name.get(name, 0.0) + v
+        return {"client_cpu_s": used["client"], "children_cpu_s": sum(by_name.values()),
+                "children_cpu_s_by_name": by_name}  # fmt: skip
 
 
 def _summary(runs: list[dict]) -> dict:
