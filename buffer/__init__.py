@@ -13,9 +13,10 @@ Public API::
 from buffer.codec import PayloadError, decode_group, encode_group
 from buffer.connection import BufferUnavailable, connect, mask_url
 from buffer.cursors import PromptCursor, SyncQuota
-from buffer.redis_buffer import BufferDamaged, Entry, LeaseExpired, ReplayBuffer
+from buffer.redis_buffer import BufferDamaged, LeaseExpired, ReplayBuffer
 from buffer.server import RedisServer, RedisServerError
 from buffer.staleness import split_by_staleness, staleness, within_staleness
+from buffer.stream_reads import Entry
 
 __all__ = [
     "BufferDamaged",

@@ -9,8 +9,8 @@ import random
 import pytest
 
 from asyncrl.types import Group, Sample
-from buffer.redis_buffer import Entry
 from buffer.staleness import split_by_staleness, staleness, within_staleness
+from buffer.stream_reads import Entry
 
 
 def _group(gid: str, versions: list[int]) -> Group:
