@@ -13,7 +13,8 @@ actor: completion tokens/s of
   same prompts (the demo task's first ``--prompts``), n, max_tokens, temperature and seed,
   vLLM bound to the same core (``--core``); ``--rounds`` rounds of the three arms in turn,
   both engines alive throughout, the start-up heap frozen as an actor freezes it
-  (asyncrl/heap.py); ratios are medians of the per-round ratios.
+  (asyncrl/heap.py); ratios are medians of the per-round ratios. Each arm also records the
+  CPU seconds of the client and of each child process by name (``CpuMeter``).
 learner: seconds per step on one batch of demo-sized groups, under ``torchrun
   --nproc_per_node=--nproc``, of
   - bare:   FSDP2 forward + REINFORCE-style token loss + backward + AdamW step;
@@ -150,9 +151,9 @@ async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> di
 
 
 class CpuMeter:
-    """CPU seconds of this (client) process and of its descendants (vLLM's engine processes,
-    redis-server) between construction and ``read()``: with everything on one core, the
-    client's share of the wall time is what the engine did not get."""
+    """CPU seconds of this (client) process and of its descendants by process name (vLLM's
+    ``VLLM::EngineCore`` and ``VLLM::Worker``, ``redis-server``) between construction and
+    ``read()``: with everything on one core they add up to the wall time."""
 
     def __init__(self) -> None:
         import psutil
@@ -160,29 +161,25 @@ class CpuMeter:
         self._me = psutil.Process()
         self._start = self._sample()
 
-    def _sample(self) -> dict[str, float]:
-        """CPU seconds by process: ``client``, then each descendant's name and pid."""
+    def _sample(self) -> tuple[float, dict[int, tuple[str, float]]]:
+        """(the client's CPU seconds, {descendant pid: (name, CPU seconds)})."""
         import psutil
 
-        own = self._me.cpu_times()
-        out = {"client": own.user + own.system}
+        own, kids = self._me.cpu_times(), {}
         for child in self._me.children(recursive=True):
             try:
                 t, name = child.cpu_times(), child.name()
             except psutil.Error:
                 continue
-            out[f"{name}:{child.pid}"] = t.user + t.system
-        return out
+            kids[child.pid] = (name, t.user + t.system)
+        return own.user + own.system, kids
 
     def read(self) -> dict:
-        before, after = self._start, self._sample()
-        used = {k: v - before.get(k, 0.0) for k, v in after.items()}
+        (c0, kids0), (c1, kids1) = self._start, self._sample()
         by_name: dict[str, float] = {}
-        for key, v in used.items():
-            if key != "client":
-                name = key.rsplit(":", 1)[0]
-                by_name[name] = by_name.get(name, 0.0) + v
-        return {"client_cpu_s": used["client"], "children_cpu_s": sum(by_name.values()),
+        for pid, (name, cpu) in kids1.items():
+            by_name[name] = by_name.get(name, 0.0) + cpu - kids0.get(pid, (name, 0.0))[1]
+        return {"client_cpu_s": c1 - c0, "children_cpu_s": sum(by_name.values()),
                 "children_cpu_s_by_name": by_name}  # fmt: skip
 
 
@@ -214,8 +211,9 @@ def actor_part(args) -> dict:
         out[k]["children_cpu_ms_per_group_median"] = statistics.median(
             1000 * r["children_cpu_s"] / len(prompts) for r in runs)  # fmt: skip
     print("CPU (medians): " + ", ".join(
-        f"{k}: client {out[k]['client_cpu_share_median']:.0%} of the wall time, engine "
-        f"{out[k]['children_cpu_ms_per_group_median']:.1f} ms a group" for k in arms), flush=True)  # fmt: skip
+        f"{k}: client {out[k]['client_cpu_share_median']:.0%} of the wall time, child "
+        f"processes (engine, redis-server) {out[k]['children_cpu_ms_per_group_median']:.1f} ms "
+        "a group" for k in arms), flush=True)  # fmt: skip
     med = {k: out[k]["tokens_per_s_median"] for k in arms}
     print(f"actor ({args.rounds} interleaved rounds, medians): bare vLLM {med['bare_vllm']:.0f} "
           f"tok/s, ActorEngine {med['engine']:.0f} tok/s ({out['engine_vs_bare']:.2f}x), Actor "

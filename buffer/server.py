@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import shutil
 import socket
@@ -32,6 +31,7 @@ import redis
 
 from asyncrl.rundir import write_atomic
 from buffer.connection import BufferUnavailable, call_with_retries, connect, mask_url
+from buffer.redis_files import ROLE_USERS, acl_lines, aof_hint, port_lines, read_previous_conf
 from buffer.tls import TlsFiles
 
 __all__ = [
@@ -44,23 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_COMMON = "+ping +hello +auth +select +client|setname +client|id +time"
-_NO_ADMIN = "-@admin -@dangerous -flushdb -flushall"
-_SCRIPTS = "+evalsha +eval +script|load +script|exists"
-ROLE_USERS = {
-    # Actors lease, commit, renew and release slots and read meta/stats. They cannot read
-    # entries through the consumer group, ack, delete, or run admin commands.
-    "actor": (
-        f"-@all {_COMMON} +@read +@write {_SCRIPTS} {_NO_ADMIN} "
-        "-xreadgroup -xack -xdel -xgroup -xclaim -xautoclaim -xtrim -del -unlink -rename "
-        "-renamenx -move -copy -restore -migrate -expire -pexpire -persist"
-    ),
-    # The learner also consumes (XREADGROUP, XACK, XDEL via ACK/DEAD_LETTER scripts, XGROUP
-    # CREATE), but cannot run admin or dangerous commands (FLUSHALL, CONFIG, SHUTDOWN, ...).
-    "learner": f"-@all {_COMMON} +@read +@write +@stream {_SCRIPTS} +xgroup|create {_NO_ADMIN}",
-}
-"""ACL users the server creates besides ``default`` (admin); see ``RedisServer.url_for``."""
 
 _MISSING = (
     "redis-server not found on PATH; install it: apt-get install -y redis-server, or set buffer.url"
@@ -123,7 +106,7 @@ class RedisServer:
         self._wrap = wrap or (lambda cmd: cmd)
         self._pass_fds = pass_fds
         self._requested_port = port
-        self._previous = self._read_previous_conf()
+        self._previous = read_previous_conf(self.conf_path)
         self.password = password or self._previous.get("requirepass") or secrets.token_urlsafe(24)
         self.user_passwords = {
             user: self._previous.get(f"user:{user}") or secrets.token_urlsafe(24)
@@ -218,7 +201,7 @@ class RedisServer:
                 f"unix socket path {self.socket_path} is longer than {_SUN_PATH_MAX} bytes; "
                 "use a shorter run directory or TCP (unix_socket=False)"
             )
-        self._previous = self._read_previous_conf()  # a restart reuses the last port
+        self._previous = read_previous_conf(self.conf_path)  # a restart reuses the last port
         # An auto-picked port can be taken between our probe and redis binding it: retry.
         for attempt in range(3):
             self.port = None if self.unix_socket else self._choose_port()
@@ -314,7 +297,7 @@ class RedisServer:
             "# Written by asyncrl buffer/server.py. Holds the password: keep it mode 0600.",
             f"bind {self.host}",
             "protected-mode yes",
-            *self._port_lines(),
+            *port_lines(self.port, self.tls),
             f"requirepass {self.password}",
             "appendonly yes",
             f"appendfsync {self.appendfsync}",
@@ -331,21 +314,8 @@ class RedisServer:
             lines += [f'unixsocket "{self.socket_path}"', "unixsocketperm 700"]
         if self.maxmemory:
             lines.append(f"maxmemory {self.maxmemory}")
-        lines += self._acl_lines()
+        lines += acl_lines(self.key_prefix, self.user_passwords)
         return "\n".join(lines) + "\n"
-
-    def _port_lines(self) -> list[str]:
-        if self.tls is None:
-            return [f"port {self.port or 0}"]
-        t = self.tls
-        return [
-            "port 0",  # no plain-text listener at all
-            f"tls-port {self.port}",
-            f'tls-cert-file "{t.cert}"',
-            f'tls-key-file "{t.key}"',
-            f'tls-ca-cert-file "{t.ca}"',
-            "tls-auth-clients no",  # clients authenticate with their ACL user's password
-        ]
 
     def _choose_port(self) -> int:
         if self._requested_port:
@@ -363,7 +333,7 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 tail = self._log_tail()
-                hint = self._aof_hint(self._log_since_start())
+                hint = aof_hint(self._log_since_start(), self.run_dir)
                 raise RedisServerError(
                     f"redis-server exited with code {self._proc.returncode} during startup "
                     f"(config {self.conf_path}).{hint} Last lines of {self.log_path}:\n{tail}"
@@ -390,34 +360,6 @@ class RedisServer:
             return "(no log written)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def _read_previous_conf(self) -> dict[str, str]:
-        try:
-            text = self.conf_path.read_text()
-        except OSError:
-            return {}
-        out = {}
-        for key in ("requirepass", "port", "tls-port"):
-            m = re.search(rf"^{key} (\S+)$", text, re.MULTILINE)
-            if m:
-                out[key] = m.group(1)
-        if int(out.get("tls-port", "0")):  # a TLS server listened there (its "port" is 0)
-            out["port"] = out["tls-port"]
-        for user, pw in re.findall(r"^user (\w+) on >(\S+) ", text, re.MULTILINE):
-            out[f"user:{user}"] = pw
-        return out
-
-    def _acl_lines(self) -> list[str]:
-        """``user`` directives: ``default`` (admin, ``requirepass``) and one per role."""
-        if self.key_prefix is None:
-            keys = "~*"
-        else:
-            p = re.sub(r"([*?\[\]\\])", r"\\\1", self.key_prefix)
-            keys = f"~{p} ~{p}:*"
-        return [
-            f"user {user} on >{self.user_passwords[user]} resetkeys {keys} resetchannels {rules}"
-            for user, rules in ROLE_USERS.items()
-        ]
-
     def _log_since_start(self) -> str:
         """What redis-server logged since the last ``start()`` ("" if unreadable)."""
         try:
@@ -426,22 +368,6 @@ class RedisServer:
                 return f.read().decode(errors="replace")
         except OSError:
             return ""
-
-    def _aof_hint(self, text: str) -> str:
-        """A sentence naming the damaged AOF file and the fix, or "" if ``text`` shows none."""
-        errors = [ln for ln in text.splitlines() if " # " in ln]  # redis' warning level
-        if not any(w in ln for ln in errors for w in ("append only file", "AOF", "manifest")):
-            return ""
-        m = re.search(r"reading the append only file (\S+?):", text)
-        aof_dir = self.run_dir / "appendonlydir"
-        file = aof_dir / m.group(1) if m else aof_dir
-        manifest = aof_dir / "appendonly.aof.manifest"
-        return (
-            f" The AOF is damaged ({file}); the server refused to start rather than start "
-            f"with missing data. Back up {aof_dir}, then run `redis-check-aof --fix {manifest}` "
-            "(it truncates the AOF at the first bad command: what follows is lost) and start "
-            "again, or use a fresh run directory."
-        )
 
     def _retire_torn_aof(self, timeout_s: float = 120.0) -> None:
         """After a start that dropped a torn AOF tail (``aof-load-truncated``), rewrite the AOF
