@@ -156,7 +156,7 @@ def _tls_files(cfg: Config):
 
 def role_url(url: str, server, role: str) -> str:
     """The URL a role gets: its least-privilege ACL user on our private Redis (``actor`` or
-    ``learner``, see buffer.server.ROLE_USERS), else the configured ``buffer.url``."""
+    ``learner``, see buffer.redis_files.ROLE_USERS), else the configured ``buffer.url``."""
     return server.url_for(role) if server is not None else url
 
 

@@ -1,5 +1,5 @@
 """The auto-started Redis requires a password, and its least-privilege ACL users (``actor``,
-``learner``; ``buffer.server.ROLE_USERS``) can do exactly what their role needs."""
+``learner``; ``buffer.redis_files.ROLE_USERS``) can do exactly what their role needs."""
 
 from __future__ import annotations
 
