@@ -3,6 +3,7 @@
     python -m benchmarks.micro_overheads            # both parts -> results/micro_overheads.json
     python -m benchmarks.micro_overheads actor      # only the actor part
     python -m benchmarks.micro_overheads learner    # only the learner part (runs torchrun)
+    python -m benchmarks.micro_overheads own        # the actor's own work, no model
 
 actor: completion tokens/s of
   - bare:   ``vllm.LLM.generate`` on all prompts at once (offline batch: the best case);
@@ -15,6 +16,11 @@ actor: completion tokens/s of
   both engines alive throughout, the start-up heap frozen as an actor freezes it
   (asyncrl/heap.py); ratios are medians of the per-round ratios. Each arm also records the
   CPU seconds of the client and of each child process by name (``CpuMeter``).
+own: the actor's own CPU per group, with no model: ``Actor.produce`` (everything the actor
+  arm does but vLLM) over ``actors.sim_engine.SimEngine`` at 1e9 tokens/s, so completions of
+  the demo's mean length come back at once, into a real redis-server; ``--prompts`` groups per
+  round (default 1000 here), ``--rounds`` rounds; CPU ms per group of the client and of
+  redis-server, all on ``--core``. Not part of ``all``.
 learner: seconds per step on one batch of demo-sized groups, under ``torchrun
   --nproc_per_node=--nproc``, of
   - bare:   FSDP2 forward + REINFORCE-style token loss + backward + AdamW step;
@@ -35,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, write_result
+from benchmarks.common import REPO, RESULTS, write_result
 
 
 def _demo_cfg(extra: list[str]):
@@ -150,6 +156,9 @@ async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> di
     return arms
 
 
+_PROMPTS = 256  # --prompts' default
+
+
 class CpuMeter:
     """CPU seconds of this (client) process and of its descendants by process name (vLLM's
     ``VLLM::EngineCore`` and ``VLLM::Worker``, ``redis-server``) between construction and
@@ -181,6 +190,45 @@ class CpuMeter:
             by_name[name] = by_name.get(name, 0.0) + cpu - kids0.get(pid, (name, 0.0))[1]
         return {"client_cpu_s": c1 - c0, "children_cpu_s": sum(by_name.values()),
                 "children_cpu_s_by_name": by_name}  # fmt: skip
+
+
+def own_part(args) -> dict:
+    """``Actor.produce`` over an instant ``SimEngine``: the actor's own work per group."""
+    from actors.sim_engine import SimEngine
+    from buffer import codec
+    from buffer.server import RedisServer
+
+    os.sched_setaffinity(0, {args.core})
+    cfg, model_dir = _demo_cfg(args.set)
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    groups = args.prompts if args.prompts != _PROMPTS else 1000
+    codec.warm_up()
+
+    async def rounds(url: str) -> list[dict]:
+        out = []
+        for r in range(args.rounds):
+            engine = SimEngine(vocab, 1e9, cfg.actor.sim_mean_len, seed=r)
+            res = await actor_round(cfg, model_dir, engine, range(groups), url, f"own{r}")
+            out.append(res)
+            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in _per_group(res).items()) + " ms a group", flush=True)  # fmt: skip
+        return out
+
+    with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp) as server:
+        runs = asyncio.run(rounds(server.url))
+    med = {k: statistics.median(_per_group(r)[k] for r in runs) for k in _per_group(runs[0])}
+    print("own work (medians, ms a group): " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()),
+          flush=True)  # fmt: skip
+    return {"groups": groups, "core": args.core, "rounds": args.rounds, "runs": runs,
+            "ms_per_group_median": med}  # fmt: skip
+
+
+def _per_group(run: dict) -> dict[str, float]:
+    """Wall, client CPU and redis-server CPU of an ``actor_round``, in ms a group."""
+    n, by_name = run["groups"], run["children_cpu_s_by_name"]
+    redis = sum(v for k, v in by_name.items() if k.startswith("redis"))
+    return {"wall": 1000 * run["seconds"] / n, "client_cpu": 1000 * run["client_cpu_s"] / n,
+            "redis_cpu": 1000 * redis / n}  # fmt: skip
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -242,14 +290,16 @@ def learner_part(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.micro_overheads")
-    p.add_argument("part", nargs="?", choices=["actor", "learner", "all"], default="all")
-    p.add_argument("--prompts", type=int, default=256, help="prompts (groups) per actor run")
+    p.add_argument("part", nargs="?", choices=["actor", "learner", "own", "all"], default="all")
+    p.add_argument("--prompts", type=int, default=_PROMPTS,
+                   help="prompts (groups) per actor run (own: default 1000)")  # fmt: skip
     p.add_argument("--core", type=int, default=1, help="core for the actor measurements")
     p.add_argument("--nproc", type=int, default=2, help="learner ranks")
     p.add_argument("--repeat", type=int, default=10, help="learner steps timed per arm")
     p.add_argument("--rounds", type=int, default=5,
                    help="interleaved rounds of the actor part's three arms")  # fmt: skip
     p.add_argument("--name", default="micro_overheads")
+    p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for the actor part (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
@@ -258,8 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         results["learner"] = learner_part(args)
     if args.part in ("actor", "all"):
         results["actor"] = actor_part(args)
+    if args.part == "own":
+        results["own"] = own_part(args)
     name = args.name if args.part == "all" else f"{args.name}_{args.part}"
-    print(f"wrote {write_result(name, {'config': vars(args), 'results': results})}")
+    config = {**vars(args), "out": None}  # not a machine-specific path
+    print(f"wrote {write_result(name, {'config': config, 'results': results}, args.out)}")
     return 0
 
 
