@@ -12,7 +12,8 @@ actor: completion tokens/s of
   - actor:  ``actors.actor.Actor.produce`` (lease, prompt cursor, generate, reward, Arrow
             encode, commit into a real redis-server), no learner;
   same prompts (the demo task's first ``--prompts``), n, max_tokens, temperature and seed,
-  vLLM bound to the same core (``--core``); ``--rounds`` rounds of the three arms in turn,
+  vLLM bound to the same core (``--core``), redis-server too unless ``--redis-core`` pins it
+  elsewhere; ``--rounds`` rounds of the three arms in turn,
   both engines alive throughout, the start-up heap frozen as an actor freezes it
   (asyncrl/heap.py); ratios are medians of the per-round ratios. Each arm also records the
   CPU seconds of the client and of each child process by name (``CpuMeter``).
@@ -245,8 +246,11 @@ def actor_part(args) -> dict:
     cfg, model_dir = _demo_cfg([f"actor.cpu_bind='{args.core}'", *args.set])
     prompts = _prompts(cfg, model_dir, args.prompts)
     with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp) as server:
+        if args.redis_core is not None:  # the buffer as a service apart from the actor's core
+            os.sched_setaffinity(server.pid, {args.redis_core})
         arms = asyncio.run(interleaved(cfg, model_dir, prompts, server.url, args.rounds))
-    out = {"prompts": len(prompts), "core": args.core, "rounds": args.rounds,
+    out = {"prompts": len(prompts), "core": args.core, "redis_core": args.redis_core,
+           "rounds": args.rounds,
            **{k: _summary(v) for k, v in arms.items()}}  # fmt: skip
     bare = [r["tokens_per_s"] for r in arms["bare_vllm"]]
     for k in ("engine", "actor"):
@@ -294,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=_PROMPTS,
                    help="prompts (groups) per actor run (own: default 1000)")  # fmt: skip
     p.add_argument("--core", type=int, default=1, help="core for the actor measurements")
+    p.add_argument("--redis-core", type=int, default=None,
+                   help="actor part: pin redis-server to this core (default: --core, with "
+                        "everything else)")  # fmt: skip
     p.add_argument("--nproc", type=int, default=2, help="learner ranks")
     p.add_argument("--repeat", type=int, default=10, help="learner steps timed per arm")
     p.add_argument("--rounds", type=int, default=5,
