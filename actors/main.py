@@ -136,6 +136,7 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
         return SimEngine(vocab, a.sim_tokens_per_s, a.sim_mean_len, seed=cfg.seed + actor_id)
     from actors.engine import ActorEngine
     from actors.tasks import max_model_len
+    from asyncrl.config_checks import parse_cores
 
     # ~7 s on one CPU core, minutes for a large model on a GPU (tests/e2e/test_interrupt.py
     # waits for this line)
@@ -155,6 +156,7 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
         torch_threads=a.cpu_threads,
         max_num_seqs=a.engine_batch,
         cpu_start_method=a.cpu_start_method,
+        engine_cpus=parse_cores(a.engine_cpus) or None,
     )
 
 

