@@ -41,7 +41,29 @@ def split_cores(usable: list[int], learner_n: int, actor_n: int) -> tuple[str, s
 
 def resolve(cfg, usable: list[int], both_sides: bool) -> str:
     """Replace ``auto`` in ``learner.cpu_affinity`` / ``actor.cpu_affinity`` (in place) and
-    return a note for the launcher's log ('' when neither key is ``auto``)."""
+    return a note for the launcher's log ('' when neither key is ``auto``). Raises ValueError
+    when ``actor.engine_cpus`` does not fit the actors' cores so decided."""
+    note = _resolve(cfg, usable, both_sides)
+    check_engine_cpus(cfg.actor)
+    return note
+
+
+def check_engine_cpus(ac) -> None:
+    """``actor.engine_cpus`` are some of the actors' cores and leave them at least one (an
+    unpinned actor is checked when its engine starts: actors/cpu_layout.py)."""
+    if not ac.engine_cpus or not ac.cpu_affinity:
+        return
+    engine, actor = set(parse_cores(ac.engine_cpus)), set(parse_cores(ac.cpu_affinity))
+    if not engine <= actor or not actor - engine:
+        raise ValueError(
+            f"actor.engine_cpus={ac.engine_cpus} must be some of the actors' cores "
+            f"({ac.cpu_affinity}) and leave the actor's own process at least one: give the "
+            "actors more cores (actor.cpu_affinity, learner.cpu_affinity) or set "
+            "actor.engine_cpus='' to let the engine share them"
+        )
+
+
+def _resolve(cfg, usable: list[int], both_sides: bool) -> str:
     lc, ac = cfg.learner, cfg.actor
     if AUTO not in (lc.cpu_affinity, ac.cpu_affinity):
         return ""

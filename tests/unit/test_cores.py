@@ -78,3 +78,34 @@ def test_an_explicit_side_keeps_its_cores_from_the_other_sides_auto():
     cfg = load_config(["actor.cpu_affinity='0-1'"])
     cores.resolve(cfg, [0, 1], both_sides=True)  # nothing left: the learner runs unpinned
     assert (cfg.learner.cpu_affinity, cfg.actor.cpu_affinity) == ("", "0-1")
+
+
+def test_engine_cpus_bind_vllm_there_and_must_leave_the_actor_a_core():
+    cfg = load_config(["actor.engine_cpus='3'"])  # auto: the actors get 1-3, the engine 3
+    assert cfg.actor.cpu_bind == "3"  # the worker's threads on the engine's cores
+    cores.resolve(cfg, [0, 1, 2, 3], both_sides=True)
+    assert (cfg.actor.cpu_affinity, cfg.actor.cpu_bind) == ("1-3", "3")
+    cfg = load_config(["actor.engine_cpus='1'"])  # the demo's split leaves the actors core 1
+    with pytest.raises(ValueError, match=r"engine_cpus=1 must be some of the actors' cores \(1\)"):
+        cores.resolve(cfg, [0, 1], both_sides=True)
+    cfg = load_config(["actor.engine_cpus='5'"])
+    with pytest.raises(ValueError, match="actor.engine_cpus=''"):
+        cores.resolve(cfg, [0, 1, 2, 3], both_sides=True)
+    cfg = load_config(["actor.engine_cpus='1'"])  # unpinned actors: checked at engine start
+    cores.resolve(cfg, [0], both_sides=True)
+    assert cfg.actor.cpu_affinity == ""
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["actor.engine_cpus=x"], "a core list, e.g. 1 or 2-7"),
+        (["actor.engine_cpus='0-1'", "actor.cpu_affinity='0-1'"], "leaving the actor's own"),
+        (["actor.engine_cpus='2'", "actor.cpu_affinity='0-1'"], "must be some of"),
+    ],
+)
+def test_bad_engine_cpus_are_refused_at_load(overrides, message):
+    from asyncrl.configload import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=message):
+        load_config(overrides)
