@@ -293,7 +293,8 @@ def learner_part(args) -> dict:
         out = Path(tmp) / "learner.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
                f"--master_port={_free_port()}", "--master_addr=127.0.0.1", "-m",
-               "benchmarks.overheads_learner", "--out", str(out), "--repeat", str(args.repeat)]  # fmt: skip
+               "benchmarks.overheads_learner", "--out", str(out), "--repeat", str(args.repeat),
+               *(f"--set={kv}" for kv in args.set)]  # fmt: skip
         env = dict(os.environ, OMP_NUM_THREADS="1")
         subprocess.run(cmd, cwd=REPO, env=env, check=True, timeout=1200)
         res = json.loads(out.read_text())
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="micro_overheads")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config override for the actor part (repeatable)")  # fmt: skip
+                   help="a config override for every part (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
     results = {}
     if args.part in ("learner", "all"):

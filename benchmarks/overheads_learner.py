@@ -68,6 +68,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
     torch.set_num_threads(1)
 
@@ -78,7 +79,7 @@ def main() -> None:
     from learner.trainer import init_distributed
 
     rank, world = init_distributed()
-    cfg = load_config(["metrics_port=0", f"learner.nproc={world}"])
+    cfg = load_config(["metrics_port=0", f"learner.nproc={world}", *args.set])
     model_dir = _broadcast_text(resolve_model(cfg) if rank == 0 else "")
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     batch = _batch(cfg, vocab, rank)
