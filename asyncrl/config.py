@@ -30,6 +30,7 @@ from asyncrl.config_network import (
     read_secret_file,
 )
 from asyncrl.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, TaskConfig  # noqa: F401
+from asyncrl.cores import check_engine_cpus
 
 _UPDATE_MODES = ("keep", "abort")
 CPU_START_METHODS = ("fork", "spawn")
@@ -197,13 +198,8 @@ class ActorConfig:
         )
         _require(_is_core_list(self.engine_cpus),
                  f"actor.engine_cpus={self.engine_cpus!r} (a core list, e.g. 1 or 2-7, or '')")  # fmt: skip
-        if self.engine_cpus and self.cpu_affinity not in ("", "auto"):
-            left = set(parse_cores(self.cpu_affinity)) - set(parse_cores(self.engine_cpus))
-            _require(
-                set(parse_cores(self.engine_cpus)) <= set(parse_cores(self.cpu_affinity)) and left,
-                f"actor.engine_cpus={self.engine_cpus} must be some of actor.cpu_affinity="
-                f"{self.cpu_affinity}, leaving the actor's own process at least one core",
-            )
+        if self.cpu_affinity != "auto":  # auto: checked once asyncrl/cores.py resolves it
+            check_engine_cpus(self)
         if self.engine_cpus and not self.cpu_bind:
             self.cpu_bind = self.engine_cpus  # the worker's OMP threads on the engine's cores
         if self.cpu_affinity not in ("", "auto") and not self.cpu_bind:

@@ -100,8 +100,8 @@ def test_engine_cpus_bind_vllm_there_and_must_leave_the_actor_a_core():
     "overrides, message",
     [
         (["actor.engine_cpus=x"], "a core list, e.g. 1 or 2-7"),
-        (["actor.engine_cpus='0-1'", "actor.cpu_affinity='0-1'"], "leaving the actor's own"),
-        (["actor.engine_cpus='2'", "actor.cpu_affinity='0-1'"], "must be some of"),
+        (["actor.engine_cpus='0-1'", "actor.cpu_affinity='0-1'"], "leave the actor's own"),
+        (["actor.engine_cpus='2'", "actor.cpu_affinity='0-1'"], r"must be some of .*\(0-1\)"),
     ],
 )
 def test_bad_engine_cpus_are_refused_at_load(overrides, message):
