@@ -3,8 +3,8 @@
 An actor is one client process (asyncio: vLLM's ``AsyncLLM`` client, leases, rewards, Arrow,
 Redis) and the engine's processes it starts (vLLM's engine core and model worker). Sharing
 cores, every millisecond the client works is one the engine does not generate; on one shared
-core the demo actor reaches 0.65-0.74x of vLLM's offline batch, and 0.94x with the client on a
-core of its own (benchmarks/README.md, micro_overheads, eighth round)::
+core the demo actor reaches 0.65-0.74x of vLLM's offline batch, and 0.92x with the engine on
+a core of its own and a queue in vLLM (benchmarks/README.md, micro_overheads, eighth round)::
 
     actor cores (sched_getaffinity)      0 1            engine_cpus=1
     while the engine starts              this thread -> {1}: the engine's processes inherit it
