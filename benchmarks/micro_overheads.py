@@ -164,9 +164,6 @@ async def interleaved(cfg, model_dir: str, prompts, url: str, rounds: int,
     return arms
 
 
-_PROMPTS = 256  # --prompts' default
-
-
 class CpuMeter:
     """CPU seconds of this (client) process and of its descendants by process name (vLLM's
     ``VLLM::EngineCore`` and ``VLLM::Worker``, ``redis-server``) between construction and
@@ -209,7 +206,7 @@ def own_part(args) -> dict:
     os.sched_setaffinity(0, {args.core})
     cfg, model_dir = _demo_cfg(args.set)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    groups = args.prompts if args.prompts != _PROMPTS else 1000
+    groups = args.prompts or 1000
     codec.warm_up()
 
     async def rounds(url: str) -> list[dict]:
@@ -253,7 +250,7 @@ def actor_part(args) -> dict:
     os.sched_setaffinity(0, {args.core, engine_core})
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(engine_core)  # bare LLM binds like the actor
     cfg, model_dir = _demo_cfg([f"actor.cpu_bind='{engine_core}'", *args.set])
-    prompts = _prompts(cfg, model_dir, args.prompts)
+    prompts = _prompts(cfg, model_dir, args.prompts or 256)
     with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp) as server:
         # with the client, unless --redis-core sets the buffer apart as a service
         os.sched_setaffinity(
@@ -308,8 +305,8 @@ def learner_part(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.micro_overheads")
     p.add_argument("part", nargs="?", choices=["actor", "learner", "own", "all"], default="all")
-    p.add_argument("--prompts", type=int, default=_PROMPTS,
-                   help="prompts (groups) per actor run (own: default 1000)")  # fmt: skip
+    p.add_argument("--prompts", type=int, default=None,
+                   help="prompts (groups) per run: actor 256, own 1000 by default")  # fmt: skip
     p.add_argument("--core", type=int, default=1, help="core for the actor measurements")
     p.add_argument("--engine-core", type=int, default=None,
                    help="actor part: vLLM's engine core and worker (both engines') on this core, "
