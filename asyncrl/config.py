@@ -66,7 +66,7 @@ class ActorConfig:
     n_samples: int = 8
     """Completions per prompt (the group size), >= 2: group baselines need two."""
     max_tokens: int = 8
-    """Longest completion, in tokens (>= 1)."""
+    """Longest completion, in tokens (>= 1). The model preset sets it (configs/model/)."""
     temperature: float = 1.0
     """Sampling temperature (> 0)."""
     max_inflight: int = 16

@@ -21,10 +21,13 @@ class ModelConfig:
     """Which policy to train."""
 
     path: str = "demo"
-    """A local Hugging Face model directory, or ``demo`` for the project's own tiny model
-    (built, warm-started and cached under ``model.cache_dir``; nothing is downloaded)."""
+    """``demo`` for the project's own tiny model (built, warm-started and cached under
+    ``model.cache_dir``; nothing is downloaded), a local Hugging Face model directory, a
+    ``.gguf`` file or ``package:NAME/FILE.gguf`` (converted once under ``model.cache_dir``),
+    or a Hugging Face Hub id ``ORG/NAME`` (the user's hub cache; ``HF_HUB_OFFLINE=1`` honoured):
+    asyncrl/orchestration/model_source.py."""
     cache_dir: str = ".cache/asyncrl"
-    """Where the demo model is built and cached."""
+    """Where the demo model is built and GGUF files are converted (``gguf/<sha256>``)."""
     sft_steps: int = 500
     """Demo only: supervised warm-start steps so RL starts from a weak, non-trivial policy
     (>= 0; 0 = start RL from the untrained model)."""
@@ -47,7 +50,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _require_finite(self, "model")
-        _require(bool(self.path), "model.path is empty; give a local HF model dir or 'demo'")
+        _require(
+            bool(self.path),
+            "model.path is empty; give a local HF model dir, a .gguf file, a Hub id or 'demo'",
+        )
         _bound(self, "model.sft_steps", ge=0)
         _bound(self, "model.logprob_chunk_tokens", ge=0, hint=" (0 = full-vocabulary logits)")
         _require(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={self.dtype!r}")
@@ -104,7 +110,8 @@ class LearnerConfig:
     GPU for its forward/backward and the optimizer steps on the CPU. Frees about 16 bytes
     per parameter / ranks of GPU memory for a slower step (learner/model.py)."""
     lr: float = 2e-4
-    """AdamW learning rate (> 0)."""
+    """AdamW learning rate (> 0). The model preset sets it (configs/model/: the demo 2e-4,
+    ``local`` 1e-6, ``smollm2`` 1e-5): a model's value, not a machine's (docs/models.md)."""
     warmup_steps: int = 10
     """Linear learning-rate warm-up over this many steps (Adam's first steps are large); >= 0."""
     weight_decay: float = 0.0

