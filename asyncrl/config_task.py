@@ -15,6 +15,9 @@ from asyncrl.config_checks import require_finite as _require_finite
 _TASKS = ("addition", "file")
 SEED_MAX = 2**31 - 1
 """Largest ``seed`` / ``task.seed``: vLLM seeds numpy (unsigned 32-bit) with seed + actor id."""
+MAX_LOG_SAMPLES = 64
+"""Most ``eval.log_samples``: each sample's text rides a validation record through Redis and is
+written to val.jsonl, summary.json, the console and every tracker at every validation."""
 
 
 @dataclass
@@ -164,6 +167,11 @@ class EvalConfig:
     how long the actors' weights can lag behind."""
     chunk_prompts: int = 4
     """Prompts an actor claims at a time (>= 1); the actors share the validation set."""
+    log_samples: int = 3
+    """Generations shown per validation, 0..``MAX_LOG_SAMPLES`` (0 = none): the prompt, the
+    first completion and its reward for the first this many prompts of the validation set
+    (the same prompts at every version), on the console, in ``val.jsonl`` and in the
+    trackers (learner/validation.py ``samples_of``)."""
 
     @property
     def enabled(self) -> bool:
@@ -177,3 +185,4 @@ class EvalConfig:
         _bound(self, "eval.max_prompts", ge=0, hint=" (0 = all)")
         _bound(self, "eval.timeout_s", gt=0)
         _bound(self, "eval.chunk_prompts", ge=1)
+        _bound(self, "eval.log_samples", ge=0, le=MAX_LOG_SAMPLES, hint=" (0 = none)")
