@@ -8,6 +8,10 @@ completions (greedy when 1), scores them with the actor's reward pool and posts 
     {"index": i, "version": V, "rewards": [n floats], "lengths": [n ints],
      "extras": {key: [n floats]}, "errors": k, "off_version": m}
 
+and, for the first ``samples`` prompts the request names (``eval.log_samples``, chosen by the
+learner), ``"sample": {"prompt": str, "completion": str, "reward": float}``: the prompt text
+and the first completion, decoded whole, with its reward (learner/validation.py logs them).
+
 ``off_version`` counts completions with a token sampled under another version: the learner
 holds weight syncs while a validation runs, so it is 0 unless that hold timed out; the
 learner leaves such prompts out of the metrics and says so. Validation requests share the
@@ -61,17 +65,21 @@ class Validator:
             if span is None:  # all handed out: wait for the next request
                 await asyncio.sleep(POLL_S)
                 continue
-            await self.score_chunk(span, request["version"])
+            await self.score_chunk(span, request["version"], request["samples"])
 
-    async def score_chunk(self, span: range, version: int) -> None:
-        """Validate the prompts of ``span`` at once and post their records."""
-        records = await asyncio.gather(*(self.score_prompt(i, version) for i in span))
+    async def score_chunk(self, span: range, version: int, samples: int = 0) -> None:
+        """Validate the prompts of ``span`` at once and post their records; those of prompts
+        below ``samples`` carry their text."""
+        records = await asyncio.gather(
+            *(self.score_prompt(i, version, with_text=i < samples) for i in span)
+        )
         for record in records:
             await asyncio.to_thread(self.queue.put, version, record)
         self.prompts_done += len(records)
 
-    async def score_prompt(self, index: int, version: int) -> dict:
-        """One validation prompt -> its record (module docstring)."""
+    async def score_prompt(self, index: int, version: int, with_text: bool = False) -> dict:
+        """One validation prompt -> its record (module docstring), with ``sample`` if
+        ``with_text``."""
         a, e = self.actor, self.cfg.eval
         prompt = self.source.get(index)
         ids = prompt.token_ids
@@ -87,7 +95,7 @@ class Validator:
         for s in scored:
             for key, value in s.extras.items():
                 extras.setdefault(key, []).append(value)
-        return {
+        record = {
             "index": index,
             "version": version,
             "rewards": [s.value for s in scored],
@@ -96,6 +104,10 @@ class Validator:
             "errors": sum(1 for s in scored if s.reason),
             "off_version": sum(1 for c in completions if set(c.token_versions) - {version}),
         }
+        if with_text and texts:
+            first = {"prompt": prompt.text, "completion": texts[0], "reward": scored[0].value}
+            record["sample"] = first
+        return record
 
 
 def validation_size(cfg, source) -> int:

@@ -3,8 +3,11 @@ claim chunks of the validation set and post one JSON record per prompt (no pickl
 
 Keys (``<name>`` = ``buffer.name``)::
 
-    <name>:eval:request       JSON {"version": V, "size": N, "chunk": C}: the one validation
-                              under way (absent: none); posting a new one replaces it
+    <name>:eval:request       JSON {"version": V, "size": N, "chunk": C, "samples": S}: the
+                              one validation under way (absent: none); posting a new one
+                              replaces it. The records of prompts 0..S-1 carry their text
+                              (``sample``: eval.log_samples); a request without "samples"
+                              (an older learner) asks for none
     <name>:eval:<V>:todo      list of chunk starts s; LPOP hands out prompt indices [s, s + C)
     <name>:eval:<V>:results   list of JSON records, one per prompt (actors/validation.py)
 
@@ -35,9 +38,11 @@ class EvalQueue:
         call = getattr(self._buffer, "_call", None)  # a real ReplayBuffer: reconnect + retry
         return call(fn) if call is not None else fn()
 
-    def post(self, version: int, size: int, chunk: int) -> None:
-        """Ask the actors to validate ``size`` prompts with the weights of ``version``."""
-        request = json.dumps({"version": int(version), "size": int(size), "chunk": int(chunk)})
+    def post(self, version: int, size: int, chunk: int, samples: int = 0) -> None:
+        """Ask the actors to validate ``size`` prompts with the weights of ``version``, the
+        first ``samples`` of them with their text in the record."""
+        fields = {"version": version, "size": size, "chunk": chunk, "samples": samples}
+        request = json.dumps({k: int(v) for k, v in fields.items()})
         keys = [self._key(version, "todo"), self._key(version, "results")]
         self._call(lambda: self.client.delete(*keys))
         self.requeue(version, range(0, size, chunk))
@@ -50,13 +55,14 @@ class EvalQueue:
             self._call(lambda: self.client.rpush(self._key(version, "todo"), *starts))
 
     def request(self) -> dict | None:
-        """The validation under way, or None."""
+        """The validation under way (``version``, ``size``, ``chunk``, ``samples``), or None."""
         raw = self._call(lambda: self.client.get(f"{self._prefix}:request"))
         if raw is None:
             return None
         try:
             request = json.loads(raw)
-            return {k: int(request[k]) for k in ("version", "size", "chunk")}
+            out = {k: int(request[k]) for k in ("version", "size", "chunk")}
+            return out | {"samples": int(request.get("samples", 0))}
         except (ValueError, KeyError, TypeError):
             raise ValueError(
                 f"the validation request in {self._prefix}:request is not valid JSON with "

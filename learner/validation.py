@@ -18,6 +18,10 @@ samples), ``val/<key>`` (a dict reward's extras), ``val/pass@k`` for k = 1, 2, 4
 (unbiased estimator, solved = reward >= ``eval.pass_threshold``), ``val/response_length``
 (tokens), ``val/prompts``, ``val/complete`` (1: every prompt came back), ``val/off_version``
 (prompts left out: a token from another version), ``val/reward_errors``, ``val/seconds``.
+
+Samples (``eval.log_samples`` = S): the record also carries ``samples``, the generations of
+the first S prompts of the validation set, so each validation shows the same prompts and a
+reader can watch their completions change from version to version (``samples_of``).
 """
 
 from __future__ import annotations
@@ -75,6 +79,29 @@ def summarize(records: list[dict], threshold: float) -> dict[str, float]:
     return out
 
 
+def samples_of(by_index: dict[int, dict], count: int) -> list[dict]:
+    """The generations to show of prompts ``0 .. count-1`` (``eval.log_samples``), in index
+    order: ``{"index": i, "prompt": str, "completion": str, "reward": float}``, the prompt
+    and its first completion whole (the console shortens them: asyncrl/runlog.py). A prompt
+    is left out if its record did not come back, has tokens of another version (its text is
+    not the validated version's), or carries no well-formed ``sample`` (actors/validation.py)."""
+    out = []
+    for i in range(count):
+        record = by_index.get(i, {})
+        sample = record.get("sample")
+        if record.get("off_version") or not isinstance(sample, dict):
+            continue
+        prompt, completion, reward = (sample.get(k) for k in ("prompt", "completion", "reward"))
+        if isinstance(prompt, str) and isinstance(completion, str) and _is_number(reward):
+            shown = {"prompt": prompt, "completion": completion, "reward": float(reward)}
+            out.append({"index": i, **shown})
+    return out
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 class Validation:
     """Rank 0's validation state. ``log(record)`` receives each finished validation."""
 
@@ -110,7 +137,8 @@ class Validation:
             self.say("validation skipped: the actors published no validation set (val_prompts "
                      "in the buffer meta); are they an older asyncrl?")  # fmt: skip
             return
-        self.queue.post(version, size, self.cfg.eval.chunk_prompts)
+        e = self.cfg.eval
+        self.queue.post(version, size, e.chunk_prompts, min(e.log_samples, size))
         now = time.monotonic()
         # by_index: the first record of each prompt; other: malformed ones; progress: when the
         # last new prompt came in (a requeue restarts it)
@@ -181,6 +209,9 @@ class Validation:
         metrics = summarize(records, self.cfg.eval.pass_threshold)
         record = {"step": step, "val/version": float(a["version"]), **metrics,
                   "val/complete": float(complete), "val/seconds": seconds}  # fmt: skip
+        samples = samples_of(a["by_index"], min(self.cfg.eval.log_samples, a["size"]))
+        if samples:
+            record["samples"] = samples
         if not complete:
             self.say(f"validation of v{a['version']} timed out after {seconds:.0f} s "
                      f"(eval.timeout_s) with {len(a['by_index'])}/{a['size']} prompts; logged "

@@ -1,7 +1,8 @@
 """Validation through a real redis-server: the board hands out every prompt exactly once to
 actors validating concurrently; two actors validate a real JSONL validation set with the
-simulator engine while the learner's ``Validation`` holds, collects and logs it; an actor
-holding other weights takes no part."""
+simulator engine while the learner's ``Validation`` holds, collects and logs it, with the
+text of its first prompts (``eval.log_samples``); an actor holding other weights takes no
+part."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ VAL = 10
 
 def test_concurrent_claims_hand_out_every_prompt_once(redis_client, buffer_name):
     queue = EvalQueue(ReplayBuffer(redis_client, buffer_name, capacity=8))
-    queue.post(7, size=23, chunk=4)
+    queue.post(7, size=23, chunk=4, samples=3)
     request = queue.request()
-    assert request == {"version": 7, "size": 23, "chunk": 4}
+    assert request == {"version": 7, "size": 23, "chunk": 4, "samples": 3}
     got: list[int] = []
     lock = threading.Lock()
 
@@ -55,6 +56,9 @@ def test_concurrent_claims_hand_out_every_prompt_once(redis_client, buffer_name)
     assert queue.results(7, 3) == [{"malformed": repr(b"{torn")}]
     queue.finish(7)
     assert queue.request() is None and not redis_client.exists(f"{buffer_name}:eval:7:results")
+    # a request without "samples" (an older learner) asks for no text
+    redis_client.set(f"{buffer_name}:eval:request", b'{"version": 8, "size": 2, "chunk": 1}')
+    assert queue.request() == {"version": 8, "size": 2, "chunk": 1, "samples": 0}
     redis_client.set(f"{buffer_name}:eval:request", b"not json")
     with pytest.raises(ValueError, match="not valid JSON with version, size and chunk"):
         queue.request()
@@ -111,6 +115,10 @@ def test_two_actors_validate_the_set_once_and_the_learner_logs_it(redis_client, 
     assert record["val/version"] == 2 and record["val/prompts"] == VAL
     assert record["val/complete"] == 1 and record["val/off_version"] == 0
     assert 0.0 <= record["val/reward"] <= 1.0 and record["val/pass@1"] <= 1.0
+    # eval.log_samples (3): the text of prompts 0..2 came through Redis as JSON
+    assert [s["index"] for s in record["samples"]] == [0, 1, 2]
+    assert [s["prompt"] for s in record["samples"]] == [source.get(i).text for i in range(3)]
+    assert all(isinstance(s["completion"], str) for s in record["samples"])
     done = [v.prompts_done for v in validators]
     assert sum(done) == VAL and done[2] == 0  # once each; the off-version actor took none
     assert EvalQueue(buf).request() is None  # withdrawn

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from actors.scoring import RewardScorer
 from actors.validation import Validator, validation_size
 from asyncrl.config import Config
 from asyncrl.configload import ConfigError, load_config
-from learner.validation import Validation, ks, pass_at_k, summarize
+from learner.validation import Validation, ks, pass_at_k, samples_of, summarize
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
@@ -61,8 +62,8 @@ class FakeQueue:
     def __init__(self):
         self.posted, self.records, self.finished, self.requeued = [], [], [], []
 
-    def post(self, version, size, chunk):
-        self.posted.append((version, size, chunk))
+    def post(self, version, size, chunk, samples=0):
+        self.posted.append((version, size, chunk, samples))
 
     def requeue(self, version, starts):
         self.requeued.append((version, list(starts)))
@@ -103,7 +104,7 @@ def test_due_at_start_at_every_interval_once_and_at_end(monkeypatch):
 def test_hold_until_every_record_is_in_then_log_tagged_with_the_version(monkeypatch):
     v, logged, said = _validation(monkeypatch, size=2, every=2)
     v.request(2)
-    assert v.queue.posted == [(2, 2, v.cfg.eval.chunk_prompts)] and v.holding
+    assert v.queue.posted == [(2, 2, v.cfg.eval.chunk_prompts, 2)] and v.holding  # 2 samples
     v.queue.records.append({"index": 1, "rewards": [1.0], "lengths": [1], "extras": {}})
     v.queue.records.append({"index": 1, "rewards": [0.0], "lengths": [9], "extras": {}})
     v.poll(step=2)
@@ -114,6 +115,49 @@ def test_hold_until_every_record_is_in_then_log_tagged_with_the_version(monkeypa
     (record,) = logged
     assert record["step"] == 3 and record["val/version"] == 2.0 and record["val/complete"] == 1
     assert record["val/reward"] == 0.5 and record["val/pass@1"] == 0.5
+    assert "samples" not in record  # the records carried no text
+
+
+def _sample(index, completion, reward=1.0, **record):
+    sample = {"prompt": f"p{index}", "completion": completion, "reward": reward}
+    return {"index": index, "rewards": [reward], "lengths": [1], "sample": sample, **record}
+
+
+def test_a_validation_logs_the_samples_of_its_first_prompts_in_index_order(monkeypatch):
+    v, logged, _ = _validation(monkeypatch, size=10, every=1, log_samples=3)
+    v.request(4)
+    assert v.queue.posted[0][3] == 3  # the actors are asked for the text of prompts 0..2
+    v.queue.records += [_sample(i, f"c{i}", float(i % 2)) for i in (9, 2, 0, 1)]
+    v.queue.records += [{"index": i, "rewards": [0.0], "lengths": [1]} for i in range(3, 9)]
+    v.poll(step=5)
+    (record,) = logged
+    assert record["samples"] == [
+        {"index": 0, "prompt": "p0", "completion": "c0", "reward": 0.0},
+        {"index": 1, "prompt": "p1", "completion": "c1", "reward": 1.0},
+        {"index": 2, "prompt": "p2", "completion": "c2", "reward": 0.0},
+    ]  # prompt 9's text, which no actor should send, is not shown
+    none, logged, _ = _validation(monkeypatch, size=10, every=1, log_samples=0)
+    none.request(4)
+    none.queue.records += [_sample(i, "c") for i in range(10)]
+    none.poll(step=5)
+    assert none.queue.posted[0][3] == 0 and "samples" not in logged[0]
+
+
+def test_samples_of_leaves_out_missing_off_version_and_malformed_samples():
+    by_index = {
+        0: _sample(0, "whole\n" * 500),
+        1: _sample(1, "other weights", off_version=1),
+        2: {"index": 2, "rewards": [1.0], "sample": {"prompt": "p2", "completion": 7, "reward": 1}},
+        3: {"index": 3, "rewards": [1.0], "sample": "text"},
+        4: _sample(4, "", reward=True),  # a bool is not a reward
+        6: _sample(6, "", reward=1),
+        7: _sample(7, "past the count"),
+    }  # 5: did not come back
+    assert samples_of(by_index, 7) == [
+        {"index": 0, "prompt": "p0", "completion": "whole\n" * 500, "reward": 1.0},
+        {"index": 6, "prompt": "p6", "completion": "", "reward": 1.0},
+    ]
+    assert samples_of(by_index, 0) == []
 
 
 def test_a_validation_past_its_deadline_logs_what_came_back_and_says_so(monkeypatch):
@@ -165,6 +209,14 @@ def test_config_refuses_validation_without_val_files_or_weight_sync():
     with pytest.raises(ConfigError, match="learner.weight_sync=false"):
         load_config(["eval.at_end=true", "learner.weight_sync=false"])
     assert not load_config([]).eval.enabled and load_config(["eval.every=3"]).eval.enabled
+
+
+@pytest.mark.parametrize("value", [-1, 65])
+def test_eval_log_samples_is_bounded(value):
+    want = f"eval.log_samples must be >= 0 and <= 64 (0 = none), got {value}"
+    with pytest.raises(ConfigError, match=re.escape(want)):
+        load_config([f"eval.log_samples={value}"])
+    assert load_config([]).eval.log_samples == 3 and load_config(["eval.log_samples=0"])
 
 
 # -- the actor's side --------------------------------------------------------------------------
@@ -230,6 +282,20 @@ def test_an_actor_validates_greedily_and_posts_one_record_per_prompt():
     assert record["errors"] == 0 and record["off_version"] == 0
     n, max_tokens, temperature, _ = engine.calls[0]
     assert (n, temperature) == (1, 0.0) and max_tokens == actor.cfg.actor.max_tokens  # greedy
+    assert "sample" not in record  # the request asked for no text
+
+
+def test_an_actor_sends_the_text_of_the_prompts_the_request_asks_for():
+    source = AdditionSource(seed=0, split="eval")
+    long = "9" * 5000  # wrong, and sent whole
+    engine = ScriptedEngine(version=3, texts=[long, "0"])
+    actor, queue = _actor(engine, n_samples=2), ListQueue()
+    asyncio.run(Validator(actor, source, 3, queue).score_chunk(range(0, 3), 3, samples=2))
+    records = [r for _, r in queue.put_records]
+    assert [r["sample"]["prompt"] for r in records[:2]] == [source.get(i).text for i in (0, 1)]
+    assert records[0]["sample"]["completion"] == long  # the first of the n completions
+    assert records[0]["sample"]["reward"] == records[0]["rewards"][0] == 0.0
+    assert "sample" not in records[2]  # prompt 2 is past the request's samples
 
 
 def test_sampled_validation_uses_eval_temperature_and_flags_off_version_tokens():
