@@ -15,7 +15,8 @@ balance: ``balanced``, ``imbalance``, ``imbalanced_steps``, ``first_imbalance_st
 ``foreign_unread``, ``repairs``: buffer/ledger.py). ``metrics.jsonl`` records add per-step ``elapsed_s``,
 ``step_s``, ``busy_s``, ``waiting_data_s``, ``weight_sync_s``, ``checkpoint_s``, ``cpu_s``,
 ``ledger_imbalance``. ``summary.json`` ``validation`` lists the run's validations, as in
-``val.jsonl`` (one record per validation: learner/validation.py); ``val.png`` plots them.
+``val.jsonl`` (one record per validation: learner/validation.py, with its ``samples``, the
+texts whole); ``val.png`` plots them.
 See docs/metrics.md. The same records go to the experiment trackers of ``logger``
 (asyncrl/trackers.py), and the summary's numbers at the end.
 """
@@ -30,6 +31,9 @@ from pathlib import Path
 from asyncrl.trackers import step_metrics, summary_metrics
 
 _ETA_WINDOW = 20  # steps whose mean time predicts the rest
+CONSOLE_TEXT_CHARS = 120
+"""A sample's prompt and completion are shortened to about this many characters on the
+console (``shorten``); val.jsonl and the trackers keep them whole."""
 
 
 def window_mean(values: list[float], start_frac: float, end_frac: float) -> float:
@@ -91,15 +95,20 @@ class RunLog:
 
     def log_val(self, record: dict) -> None:
         """One validation (learner/validation.py): ``val.jsonl``, the trackers at its
-        ``step``, and a console line."""
+        ``step``, and a console line; its ``samples`` (if any) whole to val.jsonl and the
+        trackers (``Tracker.log_samples``), one shortened line each to the console."""
         self.val_records.append(record)
         self._val_file.write(json.dumps(record) + "\n")
         self.val_reward = record.get("val/reward", self.val_reward)
         metrics = {k: float(v) for k, v in record.items() if k.startswith("val/")}
+        samples, version = record.get("samples", []), int(record["val/version"])
         for tracker in self.trackers:
             tracker.log(step_metrics(metrics), record["step"])
+            if samples:
+                tracker.log_samples(samples, version, record["step"])
         if not self.quiet:
-            print(val_line(record), flush=True)
+            lines = [val_line(record)] + [sample_line(s, version) for s in samples]
+            print("\n".join(lines), flush=True)
 
     def eta_s(self, record: dict) -> float | None:
         """Seconds to ``total_steps`` at the mean pace of the last steps (None: unknown)."""
@@ -186,6 +195,27 @@ def val_line(r: dict) -> str:
     done = "" if r.get("val/complete", 1.0) else " (INCOMPLETE: timed out)"
     parts.append(f"{r['val/prompts']:.0f} prompts in {r['val/seconds']:.1f} s{done}")
     return " | ".join(parts)
+
+
+def sample_line(s: dict, version: int) -> str:
+    """``validation v40 prompt 0 | reward 1.000 | "12+34=" -> "46"``: the texts JSON-quoted
+    (a newline shows as ``\\n``) and shortened by ``shorten``. It starts like the
+    validation's line, which the launcher passes to the console
+    (asyncrl/orchestration/launcher.py ``show_progress``)."""
+    prompt = json.dumps(shorten(s["prompt"]), ensure_ascii=False)
+    completion = json.dumps(shorten(s["completion"]), ensure_ascii=False)
+    where = f"validation v{version} prompt {s['index']} | reward {s['reward']:.3f}"
+    return f"{where} | {prompt} -> {completion}"
+
+
+def shorten(text: str, limit: int = CONSOLE_TEXT_CHARS) -> str:
+    """``text`` if it has at most ``limit`` characters, else its first third and last two
+    thirds of ``limit`` around `` ...[N chars]... `` (the end holds a prompt's question and a
+    completion's answer)."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit // 3, limit - limit // 3
+    return f"{text[:head]} ...[{len(text) - head - tail} chars]... {text[-tail:]}"
 
 
 def _append_step(records: list[dict], record: dict) -> None:

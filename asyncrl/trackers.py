@@ -16,13 +16,17 @@ Metric names (the same in all three)::
     summary.json numbers (nested: a/b)           summary/<key> (W&B: the run summary, <key>)
 
 at the step of the record (``step``, 0-based: the record of version v is step v-1); the
-summary at the last step. Where each writes:
+summary at the last step. A validation's samples (``eval.log_samples``: the first prompts of
+the validation set, each with its first completion, whole, and its reward) go, at the
+validation's step, to each tracker as a table of ``SAMPLE_COLUMNS``. Where each writes:
 
-    tensorboard  <run_dir>/tensorboard (event files; the config as a YAML text summary)
+    tensorboard  <run_dir>/tensorboard (event files; the config as a YAML text summary;
+                 samples as the text summary val/samples, Markdown: ``samples_markdown``)
     wandb        <run_dir>/wandb (offline unless WANDB_MODE says otherwise; the config
-                 as the run's config)
+                 as the run's config; samples as the table val/samples)
     mlflow       file:<run_dir>/mlruns unless MLFLOW_TRACKING_URI is set (the config as
-                 params, keys dotted: learner.lr); experiment = project_name
+                 params, keys dotted: learner.lr); experiment = project_name; samples as
+                 the artifact val_samples/v<version, 6 digits>.json, {"columns", "data"}
 
 One run across restarts: ``open_trackers`` keeps each tracker's run id in
 ``<run_dir>/trackers.json`` (written by learner rank 0 alone), so a learner restarted after a
@@ -57,6 +61,8 @@ CLOSE_STATUSES = {"FINISHED": 0, "FAILED": 1, "KILLED": 130}
 """How a tracker run ends (MLflow's run status) -> W&B's exit code (the learner's, for KILLED)."""
 RUN_IDS = "trackers.json"
 """``<run_dir>/trackers.json``: ``{tracker name: run id}`` of the runs a restart continues."""
+SAMPLE_COLUMNS = ("version", "index", "prompt", "completion", "reward")
+"""A validation's samples as a table (one row per prompt; learner/validation.py ``samples_of``)."""
 _TIME_KEYS = frozenset(
     ("elapsed_s", "step_s", "busy_s", "waiting_data_s", "weight_sync_s", "checkpoint_s", "cpu_s",
      "wall_s")
@@ -76,6 +82,10 @@ class Tracker(Protocol):
 
     def log_summary(self, summary: dict[str, float], step: int) -> None:
         """The final ``summary.json`` numbers (flat, ``a/b`` for nested keys)."""
+
+    def log_samples(self, samples: list[dict], version: int, step: int) -> None:
+        """A validation's samples (``{"index", "prompt", "completion", "reward"}``) of the
+        weights of ``version``, at ``step``; texts whole."""
 
     def close(self, status: str = "FINISHED") -> None:
         """End the run as ``status`` (a key of ``CLOSE_STATUSES``)."""
@@ -128,6 +138,27 @@ def step_metrics(record: dict) -> dict[str, float]:
         for k, v in record.items()
         if k != "step" and isinstance(v, (int, float))
     }
+
+
+def sample_rows(samples: list[dict], version: int) -> list[list]:
+    """``samples`` as rows of ``SAMPLE_COLUMNS``."""
+    return [[version, s["index"], s["prompt"], s["completion"], s["reward"]] for s in samples]
+
+
+def samples_markdown(samples: list[dict], version: int) -> str:
+    """One TensorBoard text summary: per sample a heading line, then the prompt and the
+    completion as code blocks (every line indented 4 spaces), so TensorBoard's Markdown shows
+    the text as it is."""
+
+    def block(text: str) -> str:
+        return "".join(f"    {line}\n" for line in text.split("\n"))
+
+    parts = [
+        f"**v{version} prompt {s['index']}** (reward {s['reward']:.4g})\n\n{block(s['prompt'])}"
+        f"\ncompletion:\n\n{block(s['completion'])}"
+        for s in samples
+    ]
+    return "\n".join(parts)
 
 
 def flatten(d: dict, sep: str, prefix: str = "") -> dict:
@@ -221,6 +252,9 @@ class TensorBoardTracker:
     def log_summary(self, summary: dict[str, float], step: int) -> None:
         self.log({f"summary/{k}": v for k, v in summary.items()}, step)
 
+    def log_samples(self, samples: list[dict], version: int, step: int) -> None:
+        self.writer.add_text("val/samples", samples_markdown(samples, version), step)
+
     def close(self, status: str = "FINISHED") -> None:
         exit_code(status)  # checked; TensorBoard has nowhere to put it
         self.writer.close()
@@ -253,6 +287,10 @@ class WandbTracker:
 
     def log_summary(self, summary: dict[str, float], step: int) -> None:
         self.run.summary.update(summary)
+
+    def log_samples(self, samples: list[dict], version: int, step: int) -> None:
+        table = self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=sample_rows(samples, version))
+        self.run.log({"val/samples": table}, step=step)
 
     def close(self, status: str = "FINISHED") -> None:
         self.run.finish(exit_code=exit_code(status))
@@ -323,6 +361,13 @@ class MlflowTracker:
 
     def log_summary(self, summary: dict[str, float], step: int) -> None:
         self.log({f"summary/{k}": v for k, v in summary.items()}, step)
+
+    def log_samples(self, samples: list[dict], version: int, step: int) -> None:
+        """The artifact ``val_samples/v<version>.json`` in the layout of ``mlflow.log_table``
+        (``{"columns", "data"}``, without its pandas dependency); a version validated again
+        (a restarted learner) replaces its file."""
+        table = {"columns": list(SAMPLE_COLUMNS), "data": sample_rows(samples, version)}
+        self.client.log_dict(self.run_id, table, f"val_samples/v{version:06d}.json")
 
     def close(self, status: str = "FINISHED") -> None:
         exit_code(status)  # checked: one of CLOSE_STATUSES, which are MLflow's own names

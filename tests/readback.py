@@ -21,11 +21,18 @@ def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def tensorboard_text(log_dir: Path, tag: str) -> str:
+    """The first text summary of ``tag``."""
+    return tensorboard_texts(log_dir, tag)[0][1]
+
+
+def tensorboard_texts(log_dir: Path, tag: str) -> list[tuple[int, str]]:
+    """``[(step, text), ...]`` of every text summary of ``tag`` in ``log_dir``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(log_dir))
+    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})  # 0 = keep all
     events.Reload()
-    return events.Tensors(f"{tag}/text_summary")[0].tensor_proto.string_val[0].decode()
+    summaries = events.Tensors(f"{tag}/text_summary")
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in summaries]
 
 
 def mlflow_client(store: Path):
@@ -46,6 +53,19 @@ def mlflow_runs(store: Path) -> list:
 def mlflow_history(store: Path, run_id: str, key: str) -> list[tuple[int, float]]:
     history = mlflow_client(store).get_metric_history(run_id, key)
     return sorted((m.step, m.value) for m in history)
+
+
+def mlflow_json_artifacts(store: Path, run_id: str, folder: str) -> dict[str, object]:
+    """``{artifact path: parsed JSON}`` of the files in ``folder`` of run ``run_id``."""
+    import tempfile
+
+    client = mlflow_client(store)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for info in client.list_artifacts(run_id, folder):
+            local = client.download_artifacts(run_id, info.path, tmp)
+            out[info.path] = json.loads(Path(local).read_text())
+    return out
 
 
 def wandb_records(path: Path) -> list:
@@ -105,6 +125,19 @@ def wandb_offline_runs(wandb_dir: Path) -> list[dict]:
         steps = [_items(r.history.item)["_step"] for r in records if r.HasField("history")]
         out.append({"id": run.run_id, "steps": steps, "exit_code": exits[-1] if exits else None})
     return out
+
+
+def wandb_tables(wandb_dir: Path, key: str) -> list[tuple[int, dict]]:
+    """``[(step, {"columns": [...], "data": [[...], ...]}), ...]``: every ``wandb.Table``
+    logged as ``key`` in the one offline run under ``wandb_dir``, read from the file its
+    history row names (``<run>/files/media/table/...``)."""
+    (run_dir,) = wandb_dir.glob("offline-run-*")
+    rows = wandb_offline_run(wandb_dir)["history"]
+    return [
+        (h["_step"], json.loads((run_dir / "files" / h[f"{key}/path"]).read_text()))
+        for h in rows
+        if h.get(f"{key}/_type") == "table-file"
+    ]
 
 
 def _items(items) -> dict:

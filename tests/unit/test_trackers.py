@@ -1,10 +1,12 @@
-"""Experiment trackers (asyncrl/trackers.py): each backend logs a few steps, the config and
-the summary, and the test reads back what the real library wrote (TensorBoard event files,
-the MLflow file store, the W&B offline run file). Also: the ``logger`` list's validation,
-the error naming the pip extra when a library is missing, the console line, ``--cfg``."""
+"""Experiment trackers (asyncrl/trackers.py): each backend logs a few steps, the config, two
+validations' samples and the summary, and the test reads back what the real library wrote
+(TensorBoard event files, the MLflow file store, the W&B offline run file). Also: the
+``logger`` list's validation, the error naming the pip extra when a library is missing, the
+console lines (a step's, a validation's samples shortened), ``--cfg``."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,13 +19,25 @@ import yaml
 from asyncrl import trackers
 from asyncrl.config import Config
 from asyncrl.configload import ConfigError, config_to_yaml, load_config
-from asyncrl.runlog import RunLog, console_line, format_duration
+from asyncrl.runlog import CONSOLE_TEXT_CHARS, RunLog, console_line, format_duration, shorten
 from tests import readback
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = [{"train/loss": 1.0 - 0.25 * i, "val/reward": 0.5 + 0.1 * i} for i in range(3)]
 CONFIG = {"learner": {"lr": 0.0002, "steps": 3}, "mode": {"name": "async"}}
 SUMMARY = {"reward_final": 0.75, "learner_time_s/busy": 1.5}
+# a long completion with Markdown's special characters, kept whole by every tracker
+LONG = "Let me think.\n| a | b |\n**not bold** <b>x</b>\n" + "step " * 80 + "\nso: 46"
+SAMPLES = {  # step -> (version, samples): validations at steps 0 and 2
+    0: (1, [{"index": 0, "prompt": "12+34=", "completion": "4", "reward": 0.0},
+            {"index": 1, "prompt": "Q:\n7+1=", "completion": LONG, "reward": 0.0}]),
+    2: (3, [{"index": 0, "prompt": "12+34=", "completion": "46", "reward": 1.0},
+            {"index": 1, "prompt": "Q:\n7+1=", "completion": "8", "reward": 1.0}]),
+}  # fmt: skip
+TABLES = {
+    step: {"columns": list(trackers.SAMPLE_COLUMNS), "data": trackers.sample_rows(s, v)}
+    for step, (v, s) in SAMPLES.items()
+}
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +53,9 @@ def _exercise(tracker) -> None:
     tracker.log_config(CONFIG)
     for step, metrics in enumerate(STEPS):
         tracker.log(metrics, step)
+        if step in SAMPLES:
+            version, samples = SAMPLES[step]
+            tracker.log_samples(samples, version, step)
     tracker.log_summary(SUMMARY, len(STEPS) - 1)
     tracker.close()
 
@@ -99,6 +116,18 @@ def test_tensorboard_writes_event_files(tmp_path):
     assert scalars["summary/reward_final"] == [(2, 0.75)]
     text = readback.tensorboard_text(tmp_path / "tensorboard", "config")
     assert yaml.safe_load("\n".join(line[4:] for line in text.splitlines())) == CONFIG
+    texts = readback.tensorboard_texts(tmp_path / "tensorboard", "val/samples")
+    assert [step for step, _ in texts] == [0, 2]
+    assert texts[0][1] == trackers.samples_markdown(SAMPLES[0][1], 1)
+    assert "**v3 prompt 0** (reward 1)\n\n    12+34=\n\ncompletion:\n\n    46\n" in texts[1][1]
+
+
+def test_tensorboard_samples_keep_the_text_whole_in_code_blocks():
+    text = trackers.samples_markdown(SAMPLES[0][1], 1)
+    heading, prompt, _, completion = text.split("\n\n")[-4:]
+    assert heading == "**v1 prompt 1** (reward 0)"
+    assert prompt == "    Q:\n    7+1="  # each line indented: a Markdown code block
+    assert "\n".join(line[4:] for line in completion.split("\n")[:-1]) == LONG
 
 
 def test_mlflow_writes_a_file_store(tmp_path, monkeypatch):
@@ -112,6 +141,9 @@ def test_mlflow_writes_a_file_store(tmp_path, monkeypatch):
     assert history == [(0, 1.0), (1, 0.75), (2, 0.5)]
     assert run.data.metrics["summary/reward_final"] == 0.75
     assert run.data.params == {"learner.lr": "0.0002", "learner.steps": "3", "mode.name": "async"}
+    tables = readback.mlflow_json_artifacts(tmp_path / "mlruns", run.info.run_id, "val_samples")
+    assert tables == {"val_samples/v000001.json": TABLES[0], "val_samples/v000003.json": TABLES[2]}
+    assert tables["val_samples/v000001.json"]["data"][1][3] == LONG
     experiment = readback.mlflow_client(tmp_path / "mlruns").get_experiment(run.info.experiment_id)
     assert experiment.name == "proj"
 
@@ -129,6 +161,9 @@ def test_wandb_writes_an_offline_run(tmp_path, monkeypatch):
     ]
     assert run["config"]["learner"] == CONFIG["learner"]
     assert run["summary"]["reward_final"] == 0.75
+    tables = readback.wandb_tables(tmp_path / "wandb", "val/samples")
+    assert tables == [(0, TABLES[0]), (2, TABLES[2])]
+    assert tables[0][1]["data"][1] == [1, 1, "Q:\n7+1=", LONG, 0.0]
 
 
 @pytest.mark.parametrize("name", ["tensorboard", "wandb", "mlflow"])
@@ -166,6 +201,7 @@ class RecordingTracker:
     def __init__(self) -> None:
         self.steps: list[tuple[int, dict]] = []
         self.summary: tuple[dict, int] | None = None
+        self.samples: list[tuple[int, int, list]] = []
         self.closed = False
 
     def log(self, metrics, step):
@@ -173,6 +209,9 @@ class RecordingTracker:
 
     def log_summary(self, summary, step):
         self.summary = (summary, step)
+
+    def log_samples(self, samples, version, step):
+        self.samples.append((step, version, samples))
 
     def close(self, status="FINISHED"):
         self.closed = status
@@ -204,6 +243,38 @@ def test_run_log_feeds_trackers_and_carries_the_latest_validation_reward(tmp_pat
     again = RunLog(tmp_path, quiet=True)
     assert again.val_reward == 0.8 and again.val_records == [val]
     again.close()
+
+
+def test_a_validation_s_samples_go_whole_to_val_jsonl_and_trackers_and_short_to_the_console(
+    tmp_path, capsys
+):
+    fake = RecordingTracker()
+    log = RunLog(tmp_path, trackers=[fake])
+    version, samples = SAMPLES[0]
+    val = {"step": 0, "val/version": float(version), "val/reward": 0.0, "val/prompts": 2.0,
+           "val/seconds": 1.5, "val/complete": 1.0, "samples": samples}  # fmt: skip
+    log.log_val(val)
+    log.log_val({**val, "step": 1, "val/version": 2.0, "samples": []})  # none came back
+    log.close()
+    assert fake.samples == [(0, 1, samples)]  # the version as an int; no empty table
+    assert [s for s, _ in fake.steps] == [0, 1] and "samples" not in fake.steps[0][1]
+    first = json.loads((tmp_path / "val.jsonl").read_text().splitlines()[0])
+    assert first["samples"][1]["completion"] == LONG
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("validation v1 (step 0) | val/reward 0.000 |")
+    assert lines[1] == 'validation v1 prompt 0 | reward 0.000 | "12+34=" -> "4"'
+    short = json.dumps(shorten(LONG))
+    assert lines[2] == f'validation v1 prompt 1 | reward 0.000 | "Q:\\n7+1=" -> {short}'
+    assert lines[3].startswith("validation v2 (step 1)") and len(lines) == 4
+
+
+def test_shorten_keeps_the_start_and_the_end_and_counts_what_it_left_out():
+    assert shorten("12+34=") == "12+34="
+    assert shorten("x" * CONSOLE_TEXT_CHARS) == "x" * CONSOLE_TEXT_CHARS
+    text = "".join(chr(ord("a") + i % 26) for i in range(300))
+    short = shorten(text, limit=30)
+    assert short == f"{text[:10]} ...[270 chars]... {text[-20:]}"
+    assert len(shorten(LONG)) < CONSOLE_TEXT_CHARS + 25 and shorten(LONG).endswith("so: 46")
 
 
 def _numbers(summary: dict) -> dict:
