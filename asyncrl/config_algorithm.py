@@ -20,6 +20,7 @@ _AGGREGATIONS = (
     "seq_mean_token_sum_norm",
 )
 _KL_ESTIMATORS = ("k1", "k2", "k3")
+_TRUNCATED = ("keep", "mask", "penalize")  # learner.truncation.TRUNCATION_MODES
 
 
 @dataclass
@@ -94,6 +95,14 @@ class AlgorithmConfig:
     """Soft overlong penalty over the last ``overlong_frac * actor.max_tokens`` tokens (0 = off)."""
     overlong_penalty: float = 1.0
     """Reward penalty at (and beyond) ``actor.max_tokens`` (>= 0)."""
+    # -- completions cut at actor.max_tokens (finish_reason "length"; learner/truncation.py)
+    truncated: str = "keep"
+    """``keep``: train on them as they are. ``mask``: they add no loss and leave the loss
+    denominators; their reward still counts in their group's baseline (DAPO's overlong
+    filtering). ``penalize``: their task reward is replaced by ``truncated_reward`` before the
+    reward shaping and the advantage."""
+    truncated_reward: float = 0.0
+    """penalize: the reward a truncated completion gets (0 = scored as a failed answer)."""
     # -- updates per step
     ppo_epochs: int = 1
     """Passes over the batch per step (>= 1)."""
@@ -136,5 +145,16 @@ class AlgorithmConfig:
         _bound(a, "algorithm.value_clip", gt=0, hint=" or null (no clipping)")
         _bound(a, "algorithm.overlong_frac", ge=0, le=1, hint=" (0 = off)")
         _bound(a, "algorithm.overlong_penalty", ge=0)
+        _require(
+            a.truncated in _TRUNCATED,
+            f"algorithm.truncated={a.truncated!r} not in {_TRUNCATED}: keep (train on cut "
+            "completions), mask (no loss) or penalize (reward := algorithm.truncated_reward)",
+        )
+        _require(
+            a.truncated == "penalize" or a.truncated_reward == 0.0,
+            f"algorithm.truncated_reward={a.truncated_reward} is used only with "
+            f"algorithm.truncated=penalize (got {a.truncated!r}); set algorithm.truncated="
+            "penalize, or leave truncated_reward at 0",
+        )
         _bound(a, "algorithm.ppo_epochs", ge=1)
         _bound(a, "algorithm.minibatches", ge=1)

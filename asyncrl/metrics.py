@@ -189,6 +189,7 @@ _STEP_GAUGES = {
     "loss": "asyncrl_learner_loss",
     "grad_norm": "asyncrl_learner_grad_norm",
     "lr": "asyncrl_learner_learning_rate",
+    "response/clip_ratio": "asyncrl_learner_response_clip_ratio",
 }
 _CLIP_SIDES = ("low", "high", "dual")
 

@@ -31,6 +31,9 @@ class Batch:
     """[B, L-1] int64, version that sampled each completion token (-1 elsewhere)."""
     rewards: torch.Tensor
     """[G, n] float32."""
+    truncated: torch.Tensor
+    """[B] float32, 1.0 where the row's completion was cut at the length limit
+    (``finish_reason == "length"``), else 0.0 (``learner.truncation``)."""
 
     @property
     def num_rows(self) -> int:
@@ -42,14 +45,8 @@ class Batch:
 
     def rows(self, index: torch.Tensor | slice) -> Batch:
         """A subset of rows (rewards are kept whole: they are per group)."""
-        return Batch(
-            self.input_ids[index],
-            self.attention_mask[index],
-            self.loss_mask[index],
-            self.behavior_logprobs[index],
-            self.token_versions[index],
-            self.rewards,
-        )
+        per_row = {f.name: getattr(self, f.name)[index] for f in fields(Batch)}
+        return Batch(**{**per_row, "rewards": self.rewards})
 
 
 def collate(groups: list[Group]) -> Batch:
@@ -74,27 +71,26 @@ def collate(groups: list[Group]) -> Batch:
         behavior[i, p - 1 : p - 1 + c] = torch.tensor(s.behavior_logprobs)
         versions[i, p - 1 : p - 1 + c] = torch.tensor(s.token_versions)
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-    return Batch(input_ids, attention, loss_mask, behavior, versions, rewards)
+    truncated = torch.tensor([float(s.finish_reason == "length") for s in samples])
+    return Batch(input_ids, attention, loss_mask, behavior, versions, rewards, truncated)
 
 
 def broadcast_batch(batch: Batch | None, src: int = 0) -> Batch:
     """Broadcast ``batch`` from rank ``src`` to every rank (shapes first, then tensors)."""
     rank = dist.get_rank()
     names = [f.name for f in fields(Batch)]
-    shapes = torch.zeros(len(names), 2, dtype=torch.long)
+    shapes = torch.full((len(names), 2), -1, dtype=torch.long)  # -1: no such dimension
     if rank == src:
         assert batch is not None
         for i, name in enumerate(names):
-            shapes[i] = torch.tensor(getattr(batch, name).shape)
+            shape = getattr(batch, name).shape
+            shapes[i, : len(shape)] = torch.tensor(shape)
     dist.broadcast(shapes, src)
     out = {}
     for i, name in enumerate(names):
         dtype = getattr(batch, name).dtype if rank == src else _DTYPE_OF[name]
-        t = (
-            getattr(batch, name)
-            if rank == src
-            else torch.empty(tuple(shapes[i].tolist()), dtype=dtype)
-        )
+        shape = tuple(d for d in shapes[i].tolist() if d >= 0)
+        t = getattr(batch, name) if rank == src else torch.empty(shape, dtype=dtype)
         dist.broadcast(t, src)
         out[name] = t
     return Batch(**out)
@@ -107,6 +103,7 @@ _DTYPE_OF = {
     "behavior_logprobs": torch.float32,
     "token_versions": torch.long,
     "rewards": torch.float32,
+    "truncated": torch.float32,
 }
 
 

@@ -78,6 +78,7 @@ class MicroBatch:
             self.tokens(rows.behavior_logprobs),
             self.tokens(rows.token_versions),
             rows.rewards,
+            rows.truncated[self.index],
         )
 
 

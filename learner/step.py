@@ -6,6 +6,8 @@
       no grad:  pi_prox (if several updates), pi_ref (if kl_coef > 0), V_old (if a critic),
                 per micro-batch, scattered back to the rows' [b, T] grid
       targets:  gather V_old / KL rows from all ranks -> learner.targets.compute_targets
+      truncated: algorithm.truncated=mask takes the rows cut at the length limit out of the
+                loss masks (rows and the minibatch's aggregation), after the targets
       updates:  ppo_epochs x minibatches: POLICY_LOSSES[algorithm.policy_loss] (+ critic),
                 gradients accumulated over the micro-batches
 
@@ -39,6 +41,7 @@ from learner.micro_batches import MicroBatch, plan_metrics, plan_micro_batches, 
 from learner.model import token_logprobs
 from learner.reference import reference_logprobs
 from learner.targets import compute_targets
+from learner.truncation import clip_ratio, truncated_loss_mask
 
 
 @dataclass
@@ -118,6 +121,12 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
         sh.advantages = _rank_rows(targets.advantages[s], ctx.rank, ctx.world)
         if targets.returns is not None:
             sh.returns = _rank_rows(targets.returns[s], ctx.rank, ctx.world)
+        # after the targets, so a masked row's reward still counts in its group's baseline
+        mode = algo.truncated
+        sh.agg_mask = truncated_loss_mask(sh.agg_mask, batch.truncated[s], mode)
+        sh.rows = replace(
+            sh.rows, loss_mask=truncated_loss_mask(sh.rows.loss_mask, sh.rows.truncated, mode)
+        )
     updates: list[dict[str, float]] = []
     skipped = 0.0
     for _ in range(algo.ppo_epochs):
@@ -178,7 +187,7 @@ def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
                      for sh in shards]  # fmt: skip
         kl = _gather_rows(per_shard, ctx.world)
     return compute_targets(algo, batch.rewards, batch.loss_mask, values=values, kl=kl,
-                           max_tokens=ctx.max_tokens)  # fmt: skip
+                           max_tokens=ctx.max_tokens, truncated=batch.truncated)  # fmt: skip
 
 
 def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
@@ -244,7 +253,9 @@ def _gather_rows(per_minibatch: list[torch.Tensor], world: int) -> torch.Tensor:
 
 def batch_metrics(batch: Batch, version: int) -> dict[str, float]:
     """Per-batch data statistics: groups, token staleness (``version`` - the version that
-    sampled each completion token) and completion lengths."""
+    sampled each completion token), completion lengths and ``response/clip_ratio``, the
+    fraction of completions cut at the length limit (whatever ``algorithm.truncated`` does
+    with them)."""
     m = batch.loss_mask != 0
     tokens = m.sum().clamp(min=1)
     stale = torch.where(m, version - batch.token_versions, 0)
@@ -254,6 +265,7 @@ def batch_metrics(batch: Batch, version: int) -> dict[str, float]:
         "staleness_token_mean": float(stale.sum() / tokens),
         "response_len_mean": float(lengths.mean()),
         "response_len_max": float(lengths.max()),
+        "response/clip_ratio": clip_ratio(batch.truncated),
     }
 
 

@@ -1,6 +1,7 @@
 """Rewards -> per-token advantages (and critic returns) for one step: config wiring only.
 
     sequence rewards [G, n]
+      truncated rows' reward := truncated_reward (algorithm.truncated = penalize)
       + overlong penalty              (algorithm.overlong_frac > 0; DAPO soft punishment)
       - kl_coef * KL(pi_behave||pi_ref) (algorithm.kl_mode = reward; summed per sequence for
                                        group estimators, per token for a critic estimator)
@@ -31,6 +32,7 @@ from learner.advantages import (
     place_at_last_token,
     to_token_level,
 )
+from learner.truncation import truncated_rewards
 
 
 def uses_critic(advantage: str) -> bool:
@@ -74,6 +76,7 @@ def compute_targets(
     values: Tensor | None = None,
     kl: Tensor | None = None,
     max_tokens: int | None = None,
+    truncated: Tensor | None = None,
 ) -> Targets:
     """Advantages for all rows of the step.
 
@@ -84,9 +87,15 @@ def compute_targets(
         kl: [B, T] per-token KL estimate to the reference, subtracted from the rewards times
             ``kl_coef`` (``kl_mode=reward``; None = no penalty).
         max_tokens: the generation limit (``actor.max_tokens``), for the overlong penalty.
+        truncated: [B] 1.0 where the completion was cut at the length limit; with
+            ``algorithm.truncated=penalize`` their task reward is replaced by
+            ``truncated_reward`` first (None = none cut).
     """
     mask = loss_mask != 0
     seq_rewards = rewards.reshape(-1).to(torch.float32)  # [B]
+    if truncated is not None:
+        mode, value = algo.truncated, algo.truncated_reward
+        seq_rewards = truncated_rewards(seq_rewards, truncated, mode, value)
     metrics: dict[str, float] = {}
     if algo.overlong_frac > 0:
         if max_tokens is None:

@@ -27,7 +27,9 @@ VOCAB = 32
 
 
 def _groups_json(path: Path, n_groups=4, n=4, seed=0) -> Path:
-    rng = random.Random(seed)
+    """Random groups; about a quarter of the samples cut at the length limit (their own
+    random stream, so the other fields do not depend on it)."""
+    rng, cut = random.Random(seed), random.Random(seed + 1)
     groups = []
     for g in range(n_groups):
         prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 5))]
@@ -41,6 +43,7 @@ def _groups_json(path: Path, n_groups=4, n=4, seed=0) -> Path:
                     "behavior_logprobs": [-rng.uniform(0.5, 4.0) for _ in range(c)],
                     "token_versions": [0] * c,
                     "reward": float(rng.random() < 0.5),
+                    "finish_reason": "length" if cut.random() < 0.25 else "stop",
                 }
             )
         groups.append({"id": f"g{g}", "samples": samples})
@@ -53,6 +56,20 @@ def _groups_json(path: Path, n_groups=4, n=4, seed=0) -> Path:
 @pytest.mark.parametrize("minibatches", [1, 2])
 def test_fsdp2_two_ranks_match_single_process(tiny_model, tmp_path, aggregation, minibatches):
     algo = AlgorithmConfig(aggregation=aggregation, minibatches=minibatches)
+    _two_ranks_match_one(tiny_model, tmp_path, algo)
+
+
+def test_fsdp2_two_ranks_mask_truncated_rows_as_one_process(tiny_model, tmp_path):
+    """``algorithm.truncated=mask``: each rank masks its rows, the aggregation's denominators
+    the whole minibatch's (learner/truncation.py); the batch reaches rank 1 by broadcast."""
+    algo = AlgorithmConfig(aggregation="seq_mean_token_mean", minibatches=2, truncated="mask")
+    _two_ranks_match_one(tiny_model, tmp_path, algo)
+    groups = json.loads((tmp_path / "groups.json").read_text())
+    cut = [s["finish_reason"] == "length" for g in groups for s in g["samples"]]
+    assert 0 < sum(cut) < len(cut)
+
+
+def _two_ranks_match_one(tiny_model, tmp_path, algo: AlgorithmConfig):
     (tmp_path / "algo.json").write_text(json.dumps(asdict(algo)))
     groups_json = _groups_json(tmp_path)
     cmd = [
@@ -74,7 +91,7 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model, tmp_path, aggregation,
     ref_loss, ref_weights = one_update(tiny_model, load_groups(groups_json), algo, lr=0.5)
     fsdp_loss = json.loads((tmp_path / "loss.json").read_text())["loss"]
     fsdp_weights = load_file(str(tmp_path / "weights.safetensors"))
-    if minibatches == 1:
+    if algo.minibatches == 1:
         assert fsdp_loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
     init = load_file(str(Path(tiny_model) / "model.safetensors"))
     moved = 0.0

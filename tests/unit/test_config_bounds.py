@@ -86,6 +86,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "algorithm.value_clip": [(1e-6, 0.0)],
     "algorithm.overlong_frac": [(0.0, -1e-9), (1.0, 1.000001)],
     "algorithm.overlong_penalty": [(0.0, -1e-9)],
+    "algorithm.truncated_reward": [],  # any finite number (a reward); nonzero needs penalize
     "algorithm.ppo_epochs": [(1, 0)],
     "algorithm.minibatches": [(1, 0)],
     "buffer.capacity": [(0, -1)],
