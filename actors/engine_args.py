@@ -85,6 +85,7 @@ def sampling_kwargs(
     stop: Sequence[str] = (),
     ignore_eos: bool = False,
     has_tokenizer: bool = True,
+    stop_token_ids: Sequence[int] = (),
 ) -> dict:
     """``vllm.SamplingParams`` arguments of one ``generate`` call: token ids and the sampled
     token's log-prob (``logprobs=0``), no text unless ``stop`` needs it.
@@ -95,6 +96,11 @@ def sampling_kwargs(
     engine's tokenizer: with ``skip_tokenizer_init`` vLLM would ignore them without a word, so
     ``has_tokenizer=False`` with ``stop`` raises ValueError. vLLM keeps the tokens of the stop
     string in ``token_ids`` (and their log-probs) and drops only those after it.
+
+    ``stop_token_ids`` end a completion at any of those tokens (the model's EOS and
+    end-of-turn ids, ``actors.stop_tokens``); vLLM keeps the token as the last of the
+    completion. ``ignore_eos`` (generate exactly ``max_tokens``) drops them: vLLM stops at
+    ``stop_token_ids`` even when it ignores EOS.
     """
     if stop and not has_tokenizer:
         raise ValueError(
@@ -112,4 +118,5 @@ def sampling_kwargs(
         "logprobs": 0,
         "detokenize": bool(stop),
         "ignore_eos": ignore_eos,
+        "stop_token_ids": [] if ignore_eos else sorted(set(stop_token_ids)),
     }

@@ -199,6 +199,20 @@ def test_many_long_seeded_prompts_at_once_do_not_kill_the_cpu_engine(engine, loo
     assert len(outs) == 40 and all(len(c.token_ids) >= 1 for out in outs for c in out)
 
 
+def test_completions_end_at_the_engines_stop_token_ids(engine, loop, monkeypatch):
+    """vLLM honours the ids ``ActorEngine`` passes (actors/stop_tokens.py): besides EOS (1, the
+    model directory's only stop id here), id 2 ends completions too, a token vLLM alone would
+    sample through (it is neither the tokenizer's EOS nor in generation_config.json), as a
+    chat template's end-of-turn token would be."""
+    assert engine.stop_token_ids == [1]
+    monkeypatch.setattr(engine, "stop_token_ids", [1, 2])
+    out = loop.run_until_complete(engine.generate(PROMPT, 16, 96, 1.0, seed=0))
+    for c in out:
+        assert not {1, 2} & set(c.token_ids[:-1])  # nothing sampled past a stop id
+        assert c.finish_reason == ("stop" if c.token_ids[-1] in (1, 2) else "length")
+    assert any(c.token_ids[-1] == 2 and c.finish_reason == "stop" for c in out)
+
+
 def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop, monkeypatch):
     # This vLLM takes the direct pause (ActorEngine._pause, without pause_generation's sleep)
     # and returns flat log-probs (actors/engine.py ``_sampled_logprobs``).

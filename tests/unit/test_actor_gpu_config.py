@@ -121,6 +121,7 @@ def test_sampling_defaults_are_token_only_with_top_k_off():
         "logprobs": 0,
         "detokenize": False,
         "ignore_eos": False,
+        "stop_token_ids": [],  # ActorEngine passes the model's (tests/unit/test_stop_tokens.py)
     }
 
 
