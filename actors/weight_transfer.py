@@ -89,7 +89,17 @@ class AsyncrlWeightTransferEngine(
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
-        """Process any layers not finished during loading and leave reload mode."""
+        """Process any layers not finished during loading and leave reload mode.
+
+        Here vLLM logs ``RotaryEmbedding: Failed to load weights`` at every sync, harmlessly:
+        layerwise reload expects every tensor of a layer to be loaded, buffers included, and
+        the rotary embedding's one tensor is ``cos_sin_cache``, a non-persistent buffer
+        computed from the config (head size, rope theta, positions) that no checkpoint holds
+        and training never changes. Finding nothing loaded for it, vLLM puts the layer's own
+        tensors back (``_place_kernel_tensors``): the cache it had before the sync. vLLM's
+        ``get_rope`` shares one such layer across the decoder layers, hence one line per
+        sync; a layer that has parameters and logs it is a real failure.
+        tests/integration/test_smollm2.py checks every position's log-prob after a sync."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
