@@ -62,17 +62,19 @@ def problem(rng: random.Random) -> tuple[str, int, str]:
 
 
 def records(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
-    """``n`` distinct problems from ``random.Random(seed)``, none of whose text is in ``exclude``."""
+    """``n`` distinct problems from ``random.Random(seed)``, none of whose prompt (the user
+    message) is in ``exclude``."""
     rng, rows, seen = random.Random(seed), [], set(exclude)
     while len(rows) < n:
         text, answer, kind = problem(rng)
-        if text in seen:
+        content = text + SUFFIX
+        if content in seen:
             continue
-        seen.add(text)
+        seen.add(content)
         rows.append(
             {
                 "data_source": "word_arithmetic",
-                "prompt": [{"role": "user", "content": text + SUFFIX}],
+                "prompt": [{"role": "user", "content": content}],
                 "reward_model": {"style": "rule", "ground_truth": str(answer)},
                 "extra_info": {"index": len(rows), "op": kind},
             }
