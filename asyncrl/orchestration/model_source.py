@@ -63,9 +63,9 @@ def resolve_model_path(path: str, cache_dir: str, say: Callable[[str], None] = p
     if _HUB_ID.match(path) and not local.exists():
         return hub_snapshot(path, say)
     raise FileNotFoundError(
-        f"model.path={path!r} is not a local model directory, a .gguf file, a "
-        "package:NAME/FILE.gguf or a Hugging Face Hub id (ORG/NAME); give a local Hugging Face "
-        "model directory, or model.path=demo for the built-in tiny model"
+        f"model.path={path!r} is not a Hugging Face model directory (no such directory), a "
+        ".gguf file, a package:NAME/FILE.gguf or a Hub id (ORG/NAME); give a local model "
+        "directory, or model.path=demo for the built-in tiny model"
     )
 
 

@@ -101,7 +101,10 @@ def test_two_roles_converting_at_once_convert_once(tmp_path, monkeypatch):
 def test_missing_gguf_and_unknown_forms_name_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such GGUF file"):
         resolve_model_path(str(tmp_path / "nope.gguf"), str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="not a local model directory, a .gguf file"):
+    with pytest.raises(
+        FileNotFoundError,
+        match="not a Hugging Face model directory \\(no such directory\\), a .gguf file",
+    ):
         resolve_model_path(str(tmp_path / "no" / "such" / "dir"), str(tmp_path))
 
 
