@@ -4,12 +4,15 @@ bare hand-written loop, side by side in one run (issue 15).
     python -m benchmarks.learner_throughput --preset qwen2.5-1.5b   # one GPU
     python -m benchmarks.learner_throughput --preset cpu --cores 1 --rounds 3   # 11 min here
     python -m benchmarks.learner_throughput --config path/to/config.json --groups 8
+    python -m benchmarks.learner_throughput --preset smollm2 --cores 0 --no-fit   # real model
 
 The model is a random one of a Hugging Face config's shape: a preset (the real Qwen2.5-0.5B,
 1.5B and 7B shapes, hard-coded in ``benchmarks.throughput_model``; ``cpu``: Qwen's
 151,936-token vocabulary with a body small enough to step in seconds on 2 cores; ``tiny``: for
 the smoke test) or ``--config``. It is saved as a local safetensors model directory (nothing
-is downloaded) and every learner arm builds its policy from it through asyncrl's own
+is downloaded). ``--model`` (a model preset or any ``model.path``: benchmarks/real_model.py;
+the ``smollm2`` preset's default) takes a real model's directory, weights and all, instead.
+Every learner arm builds its policy from it through asyncrl's own
 ``learner.trainer.build_step_context`` (the ``build_policy`` + AdamW the learner uses, FSDP2
 over a one-rank process group as in a run) and steps with ``learner.step.train_on_batch``,
 under the default algorithm of ``asyncrl.configload.load_config`` plus the arm's overrides.
@@ -27,9 +30,15 @@ these, later keys winning):
            trimmed rows on the CPU), ``model.logprob_chunk_tokens=--chunk``, gradient
            checkpointing as the preset says (on for the GPU presets);
   bare     ``BareLoop`` in ``benchmarks.throughput_worker``: the ~60-line loop a careful
-           person writes by hand.
-GPU arms compute in bfloat16 (``model.dtype=bfloat16``: float32 master weights, FSDP2 mixed
-precision; the bare loop: float32 weights under ``torch.autocast``), CPU arms in float32.
+           person writes by hand (``--arm bare_NAME:dtype=bfloat16,...`` adds another with
+           its settings changed: ``dtype``, ``budget``, ``chunk``, ``checkpointing``).
+Any arm may also set ``threads=N`` and ``cores=A-B`` (its worker's torch threads and cores,
+instead of ``--threads`` and ``--cores``). GPU arms compute in bfloat16 (``model.dtype=
+bfloat16``: float32 master weights, FSDP2 mixed precision; the bare loop: float32 weights under
+``torch.autocast``), CPU arms in float32; ``--dtype`` sets it for every arm. Each learner arm's
+reference is the bare arm of the same dtype, threads and cores (else ``bare``): its ratio is the
+median of the per-round ratios of real tokens/s, and a preset's ``target_vs_bare`` is checked
+against it.
 
 Figures per arm, each measured in fresh processes (one per arm and round, ``--rounds``
 interleaved rounds of a warm-up step and ``--repeat`` timed steps): real tokens/s (prompt +
@@ -60,11 +69,13 @@ import time
 from pathlib import Path
 
 from benchmarks.common import RESULTS
+from benchmarks.real_model import model_overrides, resolve_model_dir
 from benchmarks.throughput_model import PRESETS, completion_lengths, model_config, real_tokens
 from benchmarks.throughput_report import (
     batch_facts,
     first_of,
     library_versions,
+    rounds_table,
     table,
     targets,
     write_and_print,
@@ -73,6 +84,8 @@ from benchmarks.throughput_runner import run_arms
 from benchmarks.throughput_worker import worker_main
 
 DEFAULT_ARMS = "padded,asyncrl,bare"
+RUNNER_KEYS = ("threads", "cores")
+"""Arm keys for the worker process, not for asyncrl or the bare loop."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -84,18 +97,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="default: qwen2.5-1.5b with a GPU, cpu without",
     )
     p.add_argument("--config", help="an HF config.json (or model dir) for the shape instead")
-    for name, kind in (("groups", int), ("n", int), ("prompt", int), ("mean", float), ("cap", int)):
+    p.add_argument(
+        "--model",
+        help="a real model instead of a random one: a preset (configs/model) or any model.path "
+        "(default: the preset's, smollm2 for --preset smollm2)",
+    )
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype, every arm")
+    for name, kind in (("groups", int), ("n", int), ("prompt", int), ("mean", float), ("cap", int),
+                       ("floor", int)):  # fmt: skip
         p.add_argument(f"--{name}", type=kind, help="batch: override the preset's")
     p.add_argument("--budget", type=int, help="tokens per micro-batch (asyncrl, bare)")
     p.add_argument("--chunk", type=int, help="log-prob chunk positions (asyncrl, bare)")
     p.add_argument("--checkpointing", choices=["true", "false"], help="asyncrl and bare arms")
-    p.add_argument("--arms", default=DEFAULT_ARMS)
+    p.add_argument("--arms", help=f"default: the preset's, else {DEFAULT_ARMS}")
     p.add_argument(
         "--arm",
         action="append",
         default=[],
         metavar="NAME:key=value,...",
-        help="add an arm: the asyncrl arm's overrides plus these",
+        help="add an arm: the asyncrl arm's overrides plus these (bare*: the bare loop's "
+        "settings); threads=N, cores=A-B: its worker's",
     )
     p.add_argument(
         "--set",
@@ -141,7 +162,12 @@ def plan(args, cuda: bool) -> dict:
                 "checkpointing")  # fmt: skip
     budget, chunk = pick(args.budget, "budget"), pick(args.chunk, "chunk")
     device, dtype = ("cuda", "bfloat16") if cuda else ("cpu", "float32")
-    base = {"learner.device": device, "model.dtype": dtype, "actor.max_tokens": batch["cap"]}
+    dtype = args.dtype or dtype
+    model = args.model or (None if args.config else preset.get("model_path"))
+    if model and args.config:
+        raise SystemExit("--model and --config: a real model or a random one of a shape, not both")
+    base = dict(kv.split("=", 1) for kv in model_overrides(model))  # the model preset's config
+    base |= {"learner.device": device, "model.dtype": dtype, "actor.max_tokens": batch["cap"]}
     base |= dict(kv.split("=", 1) for kv in args.set)
     asyncrl = {"learner.micro_batch_rows": 0, "learner.max_tokens_per_micro_batch": budget,
                "model.logprob_chunk_tokens": chunk,
@@ -152,13 +178,15 @@ def plan(args, cuda: bool) -> dict:
         "preset": None if args.config else preset_name,
         "batch_preset": preset_name,
         "config_file": args.config,
+        "real_model": model,
         "device": device,
         "dtype": dtype,
         "batch": batch,
         "budget_tokens": budget,
         "chunk_tokens": chunk,
         "gradient_checkpointing": ckpt,
-        "arms": plan_arms(args, base, asyncrl, bare),
+        "arms": plan_arms(args, preset, base, asyncrl, bare),
+        "target_vs_bare": preset.get("target_vs_bare"),
         "rounds": args.rounds,
         "repeat": args.repeat,
         "seed": args.seed,
@@ -167,29 +195,47 @@ def plan(args, cuda: bool) -> dict:
     }
 
 
-def plan_arms(args, base: dict, asyncrl: dict, bare: dict) -> dict:
+def plan_arms(args, preset: dict, base: dict, asyncrl: dict, bare: dict) -> dict:
     """``--arms`` then each ``--arm``, in order: a learner arm's overrides (``base``, then the
-    arm's own) or the bare loop's settings."""
+    arm's own) or a bare loop's settings (``bare``, then the arm's own), and the worker's
+    ``threads``/``cores`` where the arm sets them."""
     learner_arms = {
         "padded": {"learner.micro_batch_rows": 0, "learner.max_tokens_per_micro_batch": 0,
                    "model.logprob_chunk_tokens": 0, "model.gradient_checkpointing": False},
         "asyncrl": asyncrl,
     }  # fmt: skip
+    bare_arms, runner = {"bare": bare}, {}
     for text in args.arm:
         name, _, kvs = text.partition(":")
         extra = dict(kv.split("=", 1) for kv in kvs.split(",") if kv)
-        learner_arms[name] = {**learner_arms["asyncrl"], **extra}
-    names = [a for a in args.arms.split(",") if a] + [t.partition(":")[0] for t in args.arm]
+        runner[name] = {k: extra.pop(k) for k in RUNNER_KEYS if k in extra}
+        if name.startswith("bare"):
+            bare_arms[name] = {**bare, **{k: _typed(bare, k, v) for k, v in extra.items()}}
+        else:
+            learner_arms[name] = {**learner_arms["asyncrl"], **extra}
+    listed = args.arms or preset.get("arms", DEFAULT_ARMS)
+    names = [a for a in listed.split(",") if a] + [t.partition(":")[0] for t in args.arm]
     arms = {}
     for name in dict.fromkeys(names):
-        if name == "bare":
-            arms[name] = {"kind": "bare", "settings": bare}
+        if name in bare_arms:
+            arms[name] = {"kind": "bare", "settings": bare_arms[name]}
         elif name in learner_arms:
             ov = {**base, **learner_arms[name]}
             arms[name] = {"kind": "learner", "overrides": [f"{k}={_val(v)}" for k, v in ov.items()]}
         else:
             raise SystemExit(f"unknown arm {name!r}: padded, asyncrl, bare or one given by --arm")
+        arms[name] |= runner.get(name, {})
     return arms
+
+
+def _typed(bare: dict, key: str, text: str):
+    """``text`` as the type of the bare loop's setting ``key`` (SystemExit for an unknown key)."""
+    if key not in bare:
+        raise SystemExit(f"bare loop setting {key!r}: one of {', '.join(bare)} (or threads, cores)")
+    old = bare[key]
+    if isinstance(old, bool) or old is None:
+        return text.lower() == "true" if text.lower() in ("true", "false") else text
+    return type(old)(text)
 
 
 def plan_fit(args, preset: dict, cuda: bool) -> dict | None:
@@ -220,6 +266,7 @@ def main(argv=None) -> None:
     if args.threads is None:  # one thread: on shared cores a descheduled OpenMP thread stalls all
         args.threads = len(os.sched_getaffinity(0)) if cuda else 1
     cfg = plan(args, cuda)
+    model_dir = resolve_model_dir(cfg["real_model"])[1] if cfg["real_model"] else None
     batch = cfg["batch"]
     real = real_tokens(batch, batch["groups"], args.seed)
     lengths = [batch["prompt"] + c for g in range(batch["groups"])
@@ -230,8 +277,13 @@ def main(argv=None) -> None:
         f"{len(lengths) * max(lengths):,} padded; arms {', '.join(cfg['arms'])}",
         flush=True,
     )
-    hf_config = model_config(args)
-    counts, runs, arms, peak = run_arms(args, cfg, hf_config, real)
+    print(f"pinned: each arm's worker process runs {args.threads} torch thread(s) "
+          f"(torch.set_num_threads, OMP_NUM_THREADS, MKL_NUM_THREADS) on cores "
+          f"{args.cores or 'unpinned'}" + "".join(
+              f"; {k}: {a.get('threads', args.threads)} on {a.get('cores', args.cores) or 'any'}"
+              for k, a in cfg["arms"].items() if "threads" in a or "cores" in a), flush=True)  # fmt: skip
+    hf_config = model_config(args, model_dir)
+    counts, runs, arms, peak = run_arms(args, cfg, hf_config, real, model_dir)
     payload = {
         "config": {**cfg, "threads": {"requested": args.threads, "cores": args.cores or "all",
                                       "worker": first_of(runs, "threads")},
@@ -250,6 +302,7 @@ def main(argv=None) -> None:
                  else "the worker process's VmHWM (model, optimizer, batch included)") + ".",
     }  # fmt: skip
     payload["table_markdown"] = table(arms)
+    payload["rounds_table_markdown"] = rounds_table(arms)
     name = args.name or f"learner_throughput_{cfg['preset'] or 'custom'}"
     write_and_print(name, payload, Path(args.out))
 

@@ -1,6 +1,8 @@
 """The learner-throughput benchmark's report (``benchmarks.learner_throughput``): the stated
 peak FLOPS behind MFU, per-arm figures from the workers' results with ratios against
-``padded`` and ``bare``, issue 15's targets, the markdown table and the result file."""
+``padded`` and ``bare`` and, per round, against each learner arm's own bare reference, issue
+15's targets (or the preset's ``target_vs_bare``), the markdown tables, the result file and
+its plot."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def summarise(cfg: dict, runs: dict[str, list[dict]], counts: dict, real: int, p
                   "warmup_s": [r["warmup_s"] for r in ok],
                   "real_tokens_per_s": real / step, "first_step": ok[0]["first_step"],
                   "layout": ok[0].get("layout")}  # fmt: skip
+            a["real_tokens_per_s_per_round"] = [real / statistics.median(r["times_s"]) for r in ok]
         else:
             a |= {"real_tokens_per_s": None, "error": rs[0].get("error")}
         tok_s = a["real_tokens_per_s"]
@@ -64,12 +67,50 @@ def summarise(cfg: dict, runs: dict[str, list[dict]], counts: dict, real: int, p
             both = base and base["peak_memory_mib"] and a["peak_memory_mib"]
             a[f"peak_memory_vs_{ref}"] = (a["peak_memory_mib"] / base["peak_memory_mib"]
                                           if both else None)  # fmt: skip
+    for name, a in out.items():
+        a["vs_ref"] = _vs_ref(name, out)
     return out
 
 
+def _resources(a: dict) -> tuple:
+    """(compute dtype, threads, cores) of an arm: what a fair reference must share."""
+    if a["kind"] == "bare":
+        dtype = a["settings"]["dtype"]
+    else:
+        dtype = dict(o.split("=", 1) for o in a["overrides"]).get("model.dtype")
+    return dtype, a.get("threads"), a.get("cores")
+
+
+def _vs_ref(name: str, arms: dict) -> dict | None:
+    """A learner arm against its bare reference (the bare arm of the same dtype, threads and
+    cores, else ``bare``): per-round ratios of real tokens/s and their median; None for a bare
+    arm, or when either has no complete rounds."""
+    a = arms[name]
+    if a["kind"] == "bare":
+        return None
+    bares = [k for k, b in arms.items() if b["kind"] == "bare"]
+    ref = next((k for k in bares if _resources(arms[k]) == _resources(a)),
+               "bare" if "bare" in arms else None)  # fmt: skip
+    mine = a.get("real_tokens_per_s_per_round")
+    theirs = ref and arms[ref].get("real_tokens_per_s_per_round")
+    if not mine or not theirs or len(mine) != len(theirs):
+        return None
+    ratios = [m / t for m, t in zip(mine, theirs, strict=True)]
+    return {"ref": ref, "per_round": ratios, "median": statistics.median(ratios),
+            "same_dtype_threads_cores": _resources(arms[ref]) == _resources(a)}  # fmt: skip
+
+
 def targets(arms: dict, cfg: dict, real: int) -> list[dict]:
-    """Issue 15's targets, where this run's arms can say: asyncrl >= 2x padded tokens/s at
-    <= 1/3 of its peak memory (the CPU criterion), asyncrl >= 1.5x the bare loop (the GPU one)."""
+    """A preset's ``target_vs_bare`` (issue 27, smollm2: every learner arm >= 0.9x its bare
+    reference, median of per-round ratios) or else issue 15's, where this run's arms can say:
+    asyncrl >= 2x padded tokens/s at <= 1/3 of its peak memory (the CPU criterion), asyncrl
+    >= 1.5x the bare loop (the GPU one)."""
+    bound = cfg.get("target_vs_bare")
+    if bound is not None:
+        return [{"target": f"{name} >= {bound:g}x {a['vs_ref']['ref']}'s real tokens/s (median "
+                           "of per-round ratios)", "value": a["vs_ref"]["median"],
+                 "met": a["vs_ref"]["median"] >= bound}
+                for name, a in arms.items() if a.get("vs_ref")]  # fmt: skip
     out = []
     a = arms.get("asyncrl", {})
     checks = [
@@ -106,6 +147,42 @@ def table(arms: dict) -> str:
     return md_table(header, rows)
 
 
+def rounds_table(arms: dict) -> str:
+    """Real tokens/s of every arm in every round, and each learner arm's per-round ratio."""
+    n = max((len(a.get("real_tokens_per_s_per_round") or []) for a in arms.values()), default=0)
+    rows = []
+    for name, a in arms.items():
+        rates = a.get("real_tokens_per_s_per_round") or []
+        v = a.get("vs_ref")
+        rows.append([name, *(rates + [None] * (n - len(rates))),
+                     f"{v['median']:.3f}x {v['ref']}" if v else None])  # fmt: skip
+    return md_table(["arm", *(f"round {r + 1} tok/s" for r in range(n)), "vs ref (median)"], rows)
+
+
+def plot(arms: dict, title: str, path: Path) -> None:
+    """Real tokens/s per arm: each round a dot, the median a bar, the ratio to its reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(arms), 3.4))
+    for x, a in enumerate(arms.values()):
+        rates = a.get("real_tokens_per_s_per_round") or []
+        ax.bar(x, a["real_tokens_per_s"] or 0, color="C1" if a["kind"] == "bare" else "C0")
+        ax.plot([x] * len(rates), rates, "k.")
+        if a.get("vs_ref"):
+            top = max([a["real_tokens_per_s"], *rates])
+            ax.annotate(f"{a['vs_ref']['median']:.2f}x {a['vs_ref']['ref']}", (x, top),
+                        xytext=(0, 4), textcoords="offset points", ha="center", fontsize=8)  # fmt: skip
+    ax.set_xticks(range(len(arms)), list(arms), rotation=20, fontsize=8)
+    ax.set_ylabel("real tokens/s (prompt + completion)")
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def first_of(runs: dict[str, list[dict]], key: str):
     """``key`` of the first worker result that has it (``gpu``, ``threads``), else None."""
     return next((r[key] for rs in runs.values() for r in rs if key in r), None)
@@ -133,7 +210,14 @@ def batch_facts(lengths: list[int], real: int) -> dict:
 def write_and_print(name: str, payload: dict, out: Path) -> None:
     """``benchmarks.common.write_result``, then the table, the targets and where it went."""
     path = write_result(name, payload, out)
+    cfg = payload["config"]
+    t = cfg["threads"]
+    plot(payload["arms"], f"{cfg['real_model'] or cfg['preset'] or 'custom'} on {cfg['device']}, "
+         f"{payload['batch']['rows']} rows, {payload['batch']['real_tokens']:,} real tokens; "
+         f"{t['requested']} thread(s) a worker on cores {t['cores']}",
+         path.with_suffix(".png"))  # fmt: skip
     print(payload["table_markdown"])
+    print(payload["rounds_table_markdown"])
     for t in payload["targets"]:
         print(f"{'MET' if t['met'] else 'NOT MET'}: {t['target']} ({t['value']:.3g})")
     print(

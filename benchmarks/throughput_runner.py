@@ -1,7 +1,7 @@
 """The learner-throughput benchmark's runs (``benchmarks.learner_throughput``): the random model
-made once, then every arm's worker processes, ``--rounds`` interleaved rounds at the preset
-batch and the largest-batch search (each try one step in its own process, so an
-out-of-memory error cannot poison the rest)."""
+made once (or a real model's directory), then every arm's worker processes, ``--rounds``
+interleaved rounds at the preset batch and the largest-batch search (each try one step in its
+own process, so an out-of-memory error cannot poison the rest)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,27 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.real_model import param_counts
 from benchmarks.throughput_model import build_model_dir, real_tokens
 from benchmarks.throughput_report import first_of, stated_peak, summarise
 from benchmarks.throughput_worker import run_worker
 
 
-def run_arms(args, cfg: dict, hf_config, real: int) -> tuple[dict, dict, dict, tuple]:
-    """Make the model, measure every arm, search each one's largest batch (unless ``--no-fit``):
-    ``(parameter counts, worker results per arm, per-arm figures, stated peak)``."""
+def run_arms(args, cfg: dict, hf_config, real: int, model_dir: str | None = None):
+    """Make the model (unless ``model_dir`` is a real one), measure every arm, search each
+    one's largest batch (unless ``--no-fit``): ``(parameter counts, worker results per arm,
+    per-arm figures, stated peak)``."""
     with tempfile.TemporaryDirectory(prefix="asyncrl-throughput-") as tmp:
         work = Path(args.work_dir) if args.work_dir else Path(tmp)
         t0 = time.monotonic()
-        model_dir, counts = build_model_dir(hf_config, work, args.seed, cfg["dtype"])
+        if model_dir:
+            counts = param_counts(model_dir)
+            kind = f"real model {cfg['real_model']}"
+        else:
+            model_dir, counts = build_model_dir(hf_config, work, args.seed, cfg["dtype"])
+            kind = "random model"
         print(
-            f"random model: {counts['n_params']:,} parameters ({time.monotonic() - t0:.0f} s)",
+            f"{kind}: {counts['n_params']:,} parameters ({time.monotonic() - t0:.0f} s)",
             flush=True,
         )
         runner = Runner(args, cfg, model_dir, hf_config.vocab_size)
@@ -44,9 +51,12 @@ class Runner:
     def __init__(self, args, cfg: dict, model_dir: Path, vocab: int):
         self.args, self.cfg, self.model_dir, self.vocab = args, cfg, model_dir, vocab
         self.t0 = time.monotonic()
-        threads = str(args.threads)
-        self.env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-                    "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        self.env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+    def env_of(self, spec: dict) -> dict:
+        """The worker's environment: its OpenMP and MKL pools as many threads as its torch."""
+        threads = str(spec["threads"])
+        return {**self.env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.0f} s] {text}", flush=True)
@@ -58,7 +68,8 @@ class Runner:
         return {"kind": a["kind"], "overrides": a.get("overrides"), "bare": a.get("settings"),
                 "model_dir": str(self.model_dir), "batch": self.cfg["batch"], "groups": groups,
                 "seed": self.cfg["seed"], "vocab": self.vocab, "device": self.cfg["device"],
-                "threads": self.args.threads, "cores": parse_cores(self.args.cores),
+                "threads": int(a.get("threads", self.args.threads)),
+                "cores": parse_cores(a.get("cores", self.args.cores)),
                 "repeat": repeat, "mem_limit_gib": mem_limit}  # fmt: skip
 
     def measure(self) -> dict[str, list[dict]]:
@@ -69,8 +80,8 @@ class Runner:
             for arm in runs:
                 if runs[arm] and runs[arm][0]["status"] != "ok":
                     continue  # it did not fit (or failed): once is enough
-                res = run_worker(self.spec(arm, groups, self.cfg["repeat"]), self.env,
-                                 self.args.timeout)  # fmt: skip
+                spec = self.spec(arm, groups, self.cfg["repeat"])
+                res = run_worker(spec, self.env_of(spec), self.args.timeout)
                 runs[arm].append(res)
                 if res["status"] == "ok":
                     steps = ", ".join(f"{t:.2f}" for t in res["times_s"])
@@ -90,8 +101,8 @@ class Runner:
         tries: list[dict] = []
 
         def fits(g: int) -> bool:
-            res = run_worker(self.spec(arm, g, 0, fit["mem_limit_gib"]), self.env,
-                             self.args.timeout)  # fmt: skip
+            spec = self.spec(arm, g, 0, fit["mem_limit_gib"])
+            res = run_worker(spec, self.env_of(spec), self.args.timeout)
             tries.append({"groups": g, "real_tokens": real_tokens(self.cfg["batch"], g,
                           self.cfg["seed"]), "status": res["status"],
                           "peak_memory_mib": res.get("peak_memory_mib"),

@@ -218,8 +218,8 @@ def _build_arm(spec: dict):
         from learner.model import attention_impl
 
         device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
-        dtype = torch.bfloat16 if spec["device"] == "cuda" else torch.float32
-        attn = attention_impl("auto", str(dtype).split(".")[-1], device)
+        dtype = getattr(torch, spec["bare"]["dtype"])  # the compute dtype, under autocast
+        attn = attention_impl("auto", spec["bare"]["dtype"], device)
         loop = BareLoop(spec["model_dir"], device, dtype, attn, spec["bare"])
         batch = batch.to(device)
         return (lambda: loop.step(batch)), f"{loop.model.config._attn_implementation}, bucketed"

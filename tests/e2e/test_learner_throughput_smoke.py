@@ -2,7 +2,11 @@
 
 A schema check on the tiny preset end to end (random model saved and loaded, every arm in its
 worker processes, the fit search), not a measurement: no figure is asserted beyond being
-present and well-formed. ~50 s on 2 shared cores (ten short worker processes).
+present and well-formed. ~60 s on 2 shared cores (twelve short worker processes). Then the
+``smollm2`` preset at a tiny batch: the real SmolLM2-135M-Instruct (``smollm2_dir``) stepped by
+asyncrl and the bare loop, paired per round (~30 s more). The actor's side for SmolLM2
+(``micro_overheads actor --model smollm2``) has no smoke test: two vLLM engines' starts and
+its rounds alone take longer than this file's budget.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from tests.e2e.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-ARMS = ["padded", "asyncrl", "bare", "extra"]
+ARMS = ["padded", "asyncrl", "bare", "extra", "bare_x"]
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +29,15 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("throughput")
     cmd = [sys.executable, "-m", "benchmarks.learner_throughput", "--preset", "tiny",
            "--rounds", "1", "--repeat", "1", "--out", str(out), "--name", "smoke",
-           "--arm", "extra:model.logprob_chunk_tokens=16"]  # fmt: skip
+           "--arm", "extra:model.logprob_chunk_tokens=16,threads=1",
+           "--arm", "bare_x:chunk=16,threads=1"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return json.loads((out / "smoke.json").read_text()), proc.stdout
+    return json.loads((out / "smoke.json").read_text()), proc.stdout, out
 
 
 def test_provenance(result):
-    doc, _ = result
+    doc, _, _ = result
     for key in ("name", "created", "command", "commit", "machine", "config", "versions"):
         assert doc[key], key
     assert doc["command"].startswith("python -m benchmarks.learner_throughput --preset tiny")
@@ -45,9 +50,10 @@ def test_provenance(result):
 
 
 def test_every_arm_has_every_figure(result):
-    doc, stdout = result
+    doc, stdout, out = result
     assert list(doc["arms"]) == ARMS
     assert "model.logprob_chunk_tokens=16" in doc["arms"]["extra"]["overrides"]
+    assert (out / "smoke.png").stat().st_size > 0
     for name, arm in doc["arms"].items():
         assert arm["status"] == "ok", (name, arm.get("error"))
         assert arm["real_tokens_per_s"] > 0, name
@@ -58,3 +64,37 @@ def test_every_arm_has_every_figure(result):
         assert fit["largest_groups"] >= 1 and fit["tries"], name
         assert arm["tokens_per_s_vs_padded"] > 0 and arm["tokens_per_s_vs_bare"] > 0
         assert f"| {name} |" in doc["table_markdown"] and f"| {name} |" in stdout
+
+
+def test_learner_arms_pair_with_the_bare_arm_of_their_threads_and_dtype(result):
+    doc, stdout, _ = result
+    arms = doc["arms"]
+    assert arms["bare_x"]["kind"] == "bare" and arms["bare_x"]["settings"]["chunk"] == 16
+    assert arms["extra"]["threads"] == "1" and "threads=1" not in arms["extra"]["overrides"]
+    assert arms["asyncrl"]["vs_ref"]["ref"] == "bare"
+    assert arms["extra"]["vs_ref"]["ref"] == "bare_x"  # same threads, not the first bare arm
+    for name in ("padded", "asyncrl", "extra"):
+        v = arms[name]["vs_ref"]
+        assert len(v["per_round"]) == 1 and v["median"] == v["per_round"][0] > 0, name
+    assert arms["bare"]["vs_ref"] is None
+    assert "round 1 tok/s" in doc["rounds_table_markdown"] and "round 1 tok/s" in stdout
+    assert "pinned: each arm's worker process runs 1 torch thread(s)" in stdout
+
+
+def test_smollm2_preset_steps_the_real_model(smollm2_dir, tmp_path):
+    cmd = [sys.executable, "-m", "benchmarks.learner_throughput", "--preset", "smollm2",
+           "--groups", "1", "--n", "2", "--mean", "4", "--floor", "2", "--cap", "12",
+           "--rounds", "1", "--repeat", "1", "--no-fit", "--out", str(tmp_path),
+           "--name", "smol"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((tmp_path / "smol.json").read_text())
+    cfg = doc["config"]
+    assert cfg["real_model"] == "smollm2" and cfg["n_params"] == 134_515_008  # tied: once
+    assert "model=smollm2" in doc["arms"]["asyncrl"]["overrides"]
+    assert list(doc["arms"]) == ["asyncrl", "bare"]
+    assert doc["arms"]["asyncrl"]["vs_ref"]["ref"] == "bare"
+    assert [t["target"].split(" (")[0] for t in doc["targets"]] == [
+        "asyncrl >= 0.9x bare's real tokens/s"
+    ]
+    assert (tmp_path / "smol.png").stat().st_size > 0
