@@ -58,8 +58,8 @@ def resolve_model(cfg: Config, weights: bool = True) -> str:
     """``demo`` -> build (or reuse) the cached tiny model; else the local HF directory that
     ``model.path`` names or becomes (a GGUF file converted, a Hub id fetched:
     asyncrl/orchestration/model_source.py), checked (its weight files too when ``weights``:
-    not for simulated actors, which read only the config). Settings far outside a pretrained
-    model's range are printed as warnings first (model_advice.py)."""
+    not for simulated actors, which read only the config). Then settings far outside a
+    pretrained model's range are printed as warnings (model_advice.py)."""
     if cfg.model.path == "demo":
         from asyncrl.orchestration.demo.warmstart import prepare_demo_model
 
@@ -70,10 +70,10 @@ def resolve_model(cfg: Config, weights: bool = True) -> str:
     from asyncrl.orchestration.model_source import resolve_model_path
 
     say = lambda text: print(f"[asyncrl] {text}", flush=True)  # noqa: E731
-    for warning in model_warnings(cfg):
-        say(f"warning: {warning}")
     path = resolve_model_path(cfg.model.path, cfg.model.cache_dir, say)
     check_model_dir(path, "model.path", weights)
+    for warning in model_warnings(cfg):
+        say(f"warning: {warning}")
     return str(path.resolve())
 
 

@@ -19,8 +19,9 @@ MIN_PRETRAINED_TOKENS = 32
 
 
 def model_warnings(cfg: Config) -> list[str]:
-    """Each setting of ``cfg`` that is far outside a pretrained model's range, with the key,
-    the value, the usual range and the fix; ``[]`` for the demo model, which is tuned apart."""
+    """Each setting of ``cfg`` that is far outside a pretrained model's range (or the demo's
+    task), with the key, the value, the usual range and the fix; ``[]`` for the demo model,
+    which is tuned apart."""
     if cfg.model.path == "demo":
         return []
     out = []
@@ -28,7 +29,14 @@ def model_warnings(cfg: Config) -> list[str]:
         out.append(
             f"learner.lr={cfg.learner.lr:g} is far above what RL of a pretrained model "
             f"tolerates (> {MAX_PRETRAINED_LR:g}; verl and TRL default to 1e-6, model=smollm2 "
-            "uses 1e-5): expect the policy to collapse; set learner.lr=1e-6 .. 1e-5"
+            "uses 1e-5): expect the policy to collapse; set learner.lr=1e-6 .. 1e-5 (the demo "
+            "preset's 2e-4 applies unless a model preset is chosen: model=local model.path=...)"
+        )
+    if cfg.task.name == "addition":
+        out.append(
+            "task=addition is the demo's character-level sums: a pretrained model trains on them "
+            "as plain text; for your own data use task=file data.train_files=[...] (or "
+            "experiment=smollm2_math for the SmolLM2 example)"
         )
     if cfg.actor.max_tokens < MIN_PRETRAINED_TOKENS:
         out.append(

@@ -100,12 +100,19 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+LOCK_WAIT_S = 3600.0
+"""How long a role waits for another process converting the same file (a 7B model's GGUF
+takes minutes); past it, the error names the lock file."""
+
+
 def convert_gguf(gguf: Path, cache_dir: str, say: Callable[[str], None] = print) -> Path:
     """The HF directory converted from ``gguf``, made once per file content and reused.
 
     Keyed by the file's SHA-256 (and ``GGUF_FORMAT``), so a renamed copy reuses the conversion
-    and a changed file gets a new one. A ``.complete`` marker is written last inside the
-    temporary directory before the rename.
+    and a changed file gets a new one. The conversion holds ``<key>.lock``; a second process
+    waits for it (reported every 15 s, at most ``LOCK_WAIT_S``) and then reuses its result.
+    A ``.complete`` marker is written last inside a temporary directory, which is then renamed
+    into place; temporary directories left by a killed conversion are removed under the lock.
     """
     key = f"{file_sha256(gguf)[:20]}-v{GGUF_FORMAT}"
     root = Path(cache_dir).expanduser().resolve() / "gguf"
@@ -114,9 +121,11 @@ def convert_gguf(gguf: Path, cache_dir: str, say: Callable[[str], None] = print)
         return out
     root.mkdir(parents=True, exist_ok=True)
     with (root / f"{key}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another role converting the same file: wait for it
+        _lock(lock, f"another process converting {gguf.name} (lock {lock.name})", say)
         if (out / ".complete").is_file():
             return out
+        for stale in root.glob(f".{key}-*"):  # a killed conversion's half-written directory
+            shutil.rmtree(stale, ignore_errors=True)
         say(f"converting {gguf.name} to a Hugging Face model directory (once; ~30 s) -> {out}")
         start = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
@@ -131,8 +140,30 @@ def convert_gguf(gguf: Path, cache_dir: str, say: Callable[[str], None] = print)
     return out
 
 
+def _lock(file, what: str, say: Callable[[str], None]) -> None:
+    """Take an exclusive ``flock`` on ``file``, waiting (reported, bounded) while it is held."""
+    from asyncrl.waiting import Wait
+
+    wait = None
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if wait is None:
+                wait = Wait(what, LOCK_WAIT_S, say, hint="remove the lock file if no process "
+                            "holds it (fuser LOCKFILE)")  # fmt: skip
+                wait.begin()
+            wait.check()
+            time.sleep(0.2)
+
+
 def _write_hf_dir(gguf: Path, out: Path) -> None:
-    """Dequantize ``gguf`` with transformers' loader and save a plain float32 HF directory."""
+    """Dequantize ``gguf`` with transformers' loader and save a plain float32 HF directory.
+
+    The plain model is built on the meta device and takes the loaded tensors (``assign``), so
+    the conversion holds one float32 copy of the weights, not two.
+    """
     try:
         import gguf as _gguf  # noqa: F401  (transformers' GGUF loader needs it)
     except ImportError:
@@ -147,21 +178,22 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = type(loaded)(config)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    with torch.device("meta"):
+        model = type(loaded)(config)
+    state = loaded.state_dict()
+    del loaded
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if unexpected or [k for k in missing if k not in _tied_keys(model)]:
         raise ModelSourceError(
             f"{gguf.name}: the dequantized weights do not fit {type(model).__name__} "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
-    if getattr(config, "tie_word_embeddings", False):
-        model.tie_weights()
+    model.tie_weights()  # a tied head points at the loaded embedding (a no-op when untied)
     model.save_pretrained(out)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    tokenizer.save_pretrained(out)
-    generation = GenerationConfig.from_model_config(config)
-    generation.eos_token_id = _eos_ids(config.eos_token_id, tokenizer)
-    generation.save_pretrained(out)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    # the config's EOS; the actors add the tokenizer's and the chat template's at run time
+    # (actors/stop_tokens.py)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
 
 
 def _tied_keys(model) -> set[str]:
@@ -169,15 +201,6 @@ def _tied_keys(model) -> set[str]:
     if getattr(model.config, "tie_word_embeddings", False):
         return {"lm_head.weight"}
     return set()
-
-
-def _eos_ids(config_eos, tokenizer) -> list[int]:
-    """The config's EOS id(s) plus the tokenizer's EOS token, in order, without repeats."""
-    ids = config_eos if isinstance(config_eos, list) else [config_eos]
-    ids = [i for i in ids if i is not None]
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return list(dict.fromkeys(ids))
 
 
 def hub_snapshot(repo_id: str, say: Callable[[str], None] = print) -> Path:
@@ -194,13 +217,15 @@ def hub_snapshot(repo_id: str, say: Callable[[str], None] = print) -> Path:
     except LocalEntryNotFoundError as e:
         where = "HF_HUB_OFFLINE=1 and it is not in" if offline else "it could not be fetched into"
         raise ModelSourceError(
-            f"model.path={repo_id!r}: {where} the Hugging Face cache ({constants.HF_HUB_CACHE}); "
+            f"model.path={repo_id!r} (no local directory of that name either): {where} the "
+            f"Hugging Face cache ({constants.HF_HUB_CACHE}); "
             "download it where the Hub is reachable (huggingface-cli download "
             f"{repo_id}) or give a local model directory ({type(e).__name__})"
         ) from None
     except Exception as e:  # RepositoryNotFoundError, HTTP errors: say which and what to do
         raise ModelSourceError(
-            f"model.path={repo_id!r}: the Hugging Face Hub did not give it ({type(e).__name__}: "
+            f"model.path={repo_id!r} (no local directory of that name either): the Hugging Face "
+            f"Hub did not give it ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); check the id, or set HF_TOKEN for a "
             "gated model, or give a local model directory"
         ) from None

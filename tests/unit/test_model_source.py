@@ -74,28 +74,48 @@ def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
 
 
 def test_two_roles_converting_at_once_convert_once(tmp_path, monkeypatch):
-    calls, entered = [], threading.Event()
+    """The second caller says it waits for the first (which holds the lock inside its
+    conversion until the test sees that line), then reuses the first one's directory."""
+    calls, entered, release = [], threading.Event(), threading.Event()
 
-    def slow(gguf, out):
+    def held(gguf, out):
         calls.append(1)
         entered.set()
-        threading.Event().wait(0.3)  # the other thread arrives while this one holds the lock
+        assert release.wait(10), "the second caller never reported its wait"
         (out / "config.json").write_text("{}")
 
-    monkeypatch.setattr(model_source, "_write_hf_dir", slow)
+    monkeypatch.setattr(model_source, "_write_hf_dir", held)
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"x")
-    results = []
-    threads = [
-        threading.Thread(target=lambda: results.append(convert_gguf(gguf, str(tmp_path / "c"))))
-        for _ in range(2)
-    ]
-    threads[0].start()
-    entered.wait(5)
-    threads[1].start()
-    for t in threads:
-        t.join(10)
-    assert len(calls) == 1 and len(results) == 2 and results[0] == results[1]
+    results, said = [], []
+
+    def second_says(text):
+        said.append(text)
+        if text.startswith("waiting for another process converting m.gguf"):
+            release.set()
+
+    first = threading.Thread(target=lambda: results.append(convert_gguf(gguf, str(tmp_path))))
+    first.start()
+    assert entered.wait(10)
+    second = threading.Thread(
+        target=lambda: results.append(convert_gguf(gguf, str(tmp_path), second_says))
+    )
+    second.start()
+    for t in (first, second):
+        t.join(20)
+    assert len(calls) == 1 and len(results) == 2 and results[0] == results[1], said
+    assert said[0].endswith("; giving up after 3600s"), said
+
+
+def test_a_killed_conversions_directory_is_removed(tmp_path, fake_convert):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    key = f"{model_source.file_sha256(gguf)[:20]}-v{model_source.GGUF_FORMAT}"
+    stale = tmp_path / "cache" / "gguf" / f".{key}-killed"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    out = convert_gguf(gguf, str(tmp_path / "cache"))
+    assert not stale.exists() and (out / ".complete").is_file()
 
 
 def test_missing_gguf_and_unknown_forms_name_the_fix(tmp_path):
@@ -158,8 +178,9 @@ def test_hub_id_offline_reads_the_users_hub_cache(tmp_path):
     (repo / "refs" / "main").write_text(commit)
     assert _hub_resolve("someorg/tiny-model", home, tmp_path) == str(snapshot)
     missing = _hub_resolve("someorg/other-model", home, tmp_path)
-    assert missing.startswith("ERROR model.path='someorg/other-model': HF_HUB_OFFLINE=1 and it "
-                              "is not in the Hugging Face cache"), missing  # fmt: skip
+    assert missing.startswith("ERROR model.path='someorg/other-model' (no local directory of that "
+                              "name either): HF_HUB_OFFLINE=1 and it is not in the Hugging Face "
+                              "cache"), missing  # fmt: skip
 
 
 def test_model_presets_carry_their_own_lr_and_lengths():
@@ -177,15 +198,26 @@ def test_model_presets_carry_their_own_lr_and_lengths():
 
 
 def test_no_warning_at_any_preset_and_a_named_one_for_the_demos_values():
+    own = ["task=file", "data.train_files=[t.jsonl]"]
     for preset in (["model=local", "model.path=/m"], ["model=smollm2"], []):
-        assert model_warnings(load_config(preset)) == [], preset
+        assert model_warnings(load_config(preset + own)) == [], preset
+    assert model_warnings(load_config(["experiment=smollm2_math"])) == []
     toy = load_config(["model=local", "model.path=/m", "learner.lr=2e-4", "actor.max_tokens=8"])
-    lr, tokens = model_warnings(toy)
+    lr, task, tokens = model_warnings(toy)
     assert lr.startswith("learner.lr=0.0002 is far above what RL of a pretrained model tolerates")
     assert "set learner.lr=1e-6 .. 1e-5" in lr
     assert tokens.startswith("actor.max_tokens=8 leaves a pretrained model almost no room")
-    half = load_config(["model=smollm2", "model.dtype=float16"])
+    assert task.startswith("task=addition is the demo's character-level sums")
+    half = load_config(["model=smollm2", "model.dtype=float16", *own])
     assert model_warnings(half) == [
         "model.dtype=float16 on a CPU learner: CPUs compute float16 slowly and it overflows where "
         "bfloat16 does not; use model.dtype=float32 or bfloat16"
     ]
+
+
+def test_a_model_path_under_the_demo_preset_warns_and_names_model_local():
+    """``model.path=X`` alone keeps the demo preset (its lr and 8-token answers): warned."""
+    lr, tokens = model_warnings(
+        load_config(["model.path=/m", "task=file", "data.train_files=[t.jsonl]"])
+    )
+    assert "model=local model.path=..." in lr and tokens.startswith("actor.max_tokens=8")
