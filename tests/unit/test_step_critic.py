@@ -16,6 +16,7 @@ from learner.model import build_policy
 from learner.reference import build_reference
 from learner.step import StepContext, batch_metrics, train_on_batch
 from learner.targets import compute_targets, uses_critic
+from tests.random_groups import random_groups
 
 VOCAB = 32
 PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "ppo"]
@@ -27,18 +28,7 @@ DIAGNOSTICS = [
 
 
 def _batch(n_groups=4, n=4, seed=0):
-    rng = random.Random(seed)
-    groups = []
-    for g in range(n_groups):
-        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 4))]
-        samples = []
-        for _ in range(n):
-            c = rng.randint(1, 5)
-            samples.append(Sample(prompt, [rng.randrange(1, VOCAB) for _ in range(c)],
-                                  [-rng.uniform(0.5, 4.0) for _ in range(c)], [0] * c,
-                                  float(rng.random() < 0.5)))  # fmt: skip
-        groups.append(Group(f"g{g}", g, 0, samples))
-    return collate(groups)
+    return collate(random_groups(n_groups, n, seed, VOCAB))
 
 
 def _context(model_dir, algo, lr=1e-3):

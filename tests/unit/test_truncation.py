@@ -5,15 +5,13 @@ Closed forms worked by hand for the pure functions and the aggregation; then the
 a tiny model: masking a whole group gives exactly the update of the batch without it, for every
 aggregation mode, with and without micro-batches (gradient accumulation)."""
 
-import random
-
 import pytest
 import torch
 
 from asyncrl.config import AlgorithmConfig
 from asyncrl.config_algorithm import _TRUNCATED
 from asyncrl.configload import load_config
-from asyncrl.types import Group, Sample
+from asyncrl.types import Group
 from learner.aggregation import aggregate, make_aggregation
 from learner.batch import collate
 from learner.model import build_policy
@@ -25,6 +23,7 @@ from learner.truncation import (
     truncated_loss_mask,
     truncated_rewards,
 )
+from tests.random_groups import random_groups
 
 NAN = float("nan")
 
@@ -153,19 +152,7 @@ VOCAB = 32
 
 def _groups(cut: dict[int, list[int]], n_groups=4, n=4, seed=0) -> list[Group]:
     """Random groups; ``cut[g]`` lists the samples of group g that hit the length limit."""
-    rng = random.Random(seed)
-    groups = []
-    for g in range(n_groups):
-        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(2, 4))]
-        samples = []
-        for i in range(n):
-            c = rng.randint(1, 5)
-            samples.append(Sample(prompt, [rng.randrange(1, VOCAB) for _ in range(c)],
-                                  [-rng.uniform(0.5, 4.0) for _ in range(c)], [0] * c,
-                                  float(rng.random() < 0.5),
-                                  "length" if i in cut.get(g, ()) else "stop"))  # fmt: skip
-        groups.append(Group(f"g{g}", g, 0, samples))
-    return groups
+    return random_groups(n_groups, n, seed, VOCAB, cut)
 
 
 def _step(model_dir, overrides, groups, micro_batch_rows=0):
