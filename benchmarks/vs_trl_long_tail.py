@@ -1,5 +1,5 @@
 """The ``long_tail`` setting of ``benchmarks/vs_trl.py``: a 23.6M-parameter model on addition
-with long-tailed answer lengths (measured 2026-11-26: README Results, benchmarks/README.md).
+with long-tailed answer lengths (measured 2026-11-26: docs/results.md, benchmarks/README.md).
 
 - Task: ``task=file`` on a JSON Lines file of ``"a+b="`` prompts, written per seed from
   ``AdditionSource(seed, digit_weights=DIGIT_WEIGHTS)`` (``data.shuffle=false``: file order is
