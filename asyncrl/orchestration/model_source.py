@@ -19,7 +19,8 @@ dequantizes every tensor to float32. Such a model cannot ``save_pretrained`` (it
 GGUF quantization config), so its state dict is copied into a plain model built from the same
 config without it, and saved with the tokenizer and a generation config. The directory is
 written to a temporary name and renamed into place under a file lock, so two roles that start
-at once convert once and a killed conversion leaves nothing half-written.
+at once convert once and a killed conversion's directory is never used (the next conversion
+removes it).
 """
 
 from __future__ import annotations
