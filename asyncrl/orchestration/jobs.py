@@ -58,23 +58,28 @@ def resolve_model(cfg: Config, weights: bool = True) -> str:
     """``demo`` -> build (or reuse) the cached tiny model; else the local HF directory that
     ``model.path`` names or becomes (a GGUF file converted, a Hub id fetched:
     asyncrl/orchestration/model_source.py), checked (its weight files too when ``weights``:
-    not for simulated actors, which read only the config). Then settings far outside a
-    pretrained model's range are printed as warnings (model_advice.py)."""
+    not for simulated actors, which read only the config)."""
     if cfg.model.path == "demo":
         from asyncrl.orchestration.demo.warmstart import prepare_demo_model
 
         return str(
             prepare_demo_model(cfg.model.cache_dir, seed=cfg.seed, sft_steps=cfg.model.sft_steps)
         )
-    from asyncrl.orchestration.model_advice import model_warnings
     from asyncrl.orchestration.model_source import resolve_model_path
 
     say = lambda text: print(f"[asyncrl] {text}", flush=True)  # noqa: E731
     path = resolve_model_path(cfg.model.path, cfg.model.cache_dir, say)
     check_model_dir(path, "model.path", weights)
-    for warning in model_warnings(cfg):
-        say(f"warning: {warning}")
     return str(path.resolve())
+
+
+def warn_model_settings(cfg: Config) -> None:
+    """Print each setting far outside a pretrained model's range (model_advice.py): once per
+    run or launched role, after its model resolved (benchmarks resolve models silently)."""
+    from asyncrl.orchestration.model_advice import model_warnings
+
+    for warning in model_warnings(cfg):
+        print(f"[asyncrl] warning: {warning}", flush=True)
 
 
 _WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
@@ -269,6 +274,7 @@ def run_local(cfg: Config) -> int:
     check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
     check_available(cfg.logger)  # a tracker's missing library too
     model_dir = resolve_model(cfg)  # a bad model directory fails before any process starts
+    warn_model_settings(cfg)
     check_data(cfg, model_dir)  # and bad data (files, columns, templates, lengths)
     roles: list[Role] = []
     server = keeper = None
@@ -398,6 +404,7 @@ def launch_role(cfg: Config, role: str) -> int:
     if role == "learner":
         check_available(cfg.logger)
     model_dir = resolve_model(cfg, weights=role == "learner" or cfg.actor.engine != "sim")
+    warn_model_settings(cfg)
     if role == "actors":
         check_data(cfg, model_dir)
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))

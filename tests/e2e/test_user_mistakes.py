@@ -100,3 +100,22 @@ def test_status_of_an_ended_job_shows_its_summary_and_of_a_missing_dir_says_so(t
 
     missing = asyncrl("status", f"run_dir={tmp_path / 'nope'}", timeout=20)
     _refused(missing, f"run_dir={tmp_path / 'nope'} does not exist")
+
+
+@pytest.mark.redis
+def test_a_real_model_path_under_the_demo_preset_is_warned_with_the_fix(tmp_path):
+    """``model.path=X`` without ``model=local`` keeps the demo's lr and 8-token answers: the
+    run says so, naming model=local, once the model resolves (this fake model then stops the
+    run: it has no tokenizer to read the prompts with)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 32}))
+    (model / "model.safetensors").write_bytes(b"never read: the run stops at its data")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    res = asyncrl("run", *SIM, f"model.path={model}", "task=file", f"data.train_files=[{data}]",
+                  f"run_dir={tmp_path / 'run'}")  # fmt: skip
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out[-3000:]
+    assert "[asyncrl] warning: learner.lr=0.0002 is far above" in out, out[-3000:]
+    assert "model=local model.path=..." in out and "warning: actor.max_tokens=8" in out
