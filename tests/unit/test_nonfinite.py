@@ -24,6 +24,7 @@ from learner.model import build_policy, full_named_tensors
 from learner.step import StepContext, train_on_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests.random_groups, under torchrun too
 from test_step_critic import _batch, _context  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")

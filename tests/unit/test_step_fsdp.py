@@ -21,6 +21,7 @@ from learner.reference import build_reference
 from learner.step import StepContext, train_on_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests.random_groups, under torchrun too
 from test_step_critic import _batch  # noqa: E402
 
 
