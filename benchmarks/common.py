@@ -51,7 +51,8 @@ def _cpu_model() -> str:
 
 
 def git_commit() -> str:
-    """HEAD, with ``-dirty`` when tracked files differ from it."""
+    """HEAD, with ``-dirty`` when tracked files differ from it; ``$ASYNCRL_COMMIT`` (else
+    "unknown") where there is no git repository (a copied working tree on a GPU machine)."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
@@ -61,7 +62,7 @@ def git_commit() -> str:
         ).returncode
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("ASYNCRL_COMMIT", "unknown")
 
 
 def rerun_command() -> str:

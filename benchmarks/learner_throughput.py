@@ -137,6 +137,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, help="peak for MFU (default: stated H100/H200)")
     p.add_argument("--no-fit", action="store_true", help="skip the largest-batch search")
     p.add_argument("--fit-max-groups", type=int, help="upper bound of the search")
+    p.add_argument("--fit-arms", help="search only these arms' largest batch (default: all)")
     p.add_argument(
         "--mem-limit-gib",
         type=float,
@@ -174,6 +175,12 @@ def plan(args, cuda: bool) -> dict:
                "model.gradient_checkpointing": ckpt}  # fmt: skip
     bare = {"budget": budget, "chunk": chunk, "checkpointing": ckpt, "lr": 2e-4,
             "grad_clip": 1.0, "clip_eps": 0.2, "dtype": dtype}  # fmt: skip
+    arms, fit = plan_arms(args, preset, base, asyncrl, bare), plan_fit(args, preset, cuda)
+    unknown = [a for a in (fit or {}).get("arms") or [] if a not in arms]
+    if unknown:
+        raise SystemExit(
+            f"--fit-arms {','.join(unknown)}: not an arm of this run ({', '.join(arms)})"
+        )
     return {
         "preset": None if args.config else preset_name,
         "batch_preset": preset_name,
@@ -185,12 +192,12 @@ def plan(args, cuda: bool) -> dict:
         "budget_tokens": budget,
         "chunk_tokens": chunk,
         "gradient_checkpointing": ckpt,
-        "arms": plan_arms(args, preset, base, asyncrl, bare),
+        "arms": arms,
         "target_vs_bare": preset.get("target_vs_bare"),
         "rounds": args.rounds,
         "repeat": args.repeat,
         "seed": args.seed,
-        "fit": plan_fit(args, preset, cuda),
+        "fit": fit,
         "algorithm": "default (asyncrl.configload.load_config: grpo, decoupled_ppo, token_mean)",
     }
 
@@ -246,7 +253,8 @@ def plan_fit(args, preset: dict, cuda: bool) -> dict | None:
     if args.no_fit:
         return None
     kind = "torch.cuda.set_per_process_memory_fraction" if cuda else "RLIMIT_AS"
-    return {"max_groups": args.fit_max_groups or preset["fit_max_groups"],
+    arms = [a for a in args.fit_arms.split(",") if a] if args.fit_arms else None
+    return {"max_groups": args.fit_max_groups or preset["fit_max_groups"], "arms": arms,
             "mem_limit_gib": mem_limit, "mem_limit_kind": mem_limit and kind}  # fmt: skip
 
 
@@ -283,7 +291,23 @@ def main(argv=None) -> None:
               f"; {k}: {a.get('threads', args.threads)} on {a.get('cores', args.cores) or 'any'}"
               for k, a in cfg["arms"].items() if "threads" in a or "cores" in a), flush=True)  # fmt: skip
     hf_config = model_config(args, model_dir)
-    counts, runs, arms, peak = run_arms(args, cfg, hf_config, real, model_dir)
+    name = args.name or f"learner_throughput_{cfg['preset'] or 'custom'}"
+
+    def write(counts, runs, arms, peak, final: bool = False) -> None:
+        payload = report(args, cfg, hf_config, (counts, runs, arms, peak), lengths, real,
+                         time.monotonic() - t_start)  # fmt: skip
+        if not final:
+            payload["partial"] = "timings only: the largest-batch search was still running"
+        write_and_print(name, payload, Path(args.out))
+
+    write(*run_arms(args, cfg, hf_config, real, model_dir, measured=write), final=True)
+
+
+def report(args, cfg: dict, hf_config, results, lengths: list[int], real: int,
+           wall_s: float) -> dict:  # fmt: skip
+    """The JSON's payload from ``run_arms``' ``results``."""
+    counts, runs, arms, peak = results
+    cuda = cfg["device"] == "cuda"
     payload = {
         "config": {**cfg, "threads": {"requested": args.threads, "cores": args.cores or "all",
                                       "worker": first_of(runs, "threads")},
@@ -296,15 +320,14 @@ def main(argv=None) -> None:
         "batch": batch_facts(lengths, real),
         "arms": arms,
         "targets": targets(arms, cfg, real),
-        "wall_s": time.monotonic() - t_start,
+        "wall_s": wall_s,
         "notes": "Each arm's figures come from fresh processes (model load not timed). Peak "
                  "memory: " + ("torch.cuda.max_memory_allocated of the worker process" if cuda
                  else "the worker process's VmHWM (model, optimizer, batch included)") + ".",
     }  # fmt: skip
     payload["table_markdown"] = table(arms)
     payload["rounds_table_markdown"] = rounds_table(arms)
-    name = args.name or f"learner_throughput_{cfg['preset'] or 'custom'}"
-    write_and_print(name, payload, Path(args.out))
+    return payload
 
 
 if __name__ == "__main__":

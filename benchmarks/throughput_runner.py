@@ -16,10 +16,13 @@ from benchmarks.throughput_report import first_of, stated_peak, summarise
 from benchmarks.throughput_worker import run_worker
 
 
-def run_arms(args, cfg: dict, hf_config, real: int, model_dir: str | None = None):
-    """Make the model (unless ``model_dir`` is a real one), measure every arm, search each
-    one's largest batch (unless ``--no-fit``): ``(parameter counts, worker results per arm,
-    per-arm figures, stated peak)``."""
+def run_arms(args, cfg: dict, hf_config, real: int, model_dir: str | None = None,
+             measured=None):  # fmt: skip
+    """Make the model (unless ``model_dir`` is a real one), measure every arm, search the
+    largest batch of each arm in ``cfg["fit"]["arms"]`` (none with ``--no-fit``):
+    ``(parameter counts, worker results per arm, per-arm figures, stated peak)``.
+    ``measured(counts, runs, arms, peak)``, when given, is called once the timings are in and
+    before the search (so a run cut short during the search keeps its timings)."""
     with tempfile.TemporaryDirectory(prefix="asyncrl-throughput-") as tmp:
         work = Path(args.work_dir) if args.work_dir else Path(tmp)
         t0 = time.monotonic()
@@ -38,11 +41,22 @@ def run_arms(args, cfg: dict, hf_config, real: int, model_dir: str | None = None
         peak = stated_peak(first_of(runs, "gpu"), args.peak_tflops)
         arms = summarise(cfg, runs, counts, real, peak)
         for arm, a in arms.items():
-            if cfg["fit"] is None:
-                a["fit"], a["fit_skipped_reason"] = None, "--no-fit"
-            else:
+            a["fit"], a["fit_skipped_reason"] = None, _fit_skipped(cfg["fit"], arm)
+        if measured is not None:
+            measured(counts, runs, arms, peak)
+        for arm, a in arms.items():
+            if a["fit_skipped_reason"] is None:
                 a["fit"] = runner.fit(arm, runs[arm][0])
     return counts, runs, arms, peak
+
+
+def _fit_skipped(fit: dict | None, arm: str) -> str | None:
+    """Why ``arm``'s largest batch is not searched, or None when it is."""
+    if fit is None:
+        return "--no-fit"
+    if fit["arms"] is not None and arm not in fit["arms"]:
+        return f"not in --fit-arms ({','.join(fit['arms'])})"
+    return None
 
 
 class Runner:
