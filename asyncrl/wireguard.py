@@ -21,7 +21,13 @@ Scope (documented in docs/reliability.md, Security):
   cached as JSON under ``$VLLM_CACHE_ROOT/modelinfos``. Only a machine without that cache
   takes this path (issue 11: CI with a warm cache hid it). The exemption matches the file
   *and* the function name of the unpickler's direct caller, so our own code calling pickle
-  (or any other vLLM function doing so on our behalf) is still blocked.
+  (or any other vLLM function doing so on our behalf) is still blocked. And torch's compile
+  cache (``torch/_inductor/codecache.py``): ``torch.compile`` (flex attention in the packed
+  learner on a GPU) reads the graphs it compiled earlier back from its own cache directory
+  (``/tmp/torchinductor_$USER`` by default), pickled. The first GPU check (2026-11-27, H200)
+  found the guard refusing that read in a test: torch then recompiles, slower, and logs it.
+  A remote inductor cache (``TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE``, off by default) goes
+  through the same function; turning it on is trusting that cache.
 * ``ALLOWED`` is what PyTorch Distributed Checkpoint (DCP) needs to read a checkpoint's
   ``.metadata`` and to exchange load plans between learner ranks (``all_gather_object``):
   DCP's own metadata dataclasses, ``torch.Size``, dtypes and layouts, ``pathlib`` paths.
@@ -53,11 +59,15 @@ ALLOWED = {
     ("collections", "OrderedDict"),
 }
 """(module, name) globals our code paths may unpickle (see the module docstring)."""
+_INDUCTOR_CACHE = os.path.join("torch", "_inductor", "codecache.py")
 ALLOWED_CALL_SITES = {
     (os.path.join("vllm", "model_executor", "models", "registry.py"), "_run_in_subprocess"),
+    (_INDUCTOR_CACHE, "iterate_over_candidates"),
+    (_INDUCTOR_CACHE, "_emit_triton_bundle"),
 }
 """(path suffix, function) of library code whose unpickling is its own business: vLLM reading
-the answer of its own model-inspection child from its private temp dir (module docstring)."""
+the answer of its own model-inspection child from its private temp dir, torch reading its own
+compile cache (module docstring)."""
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OUR_DIRS = tuple(os.path.join(_ROOT, p) + os.sep for p in OUR_PACKAGES)

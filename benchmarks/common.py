@@ -51,8 +51,11 @@ def _cpu_model() -> str:
 
 
 def git_commit() -> str:
-    """HEAD, with ``-dirty`` when tracked files differ from it; ``$ASYNCRL_COMMIT`` (else
-    "unknown") where there is no git repository (a copied working tree on a GPU machine)."""
+    """HEAD, with ``-dirty`` when tracked files differ from it. ``$ASYNCRL_COMMIT`` wins when
+    set: a working tree copied to a GPU machine can carry a stale ``.git`` (the first GPU
+    check's read eeff92c-dirty for a tree at f1f8497)."""
+    if os.environ.get("ASYNCRL_COMMIT"):
+        return os.environ["ASYNCRL_COMMIT"]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
@@ -62,7 +65,7 @@ def git_commit() -> str:
         ).returncode
         return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("ASYNCRL_COMMIT", "unknown")
+        return "unknown"
 
 
 def rerun_command() -> str:
