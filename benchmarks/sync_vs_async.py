@@ -39,6 +39,7 @@ from pathlib import Path
 
 from benchmarks.common import REPO, RESULTS, write_result
 from benchmarks.sva_report import analyse, markdown, plot_all
+from benchmarks.sva_val import analyse_val, markdown_val, plot_val
 
 PRESETS = {
     "full": {"steps": 300, "seeds": [0, 1, 2], "overrides": []},
@@ -93,10 +94,20 @@ def arm_overrides(cores: list[int], staleness: list[int]) -> dict[str, list[str]
     return arms
 
 
+SMOLLM2 = ["model=smollm2", "experiment=smollm2_math", "eval.at_start=false", "eval.every=5"]
+"""``--setting smollm2``: the real model on examples/smollm2_math (issue 27), validated every
+5 versions and at the end; version 0 is validated once, not in every run (``--v0-pass1``)."""
+SMOLLM2_V0_PASS1 = 0.125
+"""Greedy val pass@1 of SmolLM2-135M-Instruct at version 0 on examples/smollm2_math's 64 val
+prompts (benchmarks/results/smollm2_example.json; greedy, so the same in every arm)."""
+
+
 def setting_overrides(setting: str, seed: int, steps: int, work: Path, tiny: bool) -> list[str]:
     """The task and model overrides of ``setting`` for ``seed`` (none for the demo)."""
     if setting == "demo":
         return []
+    if setting == "smollm2":
+        return list(SMOLLM2)
     from benchmarks.vs_trl_long_tail import prepare
 
     return prepare(work, seed, steps, tiny=tiny)
@@ -110,8 +121,17 @@ def load_run(arm: str, overrides: list[str], run_dir: Path) -> dict:
         "summary": json.loads((run_dir / "summary.json").read_text()),
         "records": [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()],
         "actors": [json.loads(p.read_text()) for p in sorted(run_dir.glob("actor*.json"))],
+        "val": _read_jsonl(run_dir / "val.jsonl"),
         **_read_json(run_dir / "bench_run.json"),  # process time and machine load, if recorded
     }  # fmt: skip
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file, without their ``samples`` (none if it is missing)."""
+    if not path.is_file():
+        return []
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [{k: v for k, v in r.items() if k != "samples"} for r in recs]
 
 
 def _read_json(path: Path) -> dict:
@@ -155,8 +175,14 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sync_vs_async", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--setting", choices=("demo", "long_tail"), default="demo",
-                   help="the demo task, or vs_trl's long_tail task (larger model, long tail)")  # fmt: skip
+    p.add_argument("--setting", choices=("demo", "long_tail", "smollm2"), default="demo",
+                   help="the demo task, vs_trl's long_tail task (larger model, long tail), or "
+                        "SmolLM2-135M-Instruct on examples/smollm2_math")  # fmt: skip
+    p.add_argument("--thresholds", type=float, nargs="+", default=[0.2, 0.25, 0.3],
+                   help="validation pass@1 levels to time (runs that validate)")  # fmt: skip
+    p.add_argument("--v0-pass1", type=float,
+                   help="val pass@1 of version 0 where runs do not validate it "
+                        f"(smollm2: {SMOLLM2_V0_PASS1})")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="2 seeds x 100 steps (< 30 min here)")
     p.add_argument("--tiny", action="store_true", help="schema check only: experiment=tiny")
     p.add_argument("--steps", type=int, help="learner steps per run (overrides the preset)")
@@ -209,16 +235,26 @@ def main(argv: list[str] | None = None) -> int:
             if args.reuse and done:
                 r = load_run(arm, overrides, run_dir)
             else:
-                r = run_arm(arm, overrides, run_dir, timeout_s=600 + 30 * steps)
+                per_step = 150 if args.setting == "smollm2" else 30  # a real model's steps
+                r = run_arm(arm, overrides, run_dir, timeout_s=600 + per_step * steps)
             r["seed"] = seed
             _say_done(r)
             runs.append(r)
     report = analyse(runs, list(arms), args.target)
+    val = None
+    if any(r.get("val") for r in runs):
+        v0 = args.v0_pass1 if args.v0_pass1 is not None else (
+            SMOLLM2_V0_PASS1 if args.setting == "smollm2" else None)  # fmt: skip
+        val = analyse_val(runs, list(arms), args.thresholds, v0)
+        report["validation"] = val
     config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds, "staleness": args.staleness,
               "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
               "seed_meaning": "task.seed (prompt stream); model seed=0 in every run"}  # fmt: skip
     plots = plot_all(runs, report, args.out, name)
     table = markdown(report)
+    if val is not None:
+        plots = [*plots, plot_val(val, args.out, name)]
+        table += "\n\nValidation (pass@1, greedy):\n\n" + markdown_val(val)
     path = write_result(name, {"config": config, **report, "plots": plots,
                                "table_markdown": table, "runs": _slim(runs)}, args.out)  # fmt: skip
     (args.out / f"{name}.md").write_text(table + "\n")
@@ -238,8 +274,9 @@ def _say_done(r: dict) -> None:
 
 def _slim(runs: list[dict]) -> list[dict]:
     """Runs for the JSON: per-step curves kept short (step, elapsed, reward, timings)."""
-    keep = ("step", "elapsed_s", "reward", "step_s", "waiting_data_s", "busy_s",
-            "weight_sync_s", "staleness_mean", "cpu_s")  # fmt: skip
+    keep = ("step", "version", "elapsed_s", "reward", "step_s", "waiting_data_s", "busy_s",
+            "weight_sync_s", "staleness_mean", "cpu_s", "response_len_mean",
+            "response_len_p95")  # fmt: skip
     out = []
     for r in runs:
         r = dict(r)

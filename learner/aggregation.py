@@ -179,15 +179,15 @@ def mean_over_updates(updates: Sequence[Mapping[str, float]]) -> dict[str, float
 
 
 def merge_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Combine per-micro-batch metrics: loss shares and ``tokens`` are summed, ``*_max`` and
-    ``*_p99`` take the max (p99 is then an upper estimate), everything else is a mean weighted by
+    """Combine per-micro-batch metrics: loss shares and ``tokens`` are summed, ``*_max``,
+    ``*_p95`` and ``*_p99`` take the max (the percentiles are then upper estimates), everything else is a mean weighted by
     ``tokens`` (sequence-level statistics are thereby length-weighted; an approximation)."""
     out: dict[str, float] = {}
     for key in {k for p in parts for k in p}:
         vals = [(p[key], p.get("tokens", 0.0)) for p in parts if key in p]
         if key in SUMMED_METRICS:
             out[key] = sum(v for v, _ in vals)
-        elif key.endswith(("_max", "_p99")):
+        elif key.endswith(("_max", "_p95", "_p99")):
             out[key] = max(v for v, _ in vals)
         else:
             weight = sum(t for _, t in vals)

@@ -253,7 +253,8 @@ def _gather_rows(per_minibatch: list[torch.Tensor], world: int) -> torch.Tensor:
 
 def batch_metrics(batch: Batch, version: int) -> dict[str, float]:
     """Per-batch data statistics: groups, token staleness (``version`` - the version that
-    sampled each completion token), completion lengths and ``response/clip_ratio``, the
+    sampled each completion token), completion lengths (mean, max, p95; with several ranks the
+    p95 is the largest rank's, an upper estimate) and ``response/clip_ratio``, the
     fraction of completions cut at the length limit (whatever ``algorithm.truncated`` does
     with them)."""
     m = batch.loss_mask != 0
@@ -265,13 +266,14 @@ def batch_metrics(batch: Batch, version: int) -> dict[str, float]:
         "staleness_token_mean": float(stale.sum() / tokens),
         "response_len_mean": float(lengths.mean()),
         "response_len_max": float(lengths.max()),
+        "response_len_p95": float(torch.quantile(lengths, 0.95)),
         "response/clip_ratio": clip_ratio(batch.truncated),
     }
 
 
 def reduce_metrics(metrics: dict[str, float], world: int) -> dict[str, float]:
-    """Combine every rank's metrics (collective): loss shares and token counts summed, maxima
-    and p99 as the max, the rest token-weighted means (``learner.losses.merge_metrics``)."""
+    """Combine every rank's metrics (collective): loss shares and token counts summed, maxima,
+    p95 and p99 as the max, the rest token-weighted means (``learner.losses.merge_metrics``)."""
     if world == 1 or not dist.is_initialized():
         return dict(metrics)
     keys = sorted(metrics)
