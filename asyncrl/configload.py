@@ -48,7 +48,8 @@ def load_config(overrides: list[str] | None = None, config_dir: Path | None = No
         checked = OmegaConf.merge(OmegaConf.structured(Config), raw)
         return OmegaConf.to_object(checked)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"{_first_line(e)}\n  (see `asyncrl run --help` and configs/)") from e
+        message = _first_line(e, Path(cdir))
+        raise ConfigError(f"{message}\n  (see `asyncrl run --help` and configs/)") from e
     except ValueError as e:  # dataclass __post_init__ validation
         raise ConfigError(str(e)) from e
     finally:
@@ -118,7 +119,7 @@ def _type_error(e: BaseException | None) -> str | None:
     return f"{e.full_key}: expected {expected}, got {got}"
 
 
-def _first_line(e: Exception) -> str:
+def _first_line(e: Exception, config_dir: Path = CONFIG_DIR) -> str:
     if wrong_type := _type_error(e):
         return wrong_type
     text = str(e).strip()
@@ -126,8 +127,35 @@ def _first_line(e: Exception) -> str:
     if m and set(re.split(r"[.\[\]]", m.group(1))) & set(INSTANTIATION_KEYS):
         return _not_allowed(m.group(1))
     if m and ("Could not override" in text or "not in" in text):
-        return f"unknown config key '{m.group(1)}' (not in the schema; valid keys: asyncrl/config.py, configs/)"
+        return (f"unknown config key '{m.group(1)}'{_did_you_mean(m.group(1), schema_keys())}"
+                " (not in the schema; valid keys: asyncrl/config.py, configs/)")  # fmt: skip
+    if g := re.search(r"Could not find '([^'/]+)/([^']*)'", text):
+        return _unknown_option(g.group(1), g.group(2), config_dir)
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def schema_keys(node: object = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the config schema (``learner.steps``, ...), leaves only."""
+    out = []
+    for name, hint in typing.get_type_hints(node).items():
+        key = f"{prefix}{name}"
+        out += schema_keys(hint, key + ".") if is_dataclass(hint) else [key]
+    return out
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    """``"; did you mean 'learner.steps'?"`` for the nearest of ``choices``, or ``""``."""
+    import difflib
+
+    near = difflib.get_close_matches(word, choices, n=3, cutoff=0.75)
+    return f"; did you mean {' or '.join(repr(x) for x in near)}?" if near else ""
+
+
+def _unknown_option(group: str, option: str, config_dir: Path = CONFIG_DIR) -> str:
+    """``experiment=NAME`` naming no file in ``configs/<group>/``: the options that exist."""
+    options = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+    return (f"{group}={option}: no such {group} preset{_did_you_mean(option, options)} "
+            f"(options: {', '.join(options) or 'none'}; files in configs/{group}/)")  # fmt: skip
 
 
 def config_to_json(cfg: Config) -> str:
