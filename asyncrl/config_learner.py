@@ -228,7 +228,14 @@ class LearnerConfig:
             "learner.cpu_offload=true moves FSDP2's shards off the GPU, but learner.device=cpu "
             "has none (FSDP2 offloads from an accelerator only); set learner.cpu_offload=false",
         )
-        _bound(self, "learner.lr", gt=0)
+        _bound(
+            self,
+            "learner.lr",
+            gt=0,
+            le=1,
+            hint=" (AdamW moves each weight by about lr "
+            "a step: 1e-6 to 1e-5 for a pretrained model, 2e-4 for the demo's; docs/models.md)",
+        )
         _bound(self, "learner.warmup_steps", ge=0)
         _bound(self, "learner.weight_decay", ge=0)
         _bound(self, "learner.grad_clip", gt=0, hint=" (for no clipping give e.g. 1e9)")

@@ -51,6 +51,7 @@ def test_sync_mode_is_strictly_on_policy():
         (["learner.nope=1"], "learner.nope"),
         (["+learner.nope=1"], "learner.nope"),
         (["learner.lr=-1"], "learner.lr must be > 0"),
+        (["learner.lr=1e30"], "learner.lr must be > 0 and <= 1 (AdamW moves each weight"),
         (["algorithm=nope"], "algorithm=nope: no such algorithm preset (options: dapo,"),
         (["experiment=nonexistent"], "no such experiment preset (options: smollm2_math, tiny"),
         (["model=smolm2"], "did you mean 'smollm2'?"),
