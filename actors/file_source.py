@@ -37,12 +37,15 @@ _ENCODE_CHUNK = 1024  # prompts tokenized per batch at load (only their lengths 
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What loading did: ``records`` read, ``dropped`` as too long (one ``example``), kept."""
+    """What loading did: ``records`` read, ``dropped`` as too long (one ``example``), ``empty``
+    (no text, or no token once formatted; one ``empty_example``) dropped too, kept."""
 
     records: int
     dropped: int
     kept: int
     example: str = ""
+    empty: int = 0
+    empty_example: str = ""
 
 
 class FileSource:
@@ -68,21 +71,22 @@ class FileSource:
         self.shuffle = shuffle
         self._orders: dict[int, list[int]] = {}
         lengths = self._lengths(rows)
-        self.rows = [r for r, n in zip(rows, lengths, strict=True) if n <= max_prompt_length]
-        long = [(r, n) for r, n in zip(rows, lengths, strict=True) if n > max_prompt_length]
+        empty = [r for r, n in zip(rows, lengths, strict=True) if n == 0 or _blank(r.prompt)]
+        blank = {id(r) for r in empty}
+        sized = [(r, n) for r, n in zip(rows, lengths, strict=True) if id(r) not in blank]
+        self.rows = [r for r, n in sized if n <= max_prompt_length]
+        long = [(r, n) for r, n in sized if n > max_prompt_length]
         example = ""
         if long:
             row, n = long[0]
             text = self.format(row)[0]
             example = f"{row.where}: {n} tokens, {text[:120]!r}{'...' if len(text) > 120 else ''}"
-        self.report = LoadReport(len(rows), len(long), len(self.rows), example)
+        empty_example = f"{empty[0].where}: {empty[0].prompt!r}"[:200] if empty else ""
+        self.report = LoadReport(len(rows), len(long), len(self.rows), example, len(empty),
+                                 empty_example)  # fmt: skip
         log(_describe(self.report, files_key, max_prompt_length, epochs, seed, shuffle))
         if not self.rows:
-            raise DataError(
-                f"{files_key}: no prompt is left: all {len(rows)} are longer than "
-                f"data.max_prompt_length={max_prompt_length} tokens (e.g. {example}); raise "
-                "data.max_prompt_length (up to the model's context minus actor.max_tokens)"
-            )
+            raise DataError(_none_left(self.report, files_key, max_prompt_length))
         self.size = len(self.rows)
         """Prompts per epoch (N)."""
         self.end = self.size * epochs
@@ -226,6 +230,25 @@ def load_template(path: str):
     return template
 
 
+def _blank(prompt: str | list) -> bool:
+    """No text to prompt with: an empty or whitespace string, or chat messages whose every
+    content is (vLLM refuses an empty prompt; a template around nothing asks nothing)."""
+    if isinstance(prompt, str):
+        return not prompt.strip()
+    return all(not str(m.get("content") or "").strip() for m in prompt)
+
+
+def _none_left(r: LoadReport, key: str, limit: int) -> str:
+    why = []
+    if r.dropped:
+        why.append(f"{r.dropped} longer than data.max_prompt_length={limit} tokens (e.g. "
+                   f"{r.example}); raise data.max_prompt_length (up to the model's context "
+                   "minus actor.max_tokens)")  # fmt: skip
+    if r.empty:
+        why.append(f"{r.empty} empty (e.g. {r.empty_example}); check data.prompt_key")
+    return f"{key}: no prompt is left of {r.records}: " + "; ".join(why)
+
+
 def _describe(r: LoadReport, key: str, limit: int, epochs: int, seed: int, shuffle: bool) -> str:
     order = f"shuffled per epoch (seed {seed})" if shuffle else "in file order"
     dropped = (
@@ -234,4 +257,6 @@ def _describe(r: LoadReport, key: str, limit: int, epochs: int, seed: int, shuff
         if r.dropped
         else f"; none longer than data.max_prompt_length={limit} tokens"
     )
+    if r.empty:
+        dropped += f"; dropped {r.empty} empty (e.g. {r.empty_example})"
     return f"{key}: {r.records} records{dropped}; {r.kept} prompts x {epochs} epoch(s), {order}"

@@ -140,8 +140,23 @@ def test_long_prompts_are_dropped_at_load_counted_and_one_is_shown(tmp_path, mod
     assert (src.report.records, src.report.dropped, src.report.kept) == (5, 2, 3)
     assert src.report.example.startswith(f"row 1 of {f}: 40 tokens, '1111")
     assert "dropped 2 longer than data.max_prompt_length=10 tokens (e.g. row 1 of" in logs[0]
-    with pytest.raises(DataError, match=r"no prompt is left: all 5 are longer than data\.max_pr"):
+    with pytest.raises(DataError, match=r"no prompt is left of 5: 5 longer than data\.max_pro"):
         source(cfg_for([f], "data.max_prompt_length=2"), model_dir)
+
+
+def test_empty_prompts_are_dropped_at_load_counted_and_one_is_shown(tmp_path, model_dir):
+    """Issue 29: an empty prompt reached vLLM ("decoder prompt cannot be empty") 89 s in."""
+    rows = [{"prompt": p, "answer": "x"} for p in ("12", "", "  ", "34")]
+    chats = [{"prompt": [{"role": "user", "content": c}], "answer": "x"} for c in (" ", "")]
+    f = write_parquet(tmp_path / "t.parquet", rows)
+    logs: list[str] = []
+    src = source(cfg_for([f], "data.shuffle=false"), model_dir, logs)
+    assert src.size == 2 and [src.get(i).text for i in range(2)] == ["12", "34"]
+    assert (src.report.empty, src.report.kept) == (2, 2)
+    assert f"dropped 2 empty (e.g. row 1 of {f}: '')" in logs[0]
+    g = write_jsonl(tmp_path / "e.jsonl", chats)
+    with pytest.raises(DataError, match=r"no prompt is left of 2: 2 empty \(e\.g\. row 0 of"):
+        source(cfg_for([g]), model_dir)
 
 
 def test_max_model_len_is_prompt_plus_response_and_must_fit_the_context(tmp_path, model_dir):
