@@ -13,8 +13,15 @@ training; when it fails the worker writes ``parity.json`` and exits 3 without tr
 Writes into ``--out``: ``parity.json`` (not with ``--skip-parity``), ``steps.jsonl`` (per
 optimizer step: ``step``, ``t_proc_s`` = seconds since ``--t0`` (the parent's spawn time),
 ``t_train_s`` = seconds since TRL's ``on_train_begin`` (the first step's generation is inside
-step 1), ``reward`` (mean over the step's samples), ``completion_tokens`` (mean)) and
-``done.json`` (``startup_s``, the settings used, threads).
+step 1), ``reward`` (mean over the step's samples), ``completion_tokens`` (mean) and
+``completion_tokens_p95`` (stop token included, as asyncrl's ``response_len_*``)),
+``val.jsonl`` (one line per validation: ``vs_trl_validation.GreedyValidation``, at asyncrl's
+``eval`` steps) and ``done.json`` (``startup_s``, ``val_seconds``, the settings used, threads).
+
+Stopping: TRL stops a completion at the model's ``generation_config.eos_token_id`` and the
+tokenizer's EOS; the worker sets the former to asyncrl's stop ids
+(``actors.stop_tokens.model_stop_token_ids``: generation-config EOS, tokenizer EOS, chat
+end-of-turn), so both end completions at the same tokens (the parity check compares them).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ class ProjectReward:
     def __init__(self, fn, field_keys: list[str]) -> None:
         self.fn, self.field_keys = fn, field_keys
         self.__name__ = getattr(fn, "__name__", "reward")  # TRL names its reward metrics by it
-        self.last_mean = self.last_tokens = float("nan")
+        self.last_mean = self.last_tokens = self.last_p95 = float("nan")
 
     def __call__(self, prompts, completions, completion_ids=None, **columns) -> list[float]:
         from actors.rewards import score_call
@@ -47,7 +54,10 @@ class ProjectReward:
             out.append(score_call(self.fn, p, c, fields).value)
         self.last_mean = sum(out) / len(out)
         if completion_ids is not None:
+            from benchmarks.vs_trl_validation import lengths_p95
+
             self.last_tokens = sum(map(len, completion_ids)) / len(completion_ids)
+            self.last_p95 = lengths_p95([len(c) for c in completion_ids])
         return out
 
 
@@ -103,16 +113,19 @@ def build_optimizer(model, cfg):
     return opt, sched
 
 
-def build_trainer(cfg, model_dir: str, out_dir: Path, log_path: Path, t0: float, min_prompts=0):
+def build_trainer(cfg, model_dir: str, out_dir: Path, t0: float, min_prompts=0):
     """(trainer, step_log, prompts, reward_fn): TRL's GRPOTrainer on the job of ``cfg``; its
-    dataset is the first ``max(steps x batch_groups, min_prompts)`` prompts."""
+    dataset is the first ``max(steps x batch_groups, min_prompts)`` prompts; its callbacks log
+    the steps (``out_dir/steps.jsonl``) and validate (``out_dir/val.jsonl``)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from actors.rewards import load_reward_fn
+    from actors.stop_tokens import model_stop_token_ids
     from actors.tasks import build_prompt_source
+    from benchmarks.vs_trl_validation import GreedyValidation
 
     source = build_prompt_source(cfg, model_dir)
     n_prompts = max(cfg.learner.steps * cfg.learner.batch_groups, min_prompts)
@@ -122,7 +135,10 @@ def build_trainer(cfg, model_dir: str, out_dir: Path, log_path: Path, t0: float,
     reward_fn = load_reward_fn(cfg.task.reward_fn)
     reward = ProjectReward(reward_fn, field_keys)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    step_log = StepLog(log_path, t0, reward)
+    stop_ids = model_stop_token_ids(model_dir)
+    model.generation_config.eos_token_id = stop_ids  # TRL's eos_token_ids: asyncrl's stops
+    step_log = StepLog(out_dir / "steps.jsonl", t0, reward)
+    val = GreedyValidation(cfg, model_dir, reward_fn, stop_ids, out_dir / "val.jsonl", t0)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward],
@@ -130,7 +146,7 @@ def build_trainer(cfg, model_dir: str, out_dir: Path, log_path: Path, t0: float,
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
         optimizers=build_optimizer(model, cfg),
-        callbacks=[step_log],
+        callbacks=[step_log, val],  # in this order: a step is logged before its validation
     )
     return trainer, step_log, prompts, reward_fn
 
@@ -151,7 +167,7 @@ class StepLog:
         now, r = time.time(), self.reward
         rec = {"step": state.global_step, "t_proc_s": now - self.t0,
                "t_train_s": now - self.train_begin, "reward": r.last_mean,
-               "completion_tokens": r.last_tokens}  # fmt: skip
+               "completion_tokens": r.last_tokens, "completion_tokens_p95": r.last_p95}  # fmt: skip
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
@@ -185,13 +201,14 @@ def main(argv=None) -> int:
     from asyncrl.configload import load_config
     from asyncrl.orchestration.jobs import resolve_model
     from benchmarks import vs_trl_parity
+    from benchmarks.vs_trl_validation import validation_of
 
     cfg = load_config(args.overrides)
     model_dir = resolve_model(cfg)
-    log_path = args.out / "steps.jsonl"
-    log_path.unlink(missing_ok=True)
+    for name in ("steps.jsonl", "val.jsonl"):
+        (args.out / name).unlink(missing_ok=True)
     trainer, step_log, prompts, reward_fn = build_trainer(
-        cfg, model_dir, args.out, log_path, t0, args.parity_cases
+        cfg, model_dir, args.out, t0, args.parity_cases
     )
     if not args.skip_parity:
         parity = vs_trl_parity.check(trainer, cfg, model_dir, prompts, reward_fn, args.parity_cases)
@@ -204,6 +221,7 @@ def main(argv=None) -> int:
         return 0
     trainer.train()
     done = {"startup_s": step_log.train_begin - t0,
+            "val_seconds": validation_of(trainer).seconds_total,
             "settings": trl_settings(cfg, Path("OUT")), "model_dir": Path(model_dir).name,
             "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "cores": sorted(os.sched_getaffinity(0)), "wall_s": time.time() - t0}  # fmt: skip

@@ -3,6 +3,7 @@
     python -m benchmarks.vs_trl                        # demo: 2 seeds x 400 steps each
     python -m benchmarks.vs_trl --steps 100 --seeds 0  # shorter
     python -m benchmarks.vs_trl --setting long_tail    # larger model, long-tailed lengths
+    python -m benchmarks.vs_trl --setting smollm2      # SmolLM2-135M-Instruct on math words
     python -m benchmarks.vs_trl --tiny                 # schema check: 3 steps, 1 seed, 4 x 4
     python -m benchmarks.vs_trl --parity-only          # prepare and check parity; time nothing
     python -m benchmarks.vs_trl --reanalyse results/vs_trl_long_tail.json --thresholds 0.1 0.2
@@ -33,9 +34,19 @@ tokens / their number: asyncrl's ``token_mean``; "grpo" averages per sequence fi
 asyncrl's decoupled PPO loss is the same clipped objective; asyncrl trains up to
 ``buffer.max_staleness=1`` versions behind (that is the comparison).
 
+The ``smollm2`` setting is ``asyncrl run model=smollm2 experiment=smollm2_math``: the real
+SmolLM2-135M-Instruct (float32), verl chat prompts rendered by its chat template (TRL gets the
+rendered text and tokenizes it to the same ids), ``math_reward`` (math-verify, ``\\boxed{}``),
+8 prompts x 4 samples, 128 new tokens at temperature 0.7, AdamW lr 1e-5 with the 10-step
+warm-up, the same GRPOConfig fields otherwise. Completions stop at asyncrl's stop ids
+(``actors.stop_tokens``: here ``<|im_end|>``), which the worker gives TRL as the model's
+``generation_config.eos_token_id``. Both validate greedily on the 64 val prompts at steps 0,
+10, 20, ... and the end (asyncrl's ``eval``; TRL: ``vs_trl_validation.GreedyValidation``,
+inside TRL's wall clock), and each run's ``val`` list and ``val_*`` figures report them.
+
 Before any timing, ``vs_trl_parity.check`` runs for every seed (prompts, token ids, order,
-rewards on 20 prompts x 8 completions, settings); on any mismatch the script prints it and
-exits 2 without writing a result. Figures (``vs_trl_report.py``): steps/s, time to each
+rewards on 20 prompts x 11 completions, validation prompts, settings); on any mismatch the
+script prints it and exits 2 without writing a result. Figures (``vs_trl_report.py``): steps/s, time to each
 ``--thresholds`` reward (moving mean over ``--window`` steps) with and without start-up,
 initial/final reward, mean and spread over seeds. Output: ``<out>/<name>.json`` (config,
 parity, pinning, every run's per-step curve) and ``<name>.png``.
@@ -57,12 +68,23 @@ ASYNCRL_OVERRIDES = {
 }
 """The only overrides added to the demo defaults besides learner.steps and task.seed."""
 TINY = ["learner.batch_groups=4", "actor.n_samples=4", "model.sft_steps=50"]
+SMOLLM2 = ["model=smollm2", "experiment=smollm2_math"]
+"""The ``smollm2`` setting: ``asyncrl run model=smollm2 experiment=smollm2_math`` (8 prompts x 4
+samples, 128 tokens at temperature 0.7, lr 1e-5, float32, greedy validation on the 64 val
+prompts at steps 0, every 10 and the end). ``--tiny`` keeps every setting (2 steps)."""
+STEPS = {"demo": 400, "long_tail": 400, "smollm2": 30}
+TINY_STEPS = {"demo": 3, "long_tail": 3, "smollm2": 2}
+STEP_TIMEOUT_S = {"demo": 30, "long_tail": 30, "smollm2": 300}
+"""A run's time limit: 600 s + this x steps (smollm2: 32 x 128 tokens a step on CPU, and four
+greedy validations of 64 prompts in 30 steps)."""
 
 
 def setting_overrides(setting: str, args, seed: int, work: Path) -> list[str]:
     """The asyncrl config overrides of ``setting`` for ``seed`` (data and model prepared)."""
     if setting == "demo":
         return TINY if args.tiny else []
+    if setting == "smollm2":
+        return list(SMOLLM2)
     from benchmarks.vs_trl_long_tail import prepare
 
     return prepare(work, seed, args.steps, tiny=args.tiny)
@@ -71,14 +93,16 @@ def setting_overrides(setting: str, args, seed: int, work: Path) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.vs_trl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--setting", choices=("demo", "long_tail"), default="demo")
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default 400; --tiny 3)")
+    p.add_argument("--setting", choices=tuple(STEPS), default="demo")
+    p.add_argument("--steps", type=int,
+                   help="optimizer steps per run (default 400, smollm2 30; --tiny 3, smollm2 2)")  # fmt: skip
     p.add_argument("--seeds", help="comma-separated task seeds (default 0,1; --tiny 0)")
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.3, 0.4, 0.5, 0.6])
     p.add_argument("--window", type=int, default=10, help="moving-mean window (steps)")
     p.add_argument("--threads", type=int, default=2, help="TRL's torch threads")
     p.add_argument("--parity-cases", type=int, default=20)
-    p.add_argument("--tiny", action="store_true", help="schema check: 3 steps, 1 seed, 4 x 4")
+    p.add_argument("--tiny", action="store_true",
+                   help="schema check: 3 steps, 1 seed, 4 x 4 (smollm2: 2 steps, its own batch)")  # fmt: skip
     p.add_argument("--reanalyse", type=Path, metavar="JSON",
                    help="re-report a result's runs at --thresholds/--window (nothing is run); "
                         "writes <name> (default: the JSON's name + _reanalysed)")  # fmt: skip
@@ -91,7 +115,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "benchmarks",
                    help="where the runs' files go (not committed)")  # fmt: skip
     args = p.parse_args(argv)
-    args.steps = args.steps or (3 if args.tiny else 400)
+    args.steps = args.steps or (TINY_STEPS if args.tiny else STEPS)[args.setting]
     args.seeds = [int(s) for s in (args.seeds or ("0" if args.tiny else "0,1")).split(",")]
     suffix = ("" if args.setting == "demo" else f"_{args.setting}") + ("_tiny" if args.tiny else "")
     args.name_given = args.name is not None
@@ -124,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parity_only:
         print(f"[vs_trl] parity passed for seeds {args.seeds} (--parity-only: no timed run)")
         return 0
-    runs, timeout = [], 600 + 30 * args.steps
+    runs, timeout = [], 600 + STEP_TIMEOUT_S[args.setting] * args.steps
     for k, seed in enumerate(args.seeds):
         for system in ("trl", "asyncrl") if k % 2 == 0 else ("asyncrl", "trl"):
             print(f"[vs_trl] {system} seed {seed}", flush=True)

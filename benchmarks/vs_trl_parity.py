@@ -9,8 +9,12 @@ reward as training will), with asyncrl's (``build_prompt_source``, the actor's
 - prompts: the first ``cases`` prompts' text and token ids, and that TRL's sampler serves them
   in cursor order, each ``n_samples`` times in a row;
 - rewards: ``cases`` prompts x ``len(_completions)`` completions (right, truncated, one digit
-  wrong, too long, junk, random token ids): decoded text equal, reward within ``_REWARD_TOL``;
-- settings: every hyperparameter the comparison relies on (``_settings``).
+  wrong, too long, junk, ``\\boxed{}`` right, wrong and empty, random token ids): decoded
+  text equal, reward within ``_REWARD_TOL``;
+- validation (``vs_trl_validation``): TRL's validation prompts' ids equal to asyncrl's
+  (``build_val_source``), all ``validation_size`` of them;
+- settings: every hyperparameter the comparison relies on (``_settings``), the stop token ids
+  (asyncrl's ``model_stop_token_ids`` against TRL's ``eos_token_ids``) and validation's.
 
 A failure is a line in ``failures``; vs_trl.py refuses to report when there is any.
 """
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+
+from benchmarks.vs_trl_validation import validation_of
 
 _REWARD_TOL = 1e-6  # TRL keeps rewards in float32; asyncrl's are Python floats
 
@@ -35,11 +41,13 @@ def check(trainer, cfg, model_dir: str, prompts: list, reward_fn, cases: int = 2
     failures: list[str] = []
     failures += _prompts(trainer, source, ours_tok, cases)
     failures += _order(trainer, cfg, cases)
+    failures += _val_prompts(trainer, cfg, model_dir, ours_tok)
     n_rewards, reward_failures = _rewards(trainer, source, ours_tok, reward_fn, cases)
     failures += reward_failures
     settings, setting_failures = _settings(trainer, cfg, model_dir, ours_tok)
     failures += setting_failures
     summary = (f"{cases} prompts (text, ids, order), {n_rewards} rewards, "
+               f"{len(validation_of(trainer).prompts)} validation prompts, "
                f"{len(settings)} settings; {len(failures)} mismatches")  # fmt: skip
     return {"passed": not failures, "summary": summary, "failures": failures,
             "cases": cases, "rewards_compared": n_rewards, "settings": settings}  # fmt: skip
@@ -61,24 +69,47 @@ def _prompts(trainer, source, ours_tok, cases: int) -> list[str]:
 
 
 def _order(trainer, cfg, cases: int) -> list[str]:
-    """TRL's sampler: prompt i's ``n`` samples are rows ``i*n .. i*n+n-1``, in cursor order."""
+    """TRL's sampler: prompt i's ``n`` samples are rows ``i*n .. i*n+n-1``, in cursor order,
+    for the first ``cases`` prompts or all that training reads (``steps x batch_groups``: the
+    sampler drops a last incomplete batch of the dataset)."""
     n = cfg.actor.n_samples
+    cases = min(cases, cfg.learner.steps * cfg.learner.batch_groups)
     served = []
     for index in trainer._get_train_sampler():
         served.append(index)
         if len(served) == cases * n:
             break
     want = [i for i in range(cases) for _ in range(n)]
-    return (
-        []
-        if served == want
-        else [f"TRL serves prompts {served[: 2 * n]}..., not {want[: 2 * n]}..."]
-    )
+    if served == want:
+        return []
+    return [f"TRL serves prompts {served[: 2 * n]}... ({len(served)}), not {want[: 2 * n]}... "
+            f"({len(want)})"]  # fmt: skip
+
+
+def _val_prompts(trainer, cfg, model_dir: str, ours_tok) -> list[str]:
+    """TRL's validation prompts (token ids) against a fresh asyncrl validation source."""
+    from actors.tasks import build_val_source
+    from actors.validation import validation_size
+
+    source = build_val_source(cfg, model_dir, log=lambda _: None)
+    size = validation_size(cfg, source) if source is not None else 0
+    theirs = validation_of(trainer).prompt_ids
+    if len(theirs) != size:
+        return [f"validation: TRL has {len(theirs)} prompts, asyncrl {size}"]
+    out = []
+    for i in range(size):
+        p = source.get(i)
+        ids = list(p.token_ids or ours_tok.encode(p.text))
+        if list(theirs[i]) != ids:
+            out.append(f"validation prompt {i} ids: TRL {list(theirs[i])} != asyncrl {ids}")
+    return out
 
 
 def _completions(target: str, eos: int, encode, rng: random.Random, vocab: int) -> list[list[int]]:
     wrong = target[:-1] + str((int(target[-1]) + 1) % 10) if target[-1:].isdigit() else target + "0"
-    texts = [target, wrong, target + "7", "x" + target, " " + target + " ", "a+b"]
+    texts = [target, wrong, target + "7", "x" + target, " " + target + " ", "a+b",
+             f"So the answer is \\boxed{{{target}}}.", f"\\boxed{{{wrong}}} and then {target}",
+             f"{target} is \\boxed{{}}"]  # fmt: skip
     ids = [encode(t) + [eos] for t in texts]
     ids.append(encode(target))  # truncated: no EOS
     ids.append([rng.randrange(vocab) for _ in range(8)])  # anything the model could sample
@@ -118,16 +149,21 @@ def _settings(trainer, cfg, model_dir: str, ours_tok) -> tuple[dict, list[str]]:
     warm = max(1, lc.warmup_steps)
     sched = trainer.lr_scheduler
     lrs_trl = [lc.lr * sched.lr_lambdas[0](s) for s in range(warm + 2)] if sched else None
+    from actors.stop_tokens import model_stop_token_ids
+
     dtype = next(trainer.model.parameters()).dtype
+    val, e = validation_of(trainer), cfg.eval
     same_model = Path(trainer.model.name_or_path).resolve() == Path(model_dir).resolve()
     pairs = {
         "prompts_per_step": [lc.batch_groups, args.per_device_train_batch_size // trainer.num_generations],
         "samples_per_prompt": [a.n_samples, trainer.num_generations],
         "max_new_tokens": [a.max_tokens, gen.max_new_tokens],
         "temperature": [a.temperature, gen.temperature],
+        "logprob_temperature": [a.temperature, trainer.temperature],  # the loss's log-probs
         "top_p": [a.top_p, gen.top_p],
         "top_k (off)": [a.top_k if a.top_k != -1 else 0, gen.top_k or 0],
-        "stops_at_eos": [ours_tok.eos_token_id, ours_tok.eos_token_id if ours_tok.eos_token_id in trainer.eos_token_ids else None],
+        "stop_token_ids": [model_stop_token_ids(model_dir), sorted(trainer.eos_token_ids)],
+        "stop_strings": [list(a.stop), []],
         "optimizer": ["AdamW", type(trainer.optimizer).__name__],
         "lr_by_step": [[lc.lr * min(1.0, (s + 1) / warm) for s in range(warm + 2)], lrs_trl],
         "weight_decay": [lc.weight_decay, trainer.optimizer.defaults["weight_decay"]],
@@ -143,6 +179,11 @@ def _settings(trainer, cfg, model_dir: str, ours_tok) -> tuple[dict, list[str]]:
         "overlong_frac": [algo.overlong_frac, 0.0],
         "dtype": [cfg.model.dtype, str(dtype).removeprefix("torch.")],
         "gradient_checkpointing": [cfg.model.gradient_checkpointing, bool(args.gradient_checkpointing)],
+        "val_greedy (eval.n_samples=1)": [e.n_samples == 1, True],
+        "val_max_new_tokens": [a.max_tokens, val.max_new_tokens],
+        "val_steps (at_start, every, at_end)": [[e.at_start, e.every, e.at_end], [val.schedule.at_start, val.schedule.every, val.schedule.at_end]],
+        "val_pass_threshold": [e.pass_threshold, val.schedule.pass_threshold],
+        "val_stop_token_ids": [model_stop_token_ids(model_dir), sorted(val.stop_ids)],
         "model_dir": [Path(model_dir).name, Path(model_dir).name if same_model else trainer.model.name_or_path],
     }  # fmt: skip
     bad = [

@@ -13,6 +13,11 @@ A run is ``{"system", "seed", "startup_s", "steps": [{"step", "t_proc_s", "t_tra
   first step whose moving mean is >= the threshold; None when the run never gets there.
 - steps/s: steps / ``t_train_s`` of the last step (and / ``t_proc_s``: with start-up).
 - reward initial / final: mean batch reward of the first / last ``window`` steps.
+- completion length: mean over steps of the per-step mean and p95 of training completions
+  (tokens, stop token included).
+- validation (runs with a ``val`` list: the smollm2 setting): ``val/pass@1`` of the first and
+  last validation, and for each of ``VAL_THRESHOLDS`` the ``t_proc_s`` (when its figures were
+  known) and validated step of the first validation with ``val/pass@1`` >= it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 from benchmarks.common import mean_std
 
 SYSTEMS = ("trl", "asyncrl")
+VAL_THRESHOLDS = (0.1, 0.15, 0.2, 0.25, 0.3)
+"""Greedy validation pass@1 levels (SmolLM2-135M-Instruct starts at ~0.14 on the math set)."""
 
 
 def moving_mean(values: list[float], window: int) -> list[float | None]:
@@ -55,8 +62,26 @@ def run_figures(run: dict, thresholds: list[float], window: int) -> dict:
         "reward_initial": sum(rewards[:window]) / len(rewards[:window]),
         "reward_final": sum(rewards[-window:]) / len(rewards[-window:]),
         "completion_tokens_mean": _mean([s.get("completion_tokens") for s in steps]),
+        "completion_tokens_p95_mean": _mean([s.get("completion_tokens_p95") for s in steps]),
         "time_to_threshold": hits,
+        **val_figures(run.get("val", [])),
     }
+
+
+def val_figures(val: list[dict]) -> dict:
+    """Validation figures of one run (module docstring); {} when it did not validate."""
+    val = sorted((v for v in val if "val/pass@1" in v), key=lambda v: v["step"])
+    if not val:
+        return {}
+    hits = {}
+    for thr in VAL_THRESHOLDS:
+        v = next((v for v in val if v["val/pass@1"] >= thr), None)
+        hits[str(thr)] = {"t_proc_s": v and v["t_proc_s"], "step": v and v["step"]}
+    return {"val_pass1_initial": val[0]["val/pass@1"], "val_pass1_final": val[-1]["val/pass@1"],
+            "val_steps": [v["step"] for v in val],
+            "val_seconds_mean": _mean([v.get("val/seconds") for v in val]),
+            "val_response_length_final": val[-1].get("val/response_length"),
+            "time_to_val_pass1": hits}  # fmt: skip
 
 
 def _mean(xs: list) -> float | None:
@@ -75,6 +100,14 @@ def analyse(runs: list[dict], thresholds: list[float], window: int) -> dict:
         agg = {k: mean_std([f[k] for f in figs]) for k in
                ("steps_per_s", "steps_per_s_with_startup", "startup_s", "first_step_s", "train_s", "total_s",
                 "reward_initial", "reward_final", "completion_tokens_mean")}  # fmt: skip
+        for k in (
+            "completion_tokens_p95_mean",
+            "val_pass1_initial",
+            "val_pass1_final",
+            "val_seconds_mean",
+        ):
+            if all(f.get(k) is not None for f in figs):
+                agg[k] = mean_std([f[k] for f in figs])
         ttt = {}
         for thr in map(str, thresholds):
             hits = [f["time_to_threshold"][thr] for f in figs]

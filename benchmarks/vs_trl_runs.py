@@ -2,9 +2,14 @@
 in its own process session (a timeout ends only what that run started), and the parity check.
 
 Clocks: both runs are timed from this process's spawn of them (``time.time()`` just before
-``Popen``). The TRL worker stamps each step itself (``--t0``); for ``asyncrl run`` each line of
-``metrics.jsonl`` is stamped when it appears here (polled every 0.1 s), which puts the origin
-of its ``elapsed_s`` on the same clock.
+``Popen``). The TRL worker stamps each step and validation itself (``--t0``); for ``asyncrl
+run`` each line of ``metrics.jsonl`` and ``val.jsonl`` is stamped when it appears here (polled
+every 0.1 s), which puts the origin of its ``elapsed_s`` on the same clock and gives each
+validation its ``t_proc_s`` (when its figures were known, as the TRL worker's).
+
+A run's ``val`` is its validations, ``{"step" (= the validated version), "t_proc_s",
+"val/pass@1", "val/reward", "val/response_length", "val/seconds", ...}``; its ``steps`` carry
+``completion_tokens`` (mean) and ``completion_tokens_p95`` of the step's training samples.
 """
 
 from __future__ import annotations
@@ -87,7 +92,41 @@ def run_trl(overrides: list[str], out: Path, threads: int, timeout: float) -> di
         return {**run, "error": (out / "trl.log").read_text(errors="replace")[-3000:]}
     done = json.loads((out / "done.json").read_text())
     steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x]
-    return {**run, "startup_s": done["startup_s"], "steps": steps, "trl": done}
+    val_path = out / "val.jsonl"
+    val = (
+        [json.loads(x) for x in val_path.read_text().splitlines() if x]
+        if val_path.is_file()
+        else []
+    )
+    return {**run, "startup_s": done["startup_s"], "steps": steps, "val": val, "trl": done}
+
+
+def _val_record(r: dict, seen_s: float, startup_s: float) -> dict:
+    """An asyncrl val.jsonl record on the benchmark's clock; ``step`` is the validated version
+    (as the TRL worker's), ``logged_at_step`` the learner step it was logged at."""
+    return {**r, "step": int(r["val/version"]), "logged_at_step": r["step"], "t_proc_s": seen_s,
+            "t_train_s": seen_s - startup_s}  # fmt: skip
+
+
+class _Tail:
+    """New complete lines of a file another process appends to, each with the seconds since
+    ``t0`` at which this process first saw it."""
+
+    def __init__(self, path: Path, t0: float) -> None:
+        self.path, self.t0 = path, t0
+        self.pos, self.buf = 0, b""
+        self.seen: list[tuple[bytes, float]] = []
+
+    def poll(self) -> None:
+        if not self.path.is_file():
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.pos)
+            chunk = f.read()
+        self.pos += len(chunk)
+        *lines, self.buf = (self.buf + chunk).split(b"\n")
+        now = time.time() - self.t0
+        self.seen.extend((line, now) for line in lines if line.strip())
 
 
 def run_asyncrl(
@@ -101,35 +140,25 @@ def run_asyncrl(
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, "-m", "asyncrl.orchestration.cli", "run", *overrides,
            f"run_dir={run_dir}"]  # fmt: skip
-    log, metrics = run_dir.parent / f"{run_dir.name}.log", run_dir / "metrics.jsonl"
+    log = run_dir.parent / f"{run_dir.name}.log"
     env = {} if checkout is None else {"PYTHONPATH": str(checkout)}
     proc, t0 = _spawn(cmd, log, env, cwd=checkout or REPO)
-    seen: list[tuple[bytes, float]] = []
-    state = {"pos": 0, "buf": b""}
-
-    def tick() -> None:
-        if not metrics.is_file():
-            return
-        with open(metrics, "rb") as f:
-            f.seek(state["pos"])
-            chunk = f.read()
-        state["pos"] += len(chunk)
-        *lines, state["buf"] = (state["buf"] + chunk).split(b"\n")
-        seen.extend((line, time.time() - t0) for line in lines)
-
-    code = _wait(proc, t0 + timeout, tick)
+    metrics, val = _Tail(run_dir / "metrics.jsonl", t0), _Tail(run_dir / "val.jsonl", t0)
+    code = _wait(proc, t0 + timeout, lambda: (metrics.poll(), val.poll()))
     run = {"system": "asyncrl", "returncode": code, "log": _rel(log), "run_dir": _rel(run_dir)}
-    if code != 0 or not seen:
+    if code != 0 or not metrics.seen:
         return {**run, "error": log.read_text(errors="replace")[-3000:]}
-    recs = [(json.loads(line), t) for line, t in seen if line.strip()]
+    recs = [(json.loads(line), t) for line, t in metrics.seen]
     startup = min(t - r["elapsed_s"] for r, t in recs)
     steps = [{"step": r["step"] + 1, "t_proc_s": startup + r["elapsed_s"], "t_train_s": r["elapsed_s"],
               "reward": r["reward"], "completion_tokens": r.get("response_len_mean"),
-              "seen_s": t} for r, t in recs]  # fmt: skip
+              "completion_tokens_p95": r.get("response_len_p95"), "seen_s": t}
+             for r, t in recs]  # fmt: skip
+    vals = [_val_record(json.loads(line), t, startup) for line, t in val.seen]
     summary = json.loads((run_dir / "summary.json").read_text())
     keep = ("train_wall_s", "final_version", "groups_dropped_stale", "trained_staleness_histogram")
     cores = next(
         (ln for ln in log.read_text().splitlines() if ln.startswith("[asyncrl] cores:")), ""
     )
-    return {**run, "startup_s": startup, "steps": steps, "cores_line": cores,
+    return {**run, "startup_s": startup, "steps": steps, "val": vals, "cores_line": cores,
             "summary": {k: summary.get(k) for k in keep}}  # fmt: skip
