@@ -195,3 +195,33 @@ def plot_val(v: dict, out: Path, name: str) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path.name
+
+
+def best_arms(runs: list[dict], arms: list[str], thresholds: list[float],
+              v0_pass1: float | None) -> list[str]:  # fmt: skip
+    """The best synchronous and the best asynchronous arm of ``runs``: by validation when a
+    sync arm reached a threshold in every seed (``best_sync``; the async arm soonest there,
+    else the one with the highest final accuracy), else by median step time."""
+    val = analyse_val(runs, arms, thresholds, v0_pass1)
+    syncs = [a for a in arms if a.startswith("sync")]
+    asyncs = [a for a in arms if not a.startswith("sync")]
+    best = best_sync(val["arms"], thresholds, "time_to")
+    if best is None:
+
+        def speed(arm):
+            steps = [x["step_s"] for r in runs if r["arm"] == arm for x in r.get("records", [])]
+            return statistics.median(steps) if steps else float("inf")
+
+        return [a for a in (min(syncs, key=speed, default=None),
+                            min(asyncs, key=speed, default=None)) if a]  # fmt: skip
+    ref, t = best
+
+    def rank(arm):
+        a = val["arms"][arm]
+        reached = _all_reached(a, "time_to", t)
+        return (
+            not reached,
+            a["time_to"][str(t)]["mean"] if reached else -(a["final_pass1"]["mean"] or 0),
+        )
+
+    return [ref, *([min(asyncs, key=rank)] if asyncs else [])]

@@ -3,6 +3,8 @@
     python -m benchmarks.sync_vs_async --quick     # 2 seeds x 100 steps, < 30 min on 2 cores
     python -m benchmarks.sync_vs_async             # 3 seeds x 300 steps (the demo's length)
     python -m benchmarks.sync_vs_async --setting long_tail --steps 100   # vs_trl's long_tail task
+    python -m benchmarks.sync_vs_async --setting smollm2 --steps 9 --seeds 0 --extra-seeds 1
+                                # SmolLM2-135M: every arm at seed 0, the best two at seed 1
 
 Arms (C = the cores this process may use; "split" = learner ranks on the first half of
 them, the actor on the second half, each pinned with sched_setaffinity):
@@ -39,7 +41,7 @@ from pathlib import Path
 
 from benchmarks.common import REPO, RESULTS, write_result
 from benchmarks.sva_report import analyse, markdown, plot_all
-from benchmarks.sva_val import analyse_val, markdown_val, plot_val
+from benchmarks.sva_val import analyse_val, best_arms, markdown_val, plot_val
 
 PRESETS = {
     "full": {"steps": 300, "seeds": [0, 1, 2], "overrides": []},
@@ -94,9 +96,9 @@ def arm_overrides(cores: list[int], staleness: list[int]) -> dict[str, list[str]
     return arms
 
 
-SMOLLM2 = ["model=smollm2", "experiment=smollm2_math", "eval.at_start=false", "eval.every=5"]
+SMOLLM2 = ["model=smollm2", "experiment=smollm2_math", "eval.at_start=false", "eval.every=3"]
 """``--setting smollm2``: the real model on examples/smollm2_math (issue 27), validated every
-5 versions and at the end; version 0 is validated once, not in every run (``--v0-pass1``)."""
+3 versions and at the end; version 0 is validated once, not in every run (``--v0-pass1``)."""
 SMOLLM2_V0_PASS1 = 0.125
 """Greedy val pass@1 of SmolLM2-135M-Instruct at version 0 on examples/smollm2_math's 64 val
 prompts (benchmarks/results/smollm2_example.json; greedy, so the same in every arm)."""
@@ -190,6 +192,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4],
                    help="max_staleness of the async arms (default 1 2 4)")  # fmt: skip
     p.add_argument("--arms", help="comma-separated subset of arms to run (default: all)")
+    p.add_argument("--extra-seeds", type=int, nargs="+", default=[],
+                   help="then these seeds for the best sync and the best async arm only "
+                        "(sva_val.best_arms on the runs before)")  # fmt: skip
     p.add_argument("--target", type=float, help="target reward (default: auto, every run reaches it)")  # fmt: skip
     p.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                    help="extra asyncrl override for every arm (repeatable)")  # fmt: skip
@@ -225,29 +230,41 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] cores {cpulist(cores)}: split arms learner on {cpulist(split['learner'])}, "
           f"actor on {cpulist(split['actor'])}; sync_colocated uses all of them", flush=True)  # fmt: skip
     runs = []
-    for seed in seeds:
+    v0 = args.v0_pass1 if args.v0_pass1 is not None else (
+        SMOLLM2_V0_PASS1 if args.setting == "smollm2" else None)  # fmt: skip
+
+    def one(arm: str, seed: int) -> None:
         task = setting_overrides(args.setting, seed, steps, args.runs_dir / name, args.tiny)
-        for arm, ovr in arms.items():
-            overrides = [*task, *common, *ovr, f"task.seed={seed}"]
-            print(f"[bench] {arm} seed {seed}: asyncrl run {' '.join(overrides)}", flush=True)
-            run_dir = args.runs_dir / name / f"{arm}-seed{seed}"
-            done = (run_dir / "summary.json").is_file() and list(run_dir.glob("actor*.json"))
-            if args.reuse and done:
-                r = load_run(arm, overrides, run_dir)
-            else:
-                per_step = 150 if args.setting == "smollm2" else 30  # a real model's steps
-                r = run_arm(arm, overrides, run_dir, timeout_s=600 + per_step * steps)
-            r["seed"] = seed
-            _say_done(r)
-            runs.append(r)
+        overrides = [*task, *common, *arms[arm], f"task.seed={seed}"]
+        print(f"[bench] {arm} seed {seed}: asyncrl run {' '.join(overrides)}", flush=True)
+        run_dir = args.runs_dir / name / f"{arm}-seed{seed}"
+        done = (run_dir / "summary.json").is_file() and list(run_dir.glob("actor*.json"))
+        if args.reuse and done:
+            r = load_run(arm, overrides, run_dir)
+        else:
+            per_step = 150 if args.setting == "smollm2" else 30  # a real model's steps
+            r = run_arm(arm, overrides, run_dir, timeout_s=600 + per_step * steps)
+        r["seed"] = seed
+        _say_done(r)
+        runs.append(r)
+
+    for seed in seeds:
+        for arm in arms:
+            one(arm, seed)
+    if args.extra_seeds:
+        best = best_arms(runs, list(arms), args.thresholds, v0)
+        print(f"[bench] extra seeds {args.extra_seeds} for the best arms of the seeds so far: "
+              f"{', '.join(best)}", flush=True)  # fmt: skip
+        for seed in args.extra_seeds:
+            for arm in best:
+                one(arm, seed)
     report = analyse(runs, list(arms), args.target)
     val = None
     if any(r.get("val") for r in runs):
-        v0 = args.v0_pass1 if args.v0_pass1 is not None else (
-            SMOLLM2_V0_PASS1 if args.setting == "smollm2" else None)  # fmt: skip
         val = analyse_val(runs, list(arms), args.thresholds, v0)
         report["validation"] = val
-    config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds, "staleness": args.staleness,
+    config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds,
+              "extra_seeds": args.extra_seeds, "staleness": args.staleness,
               "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
               "seed_meaning": "task.seed (prompt stream); model seed=0 in every run"}  # fmt: skip
     plots = plot_all(runs, report, args.out, name)

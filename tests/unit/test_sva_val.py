@@ -3,7 +3,7 @@ synchronous arm and the verdicts, on hand-made runs."""
 
 from __future__ import annotations
 
-from benchmarks.sva_val import analyse_val, markdown_val, val_points
+from benchmarks.sva_val import analyse_val, best_arms, markdown_val, val_points
 
 
 def _run(arm: str, seed: int, vals: list[tuple[int, float, float]], step_s: float,
@@ -47,6 +47,7 @@ def test_verdict_compares_async_with_the_soonest_sync_arm_at_the_highest_common_
     assert v["arms"]["async_s4"]["time_to"]["0.2"]["reached"] == 0
     assert v["arms"]["sync_split"]["time_to"]["0.25"]["mean"] == 400.0
     assert v["arms"]["async_s1"]["completion_len_p95"]["mean"] == 100.0
+    assert best_arms(runs, arms, [0.2, 0.25, 0.3], 0.125) == ["sync_colocated", "async_s1"]
     text = markdown_val(v)
     assert "1.50x (MET" in text and "not reached (NOT MET" in text
 
@@ -57,3 +58,4 @@ def test_no_verdict_when_no_sync_arm_reaches_a_threshold_in_every_seed():
     v = analyse_val(runs, ["sync_split", "async_s1"], [0.2], v0_pass1=None)
     assert "note" in v["verdicts"]["time_to"]
     assert "no synchronous arm" in markdown_val(v)
+    assert best_arms(runs, ["sync_split", "async_s1"], [0.2], None) == ["sync_split", "async_s1"]
