@@ -9,7 +9,8 @@ from benchmarks.sva_val import analyse_val, best_arms, markdown_val, val_points
 def _run(arm: str, seed: int, vals: list[tuple[int, float, float]], step_s: float,
          sync: bool) -> dict:  # fmt: skip
     """``vals``: (version, pass@1, val seconds); one metrics record per version 1..10."""
-    records = [{"version": v, "elapsed_s": v * step_s, "response_len_mean": 40.0 + v,
+    records = [{"version": v, "elapsed_s": v * step_s, "step_s": step_s,
+                "response_len_mean": 40.0 + v,
                 "response_len_p95": 100.0, "groups": 8} for v in range(1, 11)]  # fmt: skip
     val = [{"val/version": float(v), "val/pass@1": p, "val/reward": p,
             "val/response_length": 30.0, "val/seconds": s} for v, p, s in vals]  # fmt: skip
