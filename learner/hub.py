@@ -316,6 +316,11 @@ class Hub:
             self.metrics.dropped.labels(reason).inc(max(0, count - seen))
             self._dropped_seen[reason] = max(seen, count)
 
+    def no_batch_reason(self) -> str:
+        """Why the run ends without a batch to train (``trainer._untrained``)."""
+        stats = self.buffer.audit()
+        return no_batch_text(self.data_exhausted(), stats["committed"], self._dropped_counts(stats))
+
     def _dropped_counts(self, stats: dict) -> dict[str, int]:
         """Dropped groups by reason: the source's ``dropped_<reason>`` counters + the buffer's
         invalid and poison counts (dead-lettered by the buffer, job-wide)."""
@@ -443,3 +448,25 @@ def _validation(cfg: Config, buffer, log: RunLog, say):
 
 def _say(text: str) -> None:
     print(f"[learner] {text}", flush=True)
+
+
+DROP_ADVICE = {
+    "invalid": "a group the buffer refused (a reward that is NaN, inf or not a number, e.g. "
+    "1e300 overflowing float32; learner.log names the first reason): check task.reward_fn",
+    "uniform": "every sample of a group got the same reward (no learning signal): check the "
+    "reward, or algorithm.dynamic_sampling",
+    "stale": "older than buffer.max_staleness versions: raise it",
+    "poison": "a payload that could not be read (learner.log names it)",
+}
+"""What to do about groups dropped for each reason, in the no-batch message."""
+
+
+def no_batch_text(exhausted: bool, committed: int, dropped: dict[str, int]) -> str:
+    """The no-batch message: where the groups went and what to check (pure)."""
+    where = ("every actor ran out of prompts" if exhausted else
+             "the learner stopped before a batch was complete")  # fmt: skip
+    bad = {k: v for k, v in dropped.items() if v}
+    if not bad:
+        return f"{where}: {committed} groups committed, none dropped, too few for a batch"
+    parts = [f"{n} {k} ({DROP_ADVICE.get(k, 'see learner.log')})" for k, n in bad.items()]
+    return f"{where}: {committed} groups committed, dropped: " + "; ".join(parts)

@@ -20,6 +20,10 @@ class NullHub:
         """Rank 0 hears stop requests and decides for every rank."""
         return False
 
+    def no_batch_reason(self) -> str:
+        """Rank 0 says why no batch came (its text reaches every rank)."""
+        return ""
+
     def set_dynamic_sampling(self, on: bool) -> None:
         pass
 

@@ -247,17 +247,21 @@ def _collate(groups: list | None):
 
 def _untrained(cfg: Config, hub, rank: int, elapsed_s: float) -> Exception:
     """The error of a run that ended before its first step (same text on every rank): fatal
-    on rank 0 when ``learner.max_wall_s`` ran out (it would again after a restart), not on a
-    stop request; the other ranks leave quietly with rank 0's text (``StoppedUntrained``)."""
+    on rank 0 when ``learner.max_wall_s`` ran out or the groups did (it would again after a
+    restart), not on a stop request; the other ranks leave quietly with rank 0's text
+    (``StoppedUntrained``)."""
     stopped = hub.stop_requested()
+    limit = cfg.learner.max_wall_s
     if stopped:
         why = "a stop request (SIGTERM/Ctrl-C) ended the run before its first step"
-    else:
+    elif limit and elapsed_s >= limit:
         why = (
-            f"learner.max_wall_s={cfg.learner.max_wall_s:g} ran out after {elapsed_s:.1f} s, "
+            f"learner.max_wall_s={limit:g} ran out after {elapsed_s:.1f} s, "
             "before the first step (its clock starts once the model is loaded and includes the "
             "wait for the actors); raise it, or set 0 for no limit"
         )
+    else:  # no time limit hit: the groups ran out (issue 29: it blamed max_wall_s=0)
+        why = hub.no_batch_reason() or f"the run ended after {elapsed_s:.1f} s"
     text = _rank0_text(f"no step was trained: {why}")
     return FatalError(text) if rank == 0 and not stopped else StoppedUntrained(text)
 
