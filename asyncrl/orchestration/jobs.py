@@ -87,7 +87,8 @@ _WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.jso
 
 def check_model_dir(path: Path, key: str, weights: bool = True) -> None:
     """Raise ``FileNotFoundError``/``ValueError`` naming the file when ``path`` is not a
-    loadable Hugging Face model directory: no or unreadable ``config.json``, no weights."""
+    loadable Hugging Face model directory, checked as one unit before anything starts: no or
+    unreadable ``config.json``, no weights, no tokenizer or one larger than the vocabulary."""
     config = path / "config.json"
     if not config.is_file():
         raise FileNotFoundError(
@@ -106,6 +107,33 @@ def check_model_dir(path: Path, key: str, weights: bool = True) -> None:
         raise FileNotFoundError(
             f"{key}={str(path)!r} has no weights: no *.safetensors or pytorch_model*.bin "
             "files next to config.json; copy the model's weight files there"
+        )
+    check_tokenizer(path, key, data["vocab_size"])
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_tokenizer(path: Path, key: str, vocab_size: int) -> None:
+    """Raise naming the fix when ``path`` has no tokenizer, or one whose ids run past the
+    model's ``vocab_size`` embedding rows (issue 29: without tokenizer files transformers
+    built an empty tokenizer, every prompt was empty, and the run hung or crashed later)."""
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{key}={str(path)!r} has no tokenizer ({', '.join(_TOKENIZER_FILES)}: none "
+            "there); copy the model's tokenizer files next to config.json"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # transformers' own errors: the message is what matters
+        raise ValueError(f"{key}={str(path)!r}: its tokenizer cannot be loaded: {e}") from None
+    if len(tok) > vocab_size:
+        raise ValueError(
+            f"{key}={str(path)!r}: the tokenizer has {len(tok)} tokens but config.json's "
+            f"vocab_size is {vocab_size}, so token ids >= {vocab_size} have no embedding; "
+            "the tokenizer and the weights are from different models: use the model's own"
         )
 
 
@@ -273,8 +301,8 @@ def run_local(cfg: Config) -> int:
     import_heavy_modules()  # a stop during torch's import takes effect after it
     check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
     check_available(cfg.logger)  # a tracker's missing library too
+    warn_model_settings(cfg)  # config only: shown even when the model is refused next
     model_dir = resolve_model(cfg)  # a bad model directory fails before any process starts
-    warn_model_settings(cfg)
     check_data(cfg, model_dir)  # and bad data (files, columns, templates, lengths)
     roles: list[Role] = []
     server = keeper = None
@@ -403,8 +431,8 @@ def launch_role(cfg: Config, role: str) -> int:
         check_reward_fn(cfg)
     if role == "learner":
         check_available(cfg.logger)
-    model_dir = resolve_model(cfg, weights=role == "learner" or cfg.actor.engine != "sim")
     warn_model_settings(cfg)
+    model_dir = resolve_model(cfg, weights=role == "learner" or cfg.actor.engine != "sim")
     if role == "actors":
         check_data(cfg, model_dir)
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))

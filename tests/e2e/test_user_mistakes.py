@@ -105,8 +105,8 @@ def test_status_of_an_ended_job_shows_its_summary_and_of_a_missing_dir_says_so(t
 @pytest.mark.redis
 def test_a_real_model_path_under_the_demo_preset_is_warned_with_the_fix(tmp_path):
     """``model.path=X`` without ``model=local`` keeps the demo's lr and 8-token answers: the
-    run says so, naming model=local, once the model resolves (this fake model then stops the
-    run: it has no tokenizer to read the prompts with)."""
+    run says so, naming model=local, before the model is checked (this fake model is then
+    refused: it has no tokenizer)."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"vocab_size": 32}))
@@ -119,3 +119,4 @@ def test_a_real_model_path_under_the_demo_preset_is_warned_with_the_fix(tmp_path
     assert res.returncode == 1, out[-3000:]
     assert "[asyncrl] warning: learner.lr=0.0002 is far above" in out, out[-3000:]
     assert "model=local model.path=..." in out and "warning: actor.max_tokens=8" in out
+    assert "has no tokenizer (tokenizer.json" in out and "Traceback" not in out, out[-3000:]
