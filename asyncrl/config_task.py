@@ -37,7 +37,10 @@ class TaskConfig:
     call still running then scores 0 as a reward error of kind ``timeout`` (a process worker
     is killed and replaced; a thread is left to finish). It holds up no stop or weight sync."""
     reward_executor: str = "process"
-    """Where an actor runs reward calls, off its event loop (actors/scoring.py): ``process``
+    """Where an actor runs reward calls, off its event loop (actors/scoring.py). ``auto`` (the
+    addition task's): ``inline`` for the built-in addition reward (``INLINE_SAFE_REWARDS``),
+    ``process`` for any other, so a user's reward on the demo task is isolated and timed out
+    (issue 29: it ran inline, and ``os._exit`` in it killed the actor). ``process``
     (default): worker processes, each calling the function one call at a time in its main
     thread, so it need not be thread-safe, CPU-bound Python (math-verify) runs in parallel,
     signal-based timeouts work and a timed-out call is killed; fields and results travel as
@@ -86,9 +89,17 @@ class TaskConfig:
         _bound(self, "task.seed", ge=0, le=SEED_MAX, hint=" or null")
         _bound(self, "task.reward_workers", ge=1, le=256)
         _require(
-            self.reward_executor in ("process", "thread", "inline"),
-            f"task.reward_executor must be process, thread or inline, got {self.reward_executor!r}",
+            self.reward_executor in ("auto", "process", "thread", "inline"),
+            "task.reward_executor must be auto, process, thread or inline, got "
+            f"{self.reward_executor!r}",
         )
+        if self.reward_executor == "auto":  # resolved here: the rest sees a concrete executor
+            builtin = self.reward_fn in INLINE_SAFE_REWARDS
+            self.reward_executor = "inline" if builtin else "process"
+
+
+INLINE_SAFE_REWARDS = ("actors.addition:addition_reward",)
+"""Rewards ``task.reward_executor=auto`` runs inline: ours, microseconds a call, never raising."""
 
 
 @dataclass

@@ -18,13 +18,28 @@ MIN_PRETRAINED_TOKENS = 32
 """Below this, most answers of a pretrained chat model are cut at the limit."""
 
 
+def reward_warnings(cfg: Config) -> list[str]:
+    """A reward of the user's run inline: no isolation and no timeout (any model)."""
+    from asyncrl.config_task import INLINE_SAFE_REWARDS
+
+    t = cfg.task
+    if t.reward_executor != "inline" or t.reward_fn in INLINE_SAFE_REWARDS:
+        return []
+    return [
+        f"task.reward_executor=inline runs task.reward_fn={t.reward_fn} on the actor's event "
+        f"loop: task.reward_timeout_s={t.reward_timeout_s:g} is not applied and a crash in it "
+        "(os._exit, a segfault) kills the actor; use task.reward_executor=process (isolated, "
+        "timed out) unless the reward takes microseconds"
+    ]
+
+
 def model_warnings(cfg: Config) -> list[str]:
     """Each setting of ``cfg`` that is far outside a pretrained model's range (or the demo's
-    task), with the key, the value, the usual range and the fix; ``[]`` for the demo model,
-    which is tuned apart."""
+    task), with the key, the value, the usual range and the fix (none for the demo model,
+    which is tuned apart), after ``reward_warnings``."""
+    out = reward_warnings(cfg)
     if cfg.model.path == "demo":
-        return []
-    out = []
+        return out
     if cfg.learner.lr > MAX_PRETRAINED_LR:
         out.append(
             f"learner.lr={cfg.learner.lr:g} is far above what RL of a pretrained model "

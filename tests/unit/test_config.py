@@ -85,3 +85,17 @@ def test_task_names_match_the_prompt_sources():
     assert set(config_module._TASKS) == set(sources)
     assert re.fullmatch(r"\d+\+\d+=", sources["addition"](load_config()).get(0).text)
     assert TaskConfig().name in sources and TaskConfig().reward_fn == addition.REWARD_SPEC
+
+
+def test_a_reward_of_yours_on_the_demo_task_runs_isolated_unless_asked_otherwise():
+    """Issue 29: task.reward_fn on the addition task kept the inline executor (no timeout, and
+    os._exit in the reward killed the actor); auto now means inline for the built-in only."""
+    from asyncrl.orchestration.model_advice import model_warnings
+
+    assert load_config([]).task.reward_executor == "inline"
+    assert load_config(["task.reward_fn=my.py:f"]).task.reward_executor == "process"
+    asked = load_config(["task.reward_fn=my.py:f", "task.reward_executor=inline"])
+    assert asked.task.reward_executor == "inline"
+    (warning,) = model_warnings(asked)
+    assert "task.reward_timeout_s=60 is not applied" in warning and "kills the actor" in warning
+    assert model_warnings(load_config([])) == []
