@@ -61,14 +61,38 @@ class ProjectReward:
         return out
 
 
-def trl_settings(cfg, out_dir: Path) -> dict:
-    """GRPOConfig keyword arguments equal to ``cfg``'s job (the reasons are in vs_trl.py)."""
+LOGITS_BUDGET_BYTES = 1 << 30
+"""One micro-batch's float32 logits at most: TRL materialises [rows, prompt + completion, vocab];
+for SmolLM2's 32 completions that is 32 x 384 x 49152 x 4 B = 2.4 GB, and with its gradient
+and log-softmax the worker reached 15.7 GB and was OOM-killed on a 23 GB machine."""
+
+
+def micro_batches(cfg, model_dir: str) -> int:
+    """How many micro-batches (gradient accumulation) a step's completions are trained in: the
+    fewest that divide them and keep a micro-batch's logits (``data.max_prompt_length +
+    actor.max_tokens`` positions) within ``LOGITS_BUDGET_BYTES``. 1 for the demo's vocabulary.
+    TRL's "dapo" loss divides by the tokens of the whole generation batch, so the step's loss
+    stays the token mean over all its completions (asyncrl micro-batches by tokens too)."""
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    rows = cfg.learner.batch_groups * cfg.actor.n_samples
+    per_row = (cfg.data.max_prompt_length + cfg.actor.max_tokens) * vocab * 4
+    fits = (
+        k
+        for k in range(1, rows + 1)
+        if rows % k == 0 and rows // k * per_row <= LOGITS_BUDGET_BYTES
+    )
+    return next(fits, rows)
+
+
+def trl_settings(cfg, out_dir: Path, micro: int = 1) -> dict:
+    """GRPOConfig keyword arguments equal to ``cfg``'s job (the reasons are in vs_trl.py),
+    trained in ``micro`` micro-batches (``micro_batches``)."""
     a, lc, algo = cfg.actor, cfg.learner, cfg.algorithm
     return dict(
         output_dir=str(out_dir / "trl_output"),
-        per_device_train_batch_size=lc.batch_groups * a.n_samples,  # completions per step
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,  # one generation batch per optimizer step (on-policy)
+        per_device_train_batch_size=lc.batch_groups * a.n_samples // micro,
+        gradient_accumulation_steps=micro,
+        steps_per_generation=micro,  # one generation batch per optimizer step (on-policy)
         num_generations=a.n_samples,
         max_completion_length=a.max_tokens,
         temperature=a.temperature,
@@ -142,7 +166,7 @@ def build_trainer(cfg, model_dir: str, out_dir: Path, t0: float, min_prompts=0):
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward],
-        args=GRPOConfig(**trl_settings(cfg, out_dir)),
+        args=GRPOConfig(**trl_settings(cfg, out_dir, micro_batches(cfg, model_dir))),
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
         optimizers=build_optimizer(model, cfg),
@@ -222,7 +246,8 @@ def main(argv=None) -> int:
     trainer.train()
     done = {"startup_s": step_log.train_begin - t0,
             "val_seconds": validation_of(trainer).seconds_total,
-            "settings": trl_settings(cfg, Path("OUT")), "model_dir": Path(model_dir).name,
+            "settings": trl_settings(cfg, Path("OUT"), micro_batches(cfg, model_dir)),
+            "model_dir": Path(model_dir).name,
             "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "cores": sorted(os.sched_getaffinity(0)), "wall_s": time.time() - t0}  # fmt: skip
     (args.out / "done.json").write_text(json.dumps(done, indent=2))

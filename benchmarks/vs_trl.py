@@ -38,7 +38,8 @@ The ``smollm2`` setting is ``asyncrl run model=smollm2 experiment=smollm2_math``
 SmolLM2-135M-Instruct (float32), verl chat prompts rendered by its chat template (TRL gets the
 rendered text and tokenizes it to the same ids), ``math_reward`` (math-verify, ``\\boxed{}``),
 8 prompts x 4 samples, 128 new tokens at temperature 0.7, AdamW lr 1e-5 with the 10-step
-warm-up, the same GRPOConfig fields otherwise. Completions stop at asyncrl's stop ids
+warm-up, the same GRPOConfig fields otherwise, the 32 completions trained in 4 micro-batches
+(``trl_worker.micro_batches``: memory; the loss is still the step's token mean). Completions stop at asyncrl's stop ids
 (``actors.stop_tokens``: here ``<|im_end|>``), which the worker gives TRL as the model's
 ``generation_config.eos_token_id``. Both validate greedily on the 64 val prompts at steps 0,
 10, 20, ... and the end (asyncrl's ``eval``; TRL: ``vs_trl_validation.GreedyValidation``,

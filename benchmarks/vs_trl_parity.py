@@ -71,19 +71,23 @@ def _prompts(trainer, source, ours_tok, cases: int) -> list[str]:
 def _order(trainer, cfg, cases: int) -> list[str]:
     """TRL's sampler: prompt i's ``n`` samples are rows ``i*n .. i*n+n-1``, in cursor order,
     for the first ``cases`` prompts or all that training reads (``steps x batch_groups``: the
-    sampler drops a last incomplete batch of the dataset)."""
-    n = cfg.actor.n_samples
+    sampler drops a last incomplete batch of the dataset). The sampler repeats each generation
+    batch ``steps_per_generation`` times (once per micro-batch); the first is generated from."""
+    n, per_gen = cfg.actor.n_samples, trainer.args.generation_batch_size
+    repeat = trainer.num_iterations * trainer.args.steps_per_generation
     cases = min(cases, cfg.learner.steps * cfg.learner.batch_groups)
+    blocks = -(-cases * n // per_gen)  # generation batches holding the first `cases` prompts
     served = []
     for index in trainer._get_train_sampler():
         served.append(index)
-        if len(served) == cases * n:
+        if len(served) == blocks * repeat * per_gen:
             break
-    want = [i for i in range(cases) for _ in range(n)]
-    if served == want:
+    used = [i for b in range(0, len(served), repeat * per_gen) for i in served[b : b + per_gen]]
+    used, want = used[: cases * n], [i for i in range(cases) for _ in range(n)]
+    if used == want:
         return []
-    return [f"TRL serves prompts {served[: 2 * n]}... ({len(served)}), not {want[: 2 * n]}... "
-            f"({len(want)})"]  # fmt: skip
+    return [f"TRL generates from prompts {used[: 2 * n]}... ({len(used)}), not "
+            f"{want[: 2 * n]}... ({len(want)})"]  # fmt: skip
 
 
 def _val_prompts(trainer, cfg, model_dir: str, ours_tok) -> list[str]:
@@ -155,7 +159,8 @@ def _settings(trainer, cfg, model_dir: str, ours_tok) -> tuple[dict, list[str]]:
     val, e = validation_of(trainer), cfg.eval
     same_model = Path(trainer.model.name_or_path).resolve() == Path(model_dir).resolve()
     pairs = {
-        "prompts_per_step": [lc.batch_groups, args.per_device_train_batch_size // trainer.num_generations],
+        "prompts_per_step": [lc.batch_groups, args.generation_batch_size // trainer.num_generations],
+        "optimizer_steps_per_generation": [1, args.steps_per_generation // args.gradient_accumulation_steps],
         "samples_per_prompt": [a.n_samples, trainer.num_generations],
         "max_new_tokens": [a.max_tokens, gen.max_new_tokens],
         "temperature": [a.temperature, gen.temperature],

@@ -72,6 +72,16 @@ def greedy_generate(model, prompts: list[list[int]], max_new: int, stop_ids: lis
     return out
 
 
+def due(schedule, step: int, start: bool = False, end: bool = False) -> bool:
+    """Is ``step`` validated under ``schedule`` (``cfg.eval``)? asyncrl's rule
+    (learner/validation.py ``Validation.due``) on a synchronous trainer: every version's
+    weights exist right after its step, so "the first version at/after every N" is each
+    multiple of N. (A step already validated is not validated again: the caller's check.)"""
+    if (start and schedule.at_start) or (end and schedule.at_end):
+        return True
+    return bool(schedule.every) and step > 0 and step % schedule.every == 0
+
+
 class GreedyValidation:
     """A trainer callback: asyncrl's validation schedule and figures on TRL's policy (module
     docstring). Duck-typed like ``trl_worker.StepLog``: other ``on_*`` events are no-ops."""
@@ -94,28 +104,20 @@ class GreedyValidation:
         self.train_begin = float("nan")
         self.seconds_total = 0.0
 
-    def due(self, step: int, *, start: bool = False, end: bool = False) -> bool:
-        """asyncrl's rule (learner/validation.py ``Validation.due``) on a synchronous trainer:
-        every version's weights exist right after its step, so "the first version at/after
-        every N" is each multiple of N."""
-        e = self.schedule
-        if not self.prompts or step in self.done:
-            return False
-        if (start and e.at_start) or (end and e.at_end):
-            return True
-        return bool(e.every) and step > 0 and step % e.every == 0
+    def _due_now(self, step: int, *, start: bool = False, end: bool = False) -> bool:
+        return bool(self.prompts) and step not in self.done and due(self.schedule, step, start, end)
 
     def on_train_begin(self, args, state, control, model=None, **kw):
         self.train_begin = time.time()
-        if self.due(0, start=True):
+        if self._due_now(0, start=True):
             self.validate(model, 0)
 
     def on_step_end(self, args, state, control, model=None, **kw):
-        if self.due(state.global_step):
+        if self._due_now(state.global_step):
             self.validate(model, state.global_step)
 
     def on_train_end(self, args, state, control, model=None, **kw):
-        if self.due(state.global_step, end=True):
+        if self._due_now(state.global_step, end=True):
             self.validate(model, state.global_step)
 
     def validate(self, model, step: int) -> dict:

@@ -134,3 +134,19 @@ def test_reanalyse_reports_the_same_runs_at_other_thresholds(result):
         assert set(fig["time_to_threshold"]) == {"0.0", "0.99"}
         assert fig["time_to_threshold"]["0.0"]["train_s"] is not None  # every run reaches 0
     assert (out / "vs_trl_tiny_reanalysed.png").is_file()
+
+
+def test_smollm2_setting_passes_parity(tmp_path, smollm2_dir):
+    """The smollm2 setting (the real SmolLM2-135M-Instruct, chat-templated verl prompts,
+    math_reward with \\boxed{} answers, asyncrl's stop ids, greedy validation on the val set)
+    passes parity before anything is timed (~40 s; its 2-step run takes ~15 min on 2 cores,
+    too long for a test)."""
+    proc = _run(tmp_path, "--setting", "smollm2", "--parity-only")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("[vs_trl] parity seed 0"))
+    assert "20 prompts" in line and "64 validation prompts" in line and "0 mismatches" in line
+    parity = tmp_path / "runs" / "vs_trl_smollm2_tiny" / "parity-seed0" / "parity.json"
+    settings = json.loads(parity.read_text())["settings"]
+    assert settings["stop_token_ids"][0] == settings["stop_token_ids"][1] != []
+    assert settings["max_new_tokens"] == [128, 128] and settings["temperature"] == [0.7, 0.7]
+    assert settings["val_greedy (eval.n_samples=1)"] == [True, True]
