@@ -14,6 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
+from asyncrl.rundir import write_atomic
+
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from actors import data_identity
@@ -99,7 +101,7 @@ def _report(cfg, actor, failed: Exception | None, say) -> int:
 
     s = actor.state
     stats_path = Path(cfg.run_dir) / f"actor{s.actor_id}.json"
-    stats_path.write_text(json.dumps(actor.stats(), indent=2))
+    write_atomic(stats_path, json.dumps(actor.stats(), indent=2), 0o644)  # never half-written
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(s.reward_errors_by_kind.items()))
     say(
         f"{'stopped' if failed else 'done'}: committed {s.committed} groups, "

@@ -28,6 +28,7 @@ import math
 from collections import deque
 from pathlib import Path
 
+from asyncrl.rundir import write_atomic
 from asyncrl.trackers import step_metrics, summary_metrics
 
 _ETA_WINDOW = 20  # steps whose mean time predicts the rest
@@ -145,7 +146,7 @@ class RunLog:
             **extra,
             "validation": self.val_records,
         }
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(self.dir / "summary.json", json.dumps(summary, indent=2), 0o644)
         last_step = self.records[-1]["step"] if self.records else 0
         for tracker in self.trackers:
             tracker.log_summary(summary_metrics(summary), last_step)

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from asyncrl.fatal import FatalError
 from asyncrl.faults import failpoint
 from learner.finite import NonFiniteError, nonfinite_models
 from learner.model import full_named_tensors
@@ -100,13 +101,25 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     _barrier()
     failpoint("checkpoint.begin", version=version)
-    dcp.save(_state_dicts(model, optimizer, extra), checkpoint_id=str(tmp / "dcp"))
-    failpoint("checkpoint.after_dcp", version=version)
-    export_hf(model, tmp / "hf", source_model_dir)
-    failpoint("checkpoint.after_hf", version=version)
+    try:
+        dcp.save(_state_dicts(model, optimizer, extra), checkpoint_id=str(tmp / "dcp"))
+        failpoint("checkpoint.after_dcp", version=version)
+        export_hf(model, tmp / "hf", source_model_dir)
+        failpoint("checkpoint.after_hf", version=version)
+        if _rank() == 0:
+            (tmp / "state.json").write_text(json.dumps(state, indent=2))
+    except Exception as e:
+        if disk_full(e, root):
+            shutil.rmtree(tmp, ignore_errors=True)  # give the space back
+            raise FatalError(
+                f"no space left on {root} while writing checkpoint {final.name} "
+                f"({shutil.disk_usage(root).free >> 20} MiB free; torch said: {e}); free "
+                "space there or set learner.checkpoint_dir to a larger disk; the newest "
+                f"complete checkpoint stays {latest_checkpoint(run_dir)}"
+            ) from e
+        raise
     _barrier()  # every rank's files are written before rank 0 seals the checkpoint
     if _rank() == 0:
-        (tmp / "state.json").write_text(json.dumps(state, indent=2))
         _fsync_tree(tmp)
         failpoint("checkpoint.before_marker", version=version)
         _write_durably(tmp / _MARKER, str(version))
@@ -121,6 +134,26 @@ def save_checkpoint(
         failpoint("checkpoint.after_rename", version=version)
     _barrier()
     return final
+
+
+LOW_SPACE_BYTES = 64 << 20
+"""A failed write with less free space than this is taken as a full disk."""
+
+
+def disk_full(e: BaseException, where: Path) -> bool:
+    """``e`` (or an error it came from) is ENOSPC/EDQUOT, or ``where``'s file system has less
+    than ``LOW_SPACE_BYTES`` free: torch's checkpoint writer reports a full disk as
+    "unexpected pos 704 vs 598", not as ENOSPC (issue 29)."""
+    import errno
+
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(where).free < LOW_SPACE_BYTES
+    except OSError:
+        return False
 
 
 def _remove_leftovers(root: Path) -> None:

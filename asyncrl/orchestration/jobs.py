@@ -39,8 +39,8 @@ def prepare_run_dir(cfg: Config, roles: tuple[str, ...] = ALL_ROLES) -> Path:
     cfg.run_dir = str(run_dir)
     cfg.experiment_name = cfg.experiment_name or run_dir.name
     try:
-        (run_dir / "config.json").write_text(config_to_json(cfg))
-        (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+        rundir.write_atomic(run_dir / "config.json", config_to_json(cfg), 0o644)
+        rundir.write_atomic(run_dir / "config.yaml", config_to_yaml(cfg), 0o644)
     except OSError as e:
         why = rundir.describe_os_error(e)
         raise rundir.RunDirError(f"cannot write the run's config: {why}") from None
@@ -51,7 +51,7 @@ def write_run_info(run_dir: Path, **info) -> None:
     """``run.json``: what this run resolved (model directory, core split); no secrets."""
     path = run_dir / "run.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**old, **info}, indent=2))
+    rundir.write_atomic(path, json.dumps({**old, **info}, indent=2), 0o644)
 
 
 def resolve_model(cfg: Config, weights: bool = True) -> str:

@@ -47,3 +47,22 @@ def test_the_text_names_each_drop_reason_and_its_fix():
     assert "NaN, inf or not a number" in text and "task.reward_fn" in text and "stale" not in text
     assert "none dropped, too few for a batch" in no_batch_text(True, 3, {"stale": 0})
     assert no_batch_text(False, 0, {}).startswith("the learner stopped before a batch")
+
+
+def test_a_full_disk_is_recognised_through_torchs_own_error(tmp_path, monkeypatch):
+    """Issue 29: torch's checkpoint writer said "unexpected pos 704 vs 598" on a full disk."""
+    import errno
+
+    from learner import checkpoint
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    try:
+        try:
+            raise full
+        except OSError as e:
+            raise RuntimeError("unexpected pos 704 vs 598") from e
+    except RuntimeError as wrapped:
+        assert checkpoint.disk_full(wrapped, tmp_path)
+    assert not checkpoint.disk_full(RuntimeError("unexpected pos 704 vs 598"), tmp_path)
+    monkeypatch.setattr(checkpoint, "LOW_SPACE_BYTES", 1 << 62)  # as if almost nothing were free
+    assert checkpoint.disk_full(RuntimeError("unexpected pos 704 vs 598"), tmp_path)
