@@ -68,6 +68,11 @@ def git_commit() -> str:
         return "unknown"
 
 
+_START_COMMIT = git_commit()
+"""The code a benchmark ran: HEAD when it started (commits made while it ran, by anyone, come
+after; ``commit_at_write`` records the HEAD at write time when it differs)."""
+
+
 def rerun_command() -> str:
     """The command that reruns this benchmark from the repository root: ``python -m
     benchmarks.<module> <args>`` (``sys.argv[0]`` is a file path, which cannot import
@@ -92,7 +97,8 @@ def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
         "name": name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": rerun_command(),
-        "commit": git_commit(),
+        "commit": _START_COMMIT,
+        **({"commit_at_write": now} if (now := git_commit()) != _START_COMMIT else {}),
         "machine": machine(),
         **payload,
     }
