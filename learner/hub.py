@@ -51,6 +51,7 @@ class Hub:
             connect(redis_url), b.name, b.capacity, b.lease_ttl_s, max_deliveries=b.max_deliveries,
             reconnect_s=b.reconnect_s, stop=self.stop_requested,
         )  # fmt: skip
+        self.claim = _claim_buffer(self.buffer, b.name, run_dir, self._claim_lost, self.say)
         self.source = GroupSource(
             self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
             stop=self.stop_requested, say=self.say, exhausted=self.data_exhausted,
@@ -103,6 +104,11 @@ class Hub:
 
     def say(self, text: str) -> None:
         print(f"[learner] {text}", flush=True)
+
+    def _claim_lost(self, why: str) -> None:
+        """Another learner took the buffer (buffer/learner_claim.py): stop, saying so."""
+        self.say(why)
+        self._stop = True
 
     def stop_requested(self) -> bool:
         return self._stop
@@ -394,6 +400,7 @@ class Hub:
         if self.sender is not None:
             self.sender.close()
         self.control.close()
+        self.claim.release()
         self.say("summary " + json.dumps(summary))
         return summary
 
@@ -448,6 +455,21 @@ def _validation(cfg: Config, buffer, log: RunLog, say):
 
 def _say(text: str) -> None:
     print(f"[learner] {text}", flush=True)
+
+
+def _claim_buffer(buffer, name: str, run_dir: str, lost, say):
+    """This learner's ``LearnerClaim`` on the buffer, renewed from now on; ``FatalError``
+    naming the holder when another run's learner has it (issue 29)."""
+    from asyncrl.fatal import FatalError
+    from buffer.learner_claim import ClaimRefused, LearnerClaim
+
+    claim = LearnerClaim(buffer.client, name, run_dir)
+    try:
+        claim.acquire(say)
+    except ClaimRefused as e:
+        raise FatalError(str(e)) from None
+    claim.keep(lost)
+    return claim
 
 
 DROP_ADVICE = {

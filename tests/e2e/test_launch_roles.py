@@ -110,6 +110,24 @@ def test_a_waiting_learner_reports_its_wait_and_stops_promptly_on_sigterm(
     print(f"\nSIGTERM stopped the waiting learner launcher and its ranks in {took:.1f}s")
 
 
+@pytest.mark.timeout(300)
+def test_a_second_learner_on_a_buffer_is_refused_naming_the_first(tmp_path, roles, redis_server):
+    """Issue 29: a second `launch learner` on a buffer (another run_dir) took the first one's
+    pending groups and reset its version. Now it is refused at once, naming the holder, and
+    the first learner goes on waiting."""
+    first = _learner(roles, tmp_path, redis_server.url, "twolearners")
+    roles.wait_line(first, "waiting for 1 actor(s) to register", 240)
+    second = roles.cli("learner2", "launch", "learner", "experiment=tiny", "actor.engine=sim",
+                       f"buffer.url={redis_server.url}", "buffer.name=twolearners",
+                       "metrics_port=0", f"run_dir={tmp_path / 'other'}", may_exit=True)  # fmt: skip
+    assert roles.wait(second, 240) != 0, second.tail()
+    out = second.output()
+    assert "buffer 'twolearners' already has a learner: pid" in out, second.tail()
+    assert f"run_dir {(tmp_path / 'learner').resolve()}" in out, second.tail()
+    assert first.poll() is None, first.tail()  # the first one is untouched
+    assert roles.signal(first, signal.SIGTERM, 60) == 130, first.tail()
+
+
 def _run_log(tmp_path) -> str:
     """The learner role's own log (what the ranks and torchrun printed)."""
     return next((tmp_path / "learner").rglob("learner.log")).read_text(errors="replace")

@@ -1,0 +1,128 @@
+"""One buffer, one learner: the learner's claim on a buffer, held in Redis with a lease.
+
+Issue 29: a second ``asyncrl launch learner`` on a buffer another learner was training from
+was accepted. It took the first one's pending groups, reset the shared ``learner_version``
+and trained the other policy's groups. Now each learner claims ``<buffer.name>:learner``
+before it reads anything:
+
+- the key holds JSON ``{"token", "host", "pid", "run_dir", "started"}`` and expires after
+  ``ttl_s`` unless renewed; the holder renews it every ``ttl_s / 3`` from a thread;
+- a free key (never claimed, or the holder died and its lease ran out) is taken;
+- a key held for the **same run_dir** is taken over at once: that is the run restarting (a
+  restarted rank, a resume; two live learners of one run_dir are refused earlier, by the run
+  directory's lock);
+- a key held by another run is refused at once with ``ClaimRefused``, naming the holder and
+  when its lease ends.
+
+Renewal and release are compare-and-set on the token (a Lua script), so a learner never
+extends or deletes a claim that was taken over; a renewal that finds the claim gone or another
+token's calls ``lost`` once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+DEFAULT_TTL_S = 30.0
+
+_RENEW = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if cjson.decode(v)['token'] ~= ARGV[1] then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+_RELEASE = """
+local v = redis.call('GET', KEYS[1])
+if v and cjson.decode(v)['token'] == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class ClaimRefused(RuntimeError):
+    """Another run's learner holds the buffer."""
+
+
+def claim_key(buffer_name: str) -> str:
+    return f"{buffer_name}:learner"
+
+
+class LearnerClaim:
+    """This learner's claim on buffer ``name`` (see the module docstring)."""
+
+    def __init__(self, client, name: str, run_dir: str, ttl_s: float = DEFAULT_TTL_S) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self.client, self.name, self.ttl_s = client, name, ttl_s
+        self.key = claim_key(name)
+        self.run_dir = os.path.realpath(run_dir)
+        self.token = secrets.token_hex(8)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, say: Callable[[str], None] = print) -> None:
+        """Take the claim, or raise ``ClaimRefused`` naming the holder (module docstring)."""
+        me = json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
+                         "run_dir": self.run_dir, "started": time.strftime("%Y-%m-%d %H:%M:%S")})  # fmt: skip
+        ttl_ms = int(self.ttl_s * 1000)
+        for _ in range(3):  # the holder's key may expire between our SET and GET
+            if self.client.set(self.key, me, nx=True, px=ttl_ms):
+                return
+            raw, left = self.client.get(self.key), self.client.pttl(self.key)
+            if raw is None:
+                continue
+            holder = json.loads(raw)
+            if holder.get("run_dir") == self.run_dir:
+                self.client.set(self.key, me, px=ttl_ms)
+                say(f"took over the claim on buffer {self.name!r} from an earlier learner of "
+                    f"this run (pid {holder.get('pid')} on {holder.get('host')})")  # fmt: skip
+                return
+            raise ClaimRefused(refusal(self.name, holder, left / 1000 if left > 0 else None))
+        raise ClaimRefused(f"buffer {self.name!r}: could not claim it (it changed hands 3 times)")
+
+    def renew(self) -> bool:
+        """Extend the lease; False if the claim is gone or another learner's."""
+        return self.client.eval(_RENEW, 1, self.key, self.token, int(self.ttl_s * 1000)) == 1
+
+    def keep(self, lost: Callable[[str], None]) -> None:
+        """Renew every ``ttl_s / 3`` in a daemon thread until ``release``; ``lost(why)`` once
+        if a renewal finds the claim gone or taken (a Redis error is retried next time)."""
+
+        def loop() -> None:
+            while not self._stop.wait(self.ttl_s / 3):
+                try:
+                    if not self.renew():
+                        lost(f"the claim on buffer {self.name!r} was lost (expired or taken "
+                             "over by another learner): this learner must stop")  # fmt: skip
+                        return
+                except Exception:  # Redis away for a moment: the reads will say so
+                    continue
+
+        self._thread = threading.Thread(target=loop, name="learner-claim", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        """Stop renewing and delete the claim if it is still ours (best effort)."""
+        self._stop.set()
+        try:
+            self.client.eval(_RELEASE, 1, self.key, self.token)
+        except Exception:  # Redis gone at shutdown: the lease runs out by itself
+            pass
+
+
+def refusal(name: str, holder: dict, left_s: float | None) -> str:
+    """The message for a learner refused by ``holder`` (pure)."""
+    lease = f"its lease ends in {left_s:.0f} s unless renewed" if left_s else "no expiry"
+    return (
+        f"buffer {name!r} already has a learner: pid {holder.get('pid')} on "
+        f"{holder.get('host')}, run_dir {holder.get('run_dir')}, started {holder.get('started')} "
+        f"({lease}). One buffer has one learner at a time: stop that learner, or give this one "
+        "its own buffer.name (and actors); restarting that run's learner with the same run_dir "
+        "takes the claim over"
+    )
