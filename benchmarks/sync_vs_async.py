@@ -9,7 +9,8 @@
 Arms (C = the cores this process may use; "split" = learner ranks on the first half of
 them, the actor on the second half, each pinned with sched_setaffinity):
 
-    sync_colocated  mode=sync; learner ranks on all C cores and vLLM bound to all C cores.
+    sync_colocated  mode=sync; the learner on all C cores (a rank per core, or one rank with
+                    C threads: ``--colocated``) and vLLM bound to all C cores.
                     Generation and training alternate, each with every core (the classic
                     synchronous trainer; verl's hybrid engine).
     sync_split      mode=sync (max_staleness=0 + one batch per version); split cores.
@@ -75,7 +76,12 @@ def core_split(cores: list[int]) -> dict[str, list[int]]:
     return {"learner": cores[:half], "actor": cores[half:]}
 
 
-def arm_overrides(cores: list[int], staleness: list[int]) -> dict[str, list[str]]:
+def arm_overrides(cores: list[int], staleness: list[int],
+                  colocated: str = "ranks") -> dict[str, list[str]]:  # fmt: skip
+    """Each arm's overrides. ``colocated``: the sync_colocated learner on all the cores as one
+    rank per core (``ranks``: FSDP2 over gloo) or as one rank with a thread per core
+    (``threads``: no collectives; SmolLM2's step took 74-91 s as 2 ranks against ~55 s as one
+    rank on one core, so ranks would handicap the synchronous arm)."""
     split = core_split(cores)
     pinned = [
         f"learner.nproc={len(split['learner'])}",
@@ -85,7 +91,11 @@ def arm_overrides(cores: list[int], staleness: list[int]) -> dict[str, list[str]
     arms = {
         "sync_colocated": [
             "mode=sync",
-            f"learner.nproc={len(cores)}",
+            *(
+                [f"learner.nproc={len(cores)}"]
+                if colocated == "ranks"
+                else ["learner.nproc=1", f"learner.cpu_threads={len(cores)}"]
+            ),  # fmt: skip
             _cores_override("learner.cpu_affinity", cores),
             _cores_override("actor.cpu_affinity", cores),
         ],
@@ -191,7 +201,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", help="task seeds (overrides the preset)")
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4],
                    help="max_staleness of the async arms (default 1 2 4)")  # fmt: skip
-    p.add_argument("--arms", help="comma-separated subset of arms to run (default: all)")
+    p.add_argument("--arms", help="comma-separated subset of arms to run, in this order "
+                   "(default: all)")  # fmt: skip
+    p.add_argument("--colocated", choices=("ranks", "threads"),
+                   help="sync_colocated's learner: a rank per core, or one rank with a thread "
+                        "per core (default: threads for smollm2, ranks otherwise)")  # fmt: skip
     p.add_argument("--extra-seeds", type=int, nargs="+", default=[],
                    help="then these seeds for the best sync and the best async arm only "
                         "(sva_val.best_arms on the runs before)")  # fmt: skip
@@ -217,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     name = args.name or f"sync_vs_async{suffix}"
     cores = sorted(os.sched_getaffinity(0))
-    arms = arm_overrides(cores, args.staleness)
+    colocated = args.colocated or ("threads" if args.setting == "smollm2" else "ranks")
+    arms = arm_overrides(cores, args.staleness, colocated)
     if args.arms:
         wanted = args.arms.split(",")
         unknown = [a for a in wanted if a not in arms]
@@ -265,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         report["validation"] = val
     config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds,
               "extra_seeds": args.extra_seeds, "staleness": args.staleness,
+              "colocated_learner": colocated,
               "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
               "seed_meaning": "task.seed (prompt stream); model seed=0 in every run"}  # fmt: skip
     plots = plot_all(runs, report, args.out, name)
