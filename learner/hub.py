@@ -364,8 +364,10 @@ class Hub:
         self.ledger.restore(saved.get("ledger"))  # absent: from a balanced ledger
 
     def close_log(self, status: str) -> None:
-        """End the run log and the experiment trackers' runs with ``status`` (idempotent)."""
+        """End the run log and the experiment trackers' runs with ``status`` (idempotent);
+        give the buffer's learner claim back."""
         self.log.close(status)
+        self.claim.release()
 
     def finish(self, state) -> dict:
         """Stop the actors, write summary.json and reward.png, print the summary; returns it."""

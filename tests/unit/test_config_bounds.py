@@ -57,7 +57,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "learner.batch_groups": [(1, 0)],
     "learner.micro_batch_rows": [(0, -1)],
     "learner.max_tokens_per_micro_batch": [(0, -1)],
-    "learner.lr": [(1e-12, 0.0)],
+    "learner.lr": [(1e-12, 0.0), (1.0, 1.0001)],
     "learner.warmup_steps": [(0, -1)],
     "learner.weight_decay": [(0.0, -1e-9)],
     "learner.grad_clip": [(1e-6, 0.0)],
