@@ -125,6 +125,9 @@ class LearnerConfig:
     """Send weights to the actors every this many steps (>= 1)."""
     checkpoint_every: int = 100
     """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
+    keep_checkpoints: int = 0
+    """Keep only the newest this many complete checkpoints (>= 0; 0 = keep all). Older ones
+    are deleted right after a new one is sealed, so the resume point is never among them."""
     checkpoint_dir: str = ""
     """Where checkpoints go (``<dir>/checkpoints/step_<V>``); '' = the run directory. Every
     rank writes its own shards there, so with ``learner.nnodes > 1`` it must be a directory
@@ -241,6 +244,7 @@ class LearnerConfig:
         _bound(self, "learner.grad_clip", gt=0, hint=" (for no clipping give e.g. 1e9)")
         _bound(self, "learner.sync_every", ge=1)
         _bound(self, "learner.checkpoint_every", ge=0, hint=" (0 = only at the end)")
+        _bound(self, "learner.keep_checkpoints", ge=0, hint=" (0 = keep all)")
         _bound(self, "learner.cpu_threads", ge=1)
         _bound(self, "learner.max_wall_s", ge=0, hint=" (0 = no limit)")
         _bound(self, "learner.data_timeout_s", gt=0)

@@ -156,6 +156,21 @@ def disk_full(e: BaseException, where: Path) -> bool:
         return False
 
 
+def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (``keep`` 0: none); returns
+    what was deleted. Incomplete directories are ``_remove_leftovers``' business."""
+    if keep <= 0:
+        return []
+    root = Path(run_dir) / "checkpoints"
+    done = sorted((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None)
+    old = [p for _, p in done[:-keep]]
+    for p in old:
+        trash = root / f".old-{p.name}"  # renamed first: never a half-deleted step_<V>
+        os.replace(p, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return old
+
+
 def _remove_leftovers(root: Path) -> None:
     """Delete the ``.tmp-*`` / ``.old-*`` directories of saves that were interrupted."""
     root.mkdir(parents=True, exist_ok=True)

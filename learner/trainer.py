@@ -26,7 +26,12 @@ from asyncrl.faults import failpoint
 from asyncrl.heap import freeze_startup_heap
 from asyncrl.waiting import StopRequested
 from learner.batch import broadcast_batch, collate
-from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from learner.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
 from learner.critic import build_critic
 from learner.device import current_device, init_distributed
 from learner.finite import NonFiniteError, NonFiniteGuard, nonfinite_models
@@ -223,11 +228,11 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         hub.after_step(state, metrics)
         every = cfg.learner.checkpoint_every
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
-            _checkpoint(ckpt_dir, ctx, state, model_dir, hub)
+            _checkpoint(ckpt_dir, ctx, state, model_dir, hub, cfg.learner.keep_checkpoints)
         failpoint("learner.after_step", version=state.version)
     if state.version == 0:
         raise _untrained(cfg, hub, rank, time.monotonic() - start)
-    _checkpoint(ckpt_dir, ctx, state, model_dir, hub)
+    _checkpoint(ckpt_dir, ctx, state, model_dir, hub, cfg.learner.keep_checkpoints)
     if _rank0_flag(rank, hub.end_validation_due(state.version)):  # eval.at_end
         if synced != state.version:
             _sync_weights(ctx.model, hub, state.version)
@@ -316,7 +321,8 @@ def _extra_state(ctx: StepContext) -> dict:
     return {"critic": (ctx.critic.model, ctx.critic.optimizer)} if ctx.critic else {}
 
 
-def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) -> None:
+def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub,
+                keep: int = 0) -> None:  # fmt: skip
     state.unacked = hub.trained_ids()
     # the ids of the groups this checkpoint contains: acked right after it is durable, and
     # acked again on resume in case the learner died in between (ack is idempotent)
@@ -333,6 +339,9 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub) 
                     extra=_extra_state(ctx))  # fmt: skip
     failpoint("learner.before_ack", version=state.version)  # durable, groups not yet acked
     hub.ack_trained()
+    if dist.get_rank() == 0:  # the new one is sealed: the oldest beyond keep can go
+        for old in prune_checkpoints(run_dir, keep):
+            hub.say(f"removed checkpoint {old.name} (learner.keep_checkpoints={keep})")
 
 
 def _agreed_checkpoint(run_dir: str, rank: int) -> Path | None:

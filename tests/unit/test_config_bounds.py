@@ -63,6 +63,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "learner.grad_clip": [(1e-6, 0.0)],
     "learner.sync_every": [(1, 0)],
     "learner.checkpoint_every": [(0, -1)],
+    "learner.keep_checkpoints": [(0, -1)],
     "learner.cpu_threads": [(1, 0)],
     "learner.max_wall_s": [(0.0, -1e-9)],
     "learner.data_timeout_s": [(1e-3, 0.0)],

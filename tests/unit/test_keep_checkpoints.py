@@ -1,0 +1,33 @@
+"""``learner.keep_checkpoints=N`` (issue 30): the newest N complete checkpoints stay, older
+ones go right after a new one is sealed; incomplete directories are never counted."""
+
+from __future__ import annotations
+
+from learner.checkpoint import latest_checkpoint, prune_checkpoints
+
+
+def _ckpt(root, v: int, complete: bool = True):
+    d = root / "checkpoints" / f"step_{v:06d}"
+    d.mkdir(parents=True)
+    (d / "weights").write_text("x")
+    if complete:
+        (d / "COMPLETE").write_text(str(v))
+    return d
+
+
+def test_only_the_newest_n_complete_checkpoints_stay(tmp_path):
+    for v in (2, 4, 6, 8):
+        _ckpt(tmp_path, v)
+    broken = _ckpt(tmp_path, 10, complete=False)  # an interrupted save: not a checkpoint
+    removed = prune_checkpoints(tmp_path, 2)
+    assert [p.name for p in removed] == ["step_000002", "step_000004"]
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left == ["step_000006", "step_000008", "step_000010"] and broken.exists()
+    assert latest_checkpoint(tmp_path).name == "step_000008"
+
+
+def test_zero_keeps_all_and_fewer_than_n_removes_nothing(tmp_path):
+    for v in (1, 2, 3):
+        _ckpt(tmp_path, v)
+    assert prune_checkpoints(tmp_path, 0) == [] and prune_checkpoints(tmp_path, 5) == []
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 3
