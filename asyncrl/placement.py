@@ -198,11 +198,41 @@ def _take(free: list[int], k: int, short) -> list[int]:
     return taken
 
 
+LAYOUTS = {8: "node8", 4: "node4", 2: "node2"}
+"""The ``layout=`` preset (configs/layout/) for a node of this many GPUs."""
+
+
+def fitting_layout(req: Request) -> str | None:
+    """A layout of learner and actors that fits this node's GPUs, as overrides (``layout=node4``
+    or ``learner.nproc=A actor.num_actors=B``); None if the node has fewer than 2 or the
+    request is not for both roles."""
+    n, g = len(req.devices), max(1, req.gpus_per_actor)
+    if n < 1 + g or not (req.learner_ranks and req.actors):
+        return None
+    if n in LAYOUTS and g == 1:
+        return f"layout={LAYOUTS[n]}"
+    actors = max(1, (n // 2) // g)
+    return f"learner.nproc={n - actors * g} actor.num_actors={actors}"
+
+
+def _layout_fix(req: Request) -> list[str]:
+    if req.learner_gpus or req.actor_gpus:
+        return []
+    fit = fitting_layout(req)
+    if fit:
+        return [f"for a layout that fits all {len(req.devices)}: {fit}"]
+    if len(req.devices) == 1 and req.learner_ranks and req.actors:
+        return ["on one GPU, run the actors on the CPU (actor=cpu): the learner and a vLLM "
+                "engine sharing a GPU is not supported yet"]  # fmt: skip
+    return []
+
+
 def _learner_short(req: Request, free: list[int], actors: list[int] | None) -> str:
     r, k = req.learner_ranks, len(free)
     after = f" besides the actors' {len(actors)} (actor.gpus={req.actor_gpus})" if actors else ""
     fixes = [f"lower learner.nproc to {k}"] if k else []
     fixes += ["give the actors fewer GPUs (actor.gpus)"] if actors else []
+    fixes += _layout_fix(req)
     return (
         f"learner.nproc={r} needs {r} GPU(s) (one per rank){after}, this node has "
         f"{len(req.devices)}: {', or '.join(fixes)}"
@@ -216,6 +246,7 @@ def _actors_short(req: Request, free: list[int], learner: list[int]) -> str:
     fixes = [f"lower actor.num_actors to {k}"] if k else []
     fixes += ["give the learner fewer GPUs (learner.nproc)"] if learner else []
     fixes += ["start the other actors on another node (actor.nnodes, docs/multinode.md)"]
+    fixes += _layout_fix(req)
     return (
         f"actor.num_actors={a} x actor.gpus_per_actor={g} needs {a * g} GPU(s)"
         f"{after if learner else ''}, this node has {len(req.devices)}: {', or '.join(fixes)}"

@@ -230,3 +230,33 @@ def test_one_parser_for_core_and_gpu_lists():
 def test_bad_gpu_keys_name_the_problem(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(overrides)
+
+
+# --- the layouts users have (issue 30) ---
+
+
+@pytest.mark.parametrize(("n", "layout"), [(8, "node8"), (4, "node4"), (2, "node2")])
+def test_each_layout_preset_places_learner_and_actors_on_its_node(n, layout):
+    cfg = load_config([f"layout={layout}"])
+    plan = place(request_for(cfg, ("learner", "actors"), tuple(str(i) for i in range(n))))
+    half = n // 2
+    assert plan.learner == tuple(str(i) for i in range(half))
+    assert plan.actors == tuple((str(i),) for i in range(half, n))
+    assert cfg.learner.device == "cuda" and cfg.actor.engine == "vllm"
+
+
+def test_too_many_gpus_asked_proposes_the_layout_that_fits():
+    node8 = load_config(["learner=gpu", "actor=gpu"])  # 8 learner ranks + 1 actor: 9 GPUs
+    message = _refused(request_for(node8, ("learner", "actors"), EIGHT), "this node has 8")
+    assert message.endswith("or for a layout that fits all 8: layout=node8")
+    four = tuple(str(i) for i in range(4))
+    message = _refused(request_for(load_config(["layout=node8"]), ("learner", "actors"), four),
+                       "this node has 4")  # fmt: skip
+    assert "layout=node4" in message
+    six = tuple(str(i) for i in range(6))
+    assert "learner.nproc=3 actor.num_actors=3" in _refused(
+        request_for(node8, ("learner", "actors"), six), "this node has 6"
+    )
+    one = _refused(request_for(load_config(["layout=node2"]), ("learner", "actors"), ("0",)),
+                   "this node has 1")  # fmt: skip
+    assert "actor=cpu" in one and "not supported yet" in one
