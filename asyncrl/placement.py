@@ -222,8 +222,9 @@ def _layout_fix(req: Request) -> list[str]:
     if fit:
         return [f"for a layout that fits all {len(req.devices)}: {fit}"]
     if len(req.devices) == 1 and req.learner_ranks and req.actors:
-        return ["on one GPU, run the actors on the CPU (actor=cpu): the learner and a vLLM "
-                "engine sharing a GPU is not supported yet"]  # fmt: skip
+        return ["the learner and a vLLM engine sharing one GPU is not supported yet: use a "
+                "node with 2+ GPUs (layout=node2), or actor.engine=sim to test the learner "
+                "alone"]  # fmt: skip
     return []
 
 

@@ -259,4 +259,4 @@ def test_too_many_gpus_asked_proposes_the_layout_that_fits():
     )
     one = _refused(request_for(load_config(["layout=node2"]), ("learner", "actors"), ("0",)),
                    "this node has 1")  # fmt: skip
-    assert "actor=cpu" in one and "not supported yet" in one
+    assert "layout=node2" in one and "not supported yet" in one
