@@ -209,7 +209,12 @@ class RedisServer:
             self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log:
                 cmd = self._wrap([exe, str(self.conf_path)])
-                self._proc = subprocess.Popen(cmd, stdout=log, stderr=log, pass_fds=self._pass_fds)
+                # a session of its own: a signal to the launcher's whole process group (a
+                # terminal's Ctrl-C, `timeout`, a batch scheduler) must not stop Redis before
+                # the launcher has stopped the roles (issue 29); it still dies with the
+                # launcher (``wrap``: asyncrl/lifeline.py) and is stopped by ``stop()``
+                self._proc = subprocess.Popen(cmd, stdout=log, stderr=log, pass_fds=self._pass_fds,
+                                              start_new_session=True)  # fmt: skip
             try:
                 self._wait_ready()
                 break

@@ -145,6 +145,31 @@ def test_two_ctrl_c_within_0_2s_still_stop_redis_cleanly(tmp_path, roles):
 
 
 @pytest.mark.timeout(300)
+def test_a_ctrl_c_to_the_whole_process_group_stops_redis_last(tmp_path, roles):
+    """Issue 29: a terminal's Ctrl-C (or `timeout`, a batch scheduler) signals the launcher's
+    whole process group; redis-server shared it, died first, and was restarted by the buffer
+    supervisor in the middle of the shutdown, so no summary.json was written. Now it runs in
+    a session of its own and the launcher stops it after the roles."""
+    run_dir = tmp_path / "run"
+    job = _start_job(roles, run_dir)
+    import psutil
+
+    holders = rundir._pids_holding(run_dir / ".lock-buffer")
+    (redis,) = [p for p in holders if psutil.Process(p).name().startswith("redis-server")]
+    assert os.getpgid(redis) != os.getpgid(job.popen.pid), "redis-server in the job's group"
+    roles.release(job)
+    os.killpg(job.popen.pid, signal.SIGINT)
+    code = job.popen.wait(60)
+    out = job.output()
+    assert code == 130, out[-3000:]
+    assert "Traceback" not in out and "restart" not in out.lower(), out[-3000:]
+    assert (run_dir / "summary.json").is_file(), out[-3000:]
+    redis_log = (run_dir / "redis" / "redis.log").read_text()
+    assert "ready to exit, bye bye" in redis_log.splitlines()[-1], redis_log[-1000:]
+    assert not _gone(run_dir, 10), "processes outlived the job"
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_in_the_first_moments_stops_without_a_traceback(tmp_path, roles, sig):
     for i, delay in enumerate((0.1, 0.6, 1.5, 3.0)):
