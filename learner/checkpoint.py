@@ -120,6 +120,7 @@ def save_checkpoint(
         raise
     _barrier()  # every rank's files are written before rank 0 seals the checkpoint
     if _rank() == 0:
+        write_manifest(tmp)
         _fsync_tree(tmp)
         failpoint("checkpoint.before_marker", version=version)
         _write_durably(tmp / _MARKER, str(version))
@@ -134,6 +135,77 @@ def save_checkpoint(
         failpoint("checkpoint.after_rename", version=version)
     _barrier()
     return final
+
+
+MANIFEST = "manifest.json"
+"""Every file of a checkpoint with its size and XXH3-64, written before the marker."""
+
+
+def _xxh3(path: Path) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    skip = {_MARKER, MANIFEST}
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in skip)
+
+
+def write_manifest(root: Path) -> None:
+    """``root/manifest.json``: each file's size and checksum (issue 29: a truncated shard
+    otherwise meets torch's bare "checkpoint file is corrupted" on resume)."""
+    files = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "xxh3": _xxh3(p)}
+             for p in _files(root)}  # fmt: skip
+    (root / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when every file of ``path`` matches its manifest (or there is no manifest: a
+    checkpoint from before manifests), else what is wrong, naming the file."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as e:
+        return f"its {MANIFEST} cannot be read ({e})"
+    for rel, want in manifest.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if (size := f.stat().st_size) != want["bytes"]:
+            return f"{rel} has {size} bytes, {want['bytes']} were written (truncated?)"
+        if _xxh3(f) != want["xxh3"]:
+            return f"{rel} does not match its checksum (damaged)"
+    return None
+
+
+def latest_good_checkpoint(run_dir: str | Path, say=print) -> Path | None:
+    """The newest complete checkpoint whose files match its manifest; each damaged newer one
+    is named (``say``) and skipped. ``FatalError`` when every one is damaged: starting again
+    from version 0 would silently throw the run away."""
+    root = Path(run_dir) / "checkpoints"
+    done = sorted(((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None),
+                  reverse=True)  # fmt: skip
+    damaged = []
+    for _, p in done:
+        problem = verify_checkpoint(p)
+        if problem is None:
+            if damaged:
+                say(f"resuming from {p.name}, the newest checkpoint that is intact")
+            return p
+        damaged.append(f"{p.name}: {problem}")
+        say(f"checkpoint {p} is damaged: {problem}; trying the one before")
+    if damaged:
+        raise FatalError(
+            f"every checkpoint under {root} is damaged ({'; '.join(damaged)}); restore one "
+            "from a backup, or start a new run_dir"
+        )
+    return None
 
 
 LOW_SPACE_BYTES = 64 << 20

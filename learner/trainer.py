@@ -28,6 +28,7 @@ from asyncrl.waiting import StopRequested
 from learner.batch import broadcast_batch, collate
 from learner.checkpoint import (
     latest_checkpoint,
+    latest_good_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
@@ -344,12 +345,12 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub,
             hub.say(f"removed checkpoint {old.name} (learner.keep_checkpoints={keep})")
 
 
-def _agreed_checkpoint(run_dir: str, rank: int) -> Path | None:
+def _agreed_checkpoint(run_dir: str, rank: int, say=print) -> Path | None:
     """Rank 0's newest complete checkpoint, which every rank must see at the same path
     (collective). A learner over several nodes whose ``learner.checkpoint_dir`` is not one
     shared directory fails here, on every rank, naming what a node lacks, instead of ranks
     loading different versions or waiting in the load's collectives."""
-    path = latest_checkpoint(run_dir)
+    path = latest_good_checkpoint(run_dir, say) if rank == 0 else None  # rank 0 decides
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return path
     name = torch.tensor(list((path.name if path else "").encode().ljust(64)), dtype=torch.uint8)
@@ -370,7 +371,7 @@ def _agreed_checkpoint(run_dir: str, rank: int) -> Path | None:
 
 
 def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
-    path = _agreed_checkpoint(run_dir, ctx.rank)
+    path = _agreed_checkpoint(run_dir, ctx.rank, hub.say)
     if path is None:
         return LearnerState()
     saved = load_checkpoint(Path(path), ctx.model, ctx.optimizer, extra=_extra_state(ctx))

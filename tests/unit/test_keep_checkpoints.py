@@ -31,3 +31,38 @@ def test_zero_keeps_all_and_fewer_than_n_removes_nothing(tmp_path):
         _ckpt(tmp_path, v)
     assert prune_checkpoints(tmp_path, 0) == [] and prune_checkpoints(tmp_path, 5) == []
     assert len(list((tmp_path / "checkpoints").iterdir())) == 3
+
+
+def _sealed(root, v: int):
+    from learner.checkpoint import write_manifest
+
+    d = _ckpt(root, v)
+    (d / "dcp").mkdir()
+    (d / "dcp" / "__0_0.distcp").write_bytes(bytes(range(256)) * 64)
+    write_manifest(d)
+    return d
+
+
+def test_a_truncated_shard_is_named_and_resume_falls_back_to_the_one_before(tmp_path):
+    """Issue 29: a truncated shard met torch's bare "checkpoint file is corrupted", with no
+    path and no fallback."""
+    import pytest
+
+    from asyncrl.fatal import FatalError
+    from learner.checkpoint import latest_good_checkpoint, verify_checkpoint
+
+    good, bad = _sealed(tmp_path, 2), _sealed(tmp_path, 4)
+    assert verify_checkpoint(bad) is None
+    shard = bad / "dcp" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    assert (
+        verify_checkpoint(bad) == "dcp/__0_0.distcp has 1000 bytes, 16384 were written (truncated?)"
+    )
+    said: list[str] = []
+    assert latest_good_checkpoint(tmp_path, said.append) == good
+    assert "step_000004 is damaged: dcp/__0_0.distcp has 1000 bytes" in said[0]
+    data = bytearray((good / "weights").read_bytes())
+    (good / "weights").write_bytes(b"y" * len(data))  # same size, other bytes
+    assert verify_checkpoint(good) == "weights does not match its checksum (damaged)"
+    with pytest.raises(FatalError, match="every checkpoint under .* is damaged"):
+        latest_good_checkpoint(tmp_path, said.append)
