@@ -322,6 +322,10 @@ class Config:
     """The W&B project and the MLflow experiment the run is logged under."""
     experiment_name: str = ""
     """The run's name in W&B and MLflow; '' = the run directory's name."""
+    allow_config_change: bool = False
+    """Resume a run_dir with a configuration that changes what the run means (the algorithm,
+    model, batch, sampling, task or data: asyncrl/orchestration/resume_config.py); refused
+    unless true. Every part's config is kept in ``<run_dir>/config-parts/``."""
 
     def __post_init__(self) -> None:
         _require_finite(self, "")

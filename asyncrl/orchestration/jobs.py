@@ -38,6 +38,7 @@ def prepare_run_dir(cfg: Config, roles: tuple[str, ...] = ALL_ROLES) -> Path:
     run_dir = rundir.prepare(cfg.run_dir, roles)
     cfg.run_dir = str(run_dir)
     cfg.experiment_name = cfg.experiment_name or run_dir.name
+    _check_resume(cfg, run_dir)
     try:
         rundir.write_atomic(run_dir / "config.json", config_to_json(cfg), 0o644)
         rundir.write_atomic(run_dir / "config.yaml", config_to_yaml(cfg), 0o644)
@@ -45,6 +46,27 @@ def prepare_run_dir(cfg: Config, roles: tuple[str, ...] = ALL_ROLES) -> Path:
         why = rundir.describe_os_error(e)
         raise rundir.RunDirError(f"cannot write the run's config: {why}") from None
     return run_dir
+
+
+def _check_resume(cfg: Config, run_dir: Path) -> None:
+    """Keep this part's config in ``config-parts/``; refuse a resume whose config changes
+    what the run means, unless ``allow_config_change`` (asyncrl/orchestration/resume_config.py)."""
+    from asyncrl.orchestration import resume_config as rc
+
+    new, old_path = json.loads(config_to_json(cfg)), run_dir / "config.json"
+    try:
+        if not old_path.is_file():
+            rc.record_part(run_dir, new, {})
+            return
+        old = json.loads(old_path.read_text())
+        changed = rc.changes(old, new)
+        if (why := rc.refusal(changed, run_dir)) and not cfg.allow_config_change:
+            raise rundir.RunDirError(why)
+        if not (run_dir / "config-parts").is_dir():  # made before parts were kept
+            rc.record_part(run_dir, old, {})
+        rc.record_part(run_dir, new, changed)
+    except (OSError, ValueError) as e:  # unreadable old config.json, an unwritable directory
+        raise rundir.RunDirError(f"cannot keep the run's config parts: {e}") from None
 
 
 def write_run_info(run_dir: Path, **info) -> None:

@@ -4,6 +4,7 @@ buffer meta) follow the new learner's control plane and receive its weights, and
 summary covers the whole run. Simulated actors keep it short; the learner and Redis are real.
 """
 
+import json
 import re
 
 import pytest
@@ -24,6 +25,10 @@ def test_a_second_run_in_the_same_directory_resumes_and_actors_follow_the_new_le
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-4000:]
     assert "resumed from" in out and "at version 6" in out, out[-3000:]
+    parts = sorted((run_dir / "config-parts").glob("part-*.json"))  # issue 29: each part kept
+    second_part = json.loads(parts[-1].read_text())
+    assert len(parts) == 2 and second_part["from_version"] == 6, parts
+    assert second_part["changed"] == {"learner.steps": [6, 10]}, second_part["changed"]
     new_addr = re.search(r"\[learner\] control plane on (\S+)", out).group(1)
     for actor in (0, 1):
         # an actor that read the previous learner's address follows the new one; one that
