@@ -69,16 +69,19 @@ def run_figures(run: dict, thresholds: list[float], window: int) -> dict:
 
 
 def val_figures(val: list[dict]) -> dict:
-    """Validation figures of one run (module docstring); {} when it did not validate."""
-    val = sorted((v for v in val if "val/pass@1" in v), key=lambda v: v["step"])
+    """Validation figures of one run (module docstring); {} when it did not validate. A
+    validation that timed out (asyncrl's ``val/complete`` 0: some prompts never came back) is
+    counted in ``val_incomplete`` and left out."""
+    done = [v for v in val if "val/pass@1" in v]
+    val = sorted((v for v in done if v.get("val/complete", 1.0)), key=lambda v: v["step"])
     if not val:
-        return {}
+        return {"val_incomplete": len(done)} if done else {}
     hits = {}
     for thr in VAL_THRESHOLDS:
         v = next((v for v in val if v["val/pass@1"] >= thr), None)
         hits[str(thr)] = {"t_proc_s": v and v["t_proc_s"], "step": v and v["step"]}
     return {"val_pass1_initial": val[0]["val/pass@1"], "val_pass1_final": val[-1]["val/pass@1"],
-            "val_steps": [v["step"] for v in val],
+            "val_steps": [v["step"] for v in val], "val_incomplete": len(done) - len(val),
             "val_seconds_mean": _mean([v.get("val/seconds") for v in val]),
             "val_response_length_final": val[-1].get("val/response_length"),
             "time_to_val_pass1": hits}  # fmt: skip

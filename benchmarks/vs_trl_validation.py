@@ -143,6 +143,7 @@ class GreedyValidation:
         record = {"step": step, "val/version": float(step), "t_proc_s": now - self.t0,
                   "t_start_s": start - self.t0, "t_train_s": now - self.train_begin,
                   **summarize(list(records.values()), e.pass_threshold),
+                  "val/complete": 1.0,  # every prompt, as asyncrl's complete validations
                   "val/response_length_p95": lengths_p95([len(c) for c in comps]),
                   "val/seconds": now - start,
                   "samples": samples_of(records, min(e.log_samples, len(records)))}  # fmt: skip

@@ -55,6 +55,11 @@ def test_val_figures_first_crossing_and_final():
     assert fig["time_to_val_pass1"]["0.15"] == {"t_proc_s": 50.0, "step": 10}
     assert fig["time_to_val_pass1"]["0.25"] == {"t_proc_s": None, "step": None}
     assert val_figures([]) == {}
+    timed_out = {"step": 30, "t_proc_s": 99.0, "val/pass@1": 0.9, "val/complete": 0.0}
+    fig = val_figures([*val, timed_out])
+    assert fig["val_steps"] == [0, 10, 20] and fig["val_incomplete"] == 1
+    assert fig["time_to_val_pass1"]["0.25"]["step"] is None
+    assert val_figures([timed_out]) == {"val_incomplete": 1}
 
 
 def test_run_figures_carry_the_p95_length_and_validation():
