@@ -125,6 +125,11 @@ class LearnerConfig:
     """Send weights to the actors every this many steps (>= 1)."""
     checkpoint_every: int = 100
     """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
+    resume_from: str = ""
+    """A checkpoint directory (``.../checkpoints/step_<V>``) to start a new run_dir from: its
+    weights, optimizer state and version V (issue 30). Used only when this run_dir has no
+    checkpoint of its own (then that one is resumed, as always); the buffer's state (acked
+    groups, tallies) belongs to the other run and is not carried over."""
     keep_checkpoints: int = 0
     """Keep only the newest this many complete checkpoints (>= 0; 0 = keep all). Older ones
     are deleted right after a new one is sealed, so the resume point is never among them."""

@@ -32,6 +32,7 @@ from learner.checkpoint import (
     load_checkpoint,
     prune_checkpoints,
     save_checkpoint,
+    verify_checkpoint,
 )
 from learner.critic import build_critic
 from learner.device import current_device, init_distributed
@@ -181,7 +182,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     )
     # checkpoints: every rank writes its shards there, so all learner nodes must share it
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir
-    state = _maybe_resume(ckpt_dir, ctx, hub)
+    state = _maybe_resume(ckpt_dir, ctx, hub, cfg.learner.resume_from)
     guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
     freeze_startup_heap(collect=True)  # model, optimizer, imports: never traversed again
     start = time.monotonic() - state.wall_s
@@ -345,6 +346,28 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub,
             hub.say(f"removed checkpoint {old.name} (learner.keep_checkpoints={keep})")
 
 
+def _start_from(path: Path, ctx: StepContext, hub) -> LearnerState:
+    """``learner.resume_from``: another run's checkpoint as this run's start (weights,
+    optimizer, version); checked first, on every rank (the path must be the same for all)."""
+    problem = None
+    if not (path / "COMPLETE").is_file() or not (path / "dcp").is_dir():
+        problem = "not a complete checkpoint (no COMPLETE marker or dcp/ there)"
+    elif ctx.rank == 0:
+        problem = verify_checkpoint(path)
+    bad = torch.tensor([int(problem is not None)])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad.item():
+        raise FatalError(
+            f"learner.resume_from={path}: {problem or 'not seen by every learner rank'}; give "
+            "a checkpoint directory .../checkpoints/step_<V> that every learner node sees"
+        )
+    saved = load_checkpoint(path, ctx.model, ctx.optimizer, extra=_extra_state(ctx))
+    hub.say(f"started from {path} (learner.resume_from) at version {saved['version']}; the "
+            "other run's buffer state stays there")  # fmt: skip
+    return LearnerState(saved["version"], 0.0, 0)
+
+
 def _agreed_checkpoint(run_dir: str, rank: int, say=print) -> Path | None:
     """Rank 0's newest complete checkpoint, which every rank must see at the same path
     (collective). A learner over several nodes whose ``learner.checkpoint_dir`` is not one
@@ -370,8 +393,10 @@ def _agreed_checkpoint(run_dir: str, rank: int, say=print) -> Path | None:
     return mine
 
 
-def _maybe_resume(run_dir: str, ctx: StepContext, hub) -> LearnerState:
+def _maybe_resume(run_dir: str, ctx: StepContext, hub, resume_from: str = "") -> LearnerState:
     path = _agreed_checkpoint(run_dir, ctx.rank, hub.say)
+    if path is None and resume_from:
+        return _start_from(Path(resume_from), ctx, hub)
     if path is None:
         return LearnerState()
     saved = load_checkpoint(Path(path), ctx.model, ctx.optimizer, extra=_extra_state(ctx))

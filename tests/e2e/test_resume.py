@@ -48,3 +48,27 @@ def test_a_second_run_in_the_same_directory_resumes_and_actors_follow_the_new_le
     assert s["learner_time_s"]["busy"] > 0 and s["train_wall_s"] > 0, s
     # weight syncs: v1..v6 in the first run, the resumed policy at v6, then v7..v10
     assert s["weight_sync"]["count"] == 6 + 1 + 4, s["weight_sync"]
+
+
+@pytest.mark.timeout(400)
+def test_a_new_run_dir_starts_from_another_runs_checkpoint(tmp_path):
+    """``learner.resume_from=.../step_V`` (issue 30): weights, optimizer and version from that
+    checkpoint, in a new run_dir with its own buffer; a path that is not a checkpoint is
+    refused naming it."""
+    needs_full_stack()
+    common = ["run", "experiment=tiny", "learner.nproc=1", "learner.checkpoint_every=3",
+              "actor.engine=sim", "metrics_port=0"]  # fmt: skip
+    first = run_cli([*common, "learner.steps=6", f"run_dir={tmp_path / 'a'}"], timeout=180)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    ckpt = tmp_path / "a" / "checkpoints" / "step_000006"
+    second = run_cli([*common, "learner.steps=8", f"learner.resume_from={ckpt}",
+                      f"run_dir={tmp_path / 'b'}"], timeout=180)  # fmt: skip
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-4000:]
+    assert f"started from {ckpt} (learner.resume_from) at version 6" in out, out[-3000:]
+    s = read_summary(tmp_path / "b")
+    assert s["final_version"] == 8 and s["steps"] == 2, s
+    bad = run_cli([*common, "learner.steps=8", f"learner.resume_from={tmp_path / 'a'}",
+                   f"run_dir={tmp_path / 'c'}"], timeout=180)  # fmt: skip
+    assert bad.returncode != 0
+    assert "not a complete checkpoint (no COMPLETE marker" in bad.stdout + bad.stderr
