@@ -193,6 +193,10 @@ class LearnerConfig:
     """An optimizer update whose loss or gradient norm is NaN/inf is skipped (counted in the
     step's ``nonfinite_updates``); this many steps in a row with a skipped update fail the run
     (>= 1), naming the step, its groups and the metric (learner/finite.py)."""
+    max_weight_norm_jump: float = 2.0
+    """Fail a step that multiplies the policy weights' norm by more than this (0 = off; else
+    > 1): a sane step changes it by a small fraction; an exploded one (``learner.lr=1e30``)
+    fails before its weights are synced or checkpointed (learner/finite.py)."""
 
     @property
     def world_size(self) -> int:
@@ -250,6 +254,10 @@ class LearnerConfig:
         _bound(self, "learner.sync_every", ge=1)
         _bound(self, "learner.checkpoint_every", ge=0, hint=" (0 = only at the end)")
         _bound(self, "learner.keep_checkpoints", ge=0, hint=" (0 = keep all)")
+        _require(
+            self.max_weight_norm_jump == 0 or self.max_weight_norm_jump > 1,
+            f"learner.max_weight_norm_jump must be 0 (off) or > 1, got {self.max_weight_norm_jump}",
+        )
         _bound(self, "learner.cpu_threads", ge=1)
         _bound(self, "learner.max_wall_s", ge=0, hint=" (0 = no limit)")
         _bound(self, "learner.data_timeout_s", gt=0)

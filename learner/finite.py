@@ -6,6 +6,9 @@
     weights:    any parameter NaN/inf after a step (finite gradients can still overflow, e.g.
                 a huge lr) -> fail before the weights are synced or checkpointed
     checkpoint: ``save_checkpoint`` checks the weights again before it writes anything
+    jump:       the weights' norm grew more than ``learner.max_weight_norm_jump`` times in one
+                step (finite but exploded, e.g. ``learner.lr=1e30`` reached 1e29: issue 29)
+                -> fail before the weights are synced or checkpointed, naming learner.lr
 
 Every decision is collective and the same on every rank (FSDP2 ranks must take the same
 optimizer steps and reach the same collectives): each rank's local flags are all-reduced
@@ -100,3 +103,41 @@ class NonFiniteGuard:
 
 def _describe(metrics: Mapping[str, float]) -> str:
     return ", ".join(f"{k}={metrics[k]:.4g}" for k in GUARDED_METRICS if k in metrics)
+
+
+def weight_norm(model: nn.Module) -> float:
+    """The L2 norm of all of ``model``'s parameters (collective: each rank's local shards'
+    sum of squares, in float64, all-reduced)."""
+    total = torch.zeros((), dtype=torch.float64)
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.detach().double().pow(2).sum().cpu()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    return math.sqrt(total.item())
+
+
+class WeightNormGuard:
+    """Fails a step that multiplied the weights' norm by more than ``max_jump`` (0 = off):
+    one AdamW step moves each weight by about lr, so a sane step changes the norm by a small
+    fraction, and a jump means the update exploded the weights (which the non-finite guard
+    sees only once they overflow)."""
+
+    def __init__(self, max_jump: float) -> None:
+        if max_jump != 0 and max_jump <= 1:
+            raise ValueError(f"max_jump must be 0 (off) or > 1, got {max_jump}")
+        self.max_jump = max_jump
+        self.last: float | None = None
+
+    def check(self, step: int, norm: float) -> str | None:
+        """None to go on, else why to stop; remembers ``norm`` for the next step."""
+        last, self.last = self.last, norm
+        if not self.max_jump or last is None or last <= 0 or not math.isfinite(norm):
+            return None  # a non-finite norm is the non-finite guard's to report
+        if norm <= last * self.max_jump:
+            return None
+        return (
+            f"step {step} multiplied the policy weights' norm by {norm / last:.3g} (from "
+            f"{last:.4g} to {norm:.4g}; learner.max_weight_norm_jump={self.max_jump:g}): the "
+            "update exploded the weights; lower learner.lr (or learner.weight_decay)"
+        )

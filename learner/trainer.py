@@ -36,7 +36,13 @@ from learner.checkpoint import (
 )
 from learner.critic import build_critic
 from learner.device import current_device, init_distributed
-from learner.finite import NonFiniteError, NonFiniteGuard, nonfinite_models
+from learner.finite import (
+    NonFiniteError,
+    NonFiniteGuard,
+    WeightNormGuard,
+    nonfinite_models,
+    weight_norm,
+)
 from learner.model import build_policy, enable_gradient_checkpointing, resolve_packing
 from learner.reference import build_reference
 from learner.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
@@ -184,6 +190,8 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir
     state = _maybe_resume(ckpt_dir, ctx, hub, cfg.learner.resume_from)
     guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
+    norm_guard = WeightNormGuard(cfg.learner.max_weight_norm_jump)
+    norm_guard.last = weight_norm(ctx.model)  # the first step's jump counts too
     freeze_startup_heap(collect=True)  # model, optimizer, imports: never traversed again
     start = time.monotonic() - state.wall_s
     if _rank0_flag(rank, _start_or_stop(hub, state.version)):
@@ -213,6 +221,8 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         metrics |= batch_metrics(batch, state.version)
         metrics["lr"] = ctx.optimizer.param_groups[0]["lr"]
         problem = guard.check(state.version, metrics, nonfinite_models(_models(ctx)))
+        metrics["weight_norm"] = weight_norm(ctx.model)
+        problem = problem or norm_guard.check(state.version, metrics["weight_norm"])
         state.version += 1
         state.groups_trained += batch.rewards.shape[0]
         state.nonfinite_steps += int(metrics["nonfinite_updates"] > 0)

@@ -139,3 +139,18 @@ def test_a_skipped_step_is_counted_and_the_run_goes_on(tmp_path):
     assert s["groups_committed"] == s["groups_trained"] + dropped + s["groups_still_buffered"], s
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["nonfinite_updates"] for r in records] == [0.0, 1.0, 0.0, 0.0], records
+
+
+@pytest.mark.timeout(150)
+def test_weights_that_explode_but_stay_finite_fail_the_run_naming_the_lr(tmp_path):
+    """Issue 29: ``learner.lr=1e30`` ran until the weights were 1e29, then failed on NaN steps
+    pointing at a checkpoint of those weights. The highest lr accepted now is 1, and at 1 the
+    first step's jump in the weights' norm fails the run before a sync or checkpoint."""
+    run_dir = tmp_path / "run"
+    code, out = _run(run_dir, "learner.nproc=1", "learner.steps=4", "learner.lr=1",
+                     "learner.warmup_steps=0")  # fmt: skip
+    assert code != 0, out[-4000:]
+    failed = _failed_line(out)
+    assert "step 0 multiplied the policy weights' norm by" in failed, failed
+    assert "lower learner.lr" in failed and "newest checkpoint: none yet" in failed, failed
+    assert not list((run_dir / "checkpoints").glob("*")), "a checkpoint was written"

@@ -64,6 +64,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "learner.sync_every": [(1, 0)],
     "learner.checkpoint_every": [(0, -1)],
     "learner.keep_checkpoints": [(0, -1)],
+    "learner.max_weight_norm_jump": [(0.0, -1.0), (1.5, 1.0)],
     "learner.cpu_threads": [(1, 0)],
     "learner.max_wall_s": [(0.0, -1e-9)],
     "learner.data_timeout_s": [(1e-3, 0.0)],
