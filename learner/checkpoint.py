@@ -36,7 +36,12 @@ from learner.model import full_named_tensors
 
 _MARKER = "COMPLETE"
 _STEP = re.compile(r"step_([0-9]+)")
-_WEIGHT_FILES = {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"}
+_WEIGHT_FILES = {
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+}
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -79,8 +84,10 @@ def save_checkpoint(
     state: dict,
     source_model_dir: str | Path,
     extra: dict[str, tuple[nn.Module, torch.optim.Optimizer]] | None = None,
+    export_dtype: torch.dtype | None = None,
 ) -> Path:
     """Collective: every rank calls it. Returns the final checkpoint directory.
+    ``export_dtype``: the HF export's (the training dtype); None keeps float32.
 
     ``extra``: more (model, optimizer) pairs saved in the same DCP checkpoint under their
     name (e.g. ``{"critic": ...}``); only the policy is exported to ``hf/``. Raises
@@ -104,7 +111,7 @@ def save_checkpoint(
     try:
         dcp.save(_state_dicts(model, optimizer, extra), checkpoint_id=str(tmp / "dcp"))
         failpoint("checkpoint.after_dcp", version=version)
-        export_hf(model, tmp / "hf", source_model_dir)
+        export_hf(model, tmp / "hf", source_model_dir, export_dtype)
         failpoint("checkpoint.after_hf", version=version)
         if _rank() == 0:
             (tmp / "state.json").write_text(json.dumps(state, indent=2))
@@ -251,21 +258,89 @@ def _remove_leftovers(root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def export_hf(model: nn.Module, out_dir: Path, source_model_dir: str | Path) -> None:
-    """Collective: write full weights as safetensors plus the source's config/tokenizer files."""
+SHARD_BYTES = 4 << 30
+"""Largest safetensors file of an HF export (a tensor larger than this is a shard alone)."""
+
+
+def export_hf(model: nn.Module, out_dir: Path, source_model_dir: str | Path,
+              dtype: torch.dtype | None = None, shard_bytes: int = SHARD_BYTES) -> None:  # fmt: skip
+    """Collective: write the full weights as safetensors plus the source's config/tokenizer
+    files, in ``dtype`` (the training dtype; floating tensors only; None keeps float32).
+
+    Shard by shard (issue 30): every rank takes part in each tensor's gather, but only rank 0
+    keeps it, and only until its shard (at most ``shard_bytes``) is written, so no rank holds
+    a host copy of the whole model. One shard is ``model.safetensors``; several are
+    ``model-0000i-of-0000N.safetensors`` with ``model.safetensors.index.json``, as
+    ``save_pretrained`` writes them. ``config.json`` says the export's dtype."""
     from safetensors.torch import save_file
 
-    tensors = {name: t.cpu().contiguous().clone() for name, t in full_named_tensors(model)}
-    if _rank() != 0:
+    rank0 = _rank() == 0
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    shards: list[list[str]] = []
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        if shard:
+            save_file(shard, str(out_dir / f".shard-{len(shards)}"), metadata={"format": "pt"})
+            shards.append(list(shard))
+        shard, size = {}, 0
+
+    if rank0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for name, t in full_named_tensors(model):
+        if not rank0 or (tied and name == "lm_head.weight"):
+            continue  # tied: safetensors refuses shared storage; HF re-ties on load
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        t = t.cpu().contiguous().clone()
+        if shard and size + t.numel() * t.element_size() > shard_bytes:
+            flush()
+        shard[name] = t
+        size += t.numel() * t.element_size()
+    if not rank0:
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
+    flush()
+    _name_shards(out_dir, shards)
     for f in Path(source_model_dir).iterdir():
-        if f.is_file() and f.name not in _WEIGHT_FILES:
+        if f.is_file() and not _is_weights(f.name):
             shutil.copy2(f, out_dir / f.name)
-    # tied embeddings share storage; safetensors refuses shared tensors, HF re-ties on load
-    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
-        tensors.pop("lm_head.weight", None)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    if dtype is not None:
+        _set_config_dtype(out_dir / "config.json", dtype)
+
+
+def _is_weights(name: str) -> bool:
+    """A weight file (or its index) of a model directory, in any of HF's namings."""
+    return name in _WEIGHT_FILES or name.endswith((".safetensors", ".bin", ".index.json"))
+
+
+def _name_shards(out_dir: Path, shards: list[list[str]]) -> None:
+    """Rename the written shards as ``save_pretrained`` names them (and write its index)."""
+    if len(shards) == 1:
+        os.replace(out_dir / ".shard-0", out_dir / "model.safetensors")
+        return
+    n, weight_map, total = len(shards), {}, 0
+    for i, names in enumerate(shards):
+        final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        total += (out_dir / f".shard-{i}").stat().st_size
+        os.replace(out_dir / f".shard-{i}", out_dir / final)
+        weight_map |= dict.fromkeys(names, final)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _set_config_dtype(config: Path, dtype: torch.dtype) -> None:
+    """``config.json``'s dtype fields say what the export holds (transformers and vLLM load
+    ``dtype="auto"`` from them)."""
+    if not config.is_file():
+        return
+    data = json.loads(config.read_text())
+    name = str(dtype).removeprefix("torch.")
+    for key in ("torch_dtype", "dtype"):
+        if key in data or key == "torch_dtype":
+            data[key] = name
+    config.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def load_checkpoint(

@@ -190,6 +190,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir
     state = _maybe_resume(ckpt_dir, ctx, hub, cfg.learner.resume_from)
     guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
+    ckpt_opts = (cfg.learner.keep_checkpoints, getattr(torch, cfg.model.dtype))  # HF export
     norm_guard = WeightNormGuard(cfg.learner.max_weight_norm_jump)
     norm_guard.last = weight_norm(ctx.model)  # the first step's jump counts too
     freeze_startup_heap(collect=True)  # model, optimizer, imports: never traversed again
@@ -240,11 +241,11 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         hub.after_step(state, metrics)
         every = cfg.learner.checkpoint_every
         if every and state.version % every == 0 and state.version < cfg.learner.steps:
-            _checkpoint(ckpt_dir, ctx, state, model_dir, hub, cfg.learner.keep_checkpoints)
+            _checkpoint(ckpt_dir, ctx, state, model_dir, hub, *ckpt_opts)
         failpoint("learner.after_step", version=state.version)
     if state.version == 0:
         raise _untrained(cfg, hub, rank, time.monotonic() - start)
-    _checkpoint(ckpt_dir, ctx, state, model_dir, hub, cfg.learner.keep_checkpoints)
+    _checkpoint(ckpt_dir, ctx, state, model_dir, hub, *ckpt_opts)
     if _rank0_flag(rank, hub.end_validation_due(state.version)):  # eval.at_end
         if synced != state.version:
             _sync_weights(ctx.model, hub, state.version)
@@ -334,7 +335,7 @@ def _extra_state(ctx: StepContext) -> dict:
 
 
 def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub,
-                keep: int = 0) -> None:  # fmt: skip
+                keep: int = 0, export_dtype: torch.dtype | None = None) -> None:  # fmt: skip
     state.unacked = hub.trained_ids()
     # the ids of the groups this checkpoint contains: acked right after it is durable, and
     # acked again on resume in case the learner died in between (ack is idempotent)
@@ -348,7 +349,7 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub,
         "tallies": hub.tallies(),  # rank 0's summary totals, for a resume
     }
     save_checkpoint(run_dir, state.version, ctx.model, ctx.optimizer, payload, model_dir,
-                    extra=_extra_state(ctx))  # fmt: skip
+                    extra=_extra_state(ctx), export_dtype=export_dtype)  # fmt: skip
     failpoint("learner.before_ack", version=state.version)  # durable, groups not yet acked
     hub.ack_trained()
     if dist.get_rank() == 0:  # the new one is sealed: the oldest beyond keep can go
