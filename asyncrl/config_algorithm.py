@@ -11,6 +11,7 @@ from asyncrl.config_checks import require_finite as _require_finite
 
 # registry keys, repeated here so the CLI validates a config without importing torch;
 # tests/unit/test_step_registry.py checks they match learner.losses / learner.advantages
+_STALE_TOKENS = ("drop_group", "mask")  # learner/stale_tokens.py
 _LOSSES = ("decoupled_ppo", "bypass_ppo", "tis", "masked_is", "gspo", "cispo")
 _ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
 _AGGREGATIONS = (
@@ -103,6 +104,12 @@ class AlgorithmConfig:
     reward shaping and the advantage."""
     truncated_reward: float = 0.0
     """penalize: the reward a truncated completion gets (0 = scored as a failed answer)."""
+    # -- tokens older than buffer.max_staleness (learner/stale_tokens.py; issue 31)
+    stale_tokens: str = "drop_group"
+    """``drop_group``: a group is trained or dropped whole by its oldest token. ``mask``: it is
+    admitted while its newest token is within ``buffer.max_staleness``, and each older token
+    leaves the loss (the rest of its completion trains). Not with ``advantage=gae`` (its value
+    targets run over every token)."""
     # -- updates per step
     ppo_epochs: int = 1
     """Passes over the batch per step (>= 1)."""
@@ -117,6 +124,15 @@ class AlgorithmConfig:
             a.advantage in _ADVANTAGES, f"{name}.advantage={a.advantage!r} not in {_ADVANTAGES}"
         )
         _require(a.aggregation in _AGGREGATIONS, f"{name}.aggregation not in {_AGGREGATIONS}")
+        _require(
+            a.stale_tokens in _STALE_TOKENS,
+            f"{name}.stale_tokens={a.stale_tokens!r} not in {_STALE_TOKENS}",
+        )
+        _require(
+            not (a.stale_tokens == "mask" and a.advantage == "gae"),
+            f"{name}.stale_tokens=mask leaves holes in a completion, and advantage=gae's value "
+            "targets run over every token: use stale_tokens=drop_group with gae",
+        )
         _bound(a, "algorithm.eps_low", ge=0, lt=1)
         _bound(a, "algorithm.eps_high", ge=0)
         _bound(a, "algorithm.clip_c", gt=1, hint=" or null")

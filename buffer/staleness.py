@@ -42,20 +42,23 @@ def within_staleness(learner_version: int, oldest_version: int, max_staleness: i
 
 
 def split_by_staleness(
-    entries: Sequence[T], learner_version: int, max_staleness: int
+    entries: Sequence[T], learner_version: int, max_staleness: int, by_newest: bool = False
 ) -> tuple[list[T], list[T]]:
     """Partition ``entries`` into (fresh, stale), each keeping the input order.
 
     ``entries`` are ``Group`` objects or records with a ``.group`` (e.g. ``buffer.Entry``).
     Invariants: ``len(fresh) + len(stale) == len(entries)``; every fresh group satisfies
     ``within_staleness(learner_version, version_min, max_staleness)``; every stale one fails it.
+    ``by_newest`` (``algorithm.stale_tokens=mask``): ``version_max`` instead of
+    ``version_min``, the group's newest token (its older ones are masked by the learner).
     """
     _check_bound(max_staleness)  # also with no entries
     fresh: list[T] = []
     stale: list[T] = []
     for e in entries:
         group = e if isinstance(e, Group) else e.group  # type: ignore[attr-defined]
-        ok = within_staleness(learner_version, group.version_min, max_staleness)
+        judged = group.version_max if by_newest else group.version_min
+        ok = within_staleness(learner_version, judged, max_staleness)
         (fresh if ok else stale).append(e)
     return fresh, stale
 

@@ -73,6 +73,9 @@ class GroupSource:
     timeout_s: float
     drop_uniform: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal."""
+    admit_by_newest: bool = False
+    """``algorithm.stale_tokens=mask``: a group is fresh while its newest token is within the
+    bound (its older tokens leave the loss: learner/stale_tokens.py), not its oldest."""
     dropped_stale: int = 0
     dropped_uniform: int = 0
     stop: Callable[[], bool] = never
@@ -127,7 +130,8 @@ class GroupSource:
                     "the actors have no prompts left (data.epochs done) and no group is left "
                     f"to read: ending the run at version {version}{left}"
                 )
-            ok, stale = split_by_staleness(entries, version, self.max_staleness)
+            ok, stale = split_by_staleness(entries, version, self.max_staleness,
+                                           self.admit_by_newest)  # fmt: skip
             if stale:
                 self.buffer.ack([e.entry_id for e in stale], "dropped_stale")
                 self.dropped_stale += len(stale)

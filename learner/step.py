@@ -40,6 +40,7 @@ from learner.losses import POLICY_LOSSES, LossParams, kl_penalty, make_aggregati
 from learner.micro_batches import MicroBatch, plan_metrics, plan_micro_batches, run_planned
 from learner.model import token_logprobs
 from learner.reference import reference_logprobs
+from learner.stale_tokens import masked_stale, stale_loss_mask
 from learner.targets import compute_targets
 from learner.truncation import clip_ratio, truncated_loss_mask
 
@@ -104,7 +105,8 @@ def minibatch_slices(num_rows: int, minibatches: int, world: int) -> list[slice]
     return [slice(m * size, (m + 1) * size) for m in range(minibatches)]
 
 
-def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
+def train_on_batch(ctx: StepContext, batch: Batch, version: int | None = None,
+                   max_staleness: int = 0) -> dict[str, float]:  # fmt: skip
     """Run ``ppo_epochs x minibatches`` optimizer updates on ``batch`` (same on all ranks).
 
     Each minibatch is a slice of the full batch; each rank trains on its shard of it, with
@@ -112,6 +114,8 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
     its updates (``mean_over_updates``) plus the step's shaping metrics (combine ranks with
     ``reduce_metrics``), and ``nonfinite_updates``: the optimizer updates (policy and critic)
     skipped because their loss or gradient norm was NaN/inf (``learner.finite``).
+    ``version``, ``max_staleness``: the learner's version and bound, for
+    ``algorithm.stale_tokens=mask`` (``learner.stale_tokens``; None: no token is masked).
     """
     algo = ctx.algo
     slices = minibatch_slices(batch.num_rows, algo.minibatches, ctx.world)
@@ -127,6 +131,11 @@ def train_on_batch(ctx: StepContext, batch: Batch) -> dict[str, float]:
         sh.rows = replace(
             sh.rows, loss_mask=truncated_loss_mask(sh.rows.loss_mask, sh.rows.truncated, mode)
         )
+        if version is not None:  # stale tokens leave the loss, after the baselines too
+            stale = (version, max_staleness, algo.stale_tokens)
+            sh.agg_mask = stale_loss_mask(sh.agg_mask, batch.token_versions[s], *stale)
+            sh.rows = replace(sh.rows, loss_mask=stale_loss_mask(
+                sh.rows.loss_mask, sh.rows.token_versions, *stale))  # fmt: skip
     updates: list[dict[str, float]] = []
     skipped = 0.0
     for _ in range(algo.ppo_epochs):
@@ -251,12 +260,14 @@ def _gather_rows(per_minibatch: list[torch.Tensor], world: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def batch_metrics(batch: Batch, version: int) -> dict[str, float]:
+def batch_metrics(batch: Batch, version: int, max_staleness: int | None = None) -> dict[str, float]:
     """Per-batch data statistics: groups, token staleness (``version`` - the version that
     sampled each completion token), completion lengths (mean, max, p95; with several ranks the
-    p95 is the largest rank's, an upper estimate) and ``response/clip_ratio``, the
+    p95 is the largest rank's, an upper estimate), ``response/clip_ratio``, the
     fraction of completions cut at the length limit (whatever ``algorithm.truncated`` does
-    with them)."""
+    with them), and with ``max_staleness`` ``tokens_masked_stale``: the completion tokens
+    older than the bound (0 under ``stale_tokens=drop_group``: such groups are not admitted;
+    left out of the loss under ``mask``)."""
     m = batch.loss_mask != 0
     tokens = m.sum().clamp(min=1)
     stale = torch.where(m, version - batch.token_versions, 0)
@@ -268,7 +279,9 @@ def batch_metrics(batch: Batch, version: int) -> dict[str, float]:
         "response_len_max": float(lengths.max()),
         "response_len_p95": float(torch.quantile(lengths, 0.95)),
         "response/clip_ratio": clip_ratio(batch.truncated),
-    }
+        **({} if max_staleness is None else {"tokens_masked_stale": float(
+            masked_stale(batch.loss_mask, batch.token_versions, version, max_staleness))}),
+    }  # fmt: skip
 
 
 def reduce_metrics(metrics: dict[str, float], world: int) -> dict[str, float]:

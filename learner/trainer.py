@@ -218,8 +218,9 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         failpoint("learner.after_read", version=state.version, groups=_ids(groups))
         batch = broadcast_batch(_collate(groups)).to(current_device())
         _warm_up_lr(ctx, cfg, state.version)
-        metrics = reduce_metrics(train_on_batch(ctx, batch), world)
-        metrics |= batch_metrics(batch, state.version)
+        bound = cfg.buffer.max_staleness
+        metrics = reduce_metrics(train_on_batch(ctx, batch, state.version, bound), world)
+        metrics |= batch_metrics(batch, state.version, bound)
         metrics["lr"] = ctx.optimizer.param_groups[0]["lr"]
         problem = guard.check(state.version, metrics, nonfinite_models(_models(ctx)))
         metrics["weight_norm"] = weight_norm(ctx.model)

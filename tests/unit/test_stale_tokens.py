@@ -1,0 +1,106 @@
+"""``algorithm.stale_tokens`` (issue 31; learner/stale_tokens.py): tokens older than the bound
+leave the loss under ``mask``, the rest of their completion trains; groups are admitted by
+their newest token then. Closed-form cases and the step's equivalence with a hand-masked batch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from asyncrl.config import AlgorithmConfig
+from asyncrl.config_algorithm import _STALE_TOKENS
+from asyncrl.configload import ConfigError, load_config
+from buffer.staleness import split_by_staleness
+from learner.batch import collate
+from learner.model import build_policy
+from learner.stale_tokens import STALE_TOKEN_MODES, masked_stale, stale_loss_mask
+from learner.step import StepContext, batch_metrics, train_on_batch
+from tests.random_groups import random_groups
+
+MASK = torch.tensor([[0.0, 1, 1, 1, 1], [0, 0, 1, 1, 0]])
+VERSIONS = torch.tensor([[-1, 3, 4, 5, 6], [-1, -1, 6, 6, -1]])
+
+
+def test_config_names_match_the_modes():
+    assert _STALE_TOKENS == STALE_TOKEN_MODES
+
+
+def test_mask_zeroes_exactly_the_tokens_older_than_the_bound():
+    """At version 6 with max_staleness 1: versions 3 and 4 are stale, 5 and 6 are fresh."""
+    got = stale_loss_mask(MASK, VERSIONS, 6, 1, "mask")
+    assert got.tolist() == [[0.0, 0, 0, 1, 1], [0, 0, 1, 1, 0]]
+    assert masked_stale(MASK, VERSIONS, 6, 1) == 2 and masked_stale(MASK, VERSIONS, 6, 3) == 0
+    assert stale_loss_mask(MASK, VERSIONS, 6, 1, "drop_group") is MASK
+    with pytest.raises(ValueError, match="not in"):
+        stale_loss_mask(MASK, VERSIONS, 6, 1, "interpolate")
+
+
+def _group(gid: str, versions: list[int]):
+    g = random_groups(1, 2, seed=1)[0]
+    samples = [dataclasses.replace(s, token_versions=[versions[0]] * (len(s.completion_ids) - 1)
+                                   + [versions[1]]) for s in g.samples]  # fmt: skip
+    return dataclasses.replace(g, group_id=gid, samples=samples, version_min=-1, version_max=-1)
+
+
+def test_admission_by_the_newest_token_keeps_a_group_with_a_fresh_tail():
+    long_ = _group("long", [2, 5])  # started at 2, finished at 5
+    old = _group("old", [2, 3])
+    fresh, stale = split_by_staleness([long_, old], 5, 1)
+    assert [g.group_id for g in stale] == ["long", "old"] and not fresh  # by the oldest
+    fresh, stale = split_by_staleness([long_, old], 5, 1, by_newest=True)
+    assert [g.group_id for g in fresh] == ["long"] and [g.group_id for g in stale] == ["old"]
+
+
+def test_gae_is_refused_with_mask():
+    with pytest.raises(ConfigError, match="stale_tokens=mask leaves holes"):
+        load_config(["algorithm=ppo", "algorithm.stale_tokens=mask"])
+    assert load_config(["algorithm.stale_tokens=mask"]).algorithm.stale_tokens == "mask"
+
+
+def _mixed_groups():
+    """4 groups whose samples' tokens come from versions 2..5 (a long completion spans
+    several); at version 5 with max_staleness 1, the version-2 and -3 tokens are stale."""
+    groups = random_groups(4, 4, seed=3)
+    out = []
+    for gi, g in enumerate(groups):
+        samples = []
+        for si, s in enumerate(g.samples):
+            c = len(s.completion_ids)
+            vs = [min(5, 2 + gi % 2 + (j + si) % 3) for j in range(c)]
+            samples.append(dataclasses.replace(s, token_versions=vs))
+        out.append(dataclasses.replace(g, samples=samples, version_min=-1, version_max=-1))
+    return out
+
+
+def _ctx(model_dir, algo):
+    torch.manual_seed(0)
+    model = build_policy(model_dir)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    return StepContext(model, opt, algo, 0, 1, grad_clip=1e9, max_tokens=5)
+
+
+def test_the_masked_step_equals_the_step_on_the_hand_masked_batch(tiny_model):
+    """Same advantages (rewards untouched), the stale tokens out of the loss and of the
+    token_mean denominator: the same update as zeroing them in the batch's loss mask."""
+    torch.set_num_threads(1)
+    groups = _mixed_groups()
+    batch = collate(groups)
+    stale = masked_stale(batch.loss_mask, batch.token_versions, 5, 1)
+    assert 0 < stale < int(batch.loss_mask.sum())  # not vacuous: some, not all
+    ctx = _ctx(tiny_model, AlgorithmConfig(stale_tokens="mask"))
+    masked = train_on_batch(ctx, collate(groups), version=5, max_staleness=1)
+    w_masked = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+    by_hand_batch = collate(groups)
+    by_hand_batch.loss_mask = stale_loss_mask(by_hand_batch.loss_mask,
+                                              by_hand_batch.token_versions, 5, 1, "mask")  # fmt: skip
+    hand = _ctx(tiny_model, AlgorithmConfig())
+    by_hand = train_on_batch(hand, by_hand_batch)
+    assert masked["tokens"] == by_hand["tokens"] == int(batch.loss_mask.sum()) - stale
+    for name, ref in hand.model.state_dict().items():
+        torch.testing.assert_close(w_masked[name], ref.detach(), rtol=1e-5, atol=1e-6, msg=name)
+    plain = _ctx(tiny_model, AlgorithmConfig(stale_tokens="mask"))
+    unmasked = train_on_batch(plain, collate(groups))  # no version: nothing is masked
+    assert unmasked["tokens"] == int(batch.loss_mask.sum())
+    assert batch_metrics(batch, 5, 1)["tokens_masked_stale"] == stale
