@@ -263,17 +263,18 @@ SHARD_BYTES = 4 << 30
 
 
 def export_hf(model: nn.Module, out_dir: Path, source_model_dir: str | Path,
-              dtype: torch.dtype | None = None, shard_bytes: int = SHARD_BYTES) -> None:  # fmt: skip
+              dtype: torch.dtype | None = None, shard_bytes: int | None = None) -> None:  # fmt: skip
     """Collective: write the full weights as safetensors plus the source's config/tokenizer
     files, in ``dtype`` (the training dtype; floating tensors only; None keeps float32).
 
     Shard by shard (issue 30): every rank takes part in each tensor's gather, but only rank 0
     keeps it, and only until its shard (at most ``shard_bytes``) is written, so no rank holds
-    a host copy of the whole model. One shard is ``model.safetensors``; several are
+    a host copy of the whole model (``shard_bytes``: default ``SHARD_BYTES``). One shard is ``model.safetensors``; several are
     ``model-0000i-of-0000N.safetensors`` with ``model.safetensors.index.json``, as
     ``save_pretrained`` writes them. ``config.json`` says the export's dtype."""
     from safetensors.torch import save_file
 
+    shard_bytes = shard_bytes or SHARD_BYTES
     rank0 = _rank() == 0
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     shards: list[list[str]] = []
