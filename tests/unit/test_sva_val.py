@@ -3,6 +3,8 @@ synchronous arm and the verdicts, on hand-made runs."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.sva_val import analyse_val, best_arms, markdown_val, val_points
 
 
@@ -60,3 +62,17 @@ def test_no_verdict_when_no_sync_arm_reaches_a_threshold_in_every_seed():
     assert "note" in v["verdicts"]["time_to"]
     assert "no synchronous arm" in markdown_val(v)
     assert best_arms(runs, ["sync_split", "async_s1"], [0.2], None) == ["sync_split", "async_s1"]
+
+
+def test_noise_is_the_validations_binomial_error_with_one_seed():
+    """One seed each, 64 prompts: pass@1 0.30 against 0.25 is a difference of 0.05, well
+    inside 2 x sqrt(0.3 x 0.7 / 64 + 0.25 x 0.75 / 64) = 0.158."""
+    runs = [_run("sync_split", 0, [(10, 0.25, 1.0)], 60.0, True),
+            _run("async_s1", 0, [(10, 0.30, 1.0)], 40.0, False)]  # fmt: skip
+    for r in runs:
+        for x in r["val"]:
+            x["val/prompts"] = 64.0
+    v = analyse_val(runs, ["sync_split", "async_s1"], [0.25], v0_pass1=None)
+    x = v["verdicts"]["time_to"]["arms"]["async_s1"]
+    assert x["noise"] == pytest.approx(2 * (0.3 * 0.7 / 64 + 0.25 * 0.75 / 64) ** 0.5)
+    assert x["final_within_noise"] and x["speedup"] == 1.5
