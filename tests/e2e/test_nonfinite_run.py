@@ -147,8 +147,13 @@ def test_weights_that_explode_but_stay_finite_fail_the_run_naming_the_lr(tmp_pat
     pointing at a checkpoint of those weights. The highest lr accepted now is 1, and at 1 the
     first step's jump in the weights' norm fails the run before a sync or checkpoint."""
     run_dir = tmp_path / "run"
+    reward = tmp_path / "parity.py"  # the simulated engine's random answers all score 0 on
+    reward.write_text(
+        "def reward(prompt, completion, **fields):\n"  # the demo's reward: no
+        "    return float(len(completion) % 2)\n"
+    )  # gradient, no update
     code, out = _run(run_dir, "learner.nproc=1", "learner.steps=4", "learner.lr=1",
-                     "learner.warmup_steps=0")  # fmt: skip
+                     "learner.warmup_steps=0", f"task.reward_fn={reward}:reward")  # fmt: skip
     assert code != 0, out[-4000:]
     failed = _failed_line(out)
     assert "step 0 multiplied the policy weights' norm by" in failed, failed
