@@ -4,7 +4,7 @@ reference and the critic, shards materialised on the host; refused where there i
 FSDP2 offloads from an accelerator only (on this CPU machine ``fully_shard`` with the policy
 raises "Cannot access accelerator device"), so the sharding calls are checked with a
 recording ``fully_shard`` (logic only); the offloaded step itself is not run here: it is
-not verified on a GPU yet (README, GPU section).
+not verified on a GPU yet (docs/gpu.md).
 """
 
 from __future__ import annotations
