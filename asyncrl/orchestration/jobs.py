@@ -26,6 +26,8 @@ from asyncrl.orchestration.launcher import (
     stop_roles,
     supervise,
 )
+from asyncrl.orchestration.model_dir import check_model_dir
+from asyncrl.orchestration.resume_config import check_resume
 from asyncrl.placement import NO_GPUS, Plan
 from asyncrl.trackers import check_available
 
@@ -38,7 +40,7 @@ def prepare_run_dir(cfg: Config, roles: tuple[str, ...] = ALL_ROLES) -> Path:
     run_dir = rundir.prepare(cfg.run_dir, roles)
     cfg.run_dir = str(run_dir)
     cfg.experiment_name = cfg.experiment_name or run_dir.name
-    _check_resume(cfg, run_dir)
+    check_resume(cfg, run_dir)
     try:
         rundir.write_atomic(run_dir / "config.json", config_to_json(cfg), 0o644)
         rundir.write_atomic(run_dir / "config.yaml", config_to_yaml(cfg), 0o644)
@@ -46,27 +48,6 @@ def prepare_run_dir(cfg: Config, roles: tuple[str, ...] = ALL_ROLES) -> Path:
         why = rundir.describe_os_error(e)
         raise rundir.RunDirError(f"cannot write the run's config: {why}") from None
     return run_dir
-
-
-def _check_resume(cfg: Config, run_dir: Path) -> None:
-    """Keep this part's config in ``config-parts/``; refuse a resume whose config changes
-    what the run means, unless ``allow_config_change`` (asyncrl/orchestration/resume_config.py)."""
-    from asyncrl.orchestration import resume_config as rc
-
-    new, old_path = json.loads(config_to_json(cfg)), run_dir / "config.json"
-    try:
-        if not old_path.is_file():
-            rc.record_part(run_dir, new, {})
-            return
-        old = json.loads(old_path.read_text())
-        changed = rc.changes(old, new)
-        if (why := rc.refusal(changed, run_dir)) and not cfg.allow_config_change:
-            raise rundir.RunDirError(why)
-        if not (run_dir / "config-parts").is_dir():  # made before parts were kept
-            rc.record_part(run_dir, old, {})
-        rc.record_part(run_dir, new, changed)
-    except (OSError, ValueError) as e:  # unreadable old config.json, an unwritable directory
-        raise rundir.RunDirError(f"cannot keep the run's config parts: {e}") from None
 
 
 def write_run_info(run_dir: Path, **info) -> None:
@@ -91,7 +72,7 @@ def resolve_model(cfg: Config, weights: bool = True) -> str:
 
     say = lambda text: print(f"[asyncrl] {text}", flush=True)  # noqa: E731
     path = resolve_model_path(cfg.model.path, cfg.model.cache_dir, say)
-    check_model_dir(path, "model.path", weights)
+    check_model_dir(path, "model.path", weights)  # asyncrl/orchestration/model_dir.py
     return str(path.resolve())
 
 
@@ -102,61 +83,6 @@ def warn_model_settings(cfg: Config) -> None:
 
     for warning in model_warnings(cfg):
         print(f"[asyncrl] warning: {warning}", flush=True)
-
-
-_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
-
-
-def check_model_dir(path: Path, key: str, weights: bool = True) -> None:
-    """Raise ``FileNotFoundError``/``ValueError`` naming the file when ``path`` is not a
-    loadable Hugging Face model directory, checked as one unit before anything starts: no or
-    unreadable ``config.json``, no weights, no tokenizer or one larger than the vocabulary."""
-    config = path / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(
-            f"{key}={str(path)!r} is not a Hugging Face model directory (no config.json "
-            "there); give a local model directory, or model.path=demo for the built-in tiny model"
-        )
-    try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"{config} cannot be read as JSON ({e}); fix or re-download the model"
-        ) from None
-    if not isinstance(data, dict) or "vocab_size" not in data:
-        raise ValueError(f"{config} has no 'vocab_size': not a transformers model config")
-    if weights and not any(next(path.glob(p), None) for p in _WEIGHT_FILES):
-        raise FileNotFoundError(
-            f"{key}={str(path)!r} has no weights: no *.safetensors or pytorch_model*.bin "
-            "files next to config.json; copy the model's weight files there"
-        )
-    check_tokenizer(path, key, data["vocab_size"])
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-
-
-def check_tokenizer(path: Path, key: str, vocab_size: int) -> None:
-    """Raise naming the fix when ``path`` has no tokenizer, or one whose ids run past the
-    model's ``vocab_size`` embedding rows (issue 29: without tokenizer files transformers
-    built an empty tokenizer, every prompt was empty, and the run hung or crashed later)."""
-    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
-        raise FileNotFoundError(
-            f"{key}={str(path)!r} has no tokenizer ({', '.join(_TOKENIZER_FILES)}: none "
-            "there); copy the model's tokenizer files next to config.json"
-        )
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path))
-    except Exception as e:  # transformers' own errors: the message is what matters
-        raise ValueError(f"{key}={str(path)!r}: its tokenizer cannot be loaded: {e}") from None
-    if len(tok) > vocab_size:
-        raise ValueError(
-            f"{key}={str(path)!r}: the tokenizer has {len(tok)} tokens but config.json's "
-            f"vocab_size is {vocab_size}, so token ids >= {vocab_size} have no embedding; "
-            "the tokenizer and the weights are from different models: use the model's own"
-        )
 
 
 def start_buffer(cfg: Config, run_dir: Path):

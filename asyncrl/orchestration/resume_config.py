@@ -11,7 +11,8 @@ Now, when ``run_dir`` already holds a ``config.json``:
   batch, the sampling, the task and data) is refused unless ``allow_config_change=true``;
 - every other change (steps, logging, timeouts, restarts, checkpoints, cores) is allowed.
 
-Pure apart from ``record_part`` (files) and ``resume_version`` (a directory listing).
+Pure apart from ``record_part`` and ``check_resume`` (files) and ``resume_version`` (a
+directory listing).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
+from asyncrl.config import Config
+from asyncrl.configload import config_to_json
+from asyncrl.rundir import RunDirError
 
 MEANING = ("algorithm.", "model.path", "model.dtype", "learner.batch_groups", "learner.lr",
            "learner.weight_decay", "actor.n_samples", "actor.temperature", "actor.top_p",
@@ -86,3 +91,22 @@ def record_part(run_dir: Path, new: dict, changed: dict[str, list]) -> Path:
     doc = {"part": n, "from_version": resume_version(run_dir), "changed": changed, "config": new}
     path.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
     return path
+
+
+def check_resume(cfg: Config, run_dir: Path) -> None:
+    """Keep this part's config in ``config-parts/``; refuse a resume whose config changes
+    what the run means, unless ``allow_config_change`` (the module docstring)."""
+    new, old_path = json.loads(config_to_json(cfg)), run_dir / "config.json"
+    try:
+        if not old_path.is_file():
+            record_part(run_dir, new, {})
+            return
+        old = json.loads(old_path.read_text())
+        changed = changes(old, new)
+        if (why := refusal(changed, run_dir)) and not cfg.allow_config_change:
+            raise RunDirError(why)
+        if not (run_dir / "config-parts").is_dir():  # made before parts were kept
+            record_part(run_dir, old, {})
+        record_part(run_dir, new, changed)
+    except (OSError, ValueError) as e:  # unreadable old config.json, an unwritable directory
+        raise RunDirError(f"cannot keep the run's config parts: {e}") from None
