@@ -217,14 +217,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
             continue
         failpoint("learner.after_read", version=state.version, groups=_ids(groups))
         batch = broadcast_batch(_collate(groups)).to(current_device())
-        _warm_up_lr(ctx, cfg, state.version)
-        bound = cfg.buffer.max_staleness
-        metrics = reduce_metrics(train_on_batch(ctx, batch, state.version, bound), world)
-        metrics |= batch_metrics(batch, state.version, bound)
-        metrics["lr"] = ctx.optimizer.param_groups[0]["lr"]
-        problem = guard.check(state.version, metrics, nonfinite_models(_models(ctx)))
-        metrics["weight_norm"] = weight_norm(ctx.model)
-        problem = problem or norm_guard.check(state.version, metrics["weight_norm"])
+        metrics, problem = _train_step(ctx, cfg, batch, state.version, (guard, norm_guard))
         state.version += 1
         state.groups_trained += batch.rewards.shape[0]
         state.nonfinite_steps += int(metrics["nonfinite_updates"] > 0)
@@ -257,6 +250,22 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
 def _ids(groups: list | None) -> list[str] | None:
     """The group ids of rank 0's batch, for the ``learner.after_read`` trace; None elsewhere."""
     return None if groups is None else [g.group_id for g in groups]
+
+
+def _train_step(
+    ctx: StepContext, cfg: Config, batch, version: int, guards
+) -> tuple[dict, str | None]:
+    """One optimizer step at ``version`` (collective): its metrics, reduced over ranks, and
+    why to stop (non-finite weights or updates, an exploded weight norm) or None."""
+    guard, norm_guard = guards
+    _warm_up_lr(ctx, cfg, version)
+    bound = cfg.buffer.max_staleness
+    metrics = reduce_metrics(train_on_batch(ctx, batch, version, bound), ctx.world)
+    metrics |= batch_metrics(batch, version, bound)
+    metrics["lr"] = ctx.optimizer.param_groups[0]["lr"]
+    problem = guard.check(version, metrics, nonfinite_models(_models(ctx)))
+    metrics["weight_norm"] = weight_norm(ctx.model)
+    return metrics, problem or norm_guard.check(version, metrics["weight_norm"])
 
 
 def _collate(groups: list | None):
