@@ -132,7 +132,11 @@ dist.all_gather_object(parts, metrics)
 
 
 def _run(code: str, env_value: str = "1") -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter. ``TORCH_COMPILE_DISABLE`` is dropped: an engine started
+    earlier in this pytest process sets it (actors/engine.py) and would turn the torch.compile
+    case into a no-op (CI of 2026-11-27: ``WITHOUT 0``, no cache hit)."""
     env = {**os.environ, "ASYNCRL_FORBID_PICKLE": env_value, "PYTHONPATH": str(ROOT)}
+    env.pop("TORCH_COMPILE_DISABLE", None)
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
 
