@@ -65,7 +65,7 @@ class ActorState:
     duplicates: int = 0
     reward_errors: int = 0
     reward_errors_by_kind: dict[str, int] = field(default_factory=dict)
-    """Failed reward calls by kind (``actors.rewards.REWARD_ERROR_KINDS``)."""
+    """Failed reward calls by kind (``asyncrl.reward_records.REWARD_ERROR_KINDS``)."""
     groups_generated: int = 0
     samples_generated: int = 0
     tokens_generated: int = 0

@@ -27,7 +27,7 @@ Specs: ``"package.module:function"`` (imported) or ``"path/to/file.py:function"`
 the file with importlib; nothing is ``eval``-ed).
 
 A call that fails scores 0 with a reason ``"<kind>: <message>"`` (``Sample.reward_error``),
-``<kind>`` one of ``REWARD_ERROR_KINDS``; ``error_kind`` reads it back (the learner's summary
+``<kind>`` one of ``asyncrl.reward_records.REWARD_ERROR_KINDS``; ``error_kind`` there reads it back (the learner's summary
 counts errors by kind). Actors call the function through ``actors.scoring.RewardScorer``
 (off the event loop, with a deadline).
 
@@ -44,7 +44,7 @@ import inspect
 import math
 import re
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,12 +167,6 @@ class VerlReward:
         )
 
 
-REWARD_ERROR_KINDS = ("raised", "wrong_type", "missing_score", "non_finite", "timeout", "crashed")
-"""Why a reward call failed: it raised; returned something not a number (a string, None, a
-bool); returned a dict without ``"score"``; returned NaN or an infinity; ran past
-``task.reward_timeout_s``; its worker process died during the call (``actors.reward_pool``)."""
-
-
 @dataclass(frozen=True)
 class Scored:
     """The outcome of one reward call."""
@@ -240,19 +234,6 @@ def score(
     return s.value, s.reason
 
 
-def extras_means(samples: Iterable) -> dict[str, float]:
-    """``{"reward/<key>": mean}`` of the samples' ``reward_extras``, each key averaged over the
-    samples that have it (a failed call has none), sorted by key: the learner's per-step
-    log."""
-    sums: dict[str, list[float]] = {}
-    for s in samples:
-        for key, value in s.reward_extras.items():
-            acc = sums.setdefault(key, [0.0, 0])
-            acc[0] += value
-            acc[1] += 1
-    return {f"reward/{k}": total / n for k, (total, n) in sorted(sums.items())}
-
-
 def _failed(kind: str, message: str, detail: str = "") -> Scored:
     return Scored(0.0, kind, f"{kind}: {' '.join(message.split())[:500]}", detail)
 
@@ -260,15 +241,6 @@ def _failed(kind: str, message: str, detail: str = "") -> Scored:
 def _short_repr(value: object, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def error_kind(reason: str) -> str:
-    """The kind of a ``Sample.reward_error`` (``""`` for none; ``"other"`` for a reason not
-    written by ``score_call``, e.g. by an older actor)."""
-    if not reason:
-        return ""
-    kind = reason.partition(":")[0]
-    return kind if kind in REWARD_ERROR_KINDS else "other"
 
 
 def fn_name(fn: RewardFn) -> str:

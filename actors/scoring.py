@@ -24,8 +24,8 @@ with one call at a time for all groups in flight a slow reward throttled generat
 (benchmarks/reward_pool.py measures it). Which executor, and why processes by default: see
 ``TaskConfig.reward_executor`` in asyncrl/config.py.
 
-``RewardErrorTally`` is the learner's account (summary.json ``reward_errors``) of the reward
-errors in the samples it trained, read from their ``Sample.reward_error``.
+The kinds, and the learner's tally of them (``RewardErrorTally``), are in
+asyncrl/reward_records.py: core, read by both roles.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable
 
 from actors.reward_pool import make_pool
-from actors.rewards import RewardFn, Scored, error_kind
+from actors.rewards import RewardFn, Scored
 from asyncrl.fatal import FatalError
 
 
@@ -67,37 +67,6 @@ class ErrorWindow:
         self._last.append(failed)
         self.errors += failed
         return self.errors > self.frac * self.size
-
-
-class RewardErrorTally:
-    """Reward errors over some samples: ``{"count", "samples", "by_kind", "first"}``, where
-    ``first`` is ``{"kind", "reason", "group_id"}`` of the first error (null if none)."""
-
-    def __init__(self, saved: dict | None = None) -> None:
-        saved = saved or {}
-        self.count = int(saved.get("count", 0))
-        self.samples = int(saved.get("samples", 0))
-        self.by_kind: dict[str, int] = dict(saved.get("by_kind", {}))
-        self.first: dict | None = saved.get("first")
-
-    def add(self, reason: str, group_id: str = "") -> None:
-        """One sample's ``reward_error`` ("" = scored fine)."""
-        self.samples += 1
-        if not reason:
-            return
-        kind = error_kind(reason)
-        self.count += 1
-        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
-        if self.first is None:
-            self.first = {"kind": kind, "reason": reason, "group_id": group_id}
-
-    def to_dict(self) -> dict:
-        return {
-            "count": self.count,
-            "samples": self.samples,
-            "by_kind": dict(sorted(self.by_kind.items())),
-            "first": self.first,
-        }
 
 
 class RewardScorer:

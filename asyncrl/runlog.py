@@ -10,7 +10,7 @@ and (learner/hub.py) ``train_wall_s`` (from the moment every actor was connected
 checkpoint), ``trained_staleness_histogram`` ({staleness: groups}), ``trained_totals``
 (groups, samples, completion tokens), ``dropped_by_reason``, ``weight_sync`` (count, bytes,
 seconds, failures, regroups), ``reward_errors`` over the trained samples (count, samples,
-by_kind, first: actors/scoring.py ``RewardErrorTally``), ``ledger`` (did those counts
+by_kind, first: asyncrl/reward_records.py ``RewardErrorTally``), ``ledger`` (did those counts
 balance: ``balanced``, ``imbalance``, ``imbalanced_steps``, ``first_imbalance_step``,
 ``foreign_unread``, ``repairs``: buffer/ledger.py). ``metrics.jsonl`` records add per-step ``elapsed_s``,
 ``step_s``, ``busy_s``, ``waiting_data_s``, ``weight_sync_s``, ``checkpoint_s``, ``cpu_s``,

@@ -23,11 +23,11 @@ import signal
 import time
 from pathlib import Path
 
-from actors.rewards import extras_means
 from asyncrl.config import Config
 from asyncrl.control import ControlServer
 from asyncrl.endpoints import register_endpoint
 from asyncrl.metrics import LEARNER_STATES, LearnerMetrics, StateClock, role_port, serve
+from asyncrl.reward_records import extras_means
 from asyncrl.runlog import RunLog
 from asyncrl.trackers import open_trackers
 from asyncrl.waiting import Wait

@@ -9,7 +9,7 @@ then more counting gives the same totals as counting without the restart.
 
 from __future__ import annotations
 
-from actors.scoring import RewardErrorTally
+from asyncrl.reward_records import RewardErrorTally
 
 
 class RunTotals:

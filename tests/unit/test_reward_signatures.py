@@ -8,13 +8,13 @@ import pytest
 from actors.rewards import (
     VerlReward,
     check_signature,
-    extras_means,
     fn_name,
     is_verl_style,
     load_reward_fn,
     preflight,
     score_call,
 )
+from asyncrl.reward_records import extras_means
 from asyncrl.types import MAX_REWARD_EXTRAS, Sample
 
 DEMO = {"a": 12, "b": 30, "answer": "42"}  # the addition task's fields

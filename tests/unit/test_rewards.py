@@ -14,17 +14,16 @@ import pytest
 
 from actors.addition import AdditionSource, addition_reward
 from actors.rewards import (
-    REWARD_ERROR_KINDS,
     check_signature,
-    error_kind,
     extract_final_answer,
     load_reward_fn,
     math_answer_reward,
     python_code_reward,
     score,
 )
-from actors.scoring import ErrorWindow, RewardErrorRate, RewardErrorTally, RewardScorer
+from actors.scoring import ErrorWindow, RewardErrorRate, RewardScorer
 from asyncrl.config import TaskConfig
+from asyncrl.reward_records import REWARD_ERROR_KINDS, RewardErrorTally, error_kind
 from asyncrl.sandbox import SandboxError
 
 
