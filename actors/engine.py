@@ -39,11 +39,10 @@ from actors.engine_args import engine_kwargs, sampling_kwargs
 from actors.stop_tokens import model_stop_token_ids
 from asyncrl.config import CPU_START_METHODS
 from asyncrl.heap import freeze_startup_heap
+from asyncrl.types import FINISH_REASONS, FinishReason
 from asyncrl.weights import WeightSyncError
 
-FinishReason = Literal["stop", "length", "abort"]
 PauseMode = Literal["keep", "abort"]
-_FINISH_REASONS = ("stop", "length", "abort")
 
 
 @dataclass
@@ -88,7 +87,7 @@ def _completion(out: Any) -> Completion:
     reason = str(out.finish_reason)
     if reason == "repetition":  # vLLM's repetition detector stopped it: a normal stop
         reason = "stop"
-    if reason not in _FINISH_REASONS:
+    if reason not in FINISH_REASONS:
         raise RuntimeError(f"generation failed inside vLLM (finish_reason={reason!r})")
     ids = list(out.token_ids)
     logprobs = _sampled_logprobs(out.logprobs, ids)

@@ -15,8 +15,11 @@ A group may be trained at learner version ``V`` only if ``V - version_min <= max
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-FINISH_REASONS = ("stop", "length", "abort")
+FinishReason = Literal["stop", "length", "abort"]
+"""Why a completion ended: a stop token, the length limit, or aborted (resubmitted)."""
+FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 """Allowed ``Sample.finish_reason`` values; stored as int8 codes (index in this tuple)."""
 MAX_REWARD_EXTRAS = 32
 """Most ``Sample.reward_extras`` keys: each becomes a ``reward/<key>`` column of every
