@@ -54,12 +54,9 @@ class ActorConfig:
     """How many ``asyncrl launch actors`` commands (hosts) the job has, >= 1. Each claims
     ``num_actors`` actor ids in the buffer (buffer/actor_ids.py); the learner waits for them
     all, and prompts are dealt over ``num_actors * nnodes`` cursors."""
-    gpus_per_actor: int = 1
-    """GPUs each vLLM actor gets on a GPU node (its ``CUDA_VISIBLE_DEVICES``), >= 1; simulated
-    actors (``engine=sim``) get none (asyncrl/placement.py)."""
     gpus: str = ""
     """The GPUs this launch's actors use, e.g. ``4-7``: actor j of the launch gets the j-th run
-    of ``gpus_per_actor`` entries, so a list names ``num_actors x gpus_per_actor`` GPUs, each
+    of ``tensor_parallel_size`` entries, so a list names ``num_actors x tensor_parallel_size`` GPUs, each
     once, none of them ``learner.gpus``'s. Indices count the GPUs the launcher sees (as
     ``learner.gpus``). '' = auto: the lowest GPUs the learner leaves free (``asyncrl run``:
     after the learner's; ``asyncrl launch actors``: from GPU 0)."""
@@ -158,6 +155,13 @@ class ActorConfig:
         return self.num_actors * self.nnodes
 
     @property
+    def gpus_per_actor(self) -> int:
+        """GPUs each vLLM actor gets on a GPU node (its ``CUDA_VISIBLE_DEVICES``): one per
+        tensor-parallel worker, so ``tensor_parallel_size`` (derived, not a key); simulated
+        actors (``engine=sim``) get none (asyncrl/placement.py)."""
+        return self.tensor_parallel_size
+
+    @property
     def engine_batch(self) -> int:
         """vLLM's ``max_num_seqs``: ``max_num_seqs``, or 0's ``max_inflight x n_samples``."""
         return self.max_num_seqs or self.max_inflight * self.n_samples
@@ -166,15 +170,8 @@ class ActorConfig:
         _require_finite(self, "actor")
         _bound(self, "actor.num_actors", ge=1)
         _bound(self, "actor.nnodes", ge=1)
-        _bound(self, "actor.gpus_per_actor", ge=1)
         _require(_is_core_list(self.gpus), f"actor.gpus={self.gpus!r} (e.g. 4-7 or 4,6)")
-        _check_engine_keys(self)  # first: tensor_parallel_size is compared below
-        _require(
-            self.gpus_per_actor == self.tensor_parallel_size,
-            f"actor.gpus_per_actor={self.gpus_per_actor} but actor.tensor_parallel_size="
-            f"{self.tensor_parallel_size}: a vLLM engine runs one worker per GPU it is given; "
-            f"set both to the same value (e.g. actor.gpus_per_actor={self.tensor_parallel_size})",
-        )
+        _check_engine_keys(self)
         _bound(self, "actor.n_samples", ge=2, hint=" (group baselines need 2+)")
         _bound(self, "actor.max_tokens", ge=1)
         _bound(self, "actor.temperature", gt=0)

@@ -126,12 +126,21 @@ def _first_line(e: Exception, config_dir: Path = CONFIG_DIR) -> str:
     m = re.search(r"Could not override '([^']+)'", text) or re.search(r"full_key: (\S+)", text)
     if m and set(re.split(r"[.\[\]]", m.group(1))) & set(INSTANTIATION_KEYS):
         return _not_allowed(m.group(1))
+    if m and m.group(1) in REMOVED_KEYS:
+        return f"config key '{m.group(1)}' was removed: {REMOVED_KEYS[m.group(1)]}"
     if m and ("Could not override" in text or "not in" in text):
         return (f"unknown config key '{m.group(1)}'{_did_you_mean(m.group(1), schema_keys())}"
                 " (not in the schema; valid keys: asyncrl/config.py, configs/)")  # fmt: skip
     if g := re.search(r"Could not find '([^'/]+)/([^']*)'", text):
         return _unknown_option(g.group(1), g.group(2), config_dir)
     return text.splitlines()[0] if text else type(e).__name__
+
+
+REMOVED_KEYS = {
+    "actor.gpus_per_actor": "each vLLM actor gets one GPU per tensor-parallel worker; set "
+    "actor.tensor_parallel_size instead",
+}
+"""Keys that existed once, with what to set instead (a config written for an older version)."""
 
 
 def schema_keys(node: object = Config, prefix: str = "") -> list[str]:

@@ -1,7 +1,7 @@
 """Which GPUs each process of one node gets: pure functions (no CUDA, no I/O).
 
     the node's GPUs (as its launcher sees them)    0 1 2 3 4 5 6 7
-    asyncrl run learner=gpu actor=gpu learner.nproc=2 actor.num_actors=3 actor.gpus_per_actor=2
+    asyncrl run learner=gpu actor=gpu learner.nproc=2 actor.num_actors=3 actor.tensor_parallel_size=2
                                                    L L a a b b c c
     placement: learner ranks 0-1 on GPUs 0,1; actor 0 on GPUs 2,3; actor 1 on GPUs 4,5; ...
 
@@ -12,11 +12,11 @@ The launcher gives torchrun the learner's GPUs, and each actor process its own, 
 Rules of ``place`` (the invariants of the ``Plan`` it returns):
 
 - Explicit lists first: ``learner.gpus`` names exactly ``learner.nproc`` GPUs (local rank r:
-  the r-th), ``actor.gpus`` exactly ``num_actors x gpus_per_actor`` (the launch's actor j:
+  the r-th), ``actor.gpus`` exactly ``num_actors x g`` (``g`` = ``actor.tensor_parallel_size``) (the launch's actor j:
   entries ``j*g .. j*g+g-1``).
 - Auto (a key left ''): the GPUs the lists leave free, lowest index first, the learner's ranks
   before the actors. So ``asyncrl run`` gives the learner the first ``nproc`` GPUs and each
-  actor the next ``gpus_per_actor``; ``asyncrl launch actors`` starts the actors at GPU 0.
+  actor the next ``g``; ``asyncrl launch actors`` starts the actors at GPU 0.
 - Only GPU users take part: a learner with ``learner.device=cpu``, simulated actors
   (``actor.engine=sim``) and a role that does not run on this node get nothing, and their
   keys are ignored here (one config can serve every node).
@@ -108,7 +108,7 @@ def _gpus(entries: Sequence[str]) -> str:
 
 
 def gpus_needed_per_actor(cfg) -> int:
-    """GPUs one actor's vLLM engine gets: ``actor.gpus_per_actor``, which the config holds
+    """GPUs one actor's vLLM engine gets: ``actor.gpus_per_actor``, which the config derives
     equal to ``actor.tensor_parallel_size`` (one engine worker per GPU)."""
     return cfg.actor.gpus_per_actor
 
@@ -186,7 +186,7 @@ def _wrong_length(req: Request, key: str, m: int) -> str:
         return f"learner.nproc={r} ranks use one each: list {r} or set learner.nproc={m}"
     a, g = req.actors, req.gpus_per_actor
     fix = f" or set actor.num_actors={m // g}" if m % g == 0 else ""
-    return f"actor.num_actors={a} x actor.gpus_per_actor={g} use {a * g}: list {a * g}{fix}"
+    return f"actor.num_actors={a} x actor.tensor_parallel_size={g} use {a * g}: list {a * g}{fix}"
 
 
 def _take(free: list[int], k: int, short) -> list[int]:
@@ -249,6 +249,6 @@ def _actors_short(req: Request, free: list[int], learner: list[int]) -> str:
     fixes += ["start the other actors on another node (actor.nnodes, docs/multinode.md)"]
     fixes += _layout_fix(req)
     return (
-        f"actor.num_actors={a} x actor.gpus_per_actor={g} needs {a * g} GPU(s)"
+        f"actor.num_actors={a} x actor.tensor_parallel_size={g} needs {a * g} GPU(s)"
         f"{after if learner else ''}, this node has {len(req.devices)}: {', or '.join(fixes)}"
     )

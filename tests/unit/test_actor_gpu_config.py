@@ -167,7 +167,6 @@ def test_the_new_keys_take_their_values():
         [
             "actor.gpu_memory_utilization=0.5",
             "actor.tensor_parallel_size=2",
-            "actor.gpus_per_actor=2",  # placement gives the engine its GPUs
             "actor.prefix_caching=false",
             "actor.enforce_eager=true",
             "actor.top_p=0.95",

@@ -33,7 +33,6 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "buffer.reconnect_s": [(1e-3, 0.0)],
     "actor.num_actors": [(1, 0)],
     "actor.nnodes": [(1, 0)],
-    "actor.gpus_per_actor": [(1, 0)],
     "actor.n_samples": [(2, 1)],
     "actor.max_tokens": [(1, 0)],
     "actor.temperature": [(1e-6, 0.0)],

@@ -38,7 +38,7 @@ def test_run_gives_torchrun_and_each_actor_their_own_gpus(started, tmp_path, mon
 
 
 def test_launch_actors_maps_indices_through_the_launchers_visible_devices(started, tmp_path):
-    tp2 = ["actor.gpus_per_actor=2", "actor.tensor_parallel_size=2"]
+    tp2 = ["actor.tensor_parallel_size=2"]
     cfg = load_config([*_GPU_RUN, "actor.num_actors=2", *tp2])
     plan = gpus.plan_node(cfg, ("actors",), lambda: ("4", "5", "6", "7"))
     jobs.spawn_actors(cfg, tmp_path, "model", "redis://x", [6, 7], plan)
@@ -77,7 +77,7 @@ def test_a_refused_layout_fails_the_command_before_anything_starts(command, monk
     code = cli._main([*command, *_GPU_RUN, "actor.num_actors=5"])  # no signal handlers
     err = capsys.readouterr().err
     assert code == 1
-    assert "asyncrl: error: actor.num_actors=5 x actor.gpus_per_actor=1 needs 5 GPU(s)" in err
+    assert "asyncrl: error: actor.num_actors=5 x actor.tensor_parallel_size=1 needs 5 GPU(s)" in err
     assert "this node has 4" in err
 
 

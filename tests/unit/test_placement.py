@@ -109,7 +109,7 @@ def test_a_list_of_the_wrong_length_is_refused():
     )
     _refused(
         _req(actors=3, gpus_per_actor=2, actor_gpus="0-3"),
-        "actor.gpus=0-3 lists 4 GPU(s) but actor.num_actors=3 x actor.gpus_per_actor=2 use 6",
+        "actor.gpus=0-3 lists 4 GPU(s) but actor.num_actors=3 x actor.tensor_parallel_size=2 use 6",
         "list 6 or set actor.num_actors=2",
     )
     message = _refused(_req(actors=2, gpus_per_actor=2, actor_gpus="0-2"), "use 4: list 4")
@@ -127,7 +127,7 @@ def test_overlapping_lists_are_refused():
 def test_more_actor_gpus_than_the_node_has_after_the_learner_are_refused():
     _refused(
         _req(learner_ranks=2, learner_gpus="0-1", actors=4, gpus_per_actor=2),
-        "actor.num_actors=4 x actor.gpus_per_actor=2 needs 8 GPU(s) after the learner's 2 "
+        "actor.num_actors=4 x actor.tensor_parallel_size=2 needs 8 GPU(s) after the learner's 2 "
         "(learner.gpus=0-1), this node has 8: lower actor.num_actors to 3, or give the learner "
         "fewer GPUs (learner.nproc), or start the other actors on another node",
     )
@@ -222,14 +222,23 @@ def test_one_parser_for_core_and_gpu_lists():
     [
         (["learner=gpu", "learner.gpus=0-x"], "learner.gpus='0-x'"),
         (["actor.gpus=3-1"], "actor.gpus='3-1'"),
-        (["actor.gpus_per_actor=0"], "actor.gpus_per_actor must be >= 1"),
-        (["actor.gpus_per_actor=2"], "actor.gpus_per_actor=2 but actor.tensor_parallel_size=1"),
+        (
+            ["actor.gpus_per_actor=2"],
+            "config key 'actor.gpus_per_actor' was removed: each vLLM actor gets one GPU per "
+            "tensor-parallel worker; set actor.tensor_parallel_size instead",
+        ),
         (["learner.device=cpu", "learner.gpus=0-1"], "learner.device=cpu"),
     ],
 )
 def test_bad_gpu_keys_name_the_problem(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(overrides)
+
+
+def test_an_actor_gets_one_gpu_per_tensor_parallel_worker():
+    """Derived, not a second key that had to match (issue 28)."""
+    assert load_config([]).actor.gpus_per_actor == 1
+    assert load_config(["actor.tensor_parallel_size=2"]).actor.gpus_per_actor == 2
 
 
 # --- the layouts users have (issue 30) ---
