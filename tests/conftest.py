@@ -1,4 +1,6 @@
-"""Shared fixtures. ``redis_server``: one private redis-server per test session;
+"""Shared fixtures, one home each. ``redis_server``: one private redis-server per test session
+(``redis_client``: a client of it; ``buffer_name``: a fresh key prefix; ``redis_binary``: for
+tests that start their own server);
 ``tiny_model``: a random 2-layer Qwen2 HF directory (vocab 32) for learner tests;
 ``roles``: processes a test starts, watched while it waits (tests/roles.py)."""
 
@@ -9,6 +11,7 @@ import os
 import shutil
 import signal
 import tempfile
+import uuid
 
 import pytest
 
@@ -56,6 +59,31 @@ def redis_server(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def redis_binary() -> str:
+    """Path of redis-server, for tests that start their own server; skips when missing."""
+    path = shutil.which("redis-server")
+    if path is None:
+        pytest.skip("install redis-server (apt-get install -y redis-server) to run Redis tests")
+    return path
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    """A binary-safe client of the session's redis-server."""
+    from buffer.connection import connect
+
+    client = connect(redis_server.url, timeout_s=5.0)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def buffer_name() -> str:
+    """A fresh key prefix, so tests sharing one server never see each other's data."""
+    return f"test-{uuid.uuid4().hex[:12]}"
 
 
 TINY_VOCAB = 32

@@ -221,6 +221,16 @@ class Roles:
             _reap(p)
 
 
+def cmdline(proc) -> str:
+    """The command line of ``proc`` (a pid or a ``psutil.Process``) as one string; "" once it
+    has exited."""
+    pid = proc if isinstance(proc, int) else proc.pid
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
 def _wait_trees(roots: list[Proc], trees: list, timeout_s: float) -> list:
     """Wait up to ``timeout_s`` for ``roots`` (through ``Popen``, which keeps their exit codes:
     psutil would reap our children and lose them) and the rest of ``trees`` (through psutil);

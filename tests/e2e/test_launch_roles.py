@@ -10,7 +10,7 @@ import pytest
 
 from asyncrl.orchestration.launcher import process_tree
 from tests.e2e.conftest import needs_full_stack, read_summary
-from tests.roles import RoleDied
+from tests.roles import RoleDied, cmdline
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -137,7 +137,7 @@ def _sigterm_stops_the_tree(roles, launcher, child: str) -> float:
     """SIGTERM a launcher whose ``child`` role is up: it exits 130 within 8 s and leaves no
     process of its tree behind. Returns the seconds it took."""
     tree = process_tree(launcher.pid)
-    assert any(child in _cmdline(p) for p in tree[1:]), f"no {child} process: {tree}"
+    assert any(child in cmdline(p) for p in tree[1:]), f"no {child} process: {tree}"
     t0 = time.monotonic()
     code = roles.signal(launcher, signal.SIGTERM, 60)
     took = time.monotonic() - t0
@@ -164,10 +164,3 @@ def test_a_waiting_actor_reports_its_wait_and_stops_promptly_on_sigterm(
     took = _sigterm_stops_the_tree(roles, actors, "actors.main")
     assert "stopped on request while waiting for a learner" in actors.output(), actors.tail()
     print(f"\nSIGTERM stopped the waiting actors launcher and its actor in {took:.1f}s")
-
-
-def _cmdline(p) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except psutil.Error:  # exited since it was listed
-        return ""

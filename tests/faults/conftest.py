@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 
 import pytest
 
@@ -28,22 +27,6 @@ def counts():
 
 
 # -- shared by the actor and supervision fault tests ----------------------------------------
-
-
-@pytest.fixture
-def redis_client(redis_server):
-    """A binary-safe client of the session's redis-server (as in tests/integration)."""
-    from buffer.connection import connect
-
-    client = connect(redis_server.url, timeout_s=5.0)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def buffer_name() -> str:
-    """A fresh key prefix, so tests sharing one server never see each other's data."""
-    return f"faults-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture(scope="module")

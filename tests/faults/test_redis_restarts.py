@@ -30,17 +30,6 @@ CAPACITY = 100_000
 RECONNECT_S = 30.0
 
 
-@pytest.fixture
-def redis_binary() -> str:
-    """Path of redis-server; skips when it is missing."""
-    import shutil
-
-    path = shutil.which("redis-server")
-    if path is None:
-        pytest.skip("install redis-server (apt-get install -y redis-server) to run Redis tests")
-    return path
-
-
 # -- the two roles (run in child processes) ------------------------------------------------------
 
 

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.torchrun import free_port
 from tests.faults.conftest import FULL
 from tests.faults.test_actor_kills import Reader, assert_conserved, cursor
-from tests.roles import Roles
+from tests.roles import Roles, cmdline
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 
@@ -71,14 +72,6 @@ class Launcher:
                 self.roles.signal(self.role, signal.SIGINT, 60)
             except subprocess.TimeoutExpired:
                 self.roles.kill_tree(self.role)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def restarts_metric(client, name: str, role: str) -> float | None:
@@ -183,7 +176,7 @@ def test_run_with_a_killed_learner_rank_exits_nonzero_naming_it(tmp_path, roles)
         )
         ranks = launcher.role_pids("learner.main")
         agents = ("torch.distributed.run", "asyncrl.torchrun")  # torchrun itself, not a rank
-        ranks = [p for p in ranks if not any(a in _cmdline(p) for a in agents)]
+        ranks = [p for p in ranks if not any(a in cmdline(p) for a in agents)]
         assert ranks, f"no learner rank process found: {launcher.output[-2000:]}"
         os.kill(ranks[0], signal.SIGKILL)
         code = launcher.wait(120)
@@ -205,15 +198,6 @@ def procs_mentioning(text: str) -> list[str]:
         if text in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
             out.append(cmd)
     return out
-
-
-def _cmdline(pid: int) -> str:
-    import psutil
-
-    try:
-        return " ".join(psutil.Process(pid).cmdline())
-    except psutil.NoSuchProcess:
-        return ""
 
 
 @pytest.mark.timeout(420)

@@ -28,6 +28,7 @@ from asyncrl.metrics import (
     serve,
 )
 from asyncrl.orchestration.status import render_status, scrape
+from asyncrl.torchrun import free_port
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 _ROW = re.compile(r"^\| `(asyncrl_[a-z0-9_]+)` \| (\w+) \| (\w+) \|")
@@ -76,12 +77,6 @@ def undocumented(samples: dict, process: str) -> list[str]:
         if not (known and prefixed):
             bad.add(name)
     return sorted(bad)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_doc_table_names_follow_prometheus_conventions():

@@ -13,9 +13,10 @@ import pytest
 
 from asyncrl.config_checks import format_indices
 from asyncrl.orchestration.status import scrape
+from asyncrl.torchrun import free_port
 from tests.e2e.conftest import needs_full_stack, run_cli
-from tests.integration.test_metrics_endpoints import free_port, missing_names
-from tests.roles import Roles
+from tests.integration.test_metrics_endpoints import missing_names
+from tests.roles import Roles, cmdline
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
@@ -55,13 +56,6 @@ def _descendants(pid: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 @pytest.fixture(scope="module")
@@ -116,15 +110,15 @@ def test_status_prints_one_screen_about_the_job(live_run):
 def test_roles_run_on_their_configured_cores(live_run):
     proc, run_dir, _ = live_run
     pids = _descendants(proc.pid)
-    learners = [p for p in pids if "learner.main" in _cmdline(p)]
-    actors = [p for p in pids if "actors.main" in _cmdline(p)]
+    learners = [p for p in pids if "learner.main" in cmdline(p)]
+    actors = [p for p in pids if "actors.main" in cmdline(p)]
     assert learners and actors
     learner_cores, actor_cores = set(USABLE[:1]), set(USABLE[1:])
     for p in learners:
         assert _affinity(p) in (learner_cores, None)
     for p in pids:  # the actor and every process below it (vLLM engine core, worker)
         if p in actors or any(a in _ancestors(p) for a in actors):
-            assert _affinity(p) in (actor_cores, None), _cmdline(p)
+            assert _affinity(p) in (actor_cores, None), cmdline(p)
     # the roles read the resolved lists, never "auto" (and vLLM binds inside the actor's)
     cfg = json.loads((run_dir / "config.json").read_text())
     fmt = lambda cores: format_indices(sorted(cores))  # noqa: E731

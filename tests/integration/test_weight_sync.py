@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import socket
 import time
 
 import pytest
@@ -23,6 +22,7 @@ from actors.engine import ActorEngine  # noqa: E402
 from actors.engine import _sampled_logprobs as sampled_logprobs  # noqa: E402
 from asyncrl import transports  # noqa: E402
 from asyncrl.config_network import NetworkConfig  # noqa: E402
+from asyncrl.torchrun import free_port  # noqa: E402
 from asyncrl.weights import WeightSyncError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -32,12 +32,6 @@ PARITY_TOL = 1e-4  # float32 end to end: vLLM's prompt log-probs vs transformers
 TIMEOUT_S = 20.0  # deadline of healthy groups
 DEAD_TIMEOUT_S = 3.0  # deadline of the groups whose peer never shows up
 STATE: dict = {}  # "model": the learner model the engine currently holds, "version": its V
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_model_dir(path) -> torch.nn.Module:

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import needs_full_stack
+from tests.roles import cmdline
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
@@ -51,13 +52,6 @@ def _loopback(ip: str) -> bool:
     return ipaddress.ip_address(ip.split("%")[0]).is_loopback
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return []
-
-
 def _env(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -87,7 +81,7 @@ def test_running_job_listens_on_loopback_only(tmp_path, roles):
     assert len(metrics) >= 3 and control, out[-3000:]  # launcher, learner, actor0
     assert metrics | control | {redis_port} <= ports, (metrics, control, redis_port, ports)
     assert "redis-server" in {name for _, _, _, name in listeners}, listeners
-    agents = [p for p in pids if "asyncrl.torchrun" in " ".join(_cmdline(p))]
+    agents = [p for p in pids if "asyncrl.torchrun" in cmdline(p)]
     assert agents and any(pid in agents for _, _, pid, _ in listeners), (
         "torchrun's rendezvous store should be among the (loopback) listeners"
     )

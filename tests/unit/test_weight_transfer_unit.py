@@ -7,7 +7,6 @@ tests finish in seconds.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ import torch
 
 from actors.engine import token_versions_from_spans
 from asyncrl.config_network import NetworkConfig
+from asyncrl.torchrun import free_port
 from asyncrl.transports.gloo import GlooGroup, GlooSender
 from asyncrl.weights import (
     ALIGN,
@@ -33,12 +33,6 @@ from asyncrl.weights import (
 )
 
 TIMEOUT_S = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sample_tensors() -> list[tuple[str, torch.Tensor]]:
