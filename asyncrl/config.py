@@ -371,6 +371,14 @@ class Config:
         )
         _check_network(self)
         _check_max_model_len(self)
+        _require(
+            not self.learner.share_gpu
+            or self.learner.gpu_memory_fraction + self.actor.gpu_memory_utilization < 1,
+            f"learner.share_gpu=true: learner.gpu_memory_fraction="
+            f"{self.learner.gpu_memory_fraction} + actor.gpu_memory_utilization="
+            f"{self.actor.gpu_memory_utilization} must leave room on the GPU (sum < 1, e.g. "
+            "0.45 each: layout=gpu1)",
+        )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             # actors make exactly batch_groups groups per version there: nothing could refill

@@ -147,6 +147,16 @@ class LearnerConfig:
     ``nvidia-smi -L``); torchrun gets them as its ``CUDA_VISIBLE_DEVICES``. '' = auto: the
     lowest GPUs that ``actor.gpus`` leaves free (``asyncrl run``: the first ``nproc``). A CUDA
     learner only (asyncrl/placement.py)."""
+    share_gpu: bool = False
+    """One GPU for the learner and the actors (``layout=gpu1``; ``asyncrl run`` only): the
+    actors' vLLM engines may run on the learner's GPUs, both at once, each within its share of
+    the memory (``learner.gpu_memory_fraction``, ``actor.gpu_memory_utilization``), checked
+    with numbers before anything starts (asyncrl/gpu_share.py). Weights travel through host
+    memory (``shm``): NCCL cannot join two ranks on one GPU. Off, a GPU serves one process."""
+    gpu_memory_fraction: float = 1.0
+    """Share of its GPU's memory the learner may allocate, 0 < x <= 1: torch's
+    ``set_per_process_memory_fraction`` on each rank's GPU (past it, an out-of-memory error
+    in the learner). Below 1 for a shared GPU (``learner.share_gpu``)."""
     cpu_threads: int = 1
     """Torch threads per learner rank (>= 1)."""
     cpu_affinity: str = ""
@@ -259,6 +269,12 @@ class LearnerConfig:
             f"learner.max_weight_norm_jump must be 0 (off) or > 1, got {self.max_weight_norm_jump}",
         )
         _bound(self, "learner.cpu_threads", ge=1)
+        _bound(self, "learner.gpu_memory_fraction", gt=0, le=1)
+        _require(
+            not (self.share_gpu and self.weight_transport == "nccl"),
+            "learner.share_gpu=true with learner.weight_transport=nccl: NCCL cannot join two "
+            "ranks on one GPU; use shm (or auto, which picks it)",
+        )
         _bound(self, "learner.max_wall_s", ge=0, hint=" (0 = no limit)")
         _bound(self, "learner.data_timeout_s", gt=0)
         _bound(self, "learner.actor_wait_s", gt=0)

@@ -22,7 +22,9 @@ Rules of ``place`` (the invariants of the ``Plan`` it returns):
   keys are ignored here (one config can serve every node).
 - Every GPU serves at most one process and every index exists on the node; anything else is a
   ``ValueError`` naming the keys, the numbers and a fix (the launcher calls ``place`` before it
-  starts anything).
+  starts anything). The one exception is asked for: ``learner.share_gpu`` (``layout=gpu1``)
+  lets the actors run on the learner's GPUs (auto: actor j on the learner's GPUs from the
+  j-th on, round the list), their memory split checked by asyncrl/gpu_share.py.
 - No GPU on the node and no list given: the empty plan (a CPU run: nothing is set).
 """
 
@@ -53,6 +55,8 @@ class Request:
     """GPUs per actor (``gpus_needed_per_actor``), >= 1."""
     actor_gpus: str = ""
     """``actor.gpus`` ('' = auto)."""
+    share: bool = False
+    """The actors may run on the learner's GPUs (``learner.share_gpu``, both roles here)."""
 
     @property
     def wants_gpus(self) -> bool:
@@ -124,6 +128,7 @@ def request_for(cfg, roles: Collection[str], devices: Sequence[str] = ()) -> Req
         actors=cfg.actor.num_actors if actors else 0,
         gpus_per_actor=gpus_needed_per_actor(cfg),
         actor_gpus=cfg.actor.gpus if actors else "",
+        share=bool(cfg.learner.share_gpu and learner and actors),
     )
 
 
@@ -132,7 +137,7 @@ def place(req: Request) -> Plan:
     n, per_actor = len(req.devices), req.actors * req.gpus_per_actor
     learner = _listed(req, "learner.gpus", req.learner_gpus, req.learner_ranks)
     actors = _listed(req, "actor.gpus", req.actor_gpus, per_actor)
-    if learner is not None and actors is not None:
+    if learner is not None and actors is not None and not req.share:
         shared = sorted(set(learner) & set(actors))
         if shared:
             raise ValueError(
@@ -141,9 +146,12 @@ def place(req: Request) -> Plan:
             )
     if n == 0:  # a CPU node (a list naming a GPU was refused above)
         return NO_GPUS
-    free = [g for g in range(n) if g not in {*(learner or ()), *(actors or ())}]
+    busy = {*(learner or ()), *(() if req.share else actors or ())}
+    free = [g for g in range(n) if g not in busy]
     if learner is None:
         learner = _take(free, req.learner_ranks, lambda: _learner_short(req, free, actors))
+    if actors is None and req.share:
+        actors = [learner[i % len(learner)] for i in range(per_actor)]
     if actors is None:
         actors = _take(free, per_actor, lambda: _actors_short(req, free, learner))
     dev, g = req.devices, req.gpus_per_actor
@@ -198,19 +206,21 @@ def _take(free: list[int], k: int, short) -> list[int]:
     return taken
 
 
-LAYOUTS = {8: "node8", 4: "node4", 2: "node2"}
+LAYOUTS = {8: "node8", 4: "node4", 2: "node2", 1: "gpu1"}
 """The ``layout=`` preset (configs/layout/) for a node of this many GPUs."""
 
 
 def fitting_layout(req: Request) -> str | None:
     """A layout of learner and actors that fits this node's GPUs, as overrides (``layout=node4``
-    or ``learner.nproc=A actor.num_actors=B``); None if the node has fewer than 2 or the
-    request is not for both roles."""
+    or ``learner.nproc=A actor.num_actors=B``; one GPU: ``layout=gpu1``, which shares it);
+    None if no layout fits or the request is not for both roles."""
     n, g = len(req.devices), max(1, req.gpus_per_actor)
-    if n < 1 + g or not (req.learner_ranks and req.actors):
+    if not (req.learner_ranks and req.actors):
         return None
     if n in LAYOUTS and g == 1:
         return f"layout={LAYOUTS[n]}"
+    if n < 1 + g:
+        return None
     actors = max(1, (n // 2) // g)
     return f"learner.nproc={n - actors * g} actor.num_actors={actors}"
 
@@ -219,12 +229,10 @@ def _layout_fix(req: Request) -> list[str]:
     if req.learner_gpus or req.actor_gpus:
         return []
     fit = fitting_layout(req)
+    if fit == "layout=gpu1":
+        return ["for the learner and one vLLM actor sharing the GPU: layout=gpu1"]
     if fit:
         return [f"for a layout that fits all {len(req.devices)}: {fit}"]
-    if len(req.devices) == 1 and req.learner_ranks and req.actors:
-        return ["the learner and a vLLM engine sharing one GPU is not supported yet: use a "
-                "node with 2+ GPUs (layout=node2), or actor.engine=sim to test the learner "
-                "alone"]  # fmt: skip
     return []
 
 

@@ -33,23 +33,35 @@ def resolve_device(setting: str = "auto") -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def init_distributed(setting: str = "cpu") -> tuple[int, int]:
+def init_distributed(setting: str = "cpu", memory_fraction: float = 1.0) -> tuple[int, int]:
     """Join the torchrun process group on ``resolve_device(setting)``; returns (rank, world).
 
     Without torchrun (no ``RANK`` in the environment) a one-process group is made on a free
-    loopback port. Idempotent.
+    loopback port. On a GPU, ``memory_fraction`` < 1 caps what this rank may allocate
+    (``learner.gpu_memory_fraction``: a GPU shared with vLLM). Idempotent.
     """
     if not dist.is_initialized():
         device = resolve_device(setting)
         backend = "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
+            limit_memory(device, memory_fraction)
             backend = "cpu:gloo,cuda:nccl"
         if "RANK" not in os.environ:  # a single process without torchrun
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size()
+
+
+def limit_memory(device: torch.device, fraction: float, cuda=torch.cuda) -> bool:
+    """Cap this process's allocations on ``device`` at ``fraction`` of its memory (torch's
+    caching allocator raises out-of-memory past it); True when a cap was set (``fraction`` <
+    1 on a GPU)."""
+    if device.type != "cuda" or fraction >= 1:
+        return False
+    cuda.set_per_process_memory_fraction(fraction, device)
+    return True
 
 
 def current_device() -> torch.device:

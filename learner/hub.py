@@ -422,7 +422,10 @@ def _open_weight_channel(control: ControlServer, cfg: Config, stop=lambda: False
     from learner.weight_sender import ActorWeightChannel
 
     device = current_device()
-    gpus_both_ends = device.type == "cuda" and cfg.actor.engine == "vllm"
+    # a shared GPU (learner.share_gpu): NCCL cannot join two ranks on one device
+    gpus_both_ends = (
+        device.type == "cuda" and cfg.actor.engine == "vllm" and not cfg.learner.share_gpu
+    )
     name = transports.resolve(cfg.learner.weight_transport, gpus_both_ends, cfg.network.local)
     # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
     channel = ActorWeightChannel(

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if not url:
         print("learner: ASYNCRL_REDIS_URL is not set (the buffer's Redis URL)", file=sys.stderr)
         return 2
-    rank, _ = init_distributed(cfg.learner.device)
+    rank, _ = init_distributed(cfg.learner.device, cfg.learner.gpu_memory_fraction)
     # rank 0 records an error a restart cannot fix (a diverged loss, a damaged buffer) for
     # the launcher
     with fatal.recorded(args.run_dir, "learner") if rank == 0 else contextlib.nullcontext():

@@ -174,7 +174,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     sender and the run log), a ``learner.null_hub.NullHub`` on the other ranks, so this loop
     only sees tensors and calls the same methods on every rank.
     """
-    rank, world = init_distributed(cfg.learner.device)
+    rank, world = init_distributed(cfg.learner.device, cfg.learner.gpu_memory_fraction)
     torch.set_num_threads(cfg.learner.cpu_threads)
     torch.manual_seed(cfg.seed)
     ctx = build_step_context(cfg, model_dir, rank, world)

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
 
 from asyncrl.placement import NO_GPUS, Plan, place, request_for
 
@@ -63,3 +64,58 @@ def nvidia_smi() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout if done.returncode == 0 else ""
+
+
+_SMI_MEMORY = ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]
+
+
+def gpu_memory_gib(entry: str, smi: Callable[[], str] | None = None) -> float | None:
+    """Memory of the GPU that ``CUDA_VISIBLE_DEVICES`` entry ``entry`` (an index or a UUID)
+    names, in GiB; None when nvidia-smi does not say (``smi``: its CSV text)."""
+    text = (smi or _smi_memory)()
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and entry in parts[:2]:
+            try:
+                return float(parts[2]) / 1024
+            except ValueError:
+                return None
+    return None
+
+
+def _smi_memory() -> str:
+    try:
+        done = subprocess.run(_SMI_MEMORY, capture_output=True, text=True, timeout=_SMI_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def check_shared_gpu(cfg, plan: Plan, model_dir: Path, memory=gpu_memory_gib) -> str | None:
+    """With ``learner.share_gpu`` and actors placed on a learner GPU: the memory split for the
+    model in ``model_dir`` (``asyncrl.gpu_share.check``: a line to print, or ``ValueError``
+    with the numbers); None when no GPU is shared."""
+    from asyncrl.gpu_share import Share, check
+    from asyncrl.orchestration.model_dir import count_params
+
+    shared = [g for g in plan.learner if any(g in a for a in plan.actors)]
+    if not shared:
+        return None
+    gpu = shared[0]
+    total = memory(gpu)
+    if total is None:
+        raise ValueError(
+            f"learner.share_gpu=true: nvidia-smi does not report GPU {gpu}'s memory, so the "
+            "split between the learner and vLLM cannot be checked; check the driver "
+            "(nvidia-smi --query-gpu=memory.total)"
+        )
+    actors = sum(1 for a in plan.actors if gpu in a)
+    share = Share(
+        total_gib=total,
+        learner_fraction=cfg.learner.gpu_memory_fraction,
+        actor_fraction=cfg.actor.gpu_memory_utilization,
+        actors=actors,
+        params=count_params(model_dir),
+        dtype=cfg.model.dtype,
+    )
+    return f"GPU {gpu}: " + check(share)

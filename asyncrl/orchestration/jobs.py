@@ -13,7 +13,7 @@ from asyncrl.configload import ConfigError, config_to_json, config_to_yaml
 from asyncrl.endpoints import launcher_role, register_endpoint
 from asyncrl.lifeline import child_cmd
 from asyncrl.orchestration.actor_ids import IdKeeper, interrupted
-from asyncrl.orchestration.gpus import plan_node
+from asyncrl.orchestration.gpus import check_shared_gpu, plan_node
 from asyncrl.orchestration.launcher import (
     Role,
     actor_cmd,
@@ -251,6 +251,8 @@ def run_local(cfg: Config) -> int:
     check_available(cfg.logger)  # a tracker's missing library too
     warn_model_settings(cfg)  # config only: shown even when the model is refused next
     model_dir = resolve_model(cfg)  # a bad model directory fails before any process starts
+    if split := check_shared_gpu(cfg, plan, Path(model_dir)):
+        print(f"[asyncrl] {split}", flush=True)  # learner.share_gpu: refused above if no fit
     check_data(cfg, model_dir)  # and bad data (files, columns, templates, lengths)
     roles: list[Role] = []
     server = keeper = None

@@ -59,3 +59,24 @@ def check_tokenizer(path: Path, key: str, vocab_size: int) -> None:
             f"vocab_size is {vocab_size}, so token ids >= {vocab_size} have no embedding; "
             "the tokenizer and the weights are from different models: use the model's own"
         )
+
+
+def count_params(path: Path) -> int:
+    """The parameters stored in ``path``'s ``*.safetensors`` files, read from their headers
+    only (no tensor is loaded); 0 when there are none (``pytorch_model*.bin``: not read).
+
+    A safetensors file starts with an 8-byte little-endian header length and a JSON header
+    mapping each tensor's name to its ``shape`` (``__metadata__`` aside). Tied weights are
+    stored once, as transformers saves them."""
+    total = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for name, info in header.items():
+            if name != "__metadata__":
+                n = 1
+                for dim in info["shape"]:
+                    n *= dim
+                total += n
+    return total

@@ -268,4 +268,52 @@ def test_too_many_gpus_asked_proposes_the_layout_that_fits():
     )
     one = _refused(request_for(load_config(["layout=node2"]), ("learner", "actors"), ("0",)),
                    "this node has 1")  # fmt: skip
-    assert "layout=node2" in one and "not supported yet" in one
+    assert one.endswith("or for the learner and one vLLM actor sharing the GPU: layout=gpu1")
+
+
+# --- one GPU for both (issue 30, item 1) ---
+
+
+def test_layout_gpu1_puts_the_learner_and_the_actor_on_the_one_gpu():
+    cfg = load_config(["layout=gpu1"])
+    plan = place(request_for(cfg, ("learner", "actors"), ("0",)))
+    assert plan.learner == ("0",) and plan.actors == (("0",),)
+    assert plan.describe([0]) == "placement: learner rank 0 on GPU 0; actor 0 on GPU 0"
+    assert cfg.learner.share_gpu and cfg.learner.gpu_memory_fraction == 0.45
+    assert cfg.actor.gpu_memory_utilization == 0.45
+
+
+def test_sharing_is_only_accepted_when_asked_for():
+    both = ["learner=gpu", "actor=gpu", "learner.nproc=1", "learner.gpus=0", "actor.gpus=0"]
+    _refused(request_for(load_config(both), ("learner", "actors"), EIGHT), "share GPU(s) 0")
+    shared = both + ["learner.share_gpu=true", "learner.gpu_memory_fraction=0.4",
+                     "actor.gpu_memory_utilization=0.4"]  # fmt: skip
+    plan = place(request_for(load_config(shared), ("learner", "actors"), EIGHT))
+    assert plan.learner == ("0",) and plan.actors == (("0",),)
+
+
+def test_shared_actors_go_round_the_learners_gpus():
+    cfg = load_config(["layout=gpu1", "learner.nproc=2", "actor.num_actors=3",
+                       "learner.gpu_memory_fraction=0.3", "actor.gpu_memory_utilization=0.2"])  # fmt: skip
+    plan = place(request_for(cfg, ("learner", "actors"), ("0", "1")))
+    assert plan.learner == ("0", "1") and plan.actors == (("0",), ("1",), ("0",))
+
+
+def test_a_learner_launched_alone_never_shares():
+    """``learner.share_gpu`` is for ``asyncrl run``, which places both roles on one node."""
+    req = request_for(load_config(["layout=gpu1"]), ("learner",), ("0",))
+    assert not req.share and place(req).learner == ("0",)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["layout=gpu1", "learner.weight_transport=nccl"], "NCCL cannot join two ranks on one GPU"),
+        (["layout=gpu1", "learner.gpu_memory_fraction=0.6"], "must leave room on the GPU (sum < 1"),
+        (["learner.gpu_memory_fraction=0"], "learner.gpu_memory_fraction must be > 0 and <= 1"),
+        (["learner.gpu_memory_fraction=1.5"], "gpu_memory_fraction must be > 0 and <= 1, got 1.5"),
+    ],
+)
+def test_bad_sharing_keys_name_the_problem(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(overrides)
