@@ -73,10 +73,24 @@ _START_COMMIT = git_commit()
 after; ``commit_at_write`` records the HEAD at write time when it differs)."""
 
 
+def portable_arg(arg: str, repo: Path = REPO) -> str:
+    """``arg`` without this machine's paths: an absolute path (or ``--opt=PATH``) inside the
+    checkout becomes relative to it, one outside becomes ``PATH`` (where files went, not what
+    was measured)."""
+    opt, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if not value.startswith("/"):
+        return arg
+    try:
+        value = str(Path(value).resolve().relative_to(repo.resolve()))
+    except ValueError:
+        value = "PATH"
+    return f"{opt}{eq}{value}"
+
+
 def rerun_command() -> str:
     """The command that reruns this benchmark from the repository root: ``python -m
     benchmarks.<module> <args>`` (``sys.argv[0]`` is a file path, which cannot import
-    ``benchmarks.*`` when run as a script)."""
+    ``benchmarks.*`` when run as a script), without this machine's paths (``portable_arg``)."""
     import shlex
 
     main = sys.modules.get("__main__")
@@ -87,7 +101,8 @@ def rerun_command() -> str:
             module = ".".join(script.relative_to(REPO).with_suffix("").parts)
         except ValueError:
             module = script.stem
-    return " ".join(["python", "-m", module, *map(shlex.quote, sys.argv[1:])])
+    args = [shlex.quote(portable_arg(a)) for a in sys.argv[1:]]
+    return " ".join(["python", "-m", module, *args])
 
 
 def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
