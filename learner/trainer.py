@@ -167,6 +167,40 @@ def _layout(ctx: StepContext) -> str:
     return f"micro-batches of {rows} rows padded to the batch's longest ({attn})"
 
 
+@dataclass
+class _Loop:
+    """What the learner loop carries from step to step (per rank)."""
+
+    cfg: Config
+    ctx: StepContext
+    hub: object
+    """Rank 0's ``Hub``; a ``NullHub`` on the other ranks."""
+    rank: int
+    state: LearnerState
+    ckpt_dir: str
+    """Where checkpoints go: every rank writes its shards there (all learner nodes share it)."""
+    model_dir: str
+    guards: tuple
+    """``(NonFiniteGuard, WeightNormGuard)``."""
+    start: float
+    """``time.monotonic()`` of the run's start, resumed wall time included."""
+    synced: int = 0
+    """The version the actors hold."""
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def sync(self) -> None:
+        """Send this version's weights; the actors hold them now (a validation may be due)."""
+        _sync_weights(self.ctx.model, self.hub, self.state.version)
+        self.synced = self.state.version
+        self.hub.weights_at_actors(self.synced)
+
+    def checkpoint(self) -> None:
+        opts = (self.cfg.learner.keep_checkpoints, getattr(torch, self.cfg.model.dtype))
+        _checkpoint(self.ckpt_dir, self.ctx, self.state, self.model_dir, self.hub, *opts)
+
+
 def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     """Train until ``learner.steps`` (or ``max_wall_s``).
 
@@ -174,6 +208,38 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     sender and the run log), a ``learner.null_hub.NullHub`` on the other ranks, so this loop
     only sees tensors and calls the same methods on every rank.
     """
+    loop = _prepare(cfg, model_dir, run_dir, hub)
+    state, rank = loop.state, loop.rank
+    if _rank0_flag(rank, _start_or_stop(hub, state.version)):
+        if state.version == 0:
+            raise _untrained(cfg, hub, rank, loop.elapsed())
+        return state  # stopped while waiting for the actors: its checkpoint is the newest
+    if cfg.learner.weight_sync and state.version > 0:  # resumed: not the actors' initial weights
+        _sync_weights(loop.ctx.model, hub, state.version)
+    loop.synced = state.version
+    hub.weights_at_actors(loop.synced, start=True)  # eval.at_start
+    while state.version < cfg.learner.steps:
+        over = cfg.learner.max_wall_s and loop.elapsed() > cfg.learner.max_wall_s
+        stop = bool(over) or hub.stop_requested()
+        groups, stop = _read_or_stop(hub, state.version, stop)  # a stop may end the read
+        if _rank0_flag(rank, stop):
+            break
+        if _rank0_flag(rank, rank == 0 and groups is None):  # actors re-registered: weights
+            loop.sync()  # first, or they generate nothing
+            continue
+        _step(loop, groups)
+    if state.version == 0:
+        raise _untrained(cfg, hub, rank, loop.elapsed())
+    loop.checkpoint()
+    if _rank0_flag(rank, hub.end_validation_due(state.version)):  # eval.at_end
+        if loop.synced != state.version:
+            _sync_weights(loop.ctx.model, hub, state.version)
+        hub.validate_final(state.version)
+    return state
+
+
+def _prepare(cfg: Config, model_dir: str, run_dir: str, hub) -> _Loop:
+    """Join the process group, build the model and optimizer, resume if a checkpoint is there."""
     rank, world = init_distributed(cfg.learner.device, cfg.learner.gpu_memory_fraction)
     torch.set_num_threads(cfg.learner.cpu_threads)
     torch.manual_seed(cfg.seed)
@@ -186,65 +252,40 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
         f"{' offloaded to host memory' if cfg.learner.cpu_offload else ''}, "
         f"{cfg.model.dtype} compute; {_layout(ctx)}"
     )
-    # checkpoints: every rank writes its shards there, so all learner nodes must share it
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir
     state = _maybe_resume(ckpt_dir, ctx, hub, cfg.learner.resume_from)
-    guard = NonFiniteGuard(cfg.learner.max_nonfinite_steps)
-    ckpt_opts = (cfg.learner.keep_checkpoints, getattr(torch, cfg.model.dtype))  # HF export
     norm_guard = WeightNormGuard(cfg.learner.max_weight_norm_jump)
     norm_guard.last = weight_norm(ctx.model)  # the first step's jump counts too
+    guards = (NonFiniteGuard(cfg.learner.max_nonfinite_steps), norm_guard)
     freeze_startup_heap(collect=True)  # model, optimizer, imports: never traversed again
     start = time.monotonic() - state.wall_s
-    if _rank0_flag(rank, _start_or_stop(hub, state.version)):
-        if state.version == 0:
-            raise _untrained(cfg, hub, rank, time.monotonic() - start)
-        return state  # stopped while waiting for the actors: its checkpoint is the newest
-    sync = cfg.learner.weight_sync
-    if sync and state.version > 0:  # the resumed policy differs from the actors' initial weights
-        _sync_weights(ctx.model, hub, state.version)
-    synced = state.version  # the version the actors hold
-    hub.weights_at_actors(synced, start=True)  # eval.at_start
-    while state.version < cfg.learner.steps:
-        over = cfg.learner.max_wall_s and time.monotonic() - start > cfg.learner.max_wall_s
-        stop = bool(over) or hub.stop_requested()
-        groups, stop = _read_or_stop(hub, state.version, stop)  # a stop may end the read
-        if _rank0_flag(rank, stop):
-            break
-        if _rank0_flag(rank, rank == 0 and groups is None):  # actors re-registered: weights
-            _sync_weights(ctx.model, hub, state.version)  # first, or they generate nothing
-            synced = state.version
-            hub.weights_at_actors(synced)
-            continue
-        failpoint("learner.after_read", version=state.version, groups=_ids(groups))
-        batch = broadcast_batch(_collate(groups)).to(current_device())
-        metrics, problem = _train_step(ctx, cfg, batch, state.version, (guard, norm_guard))
-        state.version += 1
-        state.groups_trained += batch.rewards.shape[0]
-        state.nonfinite_steps += int(metrics["nonfinite_updates"] > 0)
-        state.nonfinite_updates += int(metrics["nonfinite_updates"])
-        state.wall_s = time.monotonic() - start
-        if problem:  # before these weights are synced or checkpointed
-            raise _nonfinite(problem, state, metrics, hub, groups, ckpt_dir)
-        hub.step_done()  # the step ran: a crash from here on is not its data's fault
-        due = sync and state.version - synced >= cfg.learner.sync_every
-        # a validation under way holds syncs while training can go on (learner/validation.py)
-        if due and _rank0_flag(rank, hub.sync_allowed(state.version, synced)):
-            _sync_weights(ctx.model, hub, state.version)
-            synced = state.version
-            hub.weights_at_actors(synced)
-        hub.after_step(state, metrics)
-        every = cfg.learner.checkpoint_every
-        if every and state.version % every == 0 and state.version < cfg.learner.steps:
-            _checkpoint(ckpt_dir, ctx, state, model_dir, hub, *ckpt_opts)
-        failpoint("learner.after_step", version=state.version)
-    if state.version == 0:
-        raise _untrained(cfg, hub, rank, time.monotonic() - start)
-    _checkpoint(ckpt_dir, ctx, state, model_dir, hub, *ckpt_opts)
-    if _rank0_flag(rank, hub.end_validation_due(state.version)):  # eval.at_end
-        if synced != state.version:
-            _sync_weights(ctx.model, hub, state.version)
-        hub.validate_final(state.version)
-    return state
+    return _Loop(cfg, ctx, hub, rank, state, ckpt_dir, model_dir, guards, start)
+
+
+def _step(loop: _Loop, groups: list | None) -> None:
+    """One step on rank 0's ``groups`` (None on the other ranks: they receive the batch), then
+    the weight sync, the step's log and a checkpoint, each when due."""
+    cfg, hub, state = loop.cfg, loop.hub, loop.state
+    failpoint("learner.after_read", version=state.version, groups=_ids(groups))
+    batch = broadcast_batch(_collate(groups)).to(current_device())
+    metrics, problem = _train_step(loop.ctx, cfg, batch, state.version, loop.guards)
+    state.version += 1
+    state.groups_trained += batch.rewards.shape[0]
+    state.nonfinite_steps += int(metrics["nonfinite_updates"] > 0)
+    state.nonfinite_updates += int(metrics["nonfinite_updates"])
+    state.wall_s = loop.elapsed()
+    if problem:  # before these weights are synced or checkpointed
+        raise _nonfinite(problem, state, metrics, hub, groups, loop.ckpt_dir)
+    hub.step_done()  # the step ran: a crash from here on is not its data's fault
+    due = cfg.learner.weight_sync and state.version - loop.synced >= cfg.learner.sync_every
+    # a validation under way holds syncs while training can go on (learner/validation.py)
+    if due and _rank0_flag(loop.rank, hub.sync_allowed(state.version, loop.synced)):
+        loop.sync()
+    hub.after_step(state, metrics)
+    every = cfg.learner.checkpoint_every
+    if every and state.version % every == 0 and state.version < cfg.learner.steps:
+        loop.checkpoint()
+    failpoint("learner.after_step", version=state.version)
 
 
 def _ids(groups: list | None) -> list[str] | None:
