@@ -11,7 +11,7 @@ from asyncrl.config_checks import require_finite as _require_finite
 
 # registry keys, repeated here so the CLI validates a config without importing torch;
 # tests/unit/test_step_registry.py checks they match learner.losses / learner.advantages
-_STALE_TOKENS = ("drop_group", "mask")  # learner/stale_tokens.py
+_STALE_TOKENS = ("drop_group", "mask", "interpolate")  # learner/stale_tokens.py
 _LOSSES = ("decoupled_ppo", "bypass_ppo", "tis", "masked_is", "gspo", "cispo")
 _ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
 _AGGREGATIONS = (
@@ -109,7 +109,10 @@ class AlgorithmConfig:
     """``drop_group``: a group is trained or dropped whole by its oldest token. ``mask``: it is
     admitted while its newest token is within ``buffer.max_staleness``, and each older token
     leaves the loss (the rest of its completion trains). Not with ``advantage=gae`` (its value
-    targets run over every token)."""
+    targets run over every token). ``interpolate``: admitted as under ``mask``, every token
+    trains, each with a proximal log-prob estimated from its own version (AReaL's A-3PO; no
+    forward pass recomputes it); not with ``policy_loss=bypass_ppo``, which has no proximal
+    policy (docs/algorithms.md)."""
     # -- updates per step
     ppo_epochs: int = 1
     """Passes over the batch per step (>= 1)."""
@@ -132,6 +135,12 @@ class AlgorithmConfig:
             not (a.stale_tokens == "mask" and a.advantage == "gae"),
             f"{name}.stale_tokens=mask leaves holes in a completion, and advantage=gae's value "
             "targets run over every token: use stale_tokens=drop_group with gae",
+        )
+        _require(
+            not (a.stale_tokens == "interpolate" and a.policy_loss == "bypass_ppo"),
+            f"{name}.stale_tokens=interpolate estimates the proximal policy, which "
+            "policy_loss=bypass_ppo does not use (it clips around the behaviour policy): use "
+            "decoupled_ppo, or stale_tokens=mask",
         )
         _bound(a, "algorithm.eps_low", ge=0, lt=1)
         _bound(a, "algorithm.eps_high", ge=0)

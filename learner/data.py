@@ -74,7 +74,7 @@ class GroupSource:
     drop_uniform: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal."""
     admit_by_newest: bool = False
-    """``algorithm.stale_tokens=mask``: a group is fresh while its newest token is within the
+    """``algorithm.stale_tokens=mask|interpolate``: a group is fresh while its newest token is within the
     bound (its older tokens leave the loss: learner/stale_tokens.py), not its oldest."""
     dropped_stale: int = 0
     dropped_uniform: int = 0

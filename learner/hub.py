@@ -56,7 +56,7 @@ class Hub:
             self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
             stop=self.stop_requested, say=self.say, exhausted=self.data_exhausted,
             interrupt=self.rejoin_pending,
-            admit_by_newest=cfg.algorithm.stale_tokens == "mask",
+            admit_by_newest=cfg.algorithm.stale_tokens in ("mask", "interpolate"),
         )  # fmt: skip
         net = cfg.network
         self.control = ControlServer(net.bind, advertise=net.advertise)

@@ -40,7 +40,7 @@ from learner.losses import POLICY_LOSSES, LossParams, kl_penalty, make_aggregati
 from learner.micro_batches import MicroBatch, plan_metrics, plan_micro_batches, run_planned
 from learner.model import token_logprobs
 from learner.reference import reference_logprobs
-from learner.stale_tokens import masked_stale, stale_loss_mask
+from learner.stale_tokens import interpolated_proximal, masked_stale, stale_loss_mask
 from learner.targets import compute_targets
 from learner.truncation import clip_ratio, truncated_loss_mask
 
@@ -82,6 +82,7 @@ class _Shard:
     agg_mask: torch.Tensor  # [b_all, T] loss mask of the whole minibatch (all ranks)
     plan: list[MicroBatch]  # this rank's micro-batches of ``rows`` (same count on every rank)
     proximal: torch.Tensor | None = None  # [b, T] pi_prox (None: single update, = pi_theta)
+    interpolate_at: int | None = None  # stale_tokens=interpolate: V, pi_prox estimated per token
     ref: torch.Tensor | None = None  # [b, T] pi_ref
     old_values: torch.Tensor | None = None  # [b, T] V at the start of the step
     advantages: torch.Tensor | None = None  # [b, T]
@@ -119,7 +120,8 @@ def train_on_batch(ctx: StepContext, batch: Batch, version: int | None = None,
     """
     algo = ctx.algo
     slices = minibatch_slices(batch.num_rows, algo.minibatches, ctx.world)
-    shards = [_forward_no_grad(ctx, batch, s) for s in slices]
+    interpolate_at = version if algo.stale_tokens == "interpolate" else None
+    shards = [_forward_no_grad(ctx, batch, s, interpolate_at) for s in slices]
     targets = _targets(ctx, batch, shards)
     for s, sh in zip(slices, shards, strict=True):
         sh.advantages = _rank_rows(targets.advantages[s], ctx.rank, ctx.world)
@@ -150,18 +152,22 @@ def train_on_batch(ctx: StepContext, batch: Batch, version: int | None = None,
     return {**targets.metrics, **mean_over_updates(updates), "nonfinite_updates": skipped}
 
 
-def _forward_no_grad(ctx: StepContext, batch: Batch, rows: slice) -> _Shard:
+def _forward_no_grad(
+    ctx: StepContext, batch: Batch, rows: slice, interpolate_at: int | None = None
+) -> _Shard:
     """This rank's rows of minibatch ``rows``, their micro-batch plan (collective with a token
     budget) and their pi_prox / pi_ref / V_old, run per micro-batch: that bounds the
     activations (full-vocabulary logits) of the no-grad forwards, and every rank makes the
-    same number of calls, so the FSDP2 collectives stay matched."""
+    same number of calls, so the FSDP2 collectives stay matched. ``interpolate_at`` (V, under
+    ``stale_tokens=interpolate``): no pi_prox forward, it is estimated per token instead."""
     mb = shard_rows(batch.rows(rows), ctx.rank, ctx.world)
     plan = plan_micro_batches(mb.attention_mask, ctx.micro_batch_rows,
                               ctx.max_tokens_per_micro_batch, ctx.world,
                               ctx.pack_sequences)  # fmt: skip
     _say_oversize(ctx, plan)
-    sh = _Shard(mb, batch.loss_mask[rows], plan)
-    if ctx.algo.ppo_epochs * ctx.algo.minibatches > 1:  # else pi_prox = pi_theta (one update)
+    sh = _Shard(mb, batch.loss_mask[rows], plan, interpolate_at=interpolate_at)
+    several = ctx.algo.ppo_epochs * ctx.algo.minibatches > 1  # else pi_prox = pi_theta
+    if several and interpolate_at is None:
         with torch.no_grad():  # no entropy: pi_prox is only a log-prob
             prox = lambda i, a, s: token_logprobs(ctx.model, i, a, entropy=False, scored=s)[0]  # noqa: E731
             sh.proximal = run_planned(prox, mb, plan)
@@ -233,7 +239,11 @@ def _policy_loss(ctx: StepContext, sh: _Shard, micro: MicroBatch, agg):
     algo, mb = ctx.algo, micro.batch(sh.rows)
     logprobs, entropy = token_logprobs(ctx.model, mb.input_ids, mb.attention_mask,
                                        scored=mb.loss_mask)  # fmt: skip
-    proximal = logprobs.detach() if sh.proximal is None else micro.tokens(sh.proximal)
+    if sh.interpolate_at is not None:  # A-3PO: from each token's own version
+        proximal = interpolated_proximal(mb.behavior_logprobs, logprobs, mb.token_versions,
+                                         sh.interpolate_at)  # fmt: skip
+    else:
+        proximal = logprobs.detach() if sh.proximal is None else micro.tokens(sh.proximal)
     ref = None if sh.ref is None else micro.tokens(sh.ref)
     return POLICY_LOSSES[algo.policy_loss](
         logprobs, proximal, mb.behavior_logprobs, micro.tokens(sh.advantages), mb.loss_mask, agg,

@@ -1,6 +1,8 @@
 """``algorithm.stale_tokens`` (issue 31; learner/stale_tokens.py): tokens older than the bound
 leave the loss under ``mask``, the rest of their completion trains; groups are admitted by
-their newest token then. Closed-form cases and the step's equivalence with a hand-masked batch."""
+their newest token then. Under ``interpolate`` every token trains with a proximal log-prob
+estimated from its own version (A-3PO). Closed-form cases, and each step's equivalence with a
+step computed another way."""
 
 from __future__ import annotations
 
@@ -15,7 +17,12 @@ from asyncrl.configload import ConfigError, load_config
 from buffer.staleness import split_by_staleness
 from learner.batch import collate
 from learner.model import build_policy
-from learner.stale_tokens import STALE_TOKEN_MODES, masked_stale, stale_loss_mask
+from learner.stale_tokens import (
+    STALE_TOKEN_MODES,
+    interpolated_proximal,
+    masked_stale,
+    stale_loss_mask,
+)
 from learner.step import StepContext, batch_metrics, train_on_batch
 from tests.random_groups import random_groups
 
@@ -33,8 +40,9 @@ def test_mask_zeroes_exactly_the_tokens_older_than_the_bound():
     assert got.tolist() == [[0.0, 0, 0, 1, 1], [0, 0, 1, 1, 0]]
     assert masked_stale(MASK, VERSIONS, 6, 1) == 2 and masked_stale(MASK, VERSIONS, 6, 3) == 0
     assert stale_loss_mask(MASK, VERSIONS, 6, 1, "drop_group") is MASK
+    assert stale_loss_mask(MASK, VERSIONS, 6, 1, "interpolate") is MASK  # every token trains
     with pytest.raises(ValueError, match="not in"):
-        stale_loss_mask(MASK, VERSIONS, 6, 1, "interpolate")
+        stale_loss_mask(MASK, VERSIONS, 6, 1, "bogus")
 
 
 def _group(gid: str, versions: list[int]):
@@ -104,3 +112,66 @@ def test_the_masked_step_equals_the_step_on_the_hand_masked_batch(tiny_model):
     unmasked = train_on_batch(plain, collate(groups))  # no version: nothing is masked
     assert unmasked["tokens"] == int(batch.loss_mask.sum())
     assert batch_metrics(batch, 5, 1)["tokens_masked_stale"] == stale
+
+
+def test_interpolation_closed_form():
+    """log pi_prox = b + (V - v) / (V + 1 - v) (c - b): fresh -> b, k old -> b + k/(k+1) (c - b);
+    not a completion token -> c; a token newer than the learner counts as fresh."""
+    b = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0]])
+    c = torch.tensor([[-9.0, -1.0, -1.0, -1.0, -1.0]], requires_grad=True)
+    v = torch.tensor([[-1, 6, 5, 3, 7]])
+    got = interpolated_proximal(b, c, v, 6)
+    want = [-9.0, -2.0, -3.0 + 0.5 * 2.0, -4.0 + 0.75 * 3.0, -5.0]
+    torch.testing.assert_close(got, torch.tensor([want]))
+    assert not got.requires_grad  # pi_prox is a constant of the loss
+
+
+def test_interpolate_is_refused_where_no_proximal_policy_is_used():
+    with pytest.raises(ConfigError, match="bypass_ppo does not use"):
+        load_config(["algorithm.stale_tokens=interpolate", "algorithm.policy_loss=bypass_ppo"])
+    cfg = load_config(["algorithm.stale_tokens=interpolate"])
+    assert cfg.algorithm.stale_tokens == "interpolate"
+
+
+def _counting(model):
+    """Count the model's forward calls (the policy's own and every no-grad pi_prox pass)."""
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_interpolate_runs_no_proximal_forward_with_several_updates(tiny_model):
+    """A-3PO's point: with 2 minibatches the other modes run a no-grad pi_prox pass first."""
+    torch.set_num_threads(1)
+    groups = _mixed_groups()
+    counts, tokens = {}, {}
+    for mode in ("drop_group", "interpolate"):
+        ctx = _ctx(tiny_model, AlgorithmConfig(stale_tokens=mode, minibatches=2))
+        calls = _counting(ctx.model.model)
+        metrics = train_on_batch(ctx, collate(groups), version=5, max_staleness=1)
+        counts[mode], tokens[mode] = len(calls), metrics["tokens"]
+    assert counts["interpolate"] * 2 == counts["drop_group"], counts
+    assert tokens["interpolate"] == tokens["drop_group"]  # nothing masked
+
+
+def test_interpolate_on_fresh_tokens_is_ppo_around_the_behaviour_policy(tiny_model):
+    """Every token at the learner's version: pi_prox = pi_b, so the update is
+    ``bypass_ppo``'s (decoupled PPO with pi_prox := pi_b); with stale tokens it is not."""
+    torch.set_num_threads(1)
+    fresh = [dataclasses.replace(g, samples=[dataclasses.replace(
+        s, token_versions=[5] * len(s.completion_ids)) for s in g.samples])
+        for g in _mixed_groups()]  # fmt: skip
+    runs = {}
+    for name, algo, groups in (
+        ("interpolate", AlgorithmConfig(stale_tokens="interpolate"), fresh),
+        ("bypass", AlgorithmConfig(policy_loss="bypass_ppo"), fresh),
+        ("stale", AlgorithmConfig(stale_tokens="interpolate"), _mixed_groups()),
+    ):
+        ctx = _ctx(tiny_model, algo)
+        train_on_batch(ctx, collate(groups), version=5, max_staleness=4)
+        runs[name] = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+    moved = 0.0
+    for name, ref in runs["bypass"].items():
+        torch.testing.assert_close(runs["interpolate"][name], ref, rtol=1e-5, atol=1e-6, msg=name)
+        moved = max(moved, float((runs["stale"][name] - ref).abs().max()))
+    assert moved > 1e-6  # stale tokens change the update (the test would see a no-op)
