@@ -87,6 +87,8 @@ class GroupSource:
     interrupt: Callable[[], bool] = never
     """True when the read should pause for something else (actors that registered again and
     wait for weights while the learner waits for their groups: see ``next_batch``)."""
+    on_read: Callable[[list], None] = lambda groups: None
+    """Called with the groups of every read, before admission (``RunTotals.count_read``)."""
     _pending: list = field(default_factory=list)
     _held: list = field(default_factory=list)
     _held_wait: Wait | None = None
@@ -130,6 +132,7 @@ class GroupSource:
                     "the actors have no prompts left (data.epochs done) and no group is left "
                     f"to read: ending the run at version {version}{left}"
                 )
+            self.on_read([e.group for e in entries])
             ok, stale = split_by_staleness(entries, version, self.max_staleness,
                                            self.admit_by_newest)  # fmt: skip
             if stale:

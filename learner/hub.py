@@ -52,11 +52,13 @@ class Hub:
             reconnect_s=b.reconnect_s, stop=self.stop_requested,
         )  # fmt: skip
         self.claim = _claim_buffer(self.buffer, b.name, run_dir, self._claim_lost, self.say)
+        self.totals = RunTotals()
         self.source = GroupSource(
             self.buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
             stop=self.stop_requested, say=self.say, exhausted=self.data_exhausted,
             interrupt=self.rejoin_pending,
             admit_by_newest=cfg.algorithm.stale_tokens in ("mask", "interpolate"),
+            on_read=self.totals.count_read,
         )  # fmt: skip
         net = cfg.network
         self.control = ControlServer(net.bind, advertise=net.advertise)
@@ -77,7 +79,6 @@ class Hub:
         self._ready_t = time.monotonic()
         self._last_totals = self.clock.totals()
         self._last_cpu = time.process_time()
-        self.totals = RunTotals()
         self._dropped_seen: dict[str, int] = {}
         self._per_epoch = 0  # prompts per epoch of a finite source (actors publish it)
         self._epoch: int | None = None
@@ -214,6 +215,7 @@ class Hub:
         stale = [staleness(v, e.group.version_min) for e in entries]
         groups = [e.group for e in entries]
         reward = sum(sum(g.rewards) for g in groups) / sum(len(g.samples) for g in groups)
+        self._count_trained(groups, stale, stats, v)
         record = {
             "step": state.version - 1,
             "version": state.version,
@@ -226,13 +228,13 @@ class Hub:
             "dropped_invalid": stats["dropped_invalid"],
             "ledger_imbalance": stats["imbalance"],
             "reward_errors": sum(1 for g in groups for s in g.samples if s.reward_error),
+            **{k: x for k, x in self.totals.admission().items() if x is not None},
             **self._epoch_of(groups),
             **extras_means(s for g in groups for s in g.samples),  # reward/<key>: a dict's extras
             "wall_s": state.wall_s,
             **self._step_timing(now),
             **{k: float(x) for k, x in metrics.items()},
         }
-        self._count_trained(groups, stale, stats)
         loss_metrics = {k: float(x) for k, x in metrics.items() if not k.startswith("dropped_")}
         self.metrics.observe_step(state.version, groups, stale, reward, dt, loss_metrics)
         self.log.log(record)
@@ -316,8 +318,8 @@ class Hub:
             "cpu_s": cpu_s,
         }
 
-    def _count_trained(self, groups: list, stale: list[int], stats: dict) -> None:
-        self.totals.count_trained(groups, stale)
+    def _count_trained(self, groups: list, stale: list[int], stats: dict, version: int) -> None:
+        self.totals.count_trained(groups, stale, version)
         for reason, count in self._dropped_counts(stats).items():
             seen = self._dropped_seen.get(reason, 0)
             self.metrics.dropped.labels(reason).inc(max(0, count - seen))

@@ -38,10 +38,15 @@ def test_dynamic_sampling_drops_all_equal_groups_and_fills_the_batch(
     buf = ReplayBuffer(redis_client, buffer_name, capacity=len(GROUPS))
     for gid, rewards in GROUPS:
         _commit(buf, gid, rewards)
+    read: list[str] = []
     source = GroupSource(buf, "learner", 100, max_staleness=1, timeout_s=10.0,
-                         drop_uniform=drop_uniform)  # fmt: skip
+                         drop_uniform=drop_uniform,
+                         on_read=lambda gs: read.extend(g.group_id for g in gs))  # fmt: skip
     batch = source.next_batch(version=5, count=3)
     got = [e.group.group_id for e in batch]
+    # every group read is reported before admission (RunTotals.count_read), dropped ones too
+    assert read == [g for g, _ in GROUPS][: len(read)] and set(got) <= set(read)
+    assert not drop_uniform or {"u0", "u1", "u2"} <= set(read)
     s = buf.stats()
     if drop_uniform:
         # it had to read past u0, u1, u2 (and float noise counts as equal) to find 3 groups

@@ -11,6 +11,7 @@ from learner.totals import RunTotals
 @dataclass
 class S:
     reward_error: str = ""
+    token_versions: list = field(default_factory=lambda: [3, 4])
 
 
 @dataclass
@@ -22,7 +23,8 @@ class G:
 
 def _steps(t: RunTotals, steps) -> None:
     for i, stale in steps:
-        t.count_trained([G(f"0:{i}"), G(f"0:{i + 100}")], stale)
+        t.count_read([G(f"0:{i}"), G(f"0:{i + 100}"), G(f"0:{i + 200}", num_tokens=21)])
+        t.count_trained([G(f"0:{i}"), G(f"0:{i + 100}")], stale, version=4)
         t.count_sync(1000, 0.5)
         t.count_sync_faults(i % 2, 1)
 
@@ -45,3 +47,29 @@ def test_restored_totals_continue_as_if_never_stopped():
     assert got["weight_sync"]["count"] == 4 and got["weight_sync"]["failures"] == 2
     assert got["weight_sync"]["regroups"] == 4
     assert got["reward_errors"]["count"] == 8
+
+
+def test_admission_figures_closed_form():
+    """Per step 3 groups of 2 samples read (7, 7 and 21 tokens), the two 7-token ones
+    trained: 14/35 of the tokens; mean length 3.5 trained against 35/6 read."""
+    t = RunTotals()
+    assert t.admission() == {"trained_token_frac": None, "length_bias": None}
+    _steps(t, [(0, [0, 0]), (1, [0, 1])])
+    got = t.to_dict({}, 0.0, {})
+    assert got["read_totals"] == {"groups": 6, "samples": 12, "tokens": 70}
+    assert got["trained_token_frac"] == 28 / 70
+    assert abs(got["length_bias"] - 3.5 / (70 / 12)) < 1e-12
+    # 4 trained groups x 2 samples x versions [3, 4] at version 4: staleness 1 and 0
+    assert got["trained_token_staleness_histogram"] == {"0": 8, "1": 8}
+
+
+def test_a_resume_from_a_checkpoint_without_read_counts_reports_no_admission_figures():
+    t = RunTotals()
+    _steps(t, [(0, [0, 0])])
+    saved = t.to_dict({}, 0.0, {})
+    for key in ("read_totals", "trained_token_staleness_histogram"):
+        del saved[key]
+    again = RunTotals()
+    again.restore(saved)
+    again.count_trained([G("0:9")], [0], version=4)
+    assert again.admission() == {"trained_token_frac": None, "length_bias": None}
