@@ -134,7 +134,7 @@ class PromptCursor:
     def _redis(self, fn):
         # A retried claim whose reply was lost claims the next index too; the lost one stays
         # in the in-flight set and is generated after the next restart (nothing is skipped).
-        return self.buffer._redis(fn, self.keys)
+        return self.buffer.retrying(fn, self.keys)
 
 
 # KEYS: quota   ARGV: per_version, count   Admits min(count, per_version - admitted so far).

@@ -154,10 +154,10 @@ class ReplayBuffer(StreamReads):
         self.repairs: list[str] = []
         """One line per repair of damage from outside (a rebuilt consumer group)."""
         meta = self._k["meta"]
-        old = self._redis(lambda: client.hget(meta, "capacity"), [meta])
+        old = self.retrying(lambda: client.hget(meta, "capacity"), [meta])
         if old is not None and self._int(meta, "capacity", old) != capacity:
             log.warning("buffer %s: capacity changed from %s to %d", name, int(old), capacity)
-        self._redis(lambda: client.hset(meta, "capacity", capacity), [meta])
+        self.retrying(lambda: client.hset(meta, "capacity", capacity), [meta])
 
     # -- actors --------------------------------------------------------------------------------
 
@@ -193,7 +193,7 @@ class ReplayBuffer(StreamReads):
         or a release pushes a token) or ``timeout_s`` passes (a lease may expire unseen)."""
         wake = self._k["wake"]
         timeout = max(timeout_s, 0.01)
-        self._redis(lambda: self.client.blpop([wake], timeout=timeout), [wake])
+        self.retrying(lambda: self.client.blpop([wake], timeout=timeout), [wake])
 
     def _wake(self, slots: int) -> None:
         """Tell up to ``slots`` actors waiting in ``lease`` that slots were freed; the list is
@@ -208,7 +208,7 @@ class ReplayBuffer(StreamReads):
             pipe.ltrim(wake, -self.capacity, -1)
             pipe.execute()
 
-        self._redis(push, [wake])
+        self.retrying(push, [wake])
 
     def commit(self, lease_id: str, group: Group, in_flight: tuple[str, int] | None = None) -> bool:
         """Store ``group`` and release ``lease_id`` atomically.
@@ -237,7 +237,7 @@ class ReplayBuffer(StreamReads):
     def release(self, lease_id: str) -> bool:
         """Give a slot back without committing. Returns False if the lease was already gone."""
         leases = self._k["leases"]
-        released = bool(self._redis(lambda: self.client.zrem(leases, lease_id), [leases]))
+        released = bool(self.retrying(lambda: self.client.zrem(leases, lease_id), [leases]))
         if released:
             self._wake(1)
         return released
@@ -251,12 +251,12 @@ class ReplayBuffer(StreamReads):
 
     def set_learner_version(self, version: int) -> None:
         meta = self._k["meta"]
-        self._redis(lambda: self.client.hset(meta, "learner_version", int(version)), [meta])
+        self.retrying(lambda: self.client.hset(meta, "learner_version", int(version)), [meta])
 
     def learner_version(self) -> int:
         """The learner's published policy version, -1 before the first publish."""
         meta = self._k["meta"]
-        v = self._redis(lambda: self.client.hget(meta, "learner_version"), [meta])
+        v = self.retrying(lambda: self.client.hget(meta, "learner_version"), [meta])
         return -1 if v is None else self._int(meta, "learner_version", v)
 
     def set_meta(self, **kv: str | int | float) -> None:
@@ -266,7 +266,7 @@ class ReplayBuffer(StreamReads):
             raise ValueError(f"{bad} are managed by ReplayBuffer; use its methods")
         if kv:
             meta = self._k["meta"]
-            self._redis(lambda: self.client.hset(meta, mapping=kv), [meta])
+            self.retrying(lambda: self.client.hset(meta, mapping=kv), [meta])
 
     def claim_meta(self, key: str, value: str) -> str | None:
         """Set meta ``key`` to ``value`` unless it is set: None when this call set it, else
@@ -275,9 +275,9 @@ class ReplayBuffer(StreamReads):
         if key in _RESERVED_META:
             raise ValueError(f"{key!r} is managed by ReplayBuffer; use its methods")
         meta = self._k["meta"]
-        if self._redis(lambda: self.client.hsetnx(meta, key, value), [meta]):
+        if self.retrying(lambda: self.client.hsetnx(meta, key, value), [meta]):
             return None
-        old = self._redis(lambda: self.client.hget(meta, key), [meta])
+        old = self.retrying(lambda: self.client.hget(meta, key), [meta])
         if old is None:  # set a moment ago, deleted since: nothing but a hand edit does that
             raise self._damaged(f"{meta} field {key} vanished right after it was set")
         return as_text(old)
@@ -285,7 +285,7 @@ class ReplayBuffer(StreamReads):
     def meta(self) -> dict[str, str]:
         """All meta fields (including capacity, consumer_group, learner_version) as strings."""
         meta = self._k["meta"]
-        raw = self._redis(lambda: self.client.hgetall(meta), [meta])
+        raw = self.retrying(lambda: self.client.hgetall(meta), [meta])
         return {as_text(k): as_text(v) for k, v in raw.items()}
 
     def stats(self) -> dict[str, int]:
@@ -306,7 +306,7 @@ class ReplayBuffer(StreamReads):
             return self.client.zrangebyscore(leases, f"({sec * 1000 + usec // 1000}", "+inf")
 
         out: dict[int, int] = {}
-        for lease_id in self._redis(live, [leases]):
+        for lease_id in self.retrying(live, [leases]):
             actor = as_text(lease_id).partition(":")[0]
             if actor.isdigit():
                 out[int(actor)] = out.get(int(actor), 0) + 1
@@ -353,10 +353,10 @@ class ReplayBuffer(StreamReads):
         return call_with_retries(fn, self._where, self.reconnect_s, on_retry, self.stop)
 
     def _run(self, script: str, keys: list[str], args: list, on_retry=None):
-        """Run one of ``buffer/scripts.py`` through ``_redis``."""
-        return self._redis(lambda: self._s[script](keys, args), keys, on_retry)
+        """Run one of ``buffer/scripts.py`` through ``retrying``."""
+        return self.retrying(lambda: self._s[script](keys, args), keys, on_retry)
 
-    def _redis(self, fn, keys: list[str], on_retry=None, consumer: str = ""):
+    def retrying(self, fn, keys: list[str], on_retry=None, consumer: str = ""):
         """``fn()`` with retries on dropped connections (``_call``). A consumer group that
         vanished (NOGROUP) is rebuilt once (``_regroup``) and ``fn`` run again; a reply that
         says the buffer's state is damaged raises ``BufferDamaged`` naming ``keys``."""

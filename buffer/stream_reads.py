@@ -6,7 +6,7 @@ audit) and the plumbing (retries, damage reports) stay in redis_buffer.py.
 
 ``StreamReads`` is a mixin of ``ReplayBuffer`` only; it uses the host's ``client``, ``name``,
 ``consumer_group``, ``max_deliveries``, ``max_payload_bytes``, key names ``_k``, hand-out
-records ``_handed`` / ``_maybe_lost`` / ``_group_ready`` / ``repairs``, and its ``_redis``,
+records ``_handed`` / ``_maybe_lost`` / ``_group_ready`` / ``repairs``, and its ``retrying``,
 ``_run``, ``_call`` and ``_wake``. The invariants are ``ReplayBuffer``'s docstring.
 """
 
@@ -131,7 +131,7 @@ class StreamReads:
         stream, group = self._k["stream"], self.consumer_group
         for n, ids in by_count.items():
             ids = self._check_ids(ids)
-            self._redis(
+            self.retrying(
                 lambda ids=ids, n=n: self.client.xclaim(
                     stream, group, consumer, 0, ids, retrycount=n, justid=True
                 ),
@@ -175,7 +175,7 @@ class StreamReads:
         """{entry id: delivery count} of every entry pending for ``consumer``, oldest first."""
         counts: dict[str, int] = {}
         start, stream = "-", self._k["stream"]
-        while rows := self._redis(
+        while rows := self.retrying(
             lambda start=start: self.client.xpending_range(
                 stream, self.consumer_group, start, "+", 1000, consumer
             ),
@@ -229,8 +229,8 @@ class StreamReads:
         if self._group_ready:
             return
         meta, group = self._k["meta"], self.consumer_group
-        self._redis(lambda: self.client.hsetnx(meta, "consumer_group", group), [meta])
-        owner = as_text(self._redis(lambda: self.client.hget(meta, "consumer_group"), [meta]))
+        self.retrying(lambda: self.client.hsetnx(meta, "consumer_group", group), [meta])
+        owner = as_text(self.retrying(lambda: self.client.hget(meta, "consumer_group"), [meta]))
         if owner != group:
             raise ValueError(
                 f"buffer {self.name!r} is consumed by group {owner!r}, not {group!r}: one "
@@ -277,7 +277,7 @@ class StreamReads:
             )
 
         lost = (lambda: self._maybe_lost.add(consumer)) if start == ">" else None
-        reply = self._redis(go, [stream], lost, consumer=consumer) or []
+        reply = self.retrying(go, [stream], lost, consumer=consumer) or []
         streams = reply.items() if isinstance(reply, dict) else reply  # RESP3 | RESP2
         return [(as_text(eid), fields) for _, rows in streams for eid, fields in rows or []]
 
