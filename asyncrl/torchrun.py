@@ -56,21 +56,37 @@ def _patch_static_rendezvous() -> None:
 
 
 def main() -> None:
-    """``torchrun`` with the loopback-bound rendezvous store. A SIGTERM/SIGINT (the launcher
-    stopping the job) ends it with one line instead of the agent's traceback; the agent has
-    stopped the ranks by then."""
-    import signal
-
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    """``torchrun`` with the loopback-bound rendezvous store (``run``)."""
     from torch.distributed.run import main as torchrun_main
 
     _patch_static_rendezvous()
+    run(torchrun_main)
+
+
+def run(torchrun_main) -> None:
+    """``torchrun_main()``, its two ways of ending in an exception cut to one line each, the
+    agent having stopped the ranks by then: a SIGTERM/SIGINT (the launcher stopping the job)
+    exits ``128 + signal``; a failed rank (``ChildFailedError``: the rank printed its own
+    traceback above) exits 1, as torchrun does, without the agent's traceback and report box
+    (issue 29: they reached the console on every learner failure)."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
         torchrun_main()
     except SignalException as e:
         name = signal.Signals(e.sigval).name
         print(f"[torchrun] stopped by {name}; its ranks were stopped", file=sys.stderr)
         sys.exit(128 + int(e.sigval))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        print(f"[torchrun] learner rank {rank} failed ({how}); its error is above",
+              file=sys.stderr, flush=True)  # fmt: skip
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -131,3 +131,26 @@ def test_torchruns_own_report_becomes_one_line_under_the_ranks_traceback():
         "(torchrun: a learner rank failed; first failure: rank 1, exit code 1)\n"
     ]
     assert launcher._without_torchrun_report(rank) == rank  # nothing else is touched
+
+
+def _child_failed(rank: int, exitcode: int):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failure = ProcessFailure(local_rank=rank, pid=4242, exitcode=exitcode, error_file="<N/A>")
+    return ChildFailedError("learner.main", {rank: failure})
+
+
+@pytest.mark.parametrize(("exitcode", "how"), [(1, "exit code 1"), (-9, "signal SIGKILL")])
+def test_a_failed_rank_ends_torchrun_with_one_line_and_no_traceback(capsys, exitcode, how):
+    """Issue 29: torchrun's own traceback and report box reached the console on every learner
+    failure; the rank's traceback above says what happened."""
+    from asyncrl import torchrun
+
+    def fails():
+        raise _child_failed(1, exitcode)
+
+    with pytest.raises(SystemExit) as e:
+        torchrun.run(fails)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err == f"[torchrun] learner rank 1 failed ({how}); its error is above\n"
