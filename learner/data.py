@@ -32,6 +32,14 @@ actor is out of prompts and has committed all its groups (actors/actor.py). Chec
 read, an empty read after it means nothing more can arrive, so ``next_batch`` raises
 ``DataExhausted`` (a ``StopRequested``: the loop ends with its final checkpoint, like on a
 stop). The groups of a last, partial batch stay pending (verl's ``drop_last``).
+
+Versions ahead of the learner (issue 29): actors only hold weights the learner sent, so no
+token is newer than the learner's version V, or than ``ceiling``, the version this run's
+learner had reached before this one started (a learner restarted from an older checkpoint
+meets groups of the versions it rolled back; learner/hub.py recognises the run by its
+run_dir in the buffer's meta). A group newer than both was written by another run's actors or
+by a foreign writer: ``next_batch`` raises ``FatalError`` naming it instead of training it at
+a negative staleness.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.fatal import FatalError
 from asyncrl.faults import failpoint
 from asyncrl.waiting import StopRequested, Wait, never
 from buffer.staleness import split_by_staleness
@@ -89,6 +98,10 @@ class GroupSource:
     wait for weights while the learner waits for their groups: see ``next_batch``)."""
     on_read: Callable[[list], None] = lambda groups: None
     """Called with the groups of every read, before admission (``RunTotals.count_read``)."""
+    ceiling: int = -1
+    """The version this run's learner had reached before this one started (the buffer's
+    ``learner_version`` when its ``learner_run_dir`` is this run's; else -1): groups up to it
+    or to V are possible (module doc)."""
     _pending: list = field(default_factory=list)
     _held: list = field(default_factory=list)
     _held_wait: Wait | None = None
@@ -133,6 +146,7 @@ class GroupSource:
                     f"to read: ending the run at version {version}{left}"
                 )
             self.on_read([e.group for e in entries])
+            self._check_versions(entries, version)
             ok, stale = split_by_staleness(entries, version, self.max_staleness,
                                            self.admit_by_newest)  # fmt: skip
             if stale:
@@ -155,6 +169,21 @@ class GroupSource:
         for e in fresh:  # test-only fault injection: "this group crashes the step"
             failpoint(f"learner.step/{e.group.group_id}", version=version)
         return fresh
+
+    def _check_versions(self, entries: list, version: int) -> None:
+        """``FatalError`` for a group with tokens newer than any version this buffer's learners
+        reached (module doc): impossible from our actors."""
+        limit = max(version, self.ceiling)
+        ahead = [e for e in entries if e.group.version_max > limit]
+        if ahead:
+            g = ahead[0].group
+            raise FatalError(
+                f"group {g.group_id!r} (actor {g.actor_id}) has tokens of policy version "
+                f"{g.version_max}, but this learner is at version {version} and this run's "
+                f"learners never passed {max(self.ceiling, version)}: another run's actors, or "
+                "another writer, use this buffer. One buffer serves one run: give each job its "
+                "own buffer.name"
+            )
 
     def _data_wait(self, version: int, count: int) -> Wait:
         return Wait(

@@ -69,6 +69,7 @@ class Hub:
             trackers=open_trackers(cfg, run_dir),
         )
         self.sender = None
+        self._sent_max = -1  # the newest version sent to actors in this run (weights_sent_max)
         self._sync_t0 = 0.0  # when the sync under way began (its first try)
         self._trained: list[str] = []
         self._step_entries: list = []
@@ -118,8 +119,13 @@ class Hub:
     def start(self, version: int) -> None:
         """Publish meta, re-read pending entries, wait for actors, open the weight channel."""
         cfg = self.cfg
+        run, meta = str(self.run_dir.resolve()), self.buffer.meta()
+        if meta.get("learner_run_dir") == run:  # a restart of this run: the versions it sent
+            sent = int(meta.get("weights_sent_max", -1))  # before are not foreign (issue 29)
+            self.source.ceiling = self._sent_max = max(sent, self.buffer.learner_version())
         self.buffer.set_meta(
             **self.control.meta(),
+            learner_run_dir=run,
             max_staleness=cfg.buffer.max_staleness,
             mode=cfg.mode.name,
             batch_groups=cfg.learner.batch_groups,
@@ -182,6 +188,9 @@ class Hub:
         self.clock.set("weight_sync")
         if attempt == 0:
             self._sync_t0 = time.monotonic()
+            if version > self._sent_max:  # before any actor can hold it (learner/data.py)
+                self._sent_max = version
+                self.buffer.set_meta(weights_sent_max=version)
         before = (self.sender.failures, self.sender.rebuilds)
         try:
             again = self.sender.attempt(named, version, attempt)  # re-forms a broken group

@@ -89,3 +89,28 @@ def test_a_wait_for_data_reports_times_out_with_the_fix_and_stops_on_request(
     with pytest.raises(StopRequested):
         source.next_batch(version=5, count=2)
     assert 0.9 < time.monotonic() - t0 < 3.0  # one poll (a 1 s blocking read) after the stop
+
+
+def _commit_at(buf: ReplayBuffer, gid: str, version: int) -> None:
+    g = random_group(random.Random(gid), gid, n=4, vocab_size=100, versions=(version, version))
+    assert buf.commit(buf.lease(0, 1.0), g) is True
+
+
+def test_a_group_newer_than_any_version_of_this_run_is_refused_naming_it(redis_client, buffer_name):
+    """Issue 29: tokens of a negative staleness are impossible from this run's actors; a group
+    from versions this run's learner reached before a restart (``ceiling``) is not foreign."""
+    from asyncrl.fatal import FatalError
+
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    _commit_at(buf, "mine", 5)
+    _commit_at(buf, "rolled-back", 7)
+    source = GroupSource(buf, "learner", 100, max_staleness=2, timeout_s=5.0, ceiling=7)
+    got = source.next_batch(version=5, count=2)  # restarted at 5 after the run reached 7
+    assert [e.group.group_id for e in got] == ["mine", "rolled-back"]
+    buf.ack([e.entry_id for e in got], "trained")
+    _commit_at(buf, "foreign", 9)
+    with pytest.raises(FatalError) as e:
+        GroupSource(buf, "learner", 100, max_staleness=2, timeout_s=5.0).next_batch(5, 1)
+    msg = str(e.value)
+    assert "group 'foreign'" in msg and "policy version 9" in msg and "version 5" in msg
+    assert "give each job its own buffer.name" in msg
