@@ -355,4 +355,4 @@ def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
 
     plt.close(fig)
-    return str(path)
+    return path.name  # beside the JSON; no machine path in the result

@@ -83,7 +83,8 @@ def test_plots_table_and_markdown_are_written(result):
     out, doc, stdout = result
     assert len(doc["plots"]) == 3
     for p in doc["plots"]:
-        with open(p, "rb") as f:
+        assert "/" not in p, p  # a name beside the JSON, no machine path
+        with open(out / p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     table = (out / "schema.md").read_text()
     assert table == doc["table_markdown"] + "\n"
