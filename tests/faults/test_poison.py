@@ -46,7 +46,8 @@ def _learner_main(url: str, name: str, acked_log: str) -> int:
     from learner.data import GroupSource
 
     buf = ReplayBuffer(connect(url), name, CAPACITY, max_deliveries=MAX_DELIVERIES)
-    source = GroupSource(buf, "learner", VOCAB, max_staleness=1000, timeout_s=5.0)
+    # random_group's tokens come from versions 0-5: a learner of this run reached 5 before
+    source = GroupSource(buf, "learner", VOCAB, max_staleness=1000, timeout_s=5.0, ceiling=5)
     source.resume()
     done: list = []
     step = 0

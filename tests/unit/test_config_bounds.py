@@ -40,6 +40,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "actor.max_num_seqs": [(0, -1)],
     "actor.kv_cache_gib": [(0.0, -1e-9)],
     "actor.gpu_memory_utilization": [(1e-6, 0.0), (1.0, 1.000001)],
+    "learner.gpu_memory_fraction": [(1e-6, 0.0), (1.0, 1.000001)],
     "actor.tensor_parallel_size": [(1, 0)],
     "actor.max_model_len": [(0, -1)],  # at least the data's needs: test_actor_gpu_config.py
     "actor.top_p": [(1e-6, 0.0), (1.0, 1.000001)],
