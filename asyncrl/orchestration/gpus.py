@@ -55,24 +55,28 @@ def visible_entries(value: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def nvidia_smi() -> str:
-    """``nvidia-smi -L``'s output; '' when it is missing or fails (no GPU or no driver)."""
+def nvidia_smi(*args: str) -> str:
+    """``nvidia-smi``'s output (default ``-L``: one line per GPU); '' when it is missing or
+    fails (no GPU or no driver)."""
     try:
         done = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=_SMI_TIMEOUT_S
+            ["nvidia-smi", *(args or ("-L",))],
+            capture_output=True,
+            text=True,
+            timeout=_SMI_TIMEOUT_S,
         )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout if done.returncode == 0 else ""
 
 
-_SMI_MEMORY = ["nvidia-smi", "--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]
+_SMI_MEMORY = ("--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits")
 
 
 def gpu_memory_gib(entry: str, smi: Callable[[], str] | None = None) -> float | None:
     """Memory of the GPU that ``CUDA_VISIBLE_DEVICES`` entry ``entry`` (an index or a UUID)
     names, in GiB; None when nvidia-smi does not say (``smi``: its CSV text)."""
-    text = (smi or _smi_memory)()
+    text = smi() if smi else nvidia_smi(*_SMI_MEMORY)
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3 and entry in parts[:2]:
@@ -81,14 +85,6 @@ def gpu_memory_gib(entry: str, smi: Callable[[], str] | None = None) -> float | 
             except ValueError:
                 return None
     return None
-
-
-def _smi_memory() -> str:
-    try:
-        done = subprocess.run(_SMI_MEMORY, capture_output=True, text=True, timeout=_SMI_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout if done.returncode == 0 else ""
 
 
 def check_shared_gpu(cfg, plan: Plan, model_dir: Path, memory=gpu_memory_gib) -> str | None:
