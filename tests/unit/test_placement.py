@@ -228,6 +228,11 @@ def test_one_parser_for_core_and_gpu_lists():
             "tensor-parallel worker; set actor.tensor_parallel_size instead",
         ),
         (["learner.device=cpu", "learner.gpus=0-1"], "learner.device=cpu"),
+        # one GPU for both (layout=gpu1)
+        (["layout=gpu1", "learner.weight_transport=nccl"], "NCCL cannot join two ranks on one GPU"),
+        (["layout=gpu1", "learner.gpu_memory_fraction=0.6"], "must leave room on the GPU (sum < 1"),
+        (["learner.gpu_memory_fraction=0"], "learner.gpu_memory_fraction must be > 0 and <= 1"),
+        (["learner.gpu_memory_fraction=1.5"], "gpu_memory_fraction must be > 0 and <= 1, got 1.5"),
     ],
 )
 def test_bad_gpu_keys_name_the_problem(overrides, message):
@@ -303,17 +308,3 @@ def test_a_learner_launched_alone_never_shares():
     """``learner.share_gpu`` is for ``asyncrl run``, which places both roles on one node."""
     req = request_for(load_config(["layout=gpu1"]), ("learner",), ("0",))
     assert not req.share and place(req).learner == ("0",)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["layout=gpu1", "learner.weight_transport=nccl"], "NCCL cannot join two ranks on one GPU"),
-        (["layout=gpu1", "learner.gpu_memory_fraction=0.6"], "must leave room on the GPU (sum < 1"),
-        (["learner.gpu_memory_fraction=0"], "learner.gpu_memory_fraction must be > 0 and <= 1"),
-        (["learner.gpu_memory_fraction=1.5"], "gpu_memory_fraction must be > 0 and <= 1, got 1.5"),
-    ],
-)
-def test_bad_sharing_keys_name_the_problem(overrides, message):
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        load_config(overrides)
