@@ -215,41 +215,10 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         _require_finite(self, "learner")
-        _bound(self, "learner.nproc", ge=1)
-        _bound(self, "learner.nnodes", ge=1)
-        _bound(self, "learner.node_rank", ge=0, lt=self.nnodes, hint=" (below learner.nnodes)")
-        _require(
-            self.nnodes == 1 or bool(self.checkpoint_dir),
-            f"learner.nnodes={self.nnodes}: every learner rank writes its checkpoint shards, "
-            "so the nodes need one shared directory; set learner.checkpoint_dir=<a path on a "
-            "filesystem all learner nodes mount>",
-        )
-        _require(
-            self.nnodes == 1 or is_endpoint(self.rdzv_endpoint),
-            f"learner.nnodes={self.nnodes} needs learner.rdzv_endpoint=HOST:PORT (learner node "
-            f"0's address and a free port), got {self.rdzv_endpoint!r}",
-        )
+        _check_nodes(self)
         _bound(self, "learner.steps", ge=1)
         _bound(self, "learner.batch_groups", ge=1)
-        _bound(self, "learner.micro_batch_rows", ge=0, hint=" (0 = a rank's whole share)")
-        _bound(self, "learner.max_tokens_per_micro_batch", ge=0, hint=" (0 = off)")
-        _require(
-            not (self.micro_batch_rows and self.max_tokens_per_micro_batch),
-            f"learner.micro_batch_rows={self.micro_batch_rows} and "
-            f"learner.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} both form "
-            "micro-batches: with a token budget the rows per micro-batch follow from the "
-            "lengths; set learner.micro_batch_rows=0 (or the budget to 0 for row micro-batches)",
-        )
-        _require(
-            not self.pack_sequences or self.max_tokens_per_micro_batch > 0,
-            "learner.pack_sequences=true packs micro-batches formed by a token budget; set "
-            "learner.max_tokens_per_micro_batch=N (e.g. 16384 on a GPU) or pack_sequences=null",
-        )
-        _require(
-            not (self.cpu_offload and self.device == "cpu"),
-            "learner.cpu_offload=true moves FSDP2's shards off the GPU, but learner.device=cpu "
-            "has none (FSDP2 offloads from an accelerator only); set learner.cpu_offload=false",
-        )
+        _check_micro_batches(self)
         _bound(
             self,
             "learner.lr",
@@ -269,12 +238,6 @@ class LearnerConfig:
             f"learner.max_weight_norm_jump must be 0 (off) or > 1, got {self.max_weight_norm_jump}",
         )
         _bound(self, "learner.cpu_threads", ge=1)
-        _bound(self, "learner.gpu_memory_fraction", gt=0, le=1)
-        _require(
-            not (self.share_gpu and self.weight_transport == "nccl"),
-            "learner.share_gpu=true with learner.weight_transport=nccl: NCCL cannot join two "
-            "ranks on one GPU; use shm (or auto, which picks it)",
-        )
         _bound(self, "learner.max_wall_s", ge=0, hint=" (0 = no limit)")
         _bound(self, "learner.data_timeout_s", gt=0)
         _bound(self, "learner.actor_wait_s", gt=0)
@@ -287,13 +250,65 @@ class LearnerConfig:
             self.cpu_affinity == "auto" or _is_core_list(self.cpu_affinity),
             f"learner.cpu_affinity={self.cpu_affinity!r} (a core list, '' or auto)",
         )
-        _require(_is_core_list(self.gpus), f"learner.gpus={self.gpus!r} (e.g. 0-3 or 0,1)")
-        _require(
-            not (self.gpus and self.device == "cpu"),
-            f"learner.gpus={self.gpus} names GPUs for a learner that runs on the CPU "
-            "(learner.device=cpu); set learner.gpus='' or learner.device=cuda",
-        )
-        _require(
-            self.device in LEARNER_DEVICES,
-            f"learner.device={self.device!r}, expected one of {LEARNER_DEVICES}",
-        )
+        _check_devices(self)
+
+
+def _check_nodes(self: LearnerConfig) -> None:
+    """Ranks, nodes and what several learner nodes need."""
+    _bound(self, "learner.nproc", ge=1)
+    _bound(self, "learner.nnodes", ge=1)
+    _bound(self, "learner.node_rank", ge=0, lt=self.nnodes, hint=" (below learner.nnodes)")
+    _require(
+        self.nnodes == 1 or bool(self.checkpoint_dir),
+        f"learner.nnodes={self.nnodes}: every learner rank writes its checkpoint shards, "
+        "so the nodes need one shared directory; set learner.checkpoint_dir=<a path on a "
+        "filesystem all learner nodes mount>",
+    )
+    _require(
+        self.nnodes == 1 or is_endpoint(self.rdzv_endpoint),
+        f"learner.nnodes={self.nnodes} needs learner.rdzv_endpoint=HOST:PORT (learner node "
+        f"0's address and a free port), got {self.rdzv_endpoint!r}",
+    )
+
+
+def _check_micro_batches(self: LearnerConfig) -> None:
+    """One way of forming micro-batches at a time."""
+    _bound(self, "learner.micro_batch_rows", ge=0, hint=" (0 = a rank's whole share)")
+    _bound(self, "learner.max_tokens_per_micro_batch", ge=0, hint=" (0 = off)")
+    _require(
+        not (self.micro_batch_rows and self.max_tokens_per_micro_batch),
+        f"learner.micro_batch_rows={self.micro_batch_rows} and "
+        f"learner.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} both form "
+        "micro-batches: with a token budget the rows per micro-batch follow from the "
+        "lengths; set learner.micro_batch_rows=0 (or the budget to 0 for row micro-batches)",
+    )
+    _require(
+        not self.pack_sequences or self.max_tokens_per_micro_batch > 0,
+        "learner.pack_sequences=true packs micro-batches formed by a token budget; set "
+        "learner.max_tokens_per_micro_batch=N (e.g. 16384 on a GPU) or pack_sequences=null",
+    )
+
+
+def _check_devices(self: LearnerConfig) -> None:
+    """Device, GPUs, CPU offload and the shared GPU (learner.share_gpu)."""
+    _require(
+        not (self.cpu_offload and self.device == "cpu"),
+        "learner.cpu_offload=true moves FSDP2's shards off the GPU, but learner.device=cpu "
+        "has none (FSDP2 offloads from an accelerator only); set learner.cpu_offload=false",
+    )
+    _require(_is_core_list(self.gpus), f"learner.gpus={self.gpus!r} (e.g. 0-3 or 0,1)")
+    _require(
+        not (self.gpus and self.device == "cpu"),
+        f"learner.gpus={self.gpus} names GPUs for a learner that runs on the CPU "
+        "(learner.device=cpu); set learner.gpus='' or learner.device=cuda",
+    )
+    _require(
+        self.device in LEARNER_DEVICES,
+        f"learner.device={self.device!r}, expected one of {LEARNER_DEVICES}",
+    )
+    _bound(self, "learner.gpu_memory_fraction", gt=0, le=1)
+    _require(
+        not (self.share_gpu and self.weight_transport == "nccl"),
+        "learner.share_gpu=true with learner.weight_transport=nccl: NCCL cannot join two "
+        "ranks on one GPU; use shm (or auto, which picks it)",
+    )
