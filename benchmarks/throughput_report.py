@@ -73,17 +73,19 @@ def summarise(cfg: dict, runs: dict[str, list[dict]], counts: dict, real: int, p
 
 
 def _resources(a: dict) -> tuple:
-    """(compute dtype, threads, cores) of an arm: what a fair reference must share."""
+    """(compute dtype, gradient checkpointing, threads, cores) of an arm: what a fair
+    reference must share (checkpointing recomputes the forward, so it changes the work)."""
     if a["kind"] == "bare":
-        dtype = a["settings"]["dtype"]
+        dtype, ckpt = a["settings"]["dtype"], a["settings"].get("checkpointing")
     else:
-        dtype = dict(o.split("=", 1) for o in a["overrides"]).get("model.dtype")
-    return dtype, a.get("threads"), a.get("cores")
+        keys = dict(o.split("=", 1) for o in a["overrides"])
+        dtype, ckpt = keys.get("model.dtype"), keys.get("model.gradient_checkpointing")
+    return dtype, str(ckpt).lower() == "true", a.get("threads"), a.get("cores")
 
 
 def _vs_ref(name: str, arms: dict) -> dict | None:
-    """A learner arm against its bare reference (the bare arm of the same dtype, threads and
-    cores, else ``bare``): per-round ratios of real tokens/s and their median; None for a bare
+    """A learner arm against its bare reference (the bare arm of the same dtype, checkpointing,
+    threads and cores, else ``bare``): per-round ratios of real tokens/s and their median; None for a bare
     arm, or when either has no complete rounds."""
     a = arms[name]
     if a["kind"] == "bare":
