@@ -43,6 +43,12 @@ class ModelConfig:
     """Activation checkpointing per decoder layer (policy and critic): keep each layer's input
     and recompute the layer in backward; about one more forward of compute for activation
     memory of one layer instead of all (learner/model.py)."""
+    compile: bool = False
+    """``torch.compile`` the forward of each of the policy's decoder layers (not yet the
+    reference's or the critic's): fused kernels for the norms, activations and rotary
+    embeddings that eager mode runs one by one. One compilation serves every layer, once per
+    process (and once more when the sequence length first changes: dynamic shapes); it costs
+    start-up time (learner/model.py ``compile_layers``)."""
     logprob_chunk_tokens: int = 1024
     """Positions per chunk when the learner takes log-probs and entropy from the final hidden
     states: only ``chunk x vocab`` logits exist at a time, in forward and backward, instead of

@@ -101,7 +101,7 @@ def shard_model(
         mp = MixedPrecisionPolicy(param_dtype=_DTYPES[compute_dtype], reduce_dtype=torch.float32)
     kw = {"mp_policy": mp, **({"offload_policy": CPUOffloadPolicy()} if offload else {})}
     if layers is None:
-        layers = getattr(getattr(model, "model", model), "layers", [])
+        layers = decoder_layers(model)
     for layer in layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
@@ -172,6 +172,7 @@ def build_policy(
     temperature: float = 1.0,
     packed: bool = False,
     offload: bool = False,
+    compile: bool = False,
 ) -> nn.Module:
     """Load float32 master weights on the learner's device, computing in ``dtype``; under a
     process group that ``fsdp_wanted`` each rank loads only its shards
@@ -180,7 +181,8 @@ def build_policy(
     ``logprob_chunk_tokens``: ``token_logprobs``'s chunk for this model (None = the config
     default); ``temperature``: the actors' sampling temperature, which ``token_logprobs``
     scores at (``set_logprob_temperature``); ``packed``: forwards on packed streams
-    (``learner.packing``); ``offload``: FSDP2 CPU offload (``shard_model``)."""
+    (``learner.packing``); ``offload``: FSDP2 CPU offload (``shard_model``); ``compile``:
+    ``compile_layers``."""
     from learner.device import current_device
 
     device = current_device()
@@ -192,11 +194,37 @@ def build_policy(
         model = load_hf_model(model_dir, "float32", attn_impl).to(device)
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
+    if compile:
+        compile_layers(model)
     set_logprob_chunk_tokens(model, logprob_chunk_tokens)
     set_logprob_temperature(model, temperature)
     set_packed(model, packed)
     model.train()
     return model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The HF model's decoder layers (``model.model.layers``, or ``model.layers`` for a base
+    model); empty if it has none."""
+    return list(getattr(getattr(model, "model", model), "layers", []))
+
+
+def compile_layers(model: nn.Module) -> int:
+    """``torch.compile`` each decoder layer's ``forward`` (``model.compile``); returns how many.
+
+    The layer's call stays eager: FSDP2's hooks around it and transformers' gradient
+    checkpointing (which recomputes through the compiled forward) are untouched. Every layer
+    runs the same code, and parameters are graph inputs (dynamo's default), so one compiled
+    graph serves all of them. Compiled graphs are not read back from torch's on-disk caches
+    (``compile_without_pickled_caches``: they are pickles). Same values as eager up to float
+    rounding (tests/unit/test_compile_layers.py)."""
+    from learner.packing import compile_without_pickled_caches
+
+    compile_without_pickled_caches()
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward)
+    return len(layers)
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:

@@ -133,7 +133,7 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
                          gradient_checkpointing=mc.gradient_checkpointing,
                          logprob_chunk_tokens=mc.logprob_chunk_tokens,
                          temperature=cfg.actor.temperature, packed=packed,
-                         offload=offload)  # fmt: skip
+                         offload=offload, compile=mc.compile)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
     critic = reference = None
     if uses_critic(algo.advantage):
