@@ -14,10 +14,9 @@ time is recorded as such and the next one runs):
   weight_path         ``benchmarks.weight_path``: the sender's pack and device-to-host rates;
   learner_throughput  ``benchmarks.learner_throughput`` at the Qwen2.5-1.5B shape: the
                       ``asyncrl`` arm (packed sequences on a GPU), ``bucketed``
-                      (``learner.pack_sequences=false``) and the bare loop, with gradient
-                      checkpointing as the preset says; ``no_ckpt`` and ``bare_no_ckpt``
-                      without it (8,192-token micro-batches); one round, MFU on real tokens,
-                      peak memory, and the largest batch of ``asyncrl``.
+                      (``learner.pack_sequences=false``), ``compiled``
+                      (``model.compile=true``) and the bare loop, side by side; one round,
+                      MFU on real tokens, peak memory, and the largest batch of ``asyncrl``.
 
 Everything lands in ``--out`` (default ``benchmarks/results/gpu``): ``summary.json`` (each
 part's status, wall time and headline figures), the benchmarks' own JSON, ``tests_gpu.xml``
@@ -66,12 +65,6 @@ sys.meta_path[:] = [_Absent if f is importlib.machinery.PathFinder else f for f 
 '''
 
 
-NO_CKPT_BUDGET = 8192
-"""Tokens per micro-batch of the arms without gradient checkpointing: their activations at the
-1.5B shape (about 3.8 MB a token) fit beside the optimizer state on an 80 GiB H100."""
-NO_CKPT = f"model.gradient_checkpointing=false,learner.max_tokens_per_micro_batch={NO_CKPT_BUDGET}"
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: check the plumbing")
@@ -90,6 +83,7 @@ class Check:
     def __init__(self, args):
         self.args, self.out = args, Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.started = time.time() - 1  # files older than this run are not copied
         self.log = (self.out / "gpu_check.log").open("w")
         self.t0 = time.monotonic()
         self.summary: dict = {"dry_run": args.dry_run, "parts": {}}
@@ -146,8 +140,8 @@ class Check:
             return
         dest = Path(self.args.copy_to)
         dest.mkdir(parents=True, exist_ok=True)
-        for f in self.out.iterdir():
-            if f.is_file():
+        for f in self.out.iterdir():  # this run's files only: the device tool takes 8
+            if f.is_file() and f.stat().st_mtime >= self.started:
                 shutil.copy2(f, dest / f.name)
 
 
@@ -283,10 +277,9 @@ def main(argv=None) -> int:
         elif part == "learner_throughput":
             fit = ["--fit-arms", "asyncrl", "--fit-max-groups", "2" if dry else "64"]
             res = check.run(part, [py, "-m", "benchmarks.learner_throughput", "--preset", preset,
-                                   *device, "--arms", "asyncrl,bare",
+                                   *device, "--arms", "asyncrl",
+                                   "--arm", "compiled:model.compile=true", "--arm", "bare",
                                    "--arm", "bucketed:learner.pack_sequences=false",
-                                   "--arm", f"no_ckpt:{NO_CKPT}", "--arm",
-                                   f"bare_no_ckpt:checkpointing=false,budget={NO_CKPT_BUDGET}",
                                    "--rounds", "1", "--repeat", "2", *fit, "--timeout", "200",
                                    "--out", out, "--name", "learner_throughput"],
                             check.left())  # fmt: skip

@@ -6,6 +6,7 @@ writes the summary and the files the GPU run commits. On a CPU machine the GPU t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,6 +24,9 @@ pytestmark = pytest.mark.slow
 
 def test_the_dry_run_runs_every_part_without_the_packages_a_gpu_machine_lacks(tmp_path):
     out, copy = tmp_path / "gpu", tmp_path / "copied"
+    out.mkdir()
+    (out / "old_rerun.json").write_text("{}")  # an earlier run's file: not copied again
+    os.utime(out / "old_rerun.json", (0, 0))
     cmd = ["bash", "scripts/gpu_check.sh", "--dry-run", "--block-imports",
            "--out", str(out), "--copy-to", str(copy)]  # fmt: skip
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(tmp_path)}
@@ -39,8 +43,8 @@ def test_the_dry_run_runs_every_part_without_the_packages_a_gpu_machine_lacks(tm
     assert set(parts["weight_path"]["gb_per_s"]) == {"host_stream", "device_stream",
                                                      "d2h_pageable", "d2h_pinned"}  # fmt: skip
     arms = parts["learner_throughput"]["arms"]
-    assert set(arms) == {"asyncrl", "bare", "bucketed", "no_ckpt", "bare_no_ckpt"}
-    assert all(arms[a]["vs_ref"]["same_dtype_threads_cores"] for a in ("asyncrl", "no_ckpt"))
+    assert set(arms) == {"asyncrl", "compiled", "bare", "bucketed"}
+    assert all(arms[a]["vs_ref"]["same_dtype_threads_cores"] for a in ("asyncrl", "compiled"))
     assert all(a["status"] == "ok" and a["real_tokens_per_s"] > 0 for a in arms.values())
     assert arms["asyncrl"]["largest_groups"] >= 2 and arms["bare"]["largest_groups"] is None
     throughput = json.loads((out / "learner_throughput.json").read_text())
@@ -48,6 +52,7 @@ def test_the_dry_run_runs_every_part_without_the_packages_a_gpu_machine_lacks(tm
     for name in ("summary.json", "tests_gpu.xml", "weight_path.json", "learner_throughput.json",
                  "gpu_check.log"):  # fmt: skip
         assert (copy / name).is_file(), name
+    assert not (copy / "old_rerun.json").exists()
     assert "gpu_check --block-imports" in (REPO / "scripts" / "gpu_check.py").read_text()
 
 
