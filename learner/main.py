@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _rank0_hub(cfg, run_dir: str, model_dir: str, url: str):
     """Rank 0's ``learner.hub.Hub`` (its SIGTERM/SIGINT handler asks the loop to stop)."""
-    from learner.hub import Hub
+    from learner.hub import connect_hub
 
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    return Hub(cfg, run_dir, url, vocab)
+    return connect_hub(cfg, run_dir, url, vocab)
 
 
 @contextlib.contextmanager

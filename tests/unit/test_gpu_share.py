@@ -129,6 +129,6 @@ def test_a_shared_gpu_sends_weights_through_host_memory():
     from asyncrl import transports
 
     cfg = load_config(["layout=gpu1"])
-    both_ends = not cfg.learner.share_gpu  # learner/hub.py _open_weight_channel
+    both_ends = not cfg.learner.share_gpu  # learner/publisher.py open_weight_channel
     assert transports.resolve(cfg.learner.weight_transport, both_ends, True) == "shm"
     assert transports.resolve("auto", True, True) == "nccl"  # two GPUs: as before
