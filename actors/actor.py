@@ -1,13 +1,14 @@
 """One actor process: lease a slot -> next prompt -> n samples -> rewards -> commit a group.
 
     control task:  weights_init -> join the weight collective;  update v -> receive weights
+                   (actors/control_plane.py)
     producer:      take every free engine slot (actors/slots.py), then one worker-thread
                    trip for all of them (actors/claims.py): [admission: weights fresh
                    enough? sync quota left?] -> leases (blocks while the buffer is full)
                    -> prompt indices from the cursor; then spawn a group task per claim
-    group task:    vLLM generate (n, logprobs, per-token versions) -> reward -> commit
-                   (the n rewards at once in a worker pool, each with a deadline:
-                   actors/scoring.py)
+    group task:    vLLM generate (n, logprobs, per-token versions) -> reward
+                   (actors/groups.py; the n rewards at once in a worker pool, each with
+                   a deadline: actors/scoring.py) -> commit
 
 Many prompts are in flight at once (``actor.max_inflight``); groups are committed as they
 finish, not in lockstep.
@@ -44,15 +45,15 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from actors.claims import Claims
+from actors.control_plane import ControlPlane
 from actors.engine_protocol import Engine
+from actors.groups import GroupMaker
 from actors.slots import Slots
 from asyncrl.config import Config
-from asyncrl.faults import failpoint
 from asyncrl.metrics import ACTOR_STATES, ActorMetrics, StateClock
-from asyncrl.types import Group, Sample
+from asyncrl.types import Group
 
 
 @dataclass
@@ -102,10 +103,9 @@ class Actor:
         self.cfg = cfg
         self.state = ActorState(actor_id)
         self.buffer = buffer
-        self.engine = engine
-        self.prompts = prompts
-        self.scorer = RewardScorer(reward_fn, cfg.task, self._say, self._count_reward_error)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        scorer = RewardScorer(reward_fn, cfg.task, self._say, self._count_reward_error)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.groups = GroupMaker(cfg, actor_id, engine, prompts, tokenizer, scorer)
         self._tasks: dict[asyncio.Task, str] = {}  # group task -> its lease
         self._version_changed = asyncio.Event()
         self.error: Exception | None = None
@@ -121,6 +121,14 @@ class Actor:
                              cfg.learner.batch_groups, cfg.buffer.max_staleness,
                              cfg.mode.name == "sync")  # fmt: skip
         self.cursor = self.claims.cursor
+        self.control = ControlPlane(cfg, engine, buffer, self.state, self.metrics,
+                                    self._set_paused, self._version_changed)  # fmt: skip
+
+    # the group maker's parts, read-only here (one home: replace them on ``self.groups``)
+    engine = property(lambda self: self.groups.engine)
+    prompts = property(lambda self: self.groups.prompts)
+    tokenizer = property(lambda self: self.groups.tokenizer)
+    scorer = property(lambda self: self.groups.scorer)
 
     def _say(self, text: str) -> None:
         print(f"[actor {self.state.actor_id}] {text}", flush=True)
@@ -145,87 +153,13 @@ class Actor:
         self._blocked = reason
         self._refresh_state()
 
-    # ---- control plane -------------------------------------------------------------------
-    async def control_loop(self, client) -> None:
-        """Serve the learner's messages until ``stop``.
-
-        A failed join or receive does not end the actor: the engine marks its weights invalid
-        (generation waits), the learner pings every actor, rebuilds the weight group with
-        those that answer ``pong`` and sends the weights again in full (learner/weight_sender
-        ``ActorWeightChannel``). A restarted actor rejoins the same way: it registers, the
-        learner rebuilds the group with it and sends it the current weights in full.
-        """
-        from asyncrl.weights import WeightSyncError
-
-        await client.send({"type": "register"})
-        heard = time.monotonic()
-        while not self.state.stop:
-            msg = await client.recv(0.5)
-            if msg is None:
-                if time.monotonic() - heard > _LEARNER_QUIET_S:
-                    heard = time.monotonic()
-                    await self._follow_learner(client)
-                continue
-            heard = time.monotonic()
-            try:
-                await self._on_control(client, msg)
-            except WeightSyncError as e:
-                self.state.weight_sync_failures += 1
-                print(
-                    f"[actor {self.state.actor_id}] {e}; waiting for the learner to rebuild "
-                    "the weight group",
-                    flush=True,
-                )
-        self._version_changed.set()
-
-    async def _follow_learner(self, client) -> None:
-        """After a quiet spell, re-read the learner's address from the buffer meta: a learner
-        that restarted (or a run dir reused, whose meta held the previous learner's address
-        until the new one published its own) listens elsewhere. Re-register there; it sends
-        ``weights_init`` and the current weights as to any newly registered actor."""
-        from asyncrl.control import Endpoint
-
-        endpoint = Endpoint.from_meta(await asyncio.to_thread(self.buffer.meta))
-        if endpoint and endpoint != client.endpoint:
-            print(f"[actor {self.state.actor_id}] the learner's control plane moved to "
-                  f"{endpoint.address} (a restarted learner); registering there",
-                  flush=True)  # fmt: skip
-            client.connect(endpoint)
-            await client.send({"type": "register"})
-
-    async def _on_control(self, client, msg: dict) -> None:
-        kind = msg["type"]
-        if kind == "weights_init":
-            info = {k: v for k, v in msg.items() if k != "type"}
-            # gloo binds this host's own address (the learner's is master_address)
-            await self.engine.join_weight_sync(
-                {**info, "local_address": self.cfg.network.interface}
-            )
-        elif kind == "update":
-            await self._update_weights(int(msg["version"]))
-            self._version_changed.set()
-            await client.send({"type": "updated", "version": self.state.version})
-        elif kind == "ping":
-            await client.send({"type": "pong", "nonce": msg.get("nonce")})
-        elif kind == "stop":
-            self.state.stop = True
-
-    async def _update_weights(self, version: int) -> None:
-        failpoint("actor.before_weight_receive", version=version)  # a slow or frozen actor
-        t0 = time.monotonic()
-        self._paused = True
+    def _set_paused(self, paused: bool) -> None:
+        self._paused = paused
         self._refresh_state()
-        try:
-            await self.engine.update_weights(version, self.cfg.actor.update_mode)
-        finally:
-            self._paused = False
-            self._refresh_state()
-        seconds = time.monotonic() - t0
-        self.state.version = version
-        self.state.weight_syncs += 1
-        self.state.weight_sync_s += seconds
-        self.metrics.version.set(version)
-        self.metrics.sync_seconds.observe(seconds)
+
+    async def control_loop(self, client) -> None:
+        """Serve the learner's messages until ``stop`` (actors/control_plane.py)."""
+        await self.control.run(client)
 
     # ---- production ------------------------------------------------------------------------
     async def produce(self) -> None:
@@ -392,77 +326,9 @@ class Actor:
 
         return {**asdict(self.state), "time_s": self.clock.totals()}
 
-    async def _generate(self, prompt_ids: list[int], seed: int) -> list:
-        a = self.cfg.actor
-        return await generate_whole(
-            self.engine,
-            prompt_ids,
-            a.n_samples,
-            a.max_tokens,
-            a.temperature,
-            seed,
-            top_p=a.top_p,
-            top_k=a.top_k,
-            stop=a.stop,
-        )
-
     async def make_group(self, index: int, generated: Callable[[], None] = lambda: None) -> Group:
-        """Prompt ``index`` -> ``n_samples`` whole completions -> rewards -> one Group.
-        ``generated()`` is called once the completions are in, before scoring (the caller
-        gives the engine's slot to the next prompt then).
-
-        A reward function that fails gives its sample reward 0 and the reason in
-        ``Sample.reward_error`` (counted in ``reward_errors``); the group is still committed.
-        Too many failures among the recent rewards raise ``actors.scoring.RewardErrorRate``.
-        """
-        prompt = self.prompts.get(index)
-        ids = prompt.token_ids  # set by a source that tokenized it (a chat template)
-        prompt_ids = ids if ids is not None else self.tokenizer.encode(prompt.text)
-        seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
-        completions = await self._generate(prompt_ids, seed)  # abort-mode cuts resubmitted
-        generated()
-        texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
-        rewards = await self.scorer.score_all(prompt.text, texts, prompt.fields)  # at once
-        samples = []
-        for c, scored in zip(completions, rewards, strict=True):
-            samples.append(
-                Sample(
-                    list(prompt_ids),
-                    list(c.token_ids),
-                    list(c.logprobs),
-                    list(c.token_versions),
-                    scored.value,
-                    c.finish_reason,
-                    scored.reason,
-                    scored.extras,
-                )
-            )
-        return Group(f"{self.cfg.task.seed}:{index}", index, self.state.actor_id, samples)
-
-
-_LEARNER_QUIET_S = 5.0  # no learner message for this long: check its address in the meta
-_MAX_RESUBMITS = 10  # update_mode=abort: a request cut by more syncs than this is an error
-
-
-async def generate_whole(
-    engine: Engine,
-    prompt_ids: list[int],
-    n: int,
-    max_tokens: int,
-    temperature: float,
-    seed: int,
-    **sampling: Any,
-) -> list:
-    """n completions, none of them aborted (``abort`` updates cut requests: resubmit them).
-    ``sampling``: ``Engine.generate``'s keyword options (``top_p``, ``top_k``, ``stop``),
-    passed on as given (validation passes none: it samples without them)."""
-    for _ in range(_MAX_RESUBMITS):
-        completions = await engine.generate(
-            prompt_ids, n, max_tokens, temperature, seed, **sampling
-        )
-        if all(c.finish_reason != "abort" for c in completions):
-            return completions
-    raise RuntimeError(f"a request was aborted by {_MAX_RESUBMITS} weight updates in a row")
+        """Prompt ``index`` -> one scored Group (``actors.groups.GroupMaker.make``)."""
+        return await self.groups.make(index, generated)
 
 
 async def wait_for_learner(buffer, wait):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.actor import generate_whole
+from actors.groups import generate_whole
 
 POLL_S = 0.25
 """How often an idle validator looks for a request."""

@@ -105,7 +105,7 @@ async def actor_round(cfg, model_dir: str, engine, source, groups: int, url: str
     actor = Actor(cfg, 0, model_dir, buf, engine, source, load_reward_fn(cfg.task.reward_fn))
     if scorer is not None:
         actor.scorer.close()  # started nothing: workers start at the first call
-        actor.scorer = scorer
+        actor.groups.scorer = scorer
     t0, cpu = time.perf_counter(), CpuMeter()
     task = asyncio.create_task(actor.produce())
     while actor.state.committed < groups:

@@ -4,7 +4,7 @@ Real parts: redis-server and ``ReplayBuffer``, two ``actors.actor.Actor`` produc
 simulated engine (real lease/claim/commit path, real admission control), and the learner's
 real ``learner.data.GroupSource`` (the staleness filter) in an in-test training loop that
 advances the policy version once per batch. Weight sync is the one stand-in: a new version is
-applied to the actors by setting it (as ``Actor._update_weights`` does after a transfer), a
+applied to the actors by setting it (as ``ControlPlane.update_weights`` does after a transfer), a
 short while after the learner publishes it. A ledger wraps the buffer to record every
 delivery and every ack, so each group's fate is checked individually.
 """

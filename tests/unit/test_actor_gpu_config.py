@@ -17,11 +17,12 @@ import re
 import pytest
 
 from actors import main as actor_main
-from actors.actor import Actor, generate_whole
+from actors.actor import Actor
 from actors.addition import AdditionSource, addition_reward
 from actors.datafile import DataError
 from actors.engine import ActorEngine, Completion
 from actors.engine_args import engine_kwargs, sampling_kwargs
+from actors.groups import generate_whole
 from actors.sim_engine import SimEngine
 from actors.tasks import check_context, max_model_len
 from asyncrl.config import Config

@@ -81,7 +81,7 @@ def test_group_has_every_sample_with_rewards_versions_and_a_deterministic_id(mak
     prompt = actor.prompts.get(5)
     right = prompt.fields["answer"]
     done = [_completion(actor, right, 4), _completion(actor, "x", 3, "length")]
-    actor.engine = ScriptedEngine(done)
+    actor.groups.engine = ScriptedEngine(done)
     group = asyncio.run(actor.make_group(5))
     assert group.group_id == f"{actor.cfg.task.seed}:5" and group.prompt_index == 5
     assert group.actor_id == 3
@@ -103,7 +103,7 @@ def test_a_failing_reward_gives_zero_and_a_reason_and_the_group_is_kept(make_act
         raise ZeroDivisionError("boom")
 
     actor = make_actor(reward_fn=broken)
-    actor.engine = ScriptedEngine([_completion(actor, "1", 0), _completion(actor, "2", 0)])
+    actor.groups.engine = ScriptedEngine([_completion(actor, "1", 0), _completion(actor, "2", 0)])
     group = asyncio.run(actor.make_group(0))
     assert [s.reward for s in group.samples] == [0.0, 0.0]
     assert all("ZeroDivisionError: boom" in s.reward_error for s in group.samples)
@@ -114,7 +114,7 @@ def test_abort_cut_completions_are_resubmitted_not_committed_truncated(make_acto
     actor = make_actor()
     cut = [_completion(actor, "1", 0, "abort"), _completion(actor, "12", 0)]
     whole = [_completion(actor, "123", 1), _completion(actor, "12", 1)]
-    actor.engine = engine = ScriptedEngine(cut, whole)
+    actor.groups.engine = engine = ScriptedEngine(cut, whole)
     group = asyncio.run(actor.make_group(1))
     assert len(engine.calls) == 2, "the aborted request was not resubmitted"
     assert [s.finish_reason for s in group.samples] == ["stop", "stop"]
@@ -124,6 +124,6 @@ def test_abort_cut_completions_are_resubmitted_not_committed_truncated(make_acto
 def test_a_request_aborted_every_time_is_an_error_not_a_truncated_group(make_actor):
     actor = make_actor()
     cut = [_completion(actor, "1", 0, "abort"), _completion(actor, "2", 0)]
-    actor.engine = ScriptedEngine(*([cut] * 10))
+    actor.groups.engine = ScriptedEngine(*([cut] * 10))
     with pytest.raises(RuntimeError, match="aborted by 10 weight updates"):
         asyncio.run(actor.make_group(2))
