@@ -228,13 +228,15 @@ def test_vllm_actor_sigkilled_once_is_restarted_and_resumes(
         engine = psutil.Process(pid).children(recursive=True)
 
         def kill_while_in_flight() -> bool:
-            # the SIGKILL follows the check at once: a tiny experiment's prompt is committed
-            # within milliseconds, and scanning the processes for the pid first (as
-            # sigkill_actor does) once let it finish (CI: "the kill missed the window")
-            if not inflight(redis_client, buffer_name, 0):
-                return False
-            os.kill(pid, signal.SIGKILL)
-            return True
+            # frozen first (SIGSTOP), so that no commit can land between the check and the
+            # SIGKILL: a tiny experiment's prompt is committed within milliseconds, and even a
+            # kill right after the check once missed the window (CI)
+            os.kill(pid, signal.SIGSTOP)
+            if inflight(redis_client, buffer_name, 0):
+                os.kill(pid, signal.SIGKILL)
+                return True
+            os.kill(pid, signal.SIGCONT)
+            return False
 
         roles.wait_until(kill_while_in_flight, 60, "a prompt in flight", 0.01)
         claimed = cursor(redis_client, buffer_name, 0)
