@@ -20,7 +20,7 @@ from asyncrl.rundir import write_atomic
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from actors import data_identity
     from actors.actor import Actor
-    from actors.rewards import check_signature, load_reward_fn, preflight
+    from actors.reward_loading import check_signature, load_reward_fn, preflight
     from actors.scoring import RewardErrorRate
     from actors.tasks import build_prompt_source
     from asyncrl.control import ControlClient

@@ -47,7 +47,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from actors.rewards import RewardFn, Scored, score_call
+from actors.reward_calls import Scored, score_call
+from actors.reward_loading import RewardFn
 from asyncrl.fatal import FatalError
 from asyncrl.lifeline import child_cmd
 from asyncrl.sandbox import SandboxError

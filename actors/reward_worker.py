@@ -1,7 +1,7 @@
 """A reward worker process: ``python -m actors.reward_worker SPEC STACK_FILE``.
 
 Started by ``actors.scoring`` (``task.reward_executor=process``), one per worker slot. It
-loads the reward function by ``SPEC`` itself (``actors.rewards.load_reward_fn``), then reads
+loads the reward function by ``SPEC`` itself (``actors.reward_loading.load_reward_fn``), then reads
 one JSON request per line on stdin and writes one JSON reply per line on stdout, one call
 at a time, in its main thread::
 
@@ -38,7 +38,8 @@ def main(argv: list[str]) -> int:
     stacks = open(stack_file, "w")  # noqa: SIM115 (open for the life of the process)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
 
-    from actors.rewards import load_reward_fn, score_call
+    from actors.reward_calls import score_call
+    from actors.reward_loading import load_reward_fn
     from asyncrl.sandbox import SandboxError
 
     def reply(obj: dict) -> None:

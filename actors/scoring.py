@@ -34,8 +34,9 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from actors.reward_calls import Scored
+from actors.reward_loading import RewardFn
 from actors.reward_pool import make_pool
-from actors.rewards import RewardFn, Scored
 from asyncrl.fatal import FatalError
 
 

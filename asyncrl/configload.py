@@ -1,7 +1,7 @@
 """Compose the Hydra config (``configs/`` + overrides) into a validated ``Config``.
 
 No ``_target_`` instantiation and no ``eval``: YAML values become dataclass fields, and the
-only code a config can name is ``task.reward_fn`` (loaded by ``actors.rewards``).
+only code a config can name is ``task.reward_fn`` (loaded by ``actors.reward_loading``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a sample's reward fields say, read by both roles: the actor writes them
-(actors/rewards.py ``score_call``), the learner sums them (learner/totals.py, learner/hub.py).
+(actors/reward_calls.py ``score_call``), the learner sums them (learner/totals.py, learner/hub.py).
 
 ``Sample.reward_error`` is ``""`` or ``"<kind>: <message>"`` with ``<kind>`` one of
 ``REWARD_ERROR_KINDS``; ``Sample.reward_extras`` holds a dict reward's other numeric values.

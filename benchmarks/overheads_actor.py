@@ -97,7 +97,7 @@ async def actor_round(cfg, model_dir: str, engine, source, groups: int, url: str
     ``source``. ``scorer``: a ``RewardScorer`` kept across rounds (its reward worker
     processes already started, as in a running actor) instead of the actor's own."""
     from actors.actor import Actor
-    from actors.rewards import load_reward_fn
+    from actors.reward_loading import load_reward_fn
     from buffer.connection import connect
     from buffer.redis_buffer import ReplayBuffer
 
@@ -127,7 +127,7 @@ async def actor_round(cfg, model_dir: str, engine, source, groups: int, url: str
 async def warm_scorer(cfg, source, n: int):
     """A ``RewardScorer`` for ``cfg.task`` whose workers have started (one call per sample of
     a group); None for an inline reward (nothing to start)."""
-    from actors.rewards import load_reward_fn
+    from actors.reward_loading import load_reward_fn
     from actors.scoring import RewardScorer
 
     if cfg.task.reward_executor == "inline":

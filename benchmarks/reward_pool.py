@@ -71,7 +71,7 @@ def _cfg(args, arm: str, buffer_name: str):
 async def _run_arm(args, arm: str, url: str, model_dir: str, rep: int) -> dict:
     from actors.actor import Actor
     from actors.addition import AdditionSource
-    from actors.rewards import load_reward_fn
+    from actors.reward_loading import load_reward_fn
     from actors.sim_engine import SimEngine
     from buffer.connection import connect
     from buffer.redis_buffer import ReplayBuffer

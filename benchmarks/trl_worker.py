@@ -46,7 +46,7 @@ class ProjectReward:
         self.last_mean = self.last_tokens = self.last_p95 = float("nan")
 
     def __call__(self, prompts, completions, completion_ids=None, **columns) -> list[float]:
-        from actors.rewards import score_call
+        from actors.reward_calls import score_call
 
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
@@ -146,7 +146,7 @@ def build_trainer(cfg, model_dir: str, out_dir: Path, t0: float, min_prompts=0):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from actors.rewards import load_reward_fn
+    from actors.reward_loading import load_reward_fn
     from actors.stop_tokens import model_stop_token_ids
     from actors.tasks import build_prompt_source
     from benchmarks.vs_trl_validation import GreedyValidation

@@ -121,7 +121,7 @@ def _completions(target: str, eos: int, encode, rng: random.Random, vocab: int) 
 
 
 def _rewards(trainer, source, ours_tok, reward_fn, cases: int) -> tuple[int, list[str]]:
-    from actors.rewards import score_call
+    from actors.reward_calls import score_call
 
     rng, out, compared = random.Random(0), [], 0
     for i in range(cases):

@@ -122,7 +122,7 @@ class GreedyValidation:
 
     def validate(self, model, step: int) -> dict:
         """Score the current policy; append and return its record."""
-        from actors.rewards import score_call
+        from actors.reward_calls import score_call
         from learner.validation import samples_of, summarize
 
         start = time.time()

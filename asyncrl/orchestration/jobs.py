@@ -319,7 +319,7 @@ def check_reward_fn(cfg: Config) -> None:
     """Import ``task.reward_fn`` and check that it can be called as ``fn(prompt, completion,
     **fields)`` with the task's fields, so a wrong name or signature fails at once with the
     key named (the actors import and check the same function when they start)."""
-    from actors.rewards import check_signature, load_reward_fn, preflight
+    from actors.reward_loading import check_signature, load_reward_fn, preflight
     from actors.tasks import example_fields
 
     fields = example_fields(cfg)  # a file task: its first record (bad data fails here)

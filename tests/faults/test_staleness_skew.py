@@ -85,7 +85,7 @@ class Producers(threading.Thread):
     async def _main(self) -> None:
         from actors.actor import Actor
         from actors.addition import AdditionSource
-        from actors.rewards import load_reward_fn
+        from actors.reward_loading import load_reward_fn
         from actors.sim_engine import SimEngine
 
         reward = load_reward_fn(self.cfg.task.reward_fn)

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from actors.actor import Actor
-from actors.rewards import math_answer_reward
+from actors.math_reward import math_answer_reward
 from actors.sim_engine import SimEngine
 from actors.tasks import build_prompt_source
 from asyncrl.configload import load_config

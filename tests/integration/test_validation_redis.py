@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from actors.actor import Actor
-from actors.rewards import math_answer_reward
+from actors.math_reward import math_answer_reward
 from actors.sim_engine import SimEngine
 from actors.tasks import build_val_source
 from actors.validation import Validator, validation_size

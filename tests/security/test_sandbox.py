@@ -205,10 +205,11 @@ def test_memory_limit(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_python_code_reward_runs_completions_in_the_sandbox():
-    from actors.rewards import CODE_REQUIRE
+    from actors.code_reward import CODE_REQUIRE
 
     needs(*CODE_REQUIRE)
-    from actors.rewards import python_code_reward, score
+    from actors.code_reward import python_code_reward
+    from actors.reward_calls import score
 
     good = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
     bad = "```python\ndef add(a, b):\n    return a - b\n```"
@@ -225,7 +226,8 @@ def test_missing_layers_refuse_to_run_the_code(tmp_path, monkeypatch):
     """On a kernel without a required layer (acted out: the child reports it missing), the code
     never runs, ``SandboxError`` names the layer and the fix, and the code reward and the
     launcher's start-up check raise it instead of scoring samples 0."""
-    from actors.rewards import python_code_reward, score
+    from actors.code_reward import python_code_reward
+    from actors.reward_calls import score
     from asyncrl.config import Config
     from asyncrl.orchestration.jobs import check_reward_fn
 

@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from actors.math_reward import extract_final_answer, math_reward
-from actors.rewards import load_reward_fn, preflight, score_call
+from actors.reward_calls import score_call
+from actors.reward_loading import load_reward_fn, preflight
 
 CASES = [
     # completion, reference, expected

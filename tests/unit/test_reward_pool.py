@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from actors.reward_loading import load_reward_fn
 from actors.reward_pool import ProcessWorker, RewardWorkerError
-from actors.rewards import load_reward_fn
 from actors.scoring import RewardScorer
 from asyncrl.config import TaskConfig
 from asyncrl.sandbox import SandboxError

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from actors.rewards import (
+from actors.reward_calls import score_call
+from actors.reward_loading import (
     VerlReward,
     check_signature,
     fn_name,
     is_verl_style,
     load_reward_fn,
     preflight,
-    score_call,
 )
 from asyncrl.reward_records import extras_means
 from asyncrl.types import MAX_REWARD_EXTRAS, Sample

@@ -13,14 +13,10 @@ import time
 import pytest
 
 from actors.addition import AdditionSource, addition_reward
-from actors.rewards import (
-    check_signature,
-    extract_final_answer,
-    load_reward_fn,
-    math_answer_reward,
-    python_code_reward,
-    score,
-)
+from actors.code_reward import python_code_reward
+from actors.math_reward import extract_final_answer, math_answer_reward
+from actors.reward_calls import score
+from actors.reward_loading import check_signature, load_reward_fn
 from actors.scoring import ErrorWindow, RewardErrorRate, RewardScorer
 from asyncrl.config import TaskConfig
 from asyncrl.reward_records import REWARD_ERROR_KINDS, RewardErrorTally, error_kind
