@@ -16,8 +16,8 @@ time is recorded as such and the next one runs):
                       ``asyncrl`` arm (packed sequences on a GPU), ``bucketed``
                       (``learner.pack_sequences=false``), ``compiled``
                       (``model.compile=true``; not in the dry run) and the bare loop, side
-                      by side; one round,
-                      MFU on real tokens, peak memory, and the largest batch of ``asyncrl``.
+                      by side; one round, MFU on real tokens, peak memory, and the largest
+                      batch of ``asyncrl``.
 
 Everything lands in ``--out`` (default ``benchmarks/results/gpu``): ``summary.json`` (each
 part's status, wall time and headline figures), the benchmarks' own JSON, ``tests_gpu.xml``
