@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from asyncrl.config import Config
 from learner.data import GroupSource
 
 
@@ -49,12 +50,21 @@ class Feed(Protocol):
 
 
 class DataFeed:
-    """The buffer's groups through ``GroupSource`` (staleness admission, validation, drops)."""
+    """The buffer's groups through its own ``GroupSource`` (staleness admission, validation,
+    drops). ``stop``, ``say``, ``interrupt`` (an actor rejoined: sync first) and ``on_read``
+    (counts each read) go to the source; the run ends when every actor is exhausted."""
 
-    def __init__(self, buffer, source: GroupSource, n_actors: int) -> None:
+    def __init__(self, buffer, cfg: Config, vocab_size: int, *, stop, say, interrupt,
+                 on_read) -> None:  # fmt: skip
+        b = cfg.buffer
         self.buffer = buffer
-        self.source = source
-        self.n_actors = n_actors
+        self.n_actors = cfg.actor.total
+        self.source = GroupSource(
+            buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
+            stop=stop, say=say, exhausted=self.data_exhausted, interrupt=interrupt,
+            admit_by_newest=cfg.algorithm.stale_tokens in ("mask", "interpolate"),
+            on_read=on_read,
+        )  # fmt: skip
         self._trained: list[str] = []
         self._per_epoch = 0  # prompts per epoch of a finite source (actors publish it)
         self.epoch: int | None = None

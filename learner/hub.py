@@ -35,7 +35,6 @@ def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> H
     SIGTERM/SIGINT handler that asks the loop to stop."""
     from buffer.connection import connect
     from buffer.redis_buffer import ReplayBuffer
-    from learner.data import GroupSource
 
     b, stop = cfg.buffer, _StopFlag()
     buffer = ReplayBuffer(
@@ -45,17 +44,10 @@ def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> H
     claim = _claim_buffer(buffer, b.name, run_dir, stop.lost, _say)
     recorder = RunRecorder(cfg, run_dir, buffer, _say)
     publisher = WeightPublisher(cfg, buffer, _say, stop)
-    feed_box: list[DataFeed] = []
-    source = GroupSource(
-        buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
-        stop=stop, say=_say, exhausted=lambda: feed_box[0].data_exhausted(),
-        interrupt=publisher.rejoin_pending,
-        admit_by_newest=cfg.algorithm.stale_tokens in ("mask", "interpolate"),
-        on_read=recorder.totals.count_read,
-    )  # fmt: skip
-    feed_box.append(DataFeed(buffer, source, cfg.actor.total))
+    feed = DataFeed(buffer, cfg, vocab_size, stop=stop, say=_say,
+                    interrupt=publisher.rejoin_pending, on_read=recorder.totals.count_read)  # fmt: skip
     validation = _validation(cfg, buffer, recorder.log.log_val, _say)
-    hub = Hub(cfg, run_dir, buffer, feed_box[0], publisher, recorder, validation, claim, stop)
+    hub = Hub(cfg, run_dir, buffer, feed, publisher, recorder, validation, claim, stop)
     signal.signal(signal.SIGTERM, stop.set)
     signal.signal(signal.SIGINT, stop.set)
     return hub

@@ -20,6 +20,9 @@ from asyncrl.waiting import Wait
 class Publisher(Protocol):
     """What the hub asks of its weight publisher."""
 
+    sent_max: int
+    """The newest version sent to actors in this run (a restart of the run sets it)."""
+
     def attempt(self, named, version: int, attempt: int) -> bool:
         """One try of a sync; True when another try should follow."""
 

@@ -58,7 +58,23 @@ class Recorder(Protocol):
     def close(self, status: str) -> None: ...
 
 
-class RunRecorder:
+class _Marks:
+    """``timed`` on top of a recorder's ``mark`` (one home for both recorders)."""
+
+    def mark(self, state: str) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def timed(self, state: str) -> Iterator[None]:
+        """Count the block's time as ``state``, then ``busy`` again."""
+        self.mark(state)
+        try:
+            yield
+        finally:
+            self.mark("busy")
+
+
+class RunRecorder(_Marks):
     """The run log, the learner's Prometheus metrics, the state clock, the run totals and the
     ledger watch of one learner run."""
 
@@ -94,15 +110,6 @@ class RunRecorder:
     def mark(self, state: str) -> None:
         """The learner is in ``state`` from now (LEARNER_STATES)."""
         self.clock.set(state)
-
-    @contextmanager
-    def timed(self, state: str) -> Iterator[None]:
-        """Count the block's time as ``state``, then ``busy`` again."""
-        self.clock.set(state)
-        try:
-            yield
-        finally:
-            self.clock.set("busy")
 
     def count_sync(self, failures: int, regroups: int, done: tuple[int, float] | None) -> None:
         self.metrics.sync_failures.inc(failures)
@@ -180,7 +187,7 @@ class RunRecorder:
         self.ledger.restore(saved.get("ledger"))  # absent: from a balanced ledger
 
 
-class MemoryRecorder:
+class MemoryRecorder(_Marks):
     """A ``Recorder`` that keeps everything in lists (unit tests): no files, ports or clock."""
 
     def __init__(self) -> None:
@@ -196,14 +203,6 @@ class MemoryRecorder:
 
     def mark(self, state: str) -> None:
         self.states.append(state)
-
-    @contextmanager
-    def timed(self, state: str) -> Iterator[None]:
-        self.states.append(state)
-        try:
-            yield
-        finally:
-            self.states.append("busy")
 
     def count_sync(self, failures: int, regroups: int, done: tuple[int, float] | None) -> None:
         self.syncs.append((failures, regroups, done))
