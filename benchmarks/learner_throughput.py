@@ -135,6 +135,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--cores", default="", help="bind every worker to these, e.g. 0-1")
     p.add_argument("--peak-tflops", type=float, help="peak for MFU (default: stated H100/H200)")
+    p.add_argument(
+        "--profile",
+        default="",
+        metavar="ARM,...",
+        help="profile one extra step of these arms (torch.profiler; first round): the "
+        "operators' tables in <out>/<name>_<arm>_profile.txt",
+    )
     p.add_argument("--no-fit", action="store_true", help="skip the largest-batch search")
     p.add_argument("--fit-max-groups", type=int, help="upper bound of the search")
     p.add_argument("--fit-arms", help="search only these arms' largest batch (default: all)")
@@ -176,11 +183,15 @@ def plan(args, cuda: bool) -> dict:
     bare = {"budget": budget, "chunk": chunk, "checkpointing": ckpt, "lr": 2e-4,
             "grad_clip": 1.0, "clip_eps": 0.2, "dtype": dtype}  # fmt: skip
     arms, fit = plan_arms(args, preset, base, asyncrl, bare), plan_fit(args, preset, cuda)
-    unknown = [a for a in (fit or {}).get("arms") or [] if a not in arms]
-    if unknown:
-        raise SystemExit(
-            f"--fit-arms {','.join(unknown)}: not an arm of this run ({', '.join(arms)})"
-        )
+    for flag, wanted in (("--fit-arms", (fit or {}).get("arms") or []),
+                         ("--profile", [a for a in args.profile.split(",") if a])):  # fmt: skip
+        unknown = [a for a in wanted if a not in arms]
+        if unknown:
+            raise SystemExit(
+                f"{flag} {','.join(unknown)}: not an arm of this run ({', '.join(arms)})"
+            )
+    name = result_name(args, None if args.config else preset_name)
+    profile = {a: f"{name}_{a}_profile.txt" for a in args.profile.split(",") if a}
     return {
         "preset": None if args.config else preset_name,
         "batch_preset": preset_name,
@@ -198,6 +209,8 @@ def plan(args, cuda: bool) -> dict:
         "repeat": args.repeat,
         "seed": args.seed,
         "fit": fit,
+        "name": name,
+        "profile": profile,
         "algorithm": "default (asyncrl.configload.load_config: grpo, decoupled_ppo, token_mean)",
     }
 
@@ -262,6 +275,11 @@ def _val(v) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
+def result_name(args, preset: str | None) -> str:
+    """The results' file name stem: ``--name``, else ``learner_throughput_<preset>``."""
+    return args.name or f"learner_throughput_{preset or 'custom'}"
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.worker:
@@ -291,7 +309,7 @@ def main(argv=None) -> None:
               f"; {k}: {a.get('threads', args.threads)} on {a.get('cores', args.cores) or 'any'}"
               for k, a in cfg["arms"].items() if "threads" in a or "cores" in a), flush=True)  # fmt: skip
     hf_config = model_config(args, model_dir)
-    name = args.name or f"learner_throughput_{cfg['preset'] or 'custom'}"
+    name = cfg["name"]
 
     def write(counts, runs, arms, peak, final: bool = False) -> None:
         payload = report(args, cfg, hf_config, (counts, runs, arms, peak), lengths, real,

@@ -46,6 +46,8 @@ def summarise(cfg: dict, runs: dict[str, list[dict]], counts: dict, real: int, p
                   "real_tokens_per_s": real / step, "first_step": ok[0]["first_step"],
                   "layout": ok[0].get("layout")}  # fmt: skip
             a["real_tokens_per_s_per_round"] = [real / statistics.median(r["times_s"]) for r in ok]
+            if prof := ok[0].get("profile"):  # the file's name only: no machine's path
+                a["profile"] = {**prof, "path": Path(prof["path"]).name}
         else:
             a |= {"real_tokens_per_s": None, "error": rs[0].get("error")}
         tok_s = a["real_tokens_per_s"]

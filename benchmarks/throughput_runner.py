@@ -95,6 +95,8 @@ class Runner:
                 if runs[arm] and runs[arm][0]["status"] != "ok":
                     continue  # it did not fit (or failed): once is enough
                 spec = self.spec(arm, groups, self.cfg["repeat"])
+                if r == 0 and arm in self.cfg.get("profile", {}):
+                    spec["profile"] = str(Path(self.args.out) / self.cfg["profile"][arm])
                 res = run_worker(spec, self.env_of(spec), self.args.timeout)
                 runs[arm].append(res)
                 if res["status"] == "ok":
@@ -103,6 +105,10 @@ class Runner:
                              f"steps {steps} s "
                              f"(warm-up {res['warmup_s']:.2f} s), peak "
                              f"{res['peak_memory_mib']:.0f} MiB")  # fmt: skip
+                    if "profile" in res:
+                        p = res["profile"]
+                        self.say(f"  profiled step {p['wall_s']:.2f} s, kernels "
+                                 f"{p['device_busy_s']:.2f} s: {p['path']}")  # fmt: skip
                 else:
                     self.say(f"round {r + 1} {arm}: {res['status']}: {res['error'][-300:]}")
         return runs

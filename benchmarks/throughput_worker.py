@@ -185,11 +185,39 @@ def _time_steps(spec: dict, cuda: bool) -> dict:
             step()
             sync()
             res["times_s"].append(time.perf_counter() - t0)
+        if spec.get("profile"):
+            res["profile"] = profile_step(step, sync, cuda, spec["profile"])
     except Exception as e:  # an OOM is a result (the batch does not fit); anything else raises
         if not _is_oom(e):
             raise
         res = {"status": "oom", "error": f"{type(e).__name__}: {str(e)[:300]}", "times_s": []}
     return res
+
+
+def profile_step(step, sync, cuda: bool, path: str, rows: int = 40) -> dict:
+    """One more step under ``torch.profiler`` (not among the timed ones): the operators'
+    self time, by device time on a GPU and CPU time on both, written as text tables to
+    ``path``; returns the path, the profiled step's wall time and, on a GPU, the summed
+    kernel time (``device_busy_s``: far below the wall time = the GPU waits on the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        step()
+        sync()
+    wall = time.perf_counter() - t0
+    table = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in table) / 1e6
+    keys = (["self_device_time_total"] if cuda else []) + ["self_cpu_time_total"]
+    text = [f"one profiled step: {wall:.3f} s wall (profiler overhead included), "
+            f"kernels {busy:.3f} s\n"]  # fmt: skip
+    text += [f"## by {k}\n{table.table(sort_by=k, row_limit=rows, max_name_column_width=70)}\n"
+             for k in keys]  # fmt: skip
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(text))
+    return {"path": path, "wall_s": wall, "device_busy_s": busy}
 
 
 def _peak_memory(cuda: bool) -> dict:

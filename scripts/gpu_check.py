@@ -75,6 +75,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-imports", action="store_true",
                    help="refuse the packages a bare GPU machine lacks")  # fmt: skip
     p.add_argument("--parts", default="env,tests_gpu,weight_path,learner_throughput")
+    p.add_argument("--arm", action="append", default=[], metavar="NAME:key=value,...",
+                   help="one more learner_throughput arm (its --arm), after the check's")  # fmt: skip
+    p.add_argument("--profile", default="asyncrl", metavar="ARM,...",
+                   help="learner_throughput arms to profile one extra step of ('' = none)")  # fmt: skip
+    p.add_argument("--fit-max-groups", type=int, default=64,
+                   help="the largest-batch search's bound (GPU; the dry run's is 2)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -234,7 +240,8 @@ def headline_throughput(path: Path) -> dict:
     for name, a in doc.get("arms", {}).items():
         fit = a.get("fit") or {}
         arms[name] = {k: a.get(k) for k in ("status", "real_tokens_per_s", "mfu",
-                                            "peak_memory_mib", "vs_ref", "layout")}  # fmt: skip
+                                            "peak_memory_mib", "vs_ref", "layout",
+                                            "profile")}  # fmt: skip
         arms[name]["largest_groups"] = fit.get("largest_groups")
         arms[name]["fit_at_bound"] = fit.get("at_bound")
     return {"arms": arms, "targets": doc.get("targets"), "partial": doc.get("partial"),
@@ -276,14 +283,16 @@ def main(argv=None) -> int:
                                    "--out", out, "--name", "weight_path"], 90)  # fmt: skip
             res |= headline_weights(check.out / "weight_path.json")
         elif part == "learner_throughput":
-            fit = ["--fit-arms", "asyncrl", "--fit-max-groups", "2" if dry else "64"]
+            fit = ["--fit-arms", "asyncrl", "--fit-max-groups",
+                   "2" if dry else str(args.fit_max_groups)]  # fmt: skip
+            extra = [a for arm in args.arm for a in ("--arm", arm)]
             # the dry run leaves the compiled arm out: it would only time inductor's CPU build
             # (~25 s of CI); the arm's plumbing is every other arm's
             compiled = [] if dry else ["--arm", "compiled:model.compile=true"]
             res = check.run(part, [py, "-m", "benchmarks.learner_throughput", "--preset", preset,
                                    *device, "--arms", "asyncrl", *compiled, "--arm", "bare",
-                                   "--arm", "bucketed:learner.pack_sequences=false",
-                                   "--rounds", "1", "--repeat", "2", *fit, "--timeout", "200",
+                                   "--arm", "bucketed:learner.pack_sequences=false", *extra,
+                                   "--profile", args.profile, "--rounds", "1", "--repeat", "2", *fit, "--timeout", "200",
                                    "--out", out, "--name", "learner_throughput"],
                             check.left())  # fmt: skip
             res |= headline_throughput(check.out / "learner_throughput.json")

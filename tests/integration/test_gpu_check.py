@@ -49,8 +49,12 @@ def test_the_dry_run_runs_every_part_without_the_packages_a_gpu_machine_lacks(tm
     assert arms["asyncrl"]["largest_groups"] >= 2 and arms["bare"]["largest_groups"] is None
     throughput = json.loads((out / "learner_throughput.json").read_text())
     assert "partial" not in throughput and throughput["config"]["fit"]["arms"] == ["asyncrl"]
+    profile = arms["asyncrl"]["profile"]  # one more step under torch.profiler, its tables
+    assert profile["path"] == "learner_throughput_asyncrl_profile.txt" and profile["wall_s"] > 0
+    assert "by self_cpu_time_total" in (out / profile["path"]).read_text()
+    assert arms["bare"]["profile"] is None
     for name in ("summary.json", "tests_gpu.xml", "weight_path.json", "learner_throughput.json",
-                 "gpu_check.log"):  # fmt: skip
+                 "gpu_check.log", profile["path"]):  # fmt: skip
         assert (copy / name).is_file(), name
     assert not (copy / "old_rerun.json").exists()
     assert "gpu_check --block-imports" in (REPO / "scripts" / "gpu_check.py").read_text()
