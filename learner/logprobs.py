@@ -14,6 +14,13 @@ the plain path does), target ``y``, ``log p = z - logsumexp(z)`` and ``H = -sum 
   entropy ``H``,       gradient ``d/dz = -p * (log p + H)``.
 No temperature here: ``token_logprobs`` divides the hidden states by it first.
 
+Two implementations of the per-chunk math, same formulas: the eager one (default), in place,
+at most two ``[c, V]`` float32 tensors; and the fused one (``fused=True``, ``model.compile``):
+``_chunk_stats`` and ``_chunk_grad`` compiled by ``torch.compile`` into a few kernels that
+read the head's 16-bit logits and write the 16-bit gradient, without the float32
+intermediates the eager one passes through memory (about ten ``[c, V]`` passes each way; at
+the 1.5B shape on an H200 these elementwise passes took as long as the step's matmuls).
+
 ``token_logprobs`` (below; re-exported by learner.model) is the model-level entry: it runs the
 body (padded rows, or a packed stream: learner/packing.py), picks the positions to score, and
 sends only those through the head (or takes the full-logits path for models whose logits are
@@ -39,10 +46,16 @@ _PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3
 _CHUNK_ATTR = "logprob_chunk_tokens"  # set on the model by build_policy / build_reference
 _TEMPERATURE_ATTR = "logprob_temperature"  # set_logprob_temperature
 _ROOT_METHOD = "_asyncrl_hidden_logprobs"  # the FSDP2 forward method (_run_chunked)
+_FUSED_ATTR = "logprob_fused"  # set_logprob_fused
 
 
 def chunked_token_logprobs(
-    hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, entropy: bool = True
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    chunk: int,
+    entropy: bool = True,
+    fused: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each target and (when ``entropy``) the entropy, ``chunk`` positions at a time.
 
@@ -51,6 +64,8 @@ def chunked_token_logprobs(
         weight: [V, H] the output head's weight (no bias).
         targets: [N] int64 token ids scored at each position.
         chunk: positions per chunk (>= 1); two ``[chunk, V]`` float32 tensors at a time.
+        fused: the compiled per-chunk kernels (``_chunk_stats``, ``_chunk_grad``) instead of
+            the eager in-place ones; same values up to float rounding.
     Returns:
         (logprobs [N], entropy [N] or None), float32 (float64 for a float64 model).
         Differentiable w.r.t. ``hidden`` and ``weight`` (gradients in their dtypes); the
@@ -58,7 +73,8 @@ def chunked_token_logprobs(
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    logprobs, ent = _ChunkedHead.apply(hidden, weight, targets, chunk, entropy)
+    head = _FusedChunkedHead if fused else _ChunkedHead
+    logprobs, ent = head.apply(hidden, weight, targets, chunk, entropy)
     return logprobs, (ent if entropy else None)
 
 
@@ -138,6 +154,94 @@ class _ChunkedHead(torch.autograd.Function):
             elif need_w:  # 16-bit head: its product, summed in float32
                 grad_w += g.t() @ h
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+
+
+def _chunk_stats(z: Tensor, targets: Tensor, with_entropy: bool):
+    """One chunk's ``(log p_y [c], logsumexp [c], entropy [c] or empty)`` from its logits
+    ``z [c, V]`` (any float dtype; upcast to float32 or wider): pure, for ``torch.compile``."""
+    zf = z.to(_score_dtype(z.dtype))
+    lse = torch.logsumexp(zf, -1)
+    lp = zf.gather(1, targets[:, None]).squeeze(1) - lse
+    if not with_entropy:
+        return lp, lse, lp.new_empty(0)
+    logp = zf - lse[:, None]
+    return lp, lse, -(logp.exp() * logp).sum(-1)
+
+
+def _chunk_grad(z: Tensor, targets: Tensor, lse: Tensor, ent: Tensor, g_lp, g_ent, dtype):
+    """d loss / d z [c, V] in ``dtype`` for one chunk: ``g_lp (onehot(y) - p)`` plus
+    ``-g_ent p (log p + H)``; ``g_lp`` / ``g_ent`` [c] or None: pure, for ``torch.compile``."""
+    logp = z.to(_score_dtype(z.dtype)) - lse[:, None]
+    p = logp.exp()
+    g = torch.zeros_like(p)
+    if g_ent is not None:
+        g = g - g_ent[:, None] * p * (logp + ent[:, None])
+    if g_lp is not None:
+        vocab = torch.arange(z.shape[1], device=z.device)
+        g = g + g_lp[:, None] * ((vocab[None, :] == targets[:, None]).to(p.dtype) - p)
+    return g.to(dtype)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled(fn):
+    """``torch.compile(fn)``, once a process (torch's on-disk caches of pickled graphs off:
+    ``learner.packing.compile_without_pickled_caches``)."""
+    if fn.__name__ not in _COMPILED:
+        from learner.packing import compile_without_pickled_caches
+
+        compile_without_pickled_caches()
+        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=None)
+    return _COMPILED[fn.__name__]
+
+
+class _FusedChunkedHead(torch.autograd.Function):
+    """``_ChunkedHead`` with the per-chunk math compiled: the head's matmuls stay cuBLAS (or
+    the CPU's), and only the 16-bit logits and gradient of one chunk pass through memory."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk, with_entropy):
+        stats = _compiled(_chunk_stats)
+        parts = [stats(F.linear(hidden[s:e], weight), targets[s:e], with_entropy)
+                 for s, e in _spans(hidden.shape[0], chunk)]  # fmt: skip
+        logprobs, lse, ent = (torch.cat(x) for x in zip(*parts, strict=True))
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
+        ctx.chunk = chunk
+        ctx.set_materialize_grads(False)
+        return logprobs, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[:2]
+        if ent.numel() == 0:
+            g_ent = None
+        if g_lp is None and g_ent is None:
+            return None, None, None, None, None
+        grad = _compiled(_chunk_grad)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=_score_dtype(weight.dtype)) if need_w else None
+        for s, e in _spans(hidden.shape[0], ctx.chunk):
+            h = hidden[s:e]
+            g = grad(F.linear(h, weight), targets[s:e], lse[s:e], ent[s:e],
+                     None if g_lp is None else g_lp[s:e],
+                     None if g_ent is None else g_ent[s:e], hidden.dtype)  # fmt: skip
+            if need_h:
+                grad_h[s:e] = g @ weight
+            if need_w and g.dtype == grad_w.dtype:
+                grad_w.addmm_(g.t(), h)
+            elif need_w:
+                grad_w += g.t() @ h
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+
+
+def set_logprob_fused(model: nn.Module, fused: bool) -> None:
+    """``token_logprobs(model, ...)`` runs the chunked head's compiled kernels (``fused``;
+    ``model.compile`` sets it) or its eager in-place ones."""
+    setattr(model, _FUSED_ATTR, bool(fused))
 
 
 def set_logprob_chunk_tokens(model: nn.Module, tokens: int | None) -> None:
@@ -273,7 +377,8 @@ def _hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy, te
     weight = model.get_output_embeddings().weight
     targets = input_ids.flatten()[idx + 1]
     h = hidden[idx] if temperature == 1.0 else hidden[idx] / temperature
-    lp, ent = chunked_token_logprobs(h, weight, targets, chunk_tokens, entropy)
+    lp, ent = chunked_token_logprobs(h, weight, targets, chunk_tokens, entropy,
+                                     getattr(model, _FUSED_ATTR, False))  # fmt: skip
 
     def grid(values):  # [n] -> [B, L-1], 0 off ``idx``; a fresh tensor (FSDP hooks its outputs)
         full = values.new_zeros(b * length).index_copy(0, idx, values)
@@ -292,7 +397,8 @@ def _packed_hidden_logprobs(
     at = _wanted(packed, wanted)
     h = hidden[at] if temperature == 1.0 else hidden[at] / temperature
     weight = model.get_output_embeddings().weight
-    lp, ent = chunked_token_logprobs(h, weight, packed.input_ids[0, at + 1], chunk_tokens, entropy)
+    lp, ent = chunked_token_logprobs(h, weight, packed.input_ids[0, at + 1], chunk_tokens, entropy,
+                                     getattr(model, _FUSED_ATTR, False))  # fmt: skip
     return packed.to_grid(lp, at), (None if ent is None else packed.to_grid(ent, at))
 
 

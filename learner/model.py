@@ -24,6 +24,7 @@ from torch import nn
 
 from learner.logprobs import (  # re-exported: the learner's callers import them from here
     set_logprob_chunk_tokens,
+    set_logprob_fused,
     set_logprob_temperature,
     token_logprobs,
 )
@@ -182,7 +183,7 @@ def build_policy(
     default); ``temperature``: the actors' sampling temperature, which ``token_logprobs``
     scores at (``set_logprob_temperature``); ``packed``: forwards on packed streams
     (``learner.packing``); ``offload``: FSDP2 CPU offload (``shard_model``); ``compile``:
-    ``compile_layers``."""
+    ``compile_layers``, and the log-prob head's fused kernels (``set_logprob_fused``)."""
     from learner.device import current_device
 
     device = current_device()
@@ -196,6 +197,7 @@ def build_policy(
         enable_gradient_checkpointing(model)
     if compile:
         compile_layers(model)
+    set_logprob_fused(model, compile)
     set_logprob_chunk_tokens(model, logprob_chunk_tokens)
     set_logprob_temperature(model, temperature)
     set_packed(model, packed)

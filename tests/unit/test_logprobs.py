@@ -97,6 +97,24 @@ def test_chunked_matches_full_logits(tie, checkpointing, chunk):
         assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
+@pytest.mark.parametrize("use_entropy", [True, False], ids=["entropy_in_loss", "logprobs_only"])
+def test_fused_head_matches_full_logits(use_entropy):
+    """``model.compile``'s head (``set_logprob_fused``: the per-chunk math through
+    ``torch.compile``): the closed form's values and gradients, in float64, over chunks of
+    uneven size (5, 5, ..., then the rest: the dynamic-shape recompile); with the entropy in
+    the loss (both gradient terms) and without it (the log-probs' alone)."""
+    from learner.logprobs import set_logprob_fused
+
+    torch._dynamo.reset()
+    ids, mask, w_lp, w_ent = batch()
+    want = values_and_grads(tiny_qwen(True), reference, ids, mask, w_lp, w_ent, use_entropy)
+    model = tiny_qwen(True)
+    set_logprob_fused(model, True)
+    fused = lambda m, i, a: token_logprobs(m, i, a, chunk_tokens=5)  # noqa: E731
+    got = values_and_grads(model, fused, ids, mask, w_lp, w_ent, use_entropy)
+    assert_same(got, want, rtol=1e-9, atol=1e-11)
+
+
 def test_full_logits_path_is_the_same():
     """``chunk_tokens=0`` (the escape hatch, and the path of models outside
     ``_PLAIN_HEAD_MODELS``) keeps the contract too."""
@@ -131,9 +149,9 @@ def test_chunk_size_from_the_model(monkeypatch):
 
     sizes = []
 
-    def spy(hidden, weight, targets, chunk, entropy=True):
+    def spy(hidden, weight, targets, chunk, *args):
         sizes.append(chunk)
-        return chunked_token_logprobs(hidden, weight, targets, chunk, entropy)
+        return chunked_token_logprobs(hidden, weight, targets, chunk, *args)
 
     monkeypatch.setattr(learner.logprobs, "chunked_token_logprobs", spy)
     model = tiny_qwen(False)
