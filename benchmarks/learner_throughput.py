@@ -311,14 +311,14 @@ def main(argv=None) -> None:
     hf_config = model_config(args, model_dir)
     name = cfg["name"]
 
-    def write(counts, runs, arms, peak, final: bool = False) -> None:
+    def write(counts, runs, arms, peak, partial: str | None = None, per_arm: bool = False):
         payload = report(args, cfg, hf_config, (counts, runs, arms, peak), lengths, real,
                          time.monotonic() - t_start)  # fmt: skip
-        if not final:
-            payload["partial"] = "timings only: the largest-batch search was still running"
-        write_and_print(name, payload, Path(args.out))
+        if partial:
+            payload["partial"] = partial
+        write_and_print(name, payload, Path(args.out), quiet=per_arm)  # after an arm: one line
 
-    write(*run_arms(args, cfg, hf_config, real, model_dir, measured=write), final=True)
+    write(*run_arms(args, cfg, hf_config, real, model_dir, measured=write))
 
 
 def report(args, cfg: dict, hf_config, results, lengths: list[int], real: int,

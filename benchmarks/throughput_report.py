@@ -211,9 +211,13 @@ def batch_facts(lengths: list[int], real: int) -> dict:
             "row_len_mean": real / len(lengths), "row_len_max": max(lengths)}  # fmt: skip
 
 
-def write_and_print(name: str, payload: dict, out: Path) -> None:
-    """``benchmarks.common.write_result``, then the table, the targets and where it went."""
+def write_and_print(name: str, payload: dict, out: Path, quiet: bool = False) -> None:
+    """``benchmarks.common.write_result``, then the table, the targets and where it went
+    (``quiet``: where it went only)."""
     path = write_result(name, payload, out)
+    if quiet:
+        print(f"wrote {path.name} ({payload.get('partial')})", flush=True)
+        return
     cfg = payload["config"]
     t = cfg["threads"]
     plot(payload["arms"], f"{cfg['real_model'] or cfg['preset'] or 'custom'} on {cfg['device']}, "

@@ -21,8 +21,9 @@ def run_arms(args, cfg: dict, hf_config, real: int, model_dir: str | None = None
     """Make the model (unless ``model_dir`` is a real one), measure every arm, search the
     largest batch of each arm in ``cfg["fit"]["arms"]`` (none with ``--no-fit``):
     ``(parameter counts, worker results per arm, per-arm figures, stated peak)``.
-    ``measured(counts, runs, arms, peak)``, when given, is called once the timings are in and
-    before the search (so a run cut short during the search keeps its timings)."""
+    ``measured(counts, runs, arms, peak, partial, per_arm)``, when given, is called after
+    every arm's worker but the last (``per_arm``; ``partial`` says which are left) and once
+    the timings are in, before the search: a run cut short keeps what it measured."""
     with tempfile.TemporaryDirectory(prefix="asyncrl-throughput-") as tmp:
         work = Path(args.work_dir) if args.work_dir else Path(tmp)
         t0 = time.monotonic()
@@ -37,13 +38,25 @@ def run_arms(args, cfg: dict, hf_config, real: int, model_dir: str | None = None
             flush=True,
         )
         runner = Runner(args, cfg, model_dir, hf_config.vocab_size)
-        runs = runner.measure()
-        peak = stated_peak(first_of(runs, "gpu"), args.peak_tflops)
-        arms = summarise(cfg, runs, counts, real, peak)
-        for arm, a in arms.items():
-            a["fit"], a["fit_skipped_reason"] = None, _fit_skipped(cfg["fit"], arm)
+
+        def figures(runs: dict) -> tuple[dict, tuple]:
+            peak = stated_peak(first_of(runs, "gpu"), args.peak_tflops)
+            arms = summarise(cfg, runs, counts, real, peak)
+            for arm, a in arms.items():
+                a["fit"], a["fit_skipped_reason"] = None, _fit_skipped(cfg["fit"], arm)
+            return arms, peak
+
+        def after_arm(runs: dict, left: list[str]) -> None:  # a run cut short keeps these
+            done = {arm: rs for arm, rs in runs.items() if rs}
+            if measured is not None and left:
+                arms, peak = figures(done)
+                measured(counts, done, arms, peak, f"written before {', '.join(left)} ran", True)
+
+        runs = runner.measure(after_arm)
+        arms, peak = figures(runs)
         if measured is not None:
-            measured(counts, runs, arms, peak)
+            measured(counts, runs, arms, peak, "timings only: the largest-batch search was "
+                     "still running", False)  # fmt: skip
         for arm, a in arms.items():
             if a["fit_skipped_reason"] is None:
                 a["fit"] = runner.fit(arm, runs[arm][0])
@@ -86,31 +99,34 @@ class Runner:
                 "cores": parse_cores(a.get("cores", self.args.cores)),
                 "repeat": repeat, "mem_limit_gib": mem_limit}  # fmt: skip
 
-    def measure(self) -> dict[str, list[dict]]:
-        """``rounds`` interleaved rounds: every arm's worker in turn, at the preset batch."""
+    def measure(self, after=None) -> dict[str, list[dict]]:
+        """``rounds`` interleaved rounds: every arm's worker in turn, at the preset batch;
+        ``after(runs, left)`` after each worker, ``left`` the workers still to run."""
         groups = self.cfg["batch"]["groups"]
         runs: dict[str, list[dict]] = {arm: [] for arm in self.cfg["arms"]}
-        for r in range(self.cfg["rounds"]):
-            for arm in runs:
-                if runs[arm] and runs[arm][0]["status"] != "ok":
-                    continue  # it did not fit (or failed): once is enough
-                spec = self.spec(arm, groups, self.cfg["repeat"])
-                if r == 0 and arm in self.cfg.get("profile", {}):
-                    spec["profile"] = str(Path(self.args.out) / self.cfg["profile"][arm])
-                res = run_worker(spec, self.env_of(spec), self.args.timeout)
-                runs[arm].append(res)
-                if res["status"] == "ok":
-                    steps = ", ".join(f"{t:.2f}" for t in res["times_s"])
-                    self.say(f"round {r + 1}/{self.cfg['rounds']} {arm} ({res['layout']}): "
-                             f"steps {steps} s "
-                             f"(warm-up {res['warmup_s']:.2f} s), peak "
-                             f"{res['peak_memory_mib']:.0f} MiB")  # fmt: skip
-                    if "profile" in res:
-                        p = res["profile"]
-                        self.say(f"  profiled step {p['wall_s']:.2f} s, kernels "
-                                 f"{p['device_busy_s']:.2f} s: {p['path']}")  # fmt: skip
-                else:
-                    self.say(f"round {r + 1} {arm}: {res['status']}: {res['error'][-300:]}")
+        order = [(r, arm) for r in range(self.cfg["rounds"]) for arm in runs]
+        for i, (r, arm) in enumerate(order):
+            if runs[arm] and runs[arm][0]["status"] != "ok":
+                continue  # it did not fit (or failed): once is enough
+            spec = self.spec(arm, groups, self.cfg["repeat"])
+            if r == 0 and arm in self.cfg.get("profile", {}):
+                spec["profile"] = str(Path(self.args.out) / self.cfg["profile"][arm])
+            res = run_worker(spec, self.env_of(spec), self.args.timeout)
+            runs[arm].append(res)
+            if res["status"] == "ok":
+                steps = ", ".join(f"{t:.2f}" for t in res["times_s"])
+                self.say(f"round {r + 1}/{self.cfg['rounds']} {arm} ({res['layout']}): "
+                         f"steps {steps} s "
+                         f"(warm-up {res['warmup_s']:.2f} s), peak "
+                         f"{res['peak_memory_mib']:.0f} MiB")  # fmt: skip
+                if "profile" in res:
+                    p = res["profile"]
+                    self.say(f"  profiled step {p['wall_s']:.2f} s, kernels "
+                             f"{p['device_busy_s']:.2f} s: {p['path']}")  # fmt: skip
+            else:
+                self.say(f"round {r + 1} {arm}: {res['status']}: {res['error'][-300:]}")
+            if after is not None:
+                after(runs, [f"{a} (round {k + 1})" for k, a in order[i + 1 :]])
         return runs
 
     def fit(self, arm: str, first: dict) -> dict:

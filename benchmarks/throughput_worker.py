@@ -199,6 +199,7 @@ def profile_step(step, sync, cuda: bool, path: str, rows: int = 40) -> dict:
     self time, by device time on a GPU and CPU time on both, written as text tables to
     ``path``; returns the path, the profiled step's wall time and, on a GPU, the summed
     kernel time (``device_busy_s``: far below the wall time = the GPU waits on the host)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -209,7 +210,8 @@ def profile_step(step, sync, cuda: bool, path: str, rows: int = 40) -> dict:
         sync()
     wall = time.perf_counter() - t0
     table = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in table) / 1e6
+    busy = sum(e.self_device_time_total for e in table  # kernels, not the ops that ran them
+               if e.device_type != DeviceType.CPU and not e.is_user_annotation) / 1e6  # fmt: skip
     keys = (["self_device_time_total"] if cuda else []) + ["self_cpu_time_total"]
     text = [f"one profiled step: {wall:.3f} s wall (profiler overhead included), "
             f"kernels {busy:.3f} s\n"]  # fmt: skip

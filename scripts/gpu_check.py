@@ -213,10 +213,20 @@ def _commit() -> str:
     return git_commit()
 
 
-def junit_counts(path: Path) -> dict:
-    """Passed, failed, skipped (with reasons) from pytest's JUnit XML."""
+def _not_this_run(path: Path, since: float) -> dict | None:
+    """An ``error`` entry when ``path`` is missing or older than ``since`` (a file of an
+    earlier run, which must not pass for this run's result), else None."""
     if not path.is_file():
         return {"error": f"{path.name} was not written"}
+    if path.stat().st_mtime < since:
+        return {"error": f"{path.name} was not written by this run (the file is an earlier run's)"}
+    return None
+
+
+def junit_counts(path: Path, since: float = 0.0) -> dict:
+    """Passed, failed, skipped (with reasons) from pytest's JUnit XML."""
+    if (missing := _not_this_run(path, since)) is not None:
+        return missing
     out: dict = {"passed": [], "failed": {}, "skipped": {}}
     for case in ET.parse(path).getroot().iter("testcase"):
         name = f"{case.get('classname')}::{case.get('name')}"
@@ -231,10 +241,10 @@ def junit_counts(path: Path) -> dict:
     return out
 
 
-def headline_throughput(path: Path) -> dict:
+def headline_throughput(path: Path, since: float = 0.0) -> dict:
     """Per arm: real tokens/s, MFU, peak memory, the ratio to its reference, the largest fit."""
-    if not path.is_file():
-        return {"error": f"{path.name} was not written"}
+    if (missing := _not_this_run(path, since)) is not None:
+        return missing
     doc = json.loads(path.read_text())
     arms = {}
     for name, a in doc.get("arms", {}).items():
@@ -248,9 +258,9 @@ def headline_throughput(path: Path) -> dict:
             "gpu": doc.get("gpu")}  # fmt: skip
 
 
-def headline_weights(path: Path) -> dict:
-    if not path.is_file():
-        return {"error": f"{path.name} was not written"}
+def headline_weights(path: Path, since: float = 0.0) -> dict:
+    if (missing := _not_this_run(path, since)) is not None:
+        return missing
     doc = json.loads(path.read_text())
     return {"wire_bytes": doc["wire_bytes"],
             "gb_per_s": {k: round(v["gb_per_s"], 2) for k, v in doc["paths"].items()},
@@ -277,11 +287,11 @@ def main(argv=None) -> int:
             res = check.run(part, [py, "-m", "pytest", "tests/gpu", "-v", "-p", "no:cacheprovider",
                                    f"--junitxml={out}/tests_gpu.xml", "-o", "timeout=150"],
                             200)  # fmt: skip
-            res |= junit_counts(check.out / "tests_gpu.xml")
+            res |= junit_counts(check.out / "tests_gpu.xml", check.started)
         elif part == "weight_path":
             res = check.run(part, [py, "-m", "benchmarks.weight_path", "--preset", preset, *device,
                                    "--out", out, "--name", "weight_path"], 90)  # fmt: skip
-            res |= headline_weights(check.out / "weight_path.json")
+            res |= headline_weights(check.out / "weight_path.json", check.started)
         elif part == "learner_throughput":
             fit = ["--fit-arms", "asyncrl", "--fit-max-groups",
                    "2" if dry else str(args.fit_max_groups)]  # fmt: skip
@@ -295,7 +305,7 @@ def main(argv=None) -> int:
                                    "--profile", args.profile, "--rounds", "1", "--repeat", "2", *fit, "--timeout", "200",
                                    "--out", out, "--name", "learner_throughput"],
                             check.left())  # fmt: skip
-            res |= headline_throughput(check.out / "learner_throughput.json")
+            res |= headline_throughput(check.out / "learner_throughput.json", check.started)
         else:
             raise SystemExit(
                 f"unknown part {part!r}: env, tests_gpu, weight_path, learner_throughput"

@@ -49,6 +49,15 @@ def test_provenance(result):
     assert "gpu" in doc  # null on CPU
 
 
+def test_the_json_is_written_after_every_arm(result):
+    """A run cut short (the GPU check's deadline) keeps the arms it measured: the JSON is
+    rewritten after each arm's worker, saying which were still to run; the last is whole."""
+    doc, stdout, _ = result
+    assert "wrote smoke.json (written before asyncrl (round 1), bare (round 1)," in stdout
+    assert "wrote smoke.json (written before bare_x (round 1) ran)" in stdout
+    assert "partial" not in doc and list(doc["arms"]) == ARMS
+
+
 def test_every_arm_has_every_figure(result):
     doc, stdout, out = result
     assert list(doc["arms"]) == ARMS

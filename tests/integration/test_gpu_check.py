@@ -83,3 +83,5 @@ def test_junit_counts_reads_passes_failures_and_skips(tmp_path):
     assert got["counts"] == {"passed": 1, "failed": 1, "skipped": 1}
     assert got["failed"] == {"a::bad": "boom"} and got["skipped"] == {"a::skip": "no GPU"}
     assert "error" in gpu_check.junit_counts(tmp_path / "missing.xml")
+    stale = gpu_check.junit_counts(xml, since=time.time() + 60)  # an earlier run's file
+    assert stale == {"error": "r.xml was not written by this run (the file is an earlier run's)"}
