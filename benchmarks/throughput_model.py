@@ -125,13 +125,18 @@ def model_config(args, model_dir: str | None = None):
     return AutoConfig.for_model(shape.pop("model_type"), **shape)
 
 
-def build_model_dir(config, work: Path, seed: int, dtype: str) -> tuple[Path, dict]:
+def build_model_dir(
+    config, work: Path, seed: int, dtype: str, device: str = "cpu"
+) -> tuple[Path, dict]:
     """A random model of ``config`` saved as ``work/model-<hash>`` (safetensors, ``dtype``);
-    reused when it is already there. Returns the directory and the parameter counts."""
+    reused when it is already there. Returns the directory and the parameter counts.
+    ``device``: where the weights are drawn (``cuda``: seconds instead of about a minute for
+    the 1.5B shape; other random values than the CPU's, so the device is in the hash)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    key = json.dumps([config.to_dict(), seed, dtype], sort_keys=True, default=str)
+    key = json.dumps([config.to_dict(), seed, dtype] + ([device] if device != "cpu" else []),
+                     sort_keys=True, default=str)  # fmt: skip
     out = work / f"model-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     counts_file = out / "param_counts.json"
     if counts_file.is_file():
@@ -139,7 +144,7 @@ def build_model_dir(config, work: Path, seed: int, dtype: str) -> tuple[Path, di
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[0] if device == "cuda" else []), torch.device(device):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     params = sum(p.numel() for p in model.parameters())  # a tied head is one parameter
@@ -151,4 +156,6 @@ def build_model_dir(config, work: Path, seed: int, dtype: str) -> tuple[Path, di
     model.save_pretrained(str(out))
     counts_file.write_text(json.dumps(counts))
     del model
+    if device == "cuda":  # the workers need the memory (this process keeps its CUDA context)
+        torch.cuda.empty_cache()
     return out, counts

@@ -31,7 +31,8 @@ def run_arms(args, cfg: dict, hf_config, real: int, model_dir: str | None = None
             counts = param_counts(model_dir)
             kind = f"real model {cfg['real_model']}"
         else:
-            model_dir, counts = build_model_dir(hf_config, work, args.seed, cfg["dtype"])
+            model_dir, counts = build_model_dir(hf_config, work, args.seed, cfg["dtype"],
+                                                cfg["device"])  # fmt: skip
             kind = "random model"
         print(
             f"{kind}: {counts['n_params']:,} parameters ({time.monotonic() - t0:.0f} s)",
