@@ -48,24 +48,45 @@ class Validator:
         )
 
     async def run(self) -> None:
-        """Serve requests until the actor stops. A request whose ``size`` differs from this
-        actor's validation set is refused loudly (the actors read different data)."""
-        while not self.actor.state.stop:
-            request = await asyncio.to_thread(self.queue.request)
-            if not self._ready_for(request):
-                await asyncio.sleep(POLL_S)
-                continue
-            if request["size"] != self.size:
-                raise RuntimeError(
-                    f"the learner asks to validate {request['size']} prompts but this actor's "
-                    f"validation set has {self.size}: the actors were started with different "
-                    "data.val_files or eval.max_prompts; start every actor with the same config"
-                )
-            span = await asyncio.to_thread(self.queue.claim, request)
-            if span is None:  # all handed out: wait for the next request
-                await asyncio.sleep(POLL_S)
-                continue
-            await self.score_chunk(span, request["version"], request["samples"])
+        """Serve requests until the actor stops: claim chunks while fewer than
+        ``eval.prompts_in_flight`` of this actor's prompts are generating, each chunk a task
+        of its own (a chunk that fails stops the actor with its error). A request whose
+        ``size`` differs from this actor's validation set is refused loudly (the actors read
+        different data)."""
+        chunks: dict[asyncio.Task, int] = {}  # task -> its prompts
+        try:
+            while not self.actor.state.stop:
+                for task in [t for t in chunks if t.done()]:
+                    del chunks[task]
+                    task.result()  # raises a chunk's error
+                if sum(chunks.values()) >= self.cfg.eval.prompts_in_flight:
+                    await asyncio.wait(chunks, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                span = await self._next_chunk()
+                if span is None:
+                    await asyncio.sleep(POLL_S)
+                    continue
+                span, version, samples = span
+                task = asyncio.create_task(self.score_chunk(span, version, samples))
+                chunks[task] = len(span)
+        finally:
+            for task in chunks:
+                task.cancel()
+
+    async def _next_chunk(self) -> tuple[range, int, int] | None:
+        """``(prompts, version, samples)`` of the next chunk this actor can validate now;
+        None when no request is ready for its weights or all its prompts are handed out."""
+        request = await asyncio.to_thread(self.queue.request)
+        if not self._ready_for(request):
+            return None
+        if request["size"] != self.size:
+            raise RuntimeError(
+                f"the learner asks to validate {request['size']} prompts but this actor's "
+                f"validation set has {self.size}: the actors were started with different "
+                "data.val_files or eval.max_prompts; start every actor with the same config"
+            )
+        span = await asyncio.to_thread(self.queue.claim, request)
+        return None if span is None else (span, request["version"], request["samples"])
 
     async def score_chunk(self, span: range, version: int, samples: int = 0) -> None:
         """Validate the prompts of ``span`` at once and post their records; those of prompts

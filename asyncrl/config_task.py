@@ -178,6 +178,11 @@ class EvalConfig:
     how long the actors' weights can lag behind."""
     chunk_prompts: int = 4
     """Prompts an actor claims at a time (>= 1); the actors share the validation set."""
+    prompts_in_flight: int = 32
+    """Validation prompts one actor generates at once (>= 1): it keeps claiming chunks of
+    ``eval.chunk_prompts`` until this many are in flight. They share the engine's batch with
+    the training groups, so more in flight gives validation a larger share while it runs: it
+    finishes sooner, and training groups come slower meanwhile (docs/architecture.md)."""
     log_samples: int = 3
     """Generations shown per validation, 0..``MAX_LOG_SAMPLES`` (0 = none): the prompt, the
     first completion and its reward for the first this many prompts of the validation set
@@ -196,4 +201,5 @@ class EvalConfig:
         _bound(self, "eval.max_prompts", ge=0, hint=" (0 = all)")
         _bound(self, "eval.timeout_s", gt=0)
         _bound(self, "eval.chunk_prompts", ge=1)
+        _bound(self, "eval.prompts_in_flight", ge=1)
         _bound(self, "eval.log_samples", ge=0, le=MAX_LOG_SAMPLES, hint=" (0 = none)")

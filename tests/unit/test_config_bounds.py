@@ -102,6 +102,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "eval.pass_threshold": [],  # any finite number (rewards are any float)
     "eval.timeout_s": [(1e-3, 0.0)],
     "eval.chunk_prompts": [(1, 0)],
+    "eval.prompts_in_flight": [(1, 0)],
     "eval.log_samples": [(0, -1), (64, 65)],
     "seed": [(0, -1), (SEED_MAX, SEED_MAX + 1)],
     "metrics_port": [(0, -1), (65533, 65534)],  # actor 0 (of 1) serves on metrics_port + 2

@@ -320,3 +320,81 @@ def test_validation_size_caps_a_finite_set_and_sizes_the_endless_one():
     assert validation_size(cfg, Finite()) == 4 and validation_size(cfg, AdditionSource()) == 4
     cfg.eval.max_prompts = 0
     assert validation_size(cfg, AdditionSource()) == 64
+
+
+class GatedEngine(ScriptedEngine):
+    """Generations wait for ``gate``; ``peak`` is the most running at once."""
+
+    weights_valid = True
+
+    def __init__(self, version: int, fail: bool = False):
+        super().__init__(version, texts=["0"])
+        self.gate, self.running, self.peak, self.fail = asyncio.Event(), 0, 0, fail
+
+    async def generate(self, *args):
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        await self.gate.wait()
+        self.running -= 1
+        if self.fail:
+            raise RuntimeError("engine died mid-validation")
+        return await super().generate(*args)
+
+
+class RequestQueue(ListQueue):
+    """One posted request of ``size`` prompts in chunks of ``chunk`` (buffer/eval_queue.py's
+    claim order)."""
+
+    def __init__(self, version: int, size: int, chunk: int):
+        super().__init__()
+        self.req = {"version": version, "size": size, "chunk": chunk, "samples": 0}
+        self.todo = list(range(0, size, chunk))
+
+    def request(self):
+        return self.req
+
+    def claim(self, request):
+        return (
+            range(s, min(s + request["chunk"], request["size"]))
+            if (s := self._pop()) is not None
+            else None
+        )
+
+    def _pop(self):
+        return self.todo.pop(0) if self.todo else None
+
+
+def _serve(engine, queue, size: int, in_flight: int):
+    """``Validator.run`` until every prompt's record is in (or it raises); the most prompts
+    generating at once."""
+    actor = _actor(engine)
+    actor.cfg.eval.prompts_in_flight = in_flight
+    validator = Validator(actor, AdditionSource(seed=0, split="eval"), size, queue)
+
+    async def main():
+        run = asyncio.create_task(validator.run())
+        await asyncio.sleep(0.6)  # the validator claims what it may, then waits on the engine
+        engine.gate.set()
+        while len(queue.put_records) < size and not run.done():
+            await asyncio.sleep(0.05)
+        actor.state.stop = True
+        await run
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    return engine.peak
+
+
+def test_an_actor_validates_several_chunks_at_once_up_to_its_cap():
+    """``eval.prompts_in_flight``: one actor keeps claiming chunks until that many prompts
+    generate at once (in one engine batch), not one chunk after another."""
+    engine, queue = GatedEngine(version=6), RequestQueue(6, size=12, chunk=2)
+    assert _serve(engine, queue, 12, in_flight=6) == 6  # 3 chunks of 2, then the cap
+    assert sorted(r["index"] for _, r in queue.put_records) == list(range(12))
+    engine, queue = GatedEngine(version=6), RequestQueue(6, size=12, chunk=2)
+    assert _serve(engine, queue, 12, in_flight=1) == 2  # one chunk at a time (a chunk is whole)
+
+
+def test_a_failing_validation_chunk_stops_the_actor_with_its_error():
+    engine, queue = GatedEngine(version=6, fail=True), RequestQueue(6, size=4, chunk=2)
+    with pytest.raises(RuntimeError, match="engine died mid-validation"):
+        _serve(engine, queue, 4, in_flight=4)
