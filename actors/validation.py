@@ -2,7 +2,8 @@
 
 Every actor runs ``Validator.run`` next to ``Actor.produce`` (actors/main.py). While a request
 for version V is posted (buffer/eval_queue.py) and this actor's engine holds exactly V, it
-claims chunks of the validation set and, for each prompt, generates ``eval.n_samples``
+claims chunks of the validation set (up to ``eval.prompts_in_flight`` prompts generating at
+once) and, for each prompt, generates ``eval.n_samples``
 completions (greedy when 1), scores them with the actor's reward pool and posts one record::
 
     {"index": i, "version": V, "rewards": [n floats], "lengths": [n ints],
@@ -69,9 +70,10 @@ class Validator:
                 span, version, samples = span
                 task = asyncio.create_task(self.score_chunk(span, version, samples))
                 chunks[task] = len(span)
-        finally:
+        finally:  # the actor stops (or a chunk failed): the others are not left running
             for task in chunks:
                 task.cancel()
+            await asyncio.gather(*chunks, return_exceptions=True)
 
     async def _next_chunk(self) -> tuple[range, int, int] | None:
         """``(prompts, version, samples)`` of the next chunk this actor can validate now;
