@@ -35,7 +35,7 @@ class EvalQueue:
         return f"{self._prefix}:{version}:{what}"
 
     def _call(self, fn):
-        call = getattr(self._buffer, "_call", None)  # a real ReplayBuffer: reconnect + retry
+        call = getattr(self._buffer, "call", None)  # a real ReplayBuffer: reconnect + retry
         return call(fn) if call is not None else fn()
 
     def post(self, version: int, size: int, chunk: int, samples: int = 0) -> None:

@@ -15,7 +15,7 @@ Every multi-key change is one Lua script (``buffer/scripts.py``), so no reader e
 half-applied state and ``stats()`` is a consistent snapshot.
 
 Damage from outside the job (issue 12; tests/faults/test_buffer_damage.py): a
-consumer group destroyed by hand is rebuilt exactly where it was (``_regroup``, a warning);
+consumer group destroyed by hand is rebuilt exactly where it was (``BufferStore.regroup``, a warning);
 an entry that commit() did not add, or whose seq is not the one commit() gave it, is
 dead-lettered as invalid and counted; state that is missing or not a number (a FLUSHDB, a
 hand edit) raises ``BufferDamaged`` naming the key and the fix. ``audit()`` is the learner's
@@ -25,19 +25,17 @@ per-step check of the conservation law.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import redis
 
-from asyncrl.fatal import FatalError
 from asyncrl.types import Group
 from buffer import scripts
 from buffer.codec import DEFAULT_MAX_BYTES, encode_group
-from buffer.connection import call_with_retries, describe
-from buffer.stream_reads import StreamReads, as_text
+from buffer.store import BufferDamaged, BufferStore, as_text
+from buffer.stream_reads import Entry, StreamReads
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +57,14 @@ _RESERVED_META = (
     "delivered_upto",
     "delivered_to",
 )
-_SCRIPTS = ("LEASE", "COMMIT", "RENEW", "ACK", "DEAD_LETTER", "STATS", "DELIVERED", "REGROUP")
-# Redis errors that mean the buffer's keys hold something the scripts did not write
-_DAMAGE_ERRORS = ("BUFFERSTATE", "NOGROUP", "WRONGTYPE", "not an integer", "not a valid float")
-_SCRIPT_SUFFIX = re.compile(r"\s*script: \w+, on @user_script:\d+\.?$")
+__all__ = ["TERMINAL_STATES", "BufferDamaged", "Entry", "LeaseExpired", "ReplayBuffer"]
 
 
 class LeaseExpired(RuntimeError):
     """A commit came after its lease expired and the buffer had no free slot: not stored."""
 
 
-class BufferDamaged(FatalError):
-    """The buffer's own state in Redis is missing or was changed from outside the job
-    (FLUSHDB, DEL, a hand-edited field). The message names the key and the fix. A restart of
-    the role cannot fix it (asyncrl/fatal.py): the job's counts and queue are gone or wrong."""
-
-
-class ReplayBuffer(StreamReads):
+class ReplayBuffer:
     """Bounded FIFO of complete groups shared by actors (writers) and one learner job (reader).
 
     Capacity invariant, exact at every instant (each change is one atomic script)::
@@ -115,6 +104,10 @@ class ReplayBuffer(StreamReads):
     XREADGROUP of history would count every re-read, also of entries never tried again) and
     dead-letters an entry whose count reached ``max_deliveries`` as ``dropped_poison``
     instead of handing it out again.
+
+    Parts (composition): ``store`` (buffer/store.py: keys, scripts, retries, the consumer
+    group, the wake list) and ``reads`` (buffer/stream_reads.py: the learner's side, whose
+    methods this class exposes as its own).
     """
 
     def __init__(
@@ -143,21 +136,53 @@ class ReplayBuffer(StreamReads):
         self.lease_ttl_s, self.consumer_group = lease_ttl_s, consumer_group
         self.max_payload_bytes, self.reconnect_s = max_payload_bytes, reconnect_s
         self.max_deliveries, self.stop = max_deliveries, stop
-        self._where = describe(client)
-        keys = ("dead", "leases", "stats", "meta", "group_ids", "commits", "wake")
-        self._k = {s: f"{name}:{s}" for s in keys}
-        self._k["stream"] = name
-        self._s = {n: client.register_script(getattr(scripts, n)) for n in _SCRIPTS}
-        self._group_ready = False
-        self._handed: dict[str, set[str]] = {}  # consumer -> entry ids handed out, not acked
-        self._maybe_lost: set[str] = set()  # consumers whose read reply may have been lost
-        self.repairs: list[str] = []
-        """One line per repair of damage from outside (a rebuilt consumer group)."""
+        self.store = BufferStore(client, name, consumer_group, capacity, reconnect_s, stop)
+        self.reads = StreamReads(self.store, max_deliveries, max_payload_bytes)
+        self._k = self.store.keys
         meta = self._k["meta"]
         old = self.retrying(lambda: client.hget(meta, "capacity"), [meta])
-        if old is not None and self._int(meta, "capacity", old) != capacity:
+        if old is not None and self.store.as_int(meta, "capacity", old) != capacity:
             log.warning("buffer %s: capacity changed from %s to %d", name, int(old), capacity)
         self.retrying(lambda: client.hset(meta, "capacity", capacity), [meta])
+
+    @property
+    def repairs(self) -> list[str]:
+        """One line per repair of damage from outside (a rebuilt consumer group)."""
+        return self.store.repairs
+
+    def call(self, fn):
+        """``fn()`` (a Redis call on ``client``) retried while the connection is down: for
+        the parts that keep their own keys beside the buffer's (buffer/eval_queue.py)."""
+        return self.store.call(fn)
+
+    def retrying(self, fn, keys: list[str], on_retry=None, consumer: str = ""):
+        """``BufferStore.retrying``: for the parts that run their own scripts on the
+        buffer's connection (buffer/cursors.py)."""
+        return self.store.retrying(fn, keys, on_retry, consumer)
+
+    # -- the learner (buffer/stream_reads.py) ------------------------------------------------
+
+    def read(
+        self, consumer: str, count: int, block_ms: int, vocab_size: int | None = None
+    ) -> list[Entry]:
+        """``StreamReads.read``: up to ``count`` new valid groups, waiting up to ``block_ms``."""
+        return self.reads.read(consumer, count, block_ms, vocab_size)
+
+    def read_pending(self, consumer: str, vocab_size: int | None = None) -> list[Entry]:
+        """``StreamReads.read_pending``: what ``consumer`` was handed and did not ack."""
+        return self.reads.read_pending(consumer, vocab_size)
+
+    def set_deliveries(self, consumer: str, counts: dict[str, int]) -> None:
+        """``StreamReads.set_deliveries``: pending entries' delivery counts."""
+        self.reads.set_deliveries(consumer, counts)
+
+    def ack(self, entry_ids: Iterable[str], state: str) -> int:
+        """``StreamReads.ack``: XACK + XDEL, counted as ``state``."""
+        return self.reads.ack(entry_ids, state)
+
+    def dead_letters(self, count: int = 100) -> list[tuple[str, str]]:
+        """``StreamReads.dead_letters``: the oldest dead letters, (entry id, reason)."""
+        return self.reads.dead_letters(count)
 
     # -- actors --------------------------------------------------------------------------------
 
@@ -180,7 +205,7 @@ class ReplayBuffer(StreamReads):
         args = [int(self.lease_ttl_s * 1000), *ids]
         deadline = time.monotonic() + timeout_s
         while True:
-            granted = int(self._run("LEASE", keys, args))
+            granted = int(self.store.run("LEASE", keys, args))
             if granted > 0:
                 return ids[:granted]
             remaining = deadline - time.monotonic()
@@ -194,21 +219,6 @@ class ReplayBuffer(StreamReads):
         wake = self._k["wake"]
         timeout = max(timeout_s, 0.01)
         self.retrying(lambda: self.client.blpop([wake], timeout=timeout), [wake])
-
-    def _wake(self, slots: int) -> None:
-        """Tell up to ``slots`` actors waiting in ``lease`` that slots were freed; the list is
-        trimmed to ``capacity`` tokens (a stale token only costs a waiter one more LEASE)."""
-        if slots <= 0:
-            return
-        wake = self._k["wake"]
-
-        def push():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.rpush(wake, *([b"1"] * min(slots, self.capacity)))
-            pipe.ltrim(wake, -self.capacity, -1)
-            pipe.execute()
-
-        self.retrying(push, [wake])
 
     def commit(self, lease_id: str, group: Group, in_flight: tuple[str, int] | None = None) -> bool:
         """Store ``group`` and release ``lease_id`` atomically.
@@ -225,7 +235,7 @@ class ReplayBuffer(StreamReads):
         if in_flight is not None:
             keys.append(in_flight[0])
             args.append(in_flight[1])
-        result = self._run("COMMIT", keys, args)
+        result = self.store.run("COMMIT", keys, args)
         if result == -1:
             raise LeaseExpired(
                 f"lease {lease_id} expired (lease_ttl_s={self.lease_ttl_s}) and the buffer is "
@@ -239,13 +249,13 @@ class ReplayBuffer(StreamReads):
         leases = self._k["leases"]
         released = bool(self.retrying(lambda: self.client.zrem(leases, lease_id), [leases]))
         if released:
-            self._wake(1)
+            self.store.wake(1)
         return released
 
     def renew(self, lease_id: str) -> bool:
         """Extend a live lease by ``lease_ttl_s`` from now; False if it had already expired."""
         args = [lease_id, int(self.lease_ttl_s * 1000)]
-        return self._run("RENEW", [self._k["leases"]], args) == 1
+        return self.store.run("RENEW", [self._k["leases"]], args) == 1
 
     # -- versions, meta, stats -----------------------------------------------------------------
 
@@ -257,7 +267,7 @@ class ReplayBuffer(StreamReads):
         """The learner's published policy version, -1 before the first publish."""
         meta = self._k["meta"]
         v = self.retrying(lambda: self.client.hget(meta, "learner_version"), [meta])
-        return -1 if v is None else self._int(meta, "learner_version", v)
+        return -1 if v is None else self.store.as_int(meta, "learner_version", v)
 
     def set_meta(self, **kv: str | int | float) -> None:
         """Publish run-wide settings (e.g. ``max_staleness=4``); values are stored as strings."""
@@ -279,7 +289,7 @@ class ReplayBuffer(StreamReads):
             return None
         old = self.retrying(lambda: self.client.hget(meta, key), [meta])
         if old is None:  # set a moment ago, deleted since: nothing but a hand edit does that
-            raise self._damaged(f"{meta} field {key} vanished right after it was set")
+            raise self.store.damaged(f"{meta} field {key} vanished right after it was set")
         return as_text(old)
 
     def meta(self) -> dict[str, str]:
@@ -293,7 +303,7 @@ class ReplayBuffer(StreamReads):
 
         Raises ``BufferDamaged`` if a counter or the capacity is missing or not an integer.
         """
-        values = self._run("STATS", self._stats_keys(), [])
+        values = self.store.run("STATS", self._stats_keys(), [])
         return dict(zip(scripts.STATS_FIELDS, (int(v) for v in values[:10]), strict=True))
 
     def leases_by_actor(self) -> dict[int, int]:
@@ -324,16 +334,16 @@ class ReplayBuffer(StreamReads):
 
         Raises ``BufferDamaged`` if the meta no longer names this buffer's consumer group (a
         FLUSHDB or DEL), or a counter, the capacity or ``learner_version`` is not an integer.
-        A consumer group destroyed from outside is rebuilt first (``_regroup``, a warning).
+        A consumer group destroyed from outside is rebuilt first (``regroup``, a warning).
         """
-        self._ensure_group()
+        self.store.ensure_group()
         for _ in range(2):
-            values = self._run("STATS", self._stats_keys(), [self.consumer_group])
+            values = self.store.run("STATS", self._stats_keys(), [self.consumer_group])
             fields = scripts.STATS_FIELDS + scripts.AUDIT_FIELDS
             out = dict(zip(fields, (int(v) for v in values), strict=True))
             if out.pop("group_ok"):
                 break
-            self._regroup("")
+            self.store.regroup("")
         foreign = max(0, out.pop("stream_len") - out.pop("commit_records"))
         buffered = out["unread"] + out["pending"] - foreign
         terminal = sum(out[k] for k in TERMINAL_STATES)
@@ -348,52 +358,3 @@ class ReplayBuffer(StreamReads):
 
     def _stats_keys(self) -> list[str]:
         return [self._k[k] for k in ("stream", "leases", "stats", "meta", "commits")]
-
-    def _call(self, fn, on_retry=None):
-        return call_with_retries(fn, self._where, self.reconnect_s, on_retry, self.stop)
-
-    def _run(self, script: str, keys: list[str], args: list, on_retry=None):
-        """Run one of ``buffer/scripts.py`` through ``retrying``."""
-        return self.retrying(lambda: self._s[script](keys, args), keys, on_retry)
-
-    def retrying(self, fn, keys: list[str], on_retry=None, consumer: str = ""):
-        """``fn()`` with retries on dropped connections (``_call``). A consumer group that
-        vanished (NOGROUP) is rebuilt once (``_regroup``) and ``fn`` run again; a reply that
-        says the buffer's state is damaged raises ``BufferDamaged`` naming ``keys``."""
-        for attempt in range(2):
-            try:
-                return self._call(fn, on_retry)
-            except redis.ResponseError as e:
-                text = _SCRIPT_SUFFIX.sub("", str(e))
-                if "user executing the script can't run" in text:  # ACL, as outside a script
-                    raise redis.exceptions.NoPermissionError(
-                        f"{text} (on {', '.join(keys)})"
-                    ) from None
-                if not any(m in text for m in _DAMAGE_ERRORS):
-                    raise
-                regroup = attempt == 0 and self._group_ready and text.startswith("NOGROUP")
-                if not regroup:
-                    what = text.removeprefix("BUFFERSTATE ")
-                    if what == text:  # a Redis error, not one of our scripts' reports
-                        what = f"{text} (on {', '.join(keys)})"
-                    raise self._damaged(what) from None
-            self._regroup(consumer)  # outside the except: its errors are not "during" NOGROUP
-        raise AssertionError("unreachable: the second attempt returns or raises")
-
-    def _damaged(self, what: str) -> BufferDamaged:
-        return BufferDamaged(
-            f"buffer state damaged: {what}. The buffer {self.name!r} was flushed (FLUSHDB) or "
-            "its keys deleted or edited from outside the job, so its counts and queued groups "
-            f"can no longer be trusted. Keep other clients off the keys {self.name} and "
-            f"{self.name}:*, and restart the job with a fresh buffer (a new buffer.name): the "
-            "learner resumes from its last checkpoint in the run directory"
-        )
-
-    def _int(self, key: str, field: str, value: bytes) -> int:
-        """``value`` of ``key``'s ``field`` as an int; ``BufferDamaged`` if it is not one."""
-        try:
-            return int(value)
-        except ValueError:
-            raise self._damaged(
-                f"{key} field {field} is {as_text(value)!r}, not an integer"
-            ) from None

@@ -1,13 +1,13 @@
 """The learner's side of ``ReplayBuffer`` (buffer/redis_buffer.py): reading groups from the
 stream, recovering a read whose reply was lost, re-reading pending entries after a restart,
 counting deliveries (poison), acking, dead-lettering what is not a valid group, and keeping
-the single consumer group in place. The actors' side, the shared state (meta, stats, the
-audit) and the plumbing (retries, damage reports) stay in redis_buffer.py.
+the single consumer group in place. The actors' side and the shared state (meta, stats, the
+audit) are in redis_buffer.py, the plumbing (retries, damage reports) in store.py.
 
-``StreamReads`` is a mixin of ``ReplayBuffer`` only; it uses the host's ``client``, ``name``,
-``consumer_group``, ``max_deliveries``, ``max_payload_bytes``, key names ``_k``, hand-out
-records ``_handed`` / ``_maybe_lost`` / ``_group_ready`` / ``repairs``, and its ``retrying``,
-``_run``, ``_call`` and ``_wake``. The invariants are ``ReplayBuffer``'s docstring.
+``ReplayBuffer`` holds one ``StreamReads`` (composition): it reads and writes through the
+buffer's ``BufferStore`` (buffer/store.py: keys, scripts, retries, the consumer group, the
+wake list) and keeps what only the reads need, the hand-out records. The invariants are
+``ReplayBuffer``'s docstring.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from asyncrl.types import Group
-from buffer.codec import PayloadError, decode_group
+from buffer.codec import DEFAULT_MAX_BYTES, PayloadError, decode_group
+from buffer.store import BufferStore, as_text
 
 log = logging.getLogger("buffer.redis_buffer")  # one logger for the buffer, as before the split
 
@@ -40,7 +41,20 @@ class Entry:
 
 
 class StreamReads:
-    """The learner's reads, acks and dead letters (see the module docstring for the host)."""
+    """The learner's reads, acks and dead letters of ``store``'s stream (module docstring).
+    ``max_deliveries``: the poison bound (``read_pending``); ``max_payload_bytes``: the
+    largest payload decoded."""
+
+    def __init__(
+        self,
+        store: BufferStore,
+        max_deliveries: int = 3,
+        max_payload_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self.store = store
+        self.max_deliveries, self.max_payload_bytes = max_deliveries, max_payload_bytes
+        self._handed: dict[str, set[str]] = {}  # consumer -> entry ids handed out, not acked
+        self._maybe_lost: set[str] = set()  # consumers whose read reply may have been lost
 
     def read(
         self, consumer: str, count: int, block_ms: int, vocab_size: int | None = None
@@ -52,7 +66,7 @@ class StreamReads:
         """
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
-        self._ensure_group()
+        self.store.ensure_group()
         block_ms = self._clamp_block(block_ms)
         deadline = time.monotonic() + block_ms / 1000
         while True:
@@ -60,7 +74,7 @@ class StreamReads:
                 return self._hand(consumer, recovered)
             wait_ms = int((deadline - time.monotonic()) * 1000)
             raw = self._xreadgroup(consumer, ">", count, wait_ms if wait_ms > 0 else None)
-            self._wake(len(raw))  # delivered entries no longer take slots
+            self.store.wake(len(raw))  # delivered entries no longer take slots
             seqs = self._delivered(consumer, [eid for eid, _ in raw])
             decoded = (self._decode(eid, f, 1, vocab_size, seqs.get(eid)) for eid, f in raw)
             valid = [e for e in decoded if e]
@@ -90,7 +104,9 @@ class StreamReads:
             return []
         fields, seqs = self._fields(orphans), self._delivered(consumer, orphans)
         log.warning(
-            "buffer %s: recovered %d group(s) whose read reply was lost", self.name, len(orphans)
+            "buffer %s: recovered %d group(s) whose read reply was lost",
+            self.store.name,
+            len(orphans),
         )
         entries = (
             self._decode(eid, fields.get(eid), 1, vocab_size, seqs.get(eid)) for eid in orphans
@@ -103,7 +119,7 @@ class StreamReads:
         Re-reading does not count as a delivery. An entry whose delivery count reached
         ``max_deliveries`` is poison: it is dead-lettered (``dropped_poison``), not returned.
         """
-        self._ensure_group()
+        self.store.ensure_group()
         counts = self._delivery_counts(consumer)
         if not counts:
             return []
@@ -127,12 +143,12 @@ class StreamReads:
         by_count: dict[int, list[str]] = {}
         for eid, n in counts.items():
             by_count.setdefault(int(n), []).append(eid)
-        self._ensure_group()
-        stream, group = self._k["stream"], self.consumer_group
+        self.store.ensure_group()
+        stream, group = self.store.keys["stream"], self.store.consumer_group
         for n, ids in by_count.items():
             ids = self._check_ids(ids)
-            self.retrying(
-                lambda ids=ids, n=n: self.client.xclaim(
+            self.store.retrying(
+                lambda ids=ids, n=n: self.store.client.xclaim(
                     stream, group, consumer, 0, ids, retrycount=n, justid=True
                 ),
                 [stream],
@@ -149,15 +165,17 @@ class StreamReads:
         ids = self._check_ids(entry_ids)
         if not ids:
             return 0
-        self._ensure_group()
+        self.store.ensure_group()
         for handed in self._handed.values():
             handed.difference_update(ids)
-        keys = [self._k["stream"], self._k["stats"], self._k["commits"]]
-        return int(self._run("ACK", keys, [self.consumer_group, state, *ids]))
+        keys = [self.store.keys["stream"], self.store.keys["stats"], self.store.keys["commits"]]
+        return int(self.store.run("ACK", keys, [self.store.consumer_group, state, *ids]))
 
     def dead_letters(self, count: int = 100) -> list[tuple[str, str]]:
         """The oldest ``count`` dead letters as (original entry id, reason)."""
-        rows = self._call(lambda: self.client.xrange(self._k["dead"], count=count))
+        rows = self.store.call(
+            lambda: self.store.client.xrange(self.store.keys["dead"], count=count)
+        )
         return [(as_text(f[b"entry_id"]), as_text(f[b"reason"])) for _, f in rows]
 
     # -- internals of the reads ------------------------------------------------------------
@@ -174,10 +192,10 @@ class StreamReads:
     def _delivery_counts(self, consumer: str) -> dict[str, int]:
         """{entry id: delivery count} of every entry pending for ``consumer``, oldest first."""
         counts: dict[str, int] = {}
-        start, stream = "-", self._k["stream"]
-        while rows := self.retrying(
-            lambda start=start: self.client.xpending_range(
-                stream, self.consumer_group, start, "+", 1000, consumer
+        start, stream = "-", self.store.keys["stream"]
+        while rows := self.store.retrying(
+            lambda start=start: self.store.client.xpending_range(
+                stream, self.store.consumer_group, start, "+", 1000, consumer
             ),
             [stream],
             consumer=consumer,
@@ -190,8 +208,8 @@ class StreamReads:
         """{entry id: fields} for the still-existing ``ids`` (XRANGE, counts no delivery)."""
         wanted, out = set(ids), {}
         lo, hi = min(ids, key=_id_key), max(ids, key=_id_key)
-        while rows := self._call(
-            lambda lo=lo: self.client.xrange(self._k["stream"], lo, hi, count=1000)
+        while rows := self.store.call(
+            lambda lo=lo: self.store.client.xrange(self.store.keys["stream"], lo, hi, count=1000)
         ):
             out.update((eid, f) for eid, f in ((as_text(i), f) for i, f in rows) if eid in wanted)
             lo = "(" + as_text(rows[-1][0])
@@ -199,11 +217,11 @@ class StreamReads:
 
     def _delivered(self, consumer: str, ids: list[str]) -> dict[str, bytes | None]:
         """Record ``ids`` as delivered to ``consumer`` (meta ``delivered_upto``, which
-        ``_regroup`` needs) and return {entry id: seq that commit() gave it, or None}."""
-        keys, out = [self._k["meta"], self._k["commits"]], {}
+        ``BufferStore.regroup`` needs) and return {entry id: seq that commit() gave it, or None}."""
+        keys, out = [self.store.keys["meta"], self.store.keys["commits"]], {}
         for i in range(0, len(ids), 1000):  # bounded script arguments
             chunk = ids[i : i + 1000]
-            seqs = self._run("DELIVERED", keys, [consumer, *chunk])
+            seqs = self.store.run("DELIVERED", keys, [consumer, *chunk])
             out.update(zip(chunk, seqs, strict=True))
         return out
 
@@ -218,66 +236,29 @@ class StreamReads:
     def _dead_letter(self, entry_id: str, reason: str, payload: bytes, counter: str) -> None:
         """Move a pending entry to ``N:dead`` with ``reason``, counted as ``counter`` (and as
         committed too if commit() did not add it: DEAD_LETTER checks its commit record)."""
-        keys = [self._k[k] for k in ("stream", "dead", "stats", "commits")]
-        args = [self.consumer_group, entry_id, reason, payload, counter]
-        self._run("DEAD_LETTER", keys, args)
-        log.warning("buffer %s: dead-lettered %s: %s", self.name, entry_id, reason)
-
-    def _ensure_group(self) -> None:
-        """Register this buffer's single consumer group and create it (MKSTREAM) once; a
-        group destroyed while no learner held it is rebuilt (``_regroup``)."""
-        if self._group_ready:
-            return
-        meta, group = self._k["meta"], self.consumer_group
-        self.retrying(lambda: self.client.hsetnx(meta, "consumer_group", group), [meta])
-        owner = as_text(self.retrying(lambda: self.client.hget(meta, "consumer_group"), [meta]))
-        if owner != group:
-            raise ValueError(
-                f"buffer {self.name!r} is consumed by group {owner!r}, not {group!r}: one "
-                "learner job per buffer name (use a new buffer name for a new job)"
-            )
-        self._regroup("")
-
-    def _regroup(self, consumer: str) -> None:
-        """Create the consumer group, or rebuild it where it was if it was destroyed from
-        outside (``scripts.REGROUP``): the groups delivered before stay pending (their acks
-        still count), none is read again as new. ``BufferDamaged`` if the stream or the meta
-        is gone too (a FLUSHDB): then nothing says which groups were delivered."""
-        keys = [self._k["stream"], self._k["meta"]]
-        args = [self.consumer_group, consumer, "1" if self._group_ready else "0"]
-        reply = self._run("REGROUP", keys, args)
-        self._group_ready = True
-        if as_text(reply[0]) != "repaired":
-            return
-        upto, n = as_text(reply[1]), int(reply[2])
-        text = (
-            f"buffer {self.name}: consumer group {self.consumer_group!r} of stream {self.name!r} "
-            f"was missing (destroyed from outside the job, e.g. XGROUP DESTROY); rebuilt it at "
-            f"the last delivered entry {upto} with the {n} group(s) delivered and not yet "
-            "acked pending again (their delivery counts restart at 1), so none is read again "
-            "as new and their acks still count"
-        )
-        log.warning(text)
-        self.repairs.append(text)
+        keys = [self.store.keys[k] for k in ("stream", "dead", "stats", "commits")]
+        args = [self.store.consumer_group, entry_id, reason, payload, counter]
+        self.store.run("DEAD_LETTER", keys, args)
+        log.warning("buffer %s: dead-lettered %s: %s", self.store.name, entry_id, reason)
 
     def _clamp_block(self, block_ms: int) -> int:
         # A BLOCK longer than the socket timeout would surface as a spurious TimeoutError.
-        timeout = self.client.connection_pool.connection_kwargs.get("socket_timeout")
+        timeout = self.store.client.connection_pool.connection_kwargs.get("socket_timeout")
         if timeout:
             block_ms = min(block_ms, max(0, int(timeout * 1000) - 1000))
         return max(0, block_ms)
 
     def _xreadgroup(self, consumer: str, start: str, count: int, block_ms: int | None) -> list:
         """[(entry_id, fields | None)] for ``start`` ('>' new, or an id for pending history)."""
-        stream = self._k["stream"]
+        stream = self.store.keys["stream"]
 
         def go():
-            return self.client.xreadgroup(
-                self.consumer_group, consumer, {stream: start}, count=count, block=block_ms
+            return self.store.client.xreadgroup(
+                self.store.consumer_group, consumer, {stream: start}, count=count, block=block_ms
             )
 
         lost = (lambda: self._maybe_lost.add(consumer)) if start == ">" else None
-        reply = self.retrying(go, [stream], lost, consumer=consumer) or []
+        reply = self.store.retrying(go, [stream], lost, consumer=consumer) or []
         streams = reply.items() if isinstance(reply, dict) else reply  # RESP3 | RESP2
         return [(as_text(eid), fields) for _, rows in streams for eid, fields in rows or []]
 
@@ -300,7 +281,7 @@ class StreamReads:
                 given = "none: it added no such entry" if seq is None else as_text(seq)
                 raise PayloadError(
                     f"forged seq: the entry says seq={as_text(fields[b'seq'])!r}, commit() gave "
-                    f"entry {entry_id} {given} ({self._k['commits']}); it was written from "
+                    f"entry {entry_id} {given} ({self.store.keys['commits']}); it was written from "
                     "outside the job"
                 )
             if as_text(fields.get(b"group_id", b"")) != group.group_id:
@@ -317,8 +298,3 @@ class StreamReads:
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq)
-
-
-def as_text(value: bytes | str) -> str:
-    """A Redis reply (bytes) as text; undecodable bytes replaced."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
