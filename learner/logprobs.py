@@ -73,8 +73,7 @@ def chunked_token_logprobs(
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    head = _FusedChunkedHead if fused else _ChunkedHead
-    logprobs, ent = head.apply(hidden, weight, targets, chunk, entropy)
+    logprobs, ent = _ChunkedHead.apply(hidden, weight, targets, chunk, entropy, fused)
     return logprobs, (ent if entropy else None)
 
 
@@ -93,72 +92,45 @@ def _spans(n: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
 
 
-class _ChunkedHead(torch.autograd.Function):
-    """``(hidden, weight, targets) -> (logprobs, entropy)`` without an ``[N, V]`` tensor."""
+# -- the per-chunk math: eager (in place) and pure (for torch.compile), same contract ---------
 
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk, with_entropy):
-        n = hidden.shape[0]
-        logprobs = torch.empty(n, dtype=_score_dtype(hidden.dtype), device=hidden.device)
-        lse = torch.empty_like(logprobs)
-        ent = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
-        for s, e in _spans(n, chunk):
-            # log_softmax's own formula, in place: two [c, V] tensors at most
-            logp = _logits(hidden[s:e], weight)
-            top = logp.amax(-1, keepdim=True)
-            logp.sub_(top)
-            tmp = torch.exp(logp)
-            total = tmp.sum(-1, keepdim=True)
-            log_sum = total.log()
-            logp.sub_(log_sum)
-            lse[s:e] = (top + log_sum).squeeze(1)
-            logprobs[s:e] = logp.gather(1, targets[s:e, None]).squeeze(1)
-            if with_entropy:  # p = exp(z - top) / total: the softmax's own exp, reused
-                ent[s:e] = -tmp.div_(total).mul_(logp).sum(-1)
-        if not with_entropy:
-            ctx.mark_non_differentiable(ent)
-        ctx.save_for_backward(hidden, weight, targets, lse, ent)
-        ctx.chunk = chunk
-        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
-        return logprobs, ent
 
-    @staticmethod
-    def backward(ctx, g_lp, g_ent):
-        hidden, weight, targets, lse, ent = ctx.saved_tensors
-        need_h, need_w = ctx.needs_input_grad[:2]
-        if ent.numel() == 0:
-            g_ent = None
-        if g_lp is None and g_ent is None:
-            return None, None, None, None, None
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # summed over chunks in float32 (or wider), cast to the weight's dtype at the end
-        grad_w = torch.zeros_like(weight, dtype=_score_dtype(weight.dtype)) if need_w else None
-        for s, e in _spans(hidden.shape[0], ctx.chunk):
-            h = hidden[s:e]
-            logp = _logits(h, weight).sub_(lse[s:e, None])  # [c, V] log p
-            p = logp.exp()
-            if g_ent is not None:  # g = g_ent * (-p (log p + H)), built in logp's memory
-                g = logp.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e, None])
-                if g_lp is not None:
-                    g.sub_(p.mul_(g_lp[s:e, None]))
-            else:
-                g = p.mul_(-g_lp[s:e, None])
-            if g_lp is not None:  # + g_lp * onehot(y)
-                rows = torch.arange(e - s, device=g.device)
-                g.index_put_((rows, targets[s:e]), g_lp[s:e], accumulate=True)
-            g = g.to(hidden.dtype)
-            if need_h:
-                grad_h[s:e] = g @ weight
-            if need_w and g.dtype == grad_w.dtype:
-                grad_w.addmm_(g.t(), h)  # no [V, H] temporary
-            elif need_w:  # 16-bit head: its product, summed in float32
-                grad_w += g.t() @ h
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+def _eager_stats(hidden: Tensor, weight: Tensor, targets: Tensor, with_entropy: bool):
+    """One chunk's ``(log p_y [c], logsumexp [c], entropy [c] or empty)``: log_softmax's own
+    formula in place, two [c, V] float32 tensors at most."""
+    logp = _logits(hidden, weight)
+    top = logp.amax(-1, keepdim=True)
+    logp.sub_(top)
+    tmp = torch.exp(logp)
+    total = tmp.sum(-1, keepdim=True)
+    log_sum = total.log()
+    logp.sub_(log_sum)
+    lp = logp.gather(1, targets[:, None]).squeeze(1)
+    lse = (top + log_sum).squeeze(1)
+    if not with_entropy:
+        return lp, lse, lp.new_empty(0)
+    return lp, lse, -tmp.div_(total).mul_(logp).sum(-1)  # p: the softmax's own exp, reused
+
+
+def _eager_grad(hidden, weight, targets, lse, ent, g_lp, g_ent) -> Tensor:
+    """d loss / d z [c, V] of one chunk in ``hidden``'s dtype, built in the logits' memory:
+    ``g_lp (onehot(y) - p)`` plus ``-g_ent p (log p + H)``; ``g_lp`` / ``g_ent`` [c] or None."""
+    logp = _logits(hidden, weight).sub_(lse[:, None])  # [c, V] log p
+    p = logp.exp()
+    if g_ent is not None:
+        g = logp.add_(ent[:, None]).mul_(p).mul_(-g_ent[:, None])
+        if g_lp is not None:
+            g.sub_(p.mul_(g_lp[:, None]))
+    else:
+        g = p.mul_(-g_lp[:, None])
+    if g_lp is not None:  # + g_lp * onehot(y)
+        rows = torch.arange(g.shape[0], device=g.device)
+        g.index_put_((rows, targets), g_lp, accumulate=True)
+    return g.to(hidden.dtype)
 
 
 def _chunk_stats(z: Tensor, targets: Tensor, with_entropy: bool):
-    """One chunk's ``(log p_y [c], logsumexp [c], entropy [c] or empty)`` from its logits
-    ``z [c, V]`` (any float dtype; upcast to float32 or wider): pure, for ``torch.compile``."""
+    """``_eager_stats`` from the chunk's logits ``z [c, V]`` (any float dtype, upcast), pure."""
     zf = z.to(_score_dtype(z.dtype))
     lse = torch.logsumexp(zf, -1)
     lp = zf.gather(1, targets[:, None]).squeeze(1) - lse
@@ -169,8 +141,7 @@ def _chunk_stats(z: Tensor, targets: Tensor, with_entropy: bool):
 
 
 def _chunk_grad(z: Tensor, targets: Tensor, lse: Tensor, ent: Tensor, g_lp, g_ent, dtype):
-    """d loss / d z [c, V] in ``dtype`` for one chunk: ``g_lp (onehot(y) - p)`` plus
-    ``-g_ent p (log p + H)``; ``g_lp`` / ``g_ent`` [c] or None: pure, for ``torch.compile``."""
+    """``_eager_grad`` from the chunk's logits ``z [c, V]``, in ``dtype``, pure."""
     logp = z.to(_score_dtype(z.dtype)) - lse[:, None]
     p = logp.exp()
     g = torch.zeros_like(p)
@@ -196,21 +167,40 @@ def _compiled(fn):
     return _COMPILED[fn.__name__]
 
 
-class _FusedChunkedHead(torch.autograd.Function):
-    """``_ChunkedHead`` with the per-chunk math compiled: the head's matmuls stay cuBLAS (or
-    the CPU's), and only the 16-bit logits and gradient of one chunk pass through memory."""
+def _stats_of(fused: bool):
+    """``(hidden, weight, targets, with_entropy) -> (lp, lse, ent)`` of one chunk."""
+    if not fused:
+        return _eager_stats
+    stats = _compiled(_chunk_stats)
+    return lambda h, w, y, with_entropy: stats(F.linear(h, w), y, with_entropy)
+
+
+def _grad_of(fused: bool):
+    """``(hidden, weight, targets, lse, ent, g_lp, g_ent) -> d loss / d z`` of one chunk."""
+    if not fused:
+        return _eager_grad
+    grad = _compiled(_chunk_grad)
+    return lambda h, w, *rest: grad(F.linear(h, w), *rest, h.dtype)
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """``(hidden, weight, targets) -> (logprobs, entropy)`` without an ``[N, V]`` tensor; the
+    per-chunk math eager or compiled (``fused``)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk, with_entropy):
-        stats = _compiled(_chunk_stats)
-        parts = [stats(F.linear(hidden[s:e], weight), targets[s:e], with_entropy)
-                 for s, e in _spans(hidden.shape[0], chunk)]  # fmt: skip
-        logprobs, lse, ent = (torch.cat(x) for x in zip(*parts, strict=True))
+    def forward(ctx, hidden, weight, targets, chunk, with_entropy, fused):
+        stats, spans = _stats_of(fused), _spans(hidden.shape[0], chunk)
+        parts = [stats(hidden[s:e], weight, targets[s:e], with_entropy) for s, e in spans]
+        if parts:
+            logprobs, lse, ent = (torch.cat(x) for x in zip(*parts, strict=True))
+        else:  # no position to score
+            logprobs = lse = hidden.new_empty(0, dtype=_score_dtype(hidden.dtype))
+            ent = logprobs.new_empty(0)
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
-        ctx.chunk = chunk
-        ctx.set_materialize_grads(False)
+        ctx.chunk, ctx.fused = chunk, fused
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         return logprobs, ent
 
     @staticmethod
@@ -220,22 +210,23 @@ class _FusedChunkedHead(torch.autograd.Function):
         if ent.numel() == 0:
             g_ent = None
         if g_lp is None and g_ent is None:
-            return None, None, None, None, None
-        grad = _compiled(_chunk_grad)
+            return None, None, None, None, None, None
+        grad_of = _grad_of(ctx.fused)
         grad_h = torch.empty_like(hidden) if need_h else None
+        # summed over chunks in float32 (or wider), cast to the weight's dtype at the end
         grad_w = torch.zeros_like(weight, dtype=_score_dtype(weight.dtype)) if need_w else None
         for s, e in _spans(hidden.shape[0], ctx.chunk):
             h = hidden[s:e]
-            g = grad(F.linear(h, weight), targets[s:e], lse[s:e], ent[s:e],
-                     None if g_lp is None else g_lp[s:e],
-                     None if g_ent is None else g_ent[s:e], hidden.dtype)  # fmt: skip
+            part = [None if g is None else g[s:e] for g in (g_lp, g_ent)]
+            g = grad_of(h, weight, targets[s:e], lse[s:e], ent[s:e], *part)
             if need_h:
                 grad_h[s:e] = g @ weight
             if need_w and g.dtype == grad_w.dtype:
-                grad_w.addmm_(g.t(), h)
-            elif need_w:
+                grad_w.addmm_(g.t(), h)  # no [V, H] temporary
+            elif need_w:  # 16-bit head: its product, summed in float32
                 grad_w += g.t() @ h
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+        grad_w = grad_w.to(weight.dtype) if need_w else None
+        return grad_h, grad_w, None, None, None, None
 
 
 def set_logprob_fused(model: nn.Module, fused: bool) -> None:
@@ -377,8 +368,8 @@ def _hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy, te
     weight = model.get_output_embeddings().weight
     targets = input_ids.flatten()[idx + 1]
     h = hidden[idx] if temperature == 1.0 else hidden[idx] / temperature
-    lp, ent = chunked_token_logprobs(h, weight, targets, chunk_tokens, entropy,
-                                     getattr(model, _FUSED_ATTR, False))  # fmt: skip
+    fused = getattr(model, _FUSED_ATTR, False)
+    lp, ent = chunked_token_logprobs(h, weight, targets, chunk_tokens, entropy, fused)
 
     def grid(values):  # [n] -> [B, L-1], 0 off ``idx``; a fresh tensor (FSDP hooks its outputs)
         full = values.new_zeros(b * length).index_copy(0, idx, values)
@@ -397,8 +388,8 @@ def _packed_hidden_logprobs(
     at = _wanted(packed, wanted)
     h = hidden[at] if temperature == 1.0 else hidden[at] / temperature
     weight = model.get_output_embeddings().weight
-    lp, ent = chunked_token_logprobs(h, weight, packed.input_ids[0, at + 1], chunk_tokens, entropy,
-                                     getattr(model, _FUSED_ATTR, False))  # fmt: skip
+    targets, fused = packed.input_ids[0, at + 1], getattr(model, _FUSED_ATTR, False)
+    lp, ent = chunked_token_logprobs(h, weight, targets, chunk_tokens, entropy, fused)
     return packed.to_grid(lp, at), (None if ent is None else packed.to_grid(ent, at))
 
 

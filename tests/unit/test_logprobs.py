@@ -321,3 +321,14 @@ def test_only_the_scored_positions_are_scored(monkeypatch, packed, chunk):
         torch.testing.assert_close(got, torch.where(wanted, want, 0.0), rtol=1e-12, atol=1e-12)
     if chunk:
         assert heads == [int((mask[:, 1:] != 0).sum()), int(wanted.sum())]
+
+
+def test_no_position_to_score_gives_empty_results():
+    """A micro-batch whose rows have no scored position (all prompt): empty log-probs and
+    entropy, and a backward that leaves zero gradients."""
+    hidden = torch.zeros(0, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(VOCAB, 8, dtype=torch.float64, requires_grad=True)
+    lp, ent = chunked_token_logprobs(hidden, weight, torch.zeros(0, dtype=torch.long), 4)
+    assert lp.shape == ent.shape == (0,) and lp.dtype == torch.float64
+    (lp.sum() + ent.sum()).backward()
+    assert weight.grad is None or not weight.grad.any()
