@@ -132,10 +132,7 @@ class ReplayBuffer:
             raise ValueError("name and consumer_group must be non-empty")
         if client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ValueError("ReplayBuffer needs a client with decode_responses=False (payloads)")
-        self.client, self.name, self.capacity = client, name, capacity
-        self.lease_ttl_s, self.consumer_group = lease_ttl_s, consumer_group
-        self.max_payload_bytes, self.reconnect_s = max_payload_bytes, reconnect_s
-        self.max_deliveries, self.stop = max_deliveries, stop
+        self.lease_ttl_s = lease_ttl_s
         self.store = BufferStore(client, name, consumer_group, capacity, reconnect_s, stop)
         self.reads = StreamReads(self.store, max_deliveries, max_payload_bytes)
         self._k = self.store.keys
@@ -144,6 +141,25 @@ class ReplayBuffer:
         if old is not None and self.store.as_int(meta, "capacity", old) != capacity:
             log.warning("buffer %s: capacity changed from %s to %d", name, int(old), capacity)
         self.retrying(lambda: client.hset(meta, "capacity", capacity), [meta])
+
+    # -- the store's settings, one home each (a role sets ``stop`` after construction) ---------
+
+    client = property(lambda self: self.store.client)
+    name = property(lambda self: self.store.name)
+    capacity = property(lambda self: self.store.capacity)
+    consumer_group = property(lambda self: self.store.consumer_group)
+    reconnect_s = property(lambda self: self.store.reconnect_s)
+    max_deliveries = property(lambda self: self.reads.max_deliveries)
+    max_payload_bytes = property(lambda self: self.reads.max_payload_bytes)
+
+    @property
+    def stop(self) -> Callable[[], bool]:
+        """True once the role is stopping: no Redis call is retried from then on."""
+        return self.store.stop
+
+    @stop.setter
+    def stop(self, stop: Callable[[], bool]) -> None:
+        self.store.stop = stop
 
     @property
     def repairs(self) -> list[str]:

@@ -537,3 +537,13 @@ def test_a_read_whose_reply_was_lost_is_recovered(redis_client, buffer_name):
     buf.ack([e.entry_id for e in first + second + rest], "trained")
     s = buf.stats()
     assert s["trained"] == 5 and s["pending"] == 0 and _conserved(s)
+
+
+def test_a_stop_set_after_construction_reaches_every_retry(redis_client, buffer_name):
+    """actors/main.py sets ``buffer.stop`` once the actor exists: the store's retries (and so
+    the reads') must see it, or a stopping actor keeps retrying a dead Redis."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=2)
+    stopping = lambda: True  # noqa: E731
+    buf.stop = stopping
+    assert buf.stop is stopping and buf.store.stop is stopping and buf.reads.store is buf.store
+    assert (buf.client, buf.name, buf.capacity) == (redis_client, buffer_name, 2)
