@@ -1,8 +1,8 @@
 """The learner's side of ``ReplayBuffer`` (buffer/redis_buffer.py): reading groups from the
 stream, recovering a read whose reply was lost, re-reading pending entries after a restart,
-counting deliveries (poison), acking, dead-lettering what is not a valid group, and keeping
-the single consumer group in place. The actors' side and the shared state (meta, stats, the
-audit) are in redis_buffer.py, the plumbing (retries, damage reports) in store.py.
+counting deliveries (poison), acking and dead-lettering what is not a valid group. The
+actors' side and the shared state (meta, stats, the audit) are in redis_buffer.py; the
+plumbing (retries, damage reports) and the single consumer group in store.py.
 
 ``ReplayBuffer`` holds one ``StreamReads`` (composition): it reads and writes through the
 buffer's ``BufferStore`` (buffer/store.py: keys, scripts, retries, the consumer group, the
