@@ -4,6 +4,9 @@
 VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
+# two pytest workers, one test file each at a time (docs/reliability.md, "Fresh-machine CI");
+# PYTEST_WORKERS=0 runs the suite in one process
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-faults-full lint format clean
 
@@ -14,7 +17,7 @@ demo: setup
 	$(VENV)/bin/asyncrl run $(ARGS)
 
 test: setup lint
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The fault-injection tests at the full counts of docs/reliability.md (long: ~1 hour).
 test-faults-full: setup
