@@ -20,15 +20,15 @@ ranks), with the arm's checkout first on ``PYTHONPATH`` and as the working direc
 arm imports its own ``asyncrl``/``learner``/``buffer`` (the worker checks where ``learner``
 came from). Each rank pins ``torch.set_num_threads(--threads)`` (default 1, as
 ``learner.cpu_threads``) and ``OMP_NUM_THREADS``. The worker builds the step context with the
-checkout's own ``learner.trainer.build_step_context`` from the default config (policy, AdamW,
+checkout's own ``asyncrl.learner.trainer.build_step_context`` from the default config (policy, AdamW,
 the grpo preset), on one shared model directory: the demo architecture built by ``asyncrl``'s
 demo code with random weights (seed 0), made once by this process. The batch is demo-shaped
 and the same for every arm: ``learner.batch_groups`` (16) groups of ``actor.n_samples`` (8),
-prompts of the demo task (``actors.addition``, tokenized by the demo tokenizer), completions of
+prompts of the demo task (``asyncrl.actors.addition``, tokenized by the demo tokenizer), completions of
 1 to ``actor.max_tokens`` (8) tokens (mostly the answer's digits, some wrong, then EOS; some cut
 at the limit), behaviour log-probs and rewards drawn from a fixed seed.
 
-Timing: ``train_on_batch`` only (what ``learner.trainer`` calls once per step). Each arm's
+Timing: ``train_on_batch`` only (what ``asyncrl.learner.trainer`` calls once per step). Each arm's
 ranks stay alive across rounds (idle ones poll a file); at start they run ``--warmup`` steps;
 each round runs one more untimed step, then ``--steps`` timed ones (rank 0's wall clock, and
 every rank's process CPU seconds, summed). Rounds alternate the order of arms (A B, B A, ...),
@@ -134,7 +134,7 @@ def run_config(args, arms: list[dict], hashes: dict) -> dict:
         "model": "demo architecture (asyncrl.orchestration.demo.model.demo_config()), random "
         f"weights, seed {args.seed}; one directory for every arm",
         "algorithm": "default config (grpo preset) of each checkout, load_config([])",
-        "timed": "learner.step.train_on_batch, rank 0's wall clock per step",
+        "timed": "asyncrl.learner.step.train_on_batch, rank 0's wall clock per step",
     }
     return config
 
@@ -147,7 +147,7 @@ def main() -> None:
     if "--worker" in sys.argv[1:]:  # the worker's entry point (it used to live in this file)
         return step_rate_worker.main()
     args = parse_args()
-    from asyncrl.configload import load_config
+    from asyncrl.core.configload import load_config
     from benchmarks.common import git_commit
 
     t_start = time.monotonic()

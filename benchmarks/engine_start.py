@@ -41,7 +41,7 @@ def _child(method: str, core: int, rounds: int, model_dir: str) -> dict:
     t0 = time.monotonic()
 
     async def run() -> dict:
-        from actors.engine import ActorEngine
+        from asyncrl.actors.engine import ActorEngine
 
         engine = await ActorEngine.start(
             model_dir, max_model_len=72, kv_cache_bytes=2**28, cpu_bind=str(core),
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="engine_start")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    from asyncrl.configload import load_config
+    from asyncrl.core.configload import load_config
     from asyncrl.orchestration.jobs import resolve_model
 
     model_dir = str(resolve_model(load_config(["metrics_port=0"])))  # built once, if missing

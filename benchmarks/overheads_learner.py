@@ -2,7 +2,7 @@
 
 Same batch (``learner.batch_groups`` random demo-sized groups, on-policy), same model:
 ``bare`` = FSDP2 forward, token log-probs, REINFORCE loss, backward, AdamW step;
-``ours`` = ``learner.step.train_on_batch``; ``gather`` = ``learner.model.full_named_tensors``.
+``ours`` = ``asyncrl.learner.step.train_on_batch``; ``gather`` = ``asyncrl.learner.model.full_named_tensors``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from benchmarks.common import timed
 
 def _context(cfg, model_dir: str, rank: int, world: int):
     try:  # the loop's own builder where it exists (critic / reference when configured)
-        from learner.trainer import build_step_context
+        from asyncrl.learner.trainer import build_step_context
 
         return build_step_context(cfg, model_dir, rank, world)
     except ImportError:
-        from learner.model import build_policy
-        from learner.step import StepContext
+        from asyncrl.learner.model import build_policy
+        from asyncrl.learner.step import StepContext
 
         model = build_policy(model_dir, cfg.model.dtype)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.learner.lr)
@@ -33,8 +33,8 @@ def _context(cfg, model_dir: str, rank: int, world: int):
 
 
 def _batch(cfg, vocab: int, rank: int):
-    from buffer.testing import random_group
-    from learner.batch import broadcast_batch, collate
+    from asyncrl.buffer.testing import random_group
+    from asyncrl.learner.batch import broadcast_batch, collate
 
     if rank != 0:
         return broadcast_batch(None)
@@ -72,11 +72,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
 
-    from asyncrl.configload import load_config
+    from asyncrl.core.configload import load_config
+    from asyncrl.learner.model import build_policy, full_named_tensors, token_logprobs
+    from asyncrl.learner.step import train_on_batch
+    from asyncrl.learner.trainer import init_distributed
     from asyncrl.orchestration.jobs import resolve_model
-    from learner.model import build_policy, full_named_tensors, token_logprobs
-    from learner.step import train_on_batch
-    from learner.trainer import init_distributed
 
     rank, world = init_distributed()
     cfg = load_config(["metrics_port=0", f"learner.nproc={world}", *args.set])

@@ -37,7 +37,7 @@ def resolve_model_dir(spec: str | None, extra: list[str] = ()) -> tuple[object, 
     """``(config, local model directory)`` of ``spec`` plus ``extra`` overrides, resolved as a
     run resolves ``model.path`` (``asyncrl.orchestration.jobs.resolve_model``: the demo built,
     a GGUF file converted once into ``model.cache_dir``)."""
-    from asyncrl.configload import load_config
+    from asyncrl.core.configload import load_config
     from asyncrl.orchestration.jobs import resolve_model
 
     cfg = load_config(["metrics_port=0", *model_overrides(spec), *extra])

@@ -3,7 +3,7 @@
     python -m benchmarks.reward_pool                 # -> results/reward_pool.{json,png}
     python -m benchmarks.reward_pool --window 10 --reps 5 --core 0
 
-One in-process ``actors.actor.Actor`` (``Actor.produce``: lease, generate, reward, Arrow
+One in-process ``asyncrl.actors.actor.Actor`` (``Actor.produce``: lease, generate, reward, Arrow
 encode, commit into a real redis-server) on the simulated engine (``actors/sim_engine.py``:
 ``--tokens-per-s`` shared by the requests in flight, completion lengths geometric with mean
 ``--mean-len``), no learner (the buffer is big enough for every group). Arms, run in turn
@@ -42,7 +42,7 @@ from benchmarks.common import RESULTS, write_result
 SLEEP_S = 0.05
 SPEC = "benchmarks.reward_pool:sleep_50ms_reward"
 ARMS = {  # name: (reward spec, executor, workers)
-    "instant": ("actors.addition:addition_reward", "process", 4),
+    "instant": ("asyncrl.actors.addition:addition_reward", "process", 4),
     "sleep50_process": (SPEC, "process", 4),
     "sleep50_thread": (SPEC, "thread", 4),
     "sleep50_thread1": (SPEC, "thread", 1),
@@ -56,7 +56,7 @@ def sleep_50ms_reward(prompt: str, completion: str, **fields) -> float:
 
 
 def _cfg(args, arm: str, buffer_name: str):
-    from asyncrl.config import Config
+    from asyncrl.core.config import Config
 
     spec, executor, workers = ARMS[arm]
     cfg = Config()
@@ -69,12 +69,12 @@ def _cfg(args, arm: str, buffer_name: str):
 
 
 async def _run_arm(args, arm: str, url: str, model_dir: str, rep: int) -> dict:
-    from actors.actor import Actor
-    from actors.addition import AdditionSource
-    from actors.reward_loading import load_reward_fn
-    from actors.sim_engine import SimEngine
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.actors.actor import Actor
+    from asyncrl.actors.addition import AdditionSource
+    from asyncrl.actors.reward_loading import load_reward_fn
+    from asyncrl.actors.sim_engine import SimEngine
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
 
     cfg = _cfg(args, arm, f"rp_{arm}_{rep}")
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # before transformers loads numpy
         os.environ[var] = "1"
 
+    from asyncrl.buffer.server import RedisServer
     from asyncrl.orchestration.demo.tokenizer import save_tokenizer
-    from buffer.server import RedisServer
 
     runs: dict[str, list[dict]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory() as tmp, RedisServer(Path(tmp) / "redis") as server:

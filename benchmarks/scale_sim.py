@@ -72,9 +72,9 @@ def learner_point(k: int, args, runs_dir: Path) -> dict:
 
 
 def _writer(url: str, name: str, seconds: float, seed: int, ready, start, q) -> None:
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
-    from buffer.testing import random_group
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.testing import random_group
 
     buf = ReplayBuffer(connect(url), name, capacity=1024)
     rng = random.Random(seed)
@@ -94,8 +94,8 @@ def _writer(url: str, name: str, seconds: float, seed: int, ready, start, q) -> 
 
 def buffer_point(k: int, url: str, seconds: float) -> dict:
     """K writer processes (groups generated before the clock starts) and one reader."""
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
 
     name = f"scale-{k}-{time.monotonic_ns()}"
     reader = ReplayBuffer(connect(url), name, capacity=1024)
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             results["learner"].append(r)
             print(json.dumps(r), flush=True)
     if args.part in ("buffer", "all"):
-        from buffer.server import RedisServer
+        from asyncrl.buffer.server import RedisServer
 
         results["buffer"] = []
         with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp) as server:

@@ -44,8 +44,8 @@ def _write_atomic(path: Path, doc: dict) -> None:
 
 
 def _worker_batch(path: Path):
-    from asyncrl.types import Group, Sample
-    from learner.batch import collate
+    from asyncrl.core.types import Group, Sample
+    from asyncrl.learner.batch import collate
 
     spec = json.loads(path.read_text())
     groups = [
@@ -62,10 +62,10 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(args.threads)
-    import learner
-    from asyncrl.configload import load_config
-    from learner.step import train_on_batch
-    from learner.trainer import build_step_context, init_distributed
+    import asyncrl.learner as learner
+    from asyncrl.core.configload import load_config
+    from asyncrl.learner.step import train_on_batch
+    from asyncrl.learner.trainer import build_step_context, init_distributed
 
     rank, world = init_distributed()
     ctl = Path(args.ctl)
@@ -99,7 +99,7 @@ def _serve_rounds(args, ctx, batch, rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from learner.step import train_on_batch
+    from asyncrl.learner.step import train_on_batch
 
     ctl = Path(args.ctl)
     r = 0

@@ -33,15 +33,15 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.transports.gloo import cast
-from asyncrl.weights import DEFAULT_BUCKET_BYTES, device_checksum, host_checksum, stage_stream
+from asyncrl.core.transports.gloo import cast
+from asyncrl.core.weights import DEFAULT_BUCKET_BYTES, device_checksum, host_checksum, stage_stream
 from benchmarks.common import RESULTS, write_result
 from benchmarks.throughput_model import PRESETS
 
 
 class LocalGroup:
     """The sender's side of a transport group with no receivers: where payloads live and how
-    they are checksummed (``asyncrl.weights.Collective``'s sender methods used by
+    they are checksummed (``asyncrl.core.weights.Collective``'s sender methods used by
     ``stage_stream``)."""
 
     rank = 0

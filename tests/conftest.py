@@ -28,10 +28,10 @@ atexit.register(shutil.rmtree, _VLLM_CACHE, True)
 # ignored signal stays ignored across exec, a handled one is reset to the default.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# No pickle on our wires (asyncrl/wireguard.py): on in this process and, through the
+# No pickle on our wires (asyncrl/core/wireguard.py): on in this process and, through the
 # environment, in every role a test starts; a test that trips it fails (below).
 os.environ.setdefault("ASYNCRL_FORBID_PICKLE", "1")
-from asyncrl import wireguard  # noqa: E402  (after the env var: asyncrl/__init__ reads it)
+from asyncrl.core import wireguard  # noqa: E402  (after the env var: asyncrl/__init__ reads it)
 
 wireguard.install_from_env()
 
@@ -48,13 +48,13 @@ def _no_pickle_on_our_wires():
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
-    """A started ``buffer.server.RedisServer`` (loopback, free port, password, AOF).
+    """A started ``asyncrl.buffer.server.RedisServer`` (loopback, free port, password, AOF).
 
     Tests share it; give each test its own buffer name. Skips when redis-server is missing.
     """
     if shutil.which("redis-server") is None:
         pytest.skip("install redis-server (apt-get install -y redis-server) to run Redis tests")
-    from buffer.server import RedisServer
+    from asyncrl.buffer.server import RedisServer
 
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
@@ -73,7 +73,7 @@ def redis_binary() -> str:
 @pytest.fixture
 def redis_client(redis_server):
     """A binary-safe client of the session's redis-server."""
-    from buffer.connection import connect
+    from asyncrl.buffer.connection import connect
 
     client = connect(redis_server.url, timeout_s=5.0)
     yield client
@@ -118,7 +118,7 @@ def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct as an HF directory (float32, tied embeddings), converted once into
     the repository's default ``model.cache_dir`` so that ``asyncrl run model=smollm2`` in e2e
     tests reuses it (~30 s the first time). Read-only for tests."""
-    from asyncrl.configload import load_config
+    from asyncrl.core.configload import load_config
     from asyncrl.orchestration.model_source import resolve_model_path
 
     model = load_config(["model=smollm2"]).model  # the GGUF file that `make setup` installs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from asyncrl.types import Group, Sample
+from asyncrl.core.types import Group, Sample
 
 
 def random_groups(

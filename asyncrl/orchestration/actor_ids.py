@@ -8,8 +8,8 @@ import signal
 import threading
 import time
 
-from asyncrl.config import Config
-from asyncrl.waiting import Wait
+from asyncrl.core.config import Config
+from asyncrl.core.waiting import Wait
 
 
 class IdKeeper:
@@ -20,8 +20,8 @@ class IdKeeper:
     ``close()`` releases the ids, so a relaunch need not wait out the TTL."""
 
     def __init__(self, cfg: Config, url: str, run_dir, say=print) -> None:
-        from buffer.actor_ids import ActorIds, launch_token
-        from buffer.connection import connect, mask_url
+        from asyncrl.buffer.actor_ids import ActorIds, launch_token
+        from asyncrl.buffer.connection import connect, mask_url
 
         self.cfg, self.say, self.where = cfg, say, mask_url(url)
         self.ttl_s = cfg.buffer.lease_ttl_s
@@ -85,7 +85,7 @@ class IdKeeper:
         retrying cannot fix becomes a ``BufferUnavailable`` naming the server."""
         import redis
 
-        from buffer.connection import BufferUnavailable, call_with_retries
+        from asyncrl.buffer.connection import BufferUnavailable, call_with_retries
 
         try:
             return call_with_retries(fn, self.where, self.cfg.buffer.reconnect_s, stop=stop)

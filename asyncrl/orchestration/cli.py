@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    from asyncrl.configload import ConfigError, load_config
+    from asyncrl.core.configload import ConfigError, load_config
 
     try:
         cfg = load_config(args.overrides)
@@ -66,7 +66,7 @@ def _main(argv: list[str] | None) -> int:
         if not problem.startswith("warning"):
             return 2
     if getattr(args, "cfg", False):
-        from asyncrl.configload import config_to_yaml
+        from asyncrl.core.configload import config_to_yaml
 
         print(config_to_yaml(cfg), end="")
         return 0
@@ -92,7 +92,7 @@ def secret_in_argv(overrides: list[str], cfg) -> str:
     a warning on a job confined to loopback (other users of the host can still read argv)."""
     from urllib.parse import urlsplit
 
-    from asyncrl.config_network import is_loopback
+    from asyncrl.core.config_network import is_loopback
 
     urls = [o.partition("=")[2] for o in overrides if o.lstrip("+").startswith("buffer.url=")]
     if not any(urlsplit(u).password for u in urls):

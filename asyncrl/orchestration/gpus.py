@@ -1,4 +1,4 @@
-"""This node's GPUs as the launcher sees them, and its roles' plan (asyncrl/placement.py).
+"""This node's GPUs as the launcher sees them, and its roles' plan (asyncrl/core/placement.py).
 
 Found without initialising CUDA in the launcher (``torch.cuda.device_count()`` would): the
 launcher's own ``CUDA_VISIBLE_DEVICES`` when it is set (its roles can use only those, and an
@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from asyncrl.placement import NO_GPUS, Plan, place, request_for
+from asyncrl.core.placement import NO_GPUS, Plan, place, request_for
 
 _SMI_GPU = re.compile(r"^GPU (\d+):", re.MULTILINE)  # "GPU 0: NVIDIA H100 ... (UUID: GPU-...)"
 _SMI_TIMEOUT_S = 60.0
@@ -89,9 +89,9 @@ def gpu_memory_gib(entry: str, smi: Callable[[], str] | None = None) -> float | 
 
 def check_shared_gpu(cfg, plan: Plan, model_dir: Path, memory=gpu_memory_gib) -> str | None:
     """With ``learner.share_gpu`` and actors placed on a learner GPU: the memory split for the
-    model in ``model_dir`` (``asyncrl.gpu_share.check``: a line to print, or ``ValueError``
+    model in ``model_dir`` (``asyncrl.core.gpu_share.check``: a line to print, or ``ValueError``
     with the numbers); None when no GPU is shared."""
-    from asyncrl.gpu_share import Share, check
+    from asyncrl.core.gpu_share import Share, check
     from asyncrl.orchestration.model_dir import count_params
 
     shared = [g for g in plan.learner if any(g in a for a in plan.actors)]

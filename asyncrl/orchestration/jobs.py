@@ -7,11 +7,13 @@ import os
 import time
 from pathlib import Path
 
-from asyncrl import cores, rundir
-from asyncrl.config import Config
-from asyncrl.configload import ConfigError, config_to_json, config_to_yaml
-from asyncrl.endpoints import launcher_role, register_endpoint
-from asyncrl.lifeline import child_cmd
+from asyncrl.core import cores, rundir
+from asyncrl.core.config import Config
+from asyncrl.core.configload import ConfigError, config_to_json, config_to_yaml
+from asyncrl.core.endpoints import launcher_role, register_endpoint
+from asyncrl.core.lifeline import child_cmd
+from asyncrl.core.placement import NO_GPUS, Plan
+from asyncrl.core.trackers import check_available
 from asyncrl.orchestration.actor_ids import IdKeeper, interrupted
 from asyncrl.orchestration.gpus import check_shared_gpu, plan_node
 from asyncrl.orchestration.launcher import (
@@ -28,14 +30,12 @@ from asyncrl.orchestration.launcher import (
 )
 from asyncrl.orchestration.model_dir import check_model_dir
 from asyncrl.orchestration.resume_config import check_resume
-from asyncrl.placement import NO_GPUS, Plan
-from asyncrl.trackers import check_available
 
 ALL_ROLES = ("buffer", "learner", "actors")
 
 
 def prepare_run_dir(cfg: Config, roles: tuple[str, ...] = ALL_ROLES) -> Path:
-    """Create, check and lock ``run_dir`` for ``roles`` (asyncrl/rundir.py); write the config
+    """Create, check and lock ``run_dir`` for ``roles`` (asyncrl/core/rundir.py); write the config
     (``config.json``, which the roles read, and the same as ``config.yaml``, for people)."""
     run_dir = rundir.prepare(cfg.run_dir, roles)
     cfg.run_dir = str(run_dir)
@@ -102,7 +102,7 @@ def check_access(url: str, name: str) -> None:
     now with the fix, not as a traceback inside a role."""
     import redis
 
-    from buffer.connection import BufferUnavailable, connect, mask_url
+    from asyncrl.buffer.connection import BufferUnavailable, connect, mask_url
 
     client = connect(url)
     try:
@@ -122,7 +122,7 @@ def check_access(url: str, name: str) -> None:
 def _redis_server(cfg: Config, run_dir: Path):
     """The private redis-server in ``run_dir/redis``; it dies with this process and holds the
     run directory's lock while it lives."""
-    from buffer.server import RedisServer
+    from asyncrl.buffer.server import RedisServer
 
     return RedisServer(
         run_dir / "redis", key_prefix=cfg.buffer.name, wrap=child_cmd, pass_fds=rundir.held_fds(),
@@ -134,7 +134,7 @@ def _tls_files(cfg: Config):
     """``buffer.tls_dir``'s files (made when missing) for the advertised address, or None."""
     if not cfg.buffer.tls_dir:
         return None
-    from buffer.tls import TlsError, ensure
+    from asyncrl.buffer.tls import TlsError, ensure
 
     ips = list(dict.fromkeys([cfg.network.address, "127.0.0.1"]))  # + loopback: local tools
     try:
@@ -145,7 +145,7 @@ def _tls_files(cfg: Config):
 
 def role_url(url: str, server, role: str) -> str:
     """The URL a role gets: its least-privilege ACL user on our private Redis (``actor`` or
-    ``learner``, see buffer.redis_files.ROLE_USERS), else the configured ``buffer.url``."""
+    ``learner``, see asyncrl.buffer.redis_files.ROLE_USERS), else the configured ``buffer.url``."""
     return server.url_for(role) if server is not None else url
 
 
@@ -218,8 +218,8 @@ def serve_launcher_metrics(
     cfg: Config, url: str, name: str, roles: list[Role], server=None
 ) -> None:
     """This process's /metrics (which roles are up), recorded in the buffer's endpoints."""
-    from asyncrl.metrics import LauncherMetrics, role_port, serve
-    from buffer.connection import connect
+    from asyncrl.buffer.connection import connect
+    from asyncrl.core.metrics import LauncherMetrics, role_port, serve
 
     info = {"buffer_name": cfg.buffer.name, "mode": cfg.mode.name}
     metrics = LauncherMetrics(info, lambda: list(roles), server)
@@ -284,7 +284,7 @@ def run_local(cfg: Config) -> int:
 def check_network(cfg: Config) -> None:
     """This host holds ``network.bind`` (else ValueError listing its addresses); off loopback
     say what listens where and that every service authenticates."""
-    from asyncrl import hostnet
+    from asyncrl.core import hostnet
 
     hostnet.check(cfg.network)
     if not cfg.network.local:
@@ -301,7 +301,7 @@ def check_network(cfg: Config) -> None:
 def check_rendezvous_host(cfg: Config) -> None:
     """Learner node 0 of several hosts the rendezvous store: ``learner.rdzv_endpoint``'s
     host must be this host's (else ValueError listing its addresses, before torchrun waits)."""
-    from asyncrl import hostnet
+    from asyncrl.core import hostnet
 
     lc = cfg.learner
     if lc.nnodes > 1 and lc.node_rank == 0:
@@ -319,8 +319,8 @@ def check_reward_fn(cfg: Config) -> None:
     """Import ``task.reward_fn`` and check that it can be called as ``fn(prompt, completion,
     **fields)`` with the task's fields, so a wrong name or signature fails at once with the
     key named (the actors import and check the same function when they start)."""
-    from actors.reward_loading import check_signature, load_reward_fn, preflight
-    from actors.tasks import example_fields
+    from asyncrl.actors.reward_loading import check_signature, load_reward_fn, preflight
+    from asyncrl.actors.tasks import example_fields
 
     fields = example_fields(cfg)  # a file task: its first record (bad data fails here)
     try:
@@ -333,7 +333,7 @@ def check_reward_fn(cfg: Config) -> None:
 
 def check_data(cfg: Config, model_dir: str) -> None:
     """Load the prompts as the actors will, so bad data fails before any process starts."""
-    from actors.tasks import check_data as check
+    from asyncrl.actors.tasks import check_data as check
 
     check(cfg, model_dir, lambda text: print(f"[asyncrl] {text}", flush=True))
 

@@ -2,8 +2,8 @@
 
     asyncrl run
       ├─ buffer:  private redis-server in <run_dir>/redis (unless buffer.url is set)
-      ├─ learner: torchrun --nproc_per_node=N -m learner.main     (FSDP2 ranks)
-      └─ actors:  K x python -m actors.main                        (one vLLM engine each)
+      ├─ learner: torchrun --nproc_per_node=N -m asyncrl.learner.main     (FSDP2 ranks)
+      └─ actors:  K x python -m asyncrl.actors.main                        (one vLLM engine each)
     learner rank 0 <──ZeroMQ control + weight collective──> actors
     actors ──groups (Redis Streams, Arrow)──> learner
 
@@ -16,16 +16,16 @@ printed, counted in the launcher's ``asyncrl_launcher_role_restarts_total{role}`
 (actors/actor.py); a restarted learner resumes from its newest checkpoint. Ctrl-C (SIGINT) or
 SIGTERM stops every role cleanly.
 
-Every role's command is wrapped by ``asyncrl.lifeline`` (``child_cmd``): it dies with the
+Every role's command is wrapped by ``asyncrl.core.lifeline`` (``child_cmd``): it dies with the
 launcher, however the launcher ends (SIGKILL included), and runs on its configured cores
 (``learner.cpu_affinity``, ``actor.cpu_affinity``; inherited by torchrun's ranks and vLLM's
-engine processes). Roles inherit the run directory's lock (asyncrl/rundir.py). On a GPU node
+engine processes). Roles inherit the run directory's lock (asyncrl/core/rundir.py). On a GPU node
 torchrun and each actor get their own ``CUDA_VISIBLE_DEVICES`` (``role_env``), from the
-node's plan (asyncrl/placement.py, checked before anything starts).
+node's plan (asyncrl/core/placement.py, checked before anything starts).
 
 A role's output is copied to ``<run_dir>/<role>.log`` and its last lines are kept in memory,
 so a failure message shows them even when the log cannot be written (a full disk). A role
-that fails with an error a restart cannot fix (asyncrl/fatal.py) is not restarted, and the
+that fails with an error a restart cannot fix (asyncrl/core/fatal.py) is not restarted, and the
 failure message says why instead of suggesting ``restart_max``.
 """
 
@@ -43,10 +43,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl import fatal, rundir
-from asyncrl.lifeline import child_cmd
-from asyncrl.rundir import describe_os_error
-from asyncrl.torchrun import free_port
+from asyncrl.core import fatal, rundir
+from asyncrl.core.lifeline import child_cmd
+from asyncrl.core.rundir import describe_os_error
+from asyncrl.core.torchrun import free_port
 
 _GRACE_S = 20.0
 _ROOT_GRACE_S = 5.0  # a role's own process stops its children first
@@ -81,10 +81,10 @@ def role_env(
 ) -> dict[str, str]:
     """A role's environment: the buffer URL (never argv: it holds a password), thread counts;
     NCCL's bootstrap on ``network.interface`` (loopback by default) unless the user set
-    ``NCCL_SOCKET_IFNAME``; for learner ranks on several nodes gloo too (asyncrl/hostnet.py).
+    ``NCCL_SOCKET_IFNAME``; for learner ranks on several nodes gloo too (asyncrl/core/hostnet.py).
     Otherwise gloo's sockets stay on loopback. ``gpus``: the role's
-    ``CUDA_VISIBLE_DEVICES`` (asyncrl/placement.py); None = the launcher's, inherited."""
-    from asyncrl.hostnet import nccl_env, socket_env
+    ``CUDA_VISIBLE_DEVICES`` (asyncrl/core/placement.py); None = the launcher's, inherited."""
+    from asyncrl.core.hostnet import nccl_env, socket_env
 
     env = {**nccl_env(cfg.network), **os.environ}
     if across_nodes:
@@ -160,7 +160,7 @@ def spawn(
     cores: str = "",
 ) -> Role:
     """Start ``cmd`` (or the command ``cmd()`` makes, fresh for each restart) as role
-    ``name``, on ``cores``, dying with this process (asyncrl/lifeline.py)."""
+    ``name``, on ``cores``, dying with this process (asyncrl/core/lifeline.py)."""
     role = Role(name, None, run_dir / f"{name}.log")
 
     def start() -> subprocess.Popen:
@@ -186,7 +186,7 @@ def spawn(
 
 def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
     """torchrun for this node's learner ranks; its rendezvous store binds one address only
-    (asyncrl/torchrun.py): loopback on one node, else ``learner.rdzv_endpoint`` (hosted by
+    (asyncrl/core/torchrun.py): loopback on one node, else ``learner.rdzv_endpoint`` (hosted by
     node 0)."""
     ln = cfg.learner
     if ln.nnodes == 1:  # one node: the ranks talk over loopback, whatever network.bind is
@@ -195,16 +195,16 @@ def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
         host, _, port = ln.rdzv_endpoint.rpartition(":")
         master = [f"--master_addr={host.strip('[]')}", f"--master_port={port}"]
     return [
-        sys.executable, "-m", "asyncrl.torchrun",
+        sys.executable, "-m", "asyncrl.core.torchrun",
         f"--nnodes={ln.nnodes}", f"--node_rank={ln.node_rank}",
-        f"--nproc_per_node={ln.nproc}", *master, "-m", "learner.main",
+        f"--nproc_per_node={ln.nproc}", *master, "-m", "asyncrl.learner.main",
         "--run-dir", str(run_dir), "--model-dir", model_dir,
     ]  # fmt: skip
 
 
 def actor_cmd(run_dir: Path, model_dir: str, actor_id: int) -> list[str]:
     return [
-        sys.executable, "-m", "actors.main", "--run-dir", str(run_dir),
+        sys.executable, "-m", "asyncrl.actors.main", "--run-dir", str(run_dir),
         "--model-dir", model_dir, "--actor-id", str(actor_id),
     ]  # fmt: skip
 

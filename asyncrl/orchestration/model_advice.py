@@ -9,7 +9,7 @@ They warn rather than refuse: a user may mean it (docs/models.md says how to cho
 
 from __future__ import annotations
 
-from asyncrl.config import Config
+from asyncrl.core.config import Config
 
 MAX_PRETRAINED_LR = 1e-4
 """Far above verl's and TRL's GRPO default (1e-6) and 10x model=smollm2's 1e-5; at 2e-4
@@ -20,7 +20,7 @@ MIN_PRETRAINED_TOKENS = 32
 
 def reward_warnings(cfg: Config) -> list[str]:
     """A reward of the user's run inline: no isolation and no timeout (any model)."""
-    from asyncrl.config_task import INLINE_SAFE_REWARDS
+    from asyncrl.core.config_task import INLINE_SAFE_REWARDS
 
     t = cfg.task
     if t.reward_executor != "inline" or t.reward_fn in INLINE_SAFE_REWARDS:

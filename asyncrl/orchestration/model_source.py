@@ -143,7 +143,7 @@ def convert_gguf(gguf: Path, cache_dir: str, say: Callable[[str], None] = print)
 
 def _lock(file, what: str, say: Callable[[str], None]) -> None:
     """Take an exclusive ``flock`` on ``file``, waiting (reported, bounded) while it is held."""
-    from asyncrl.waiting import Wait
+    from asyncrl.core.waiting import Wait
 
     wait = None
     while True:

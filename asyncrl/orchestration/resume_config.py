@@ -21,9 +21,9 @@ import json
 import re
 from pathlib import Path
 
-from asyncrl.config import Config
-from asyncrl.configload import config_to_json
-from asyncrl.rundir import RunDirError
+from asyncrl.core.config import Config
+from asyncrl.core.configload import config_to_json
+from asyncrl.core.rundir import RunDirError
 
 MEANING = ("algorithm.", "model.path", "model.dtype", "learner.batch_groups", "learner.lr",
            "learner.weight_decay", "actor.n_samples", "actor.temperature", "actor.top_p",

@@ -13,7 +13,7 @@ Records are in verl's parquet layout (what ``examples/data_preprocess/gsm8k.py``
     reward_model  {"style": "rule", "ground_truth": "12"}
     extra_info    {"index": 0, "op": "add"}
 
-The reward is the built-in ``actors.rewards:math_reward`` (task=file's default): math-verify
+The reward is the built-in ``asyncrl.actors.rewards:math_reward`` (task=file's default): math-verify
 equivalence of the last ``\\boxed{...}`` (or else the last number) with the ground truth.
 Four kinds of one-step problem (add, subtract, multiply, share equally) with small numbers:
 SmolLM2-135M-Instruct solves some at the start, so GRPO has a signal to learn from.

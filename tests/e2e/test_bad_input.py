@@ -44,7 +44,8 @@ def test_launch_without_url(tmp_path):
 
 def test_bad_reward_function_fails_before_anything_starts(tmp_path):
     proc = run_cli(
-        ["run", "task.reward_fn=actors.rewards:nope", f"run_dir={tmp_path / 'run'}"], timeout=120
+        ["run", "task.reward_fn=asyncrl.actors.rewards:nope", f"run_dir={tmp_path / 'run'}"],
+        timeout=120,
     )
     assert proc.returncode == 1
     assert "task.reward_fn" in proc.stderr and "has no attribute 'nope'" in proc.stderr

@@ -101,7 +101,7 @@ def test_a_waiting_learner_reports_its_wait_and_stops_promptly_on_sigterm(
     assert "giving up after 600s" in first, first
     still = roles.wait_line(learner, "still waiting for 1 actor(s)", 40)
     assert "(0/1 registered: [])" in still and "s of 600s" in still, still
-    took = _sigterm_stops_the_tree(roles, learner, "learner.main")
+    took = _sigterm_stops_the_tree(roles, learner, "asyncrl.learner.main")
     out = learner.output()
     assert "stopped on request while waiting for 1 actor(s)" in out, learner.tail()
     # the ranks leave together, and torchrun with one line (no rank or agent traceback)
@@ -161,6 +161,6 @@ def test_a_waiting_actor_reports_its_wait_and_stops_promptly_on_sigterm(
     assert "in buffer 'actorwait'; giving up after 900s" in first, first
     still = roles.wait_line(actors, "[actor 0] still waiting for a learner", 40)
     assert "s of 900s" in still, still
-    took = _sigterm_stops_the_tree(roles, actors, "actors.main")
+    took = _sigterm_stops_the_tree(roles, actors, "asyncrl.actors.main")
     assert "stopped on request while waiting for a learner" in actors.output(), actors.tail()
     print(f"\nSIGTERM stopped the waiting actors launcher and its actor in {took:.1f}s")

@@ -119,7 +119,7 @@ def test_reward_failing_on_most_calls_fails_the_run_naming_function_fraction_and
     out = proc.output()
     assert code == 1, out[-4000:]
     headline = next(ln for ln in out.splitlines() if ln.startswith("[asyncrl] FAILED: "))
-    # a fatal error (asyncrl/fatal.py): named in the headline, no restart_max suggestion
+    # a fatal error (asyncrl/core/fatal.py): named in the headline, no restart_max suggestion
     assert headline.startswith(
         f"[asyncrl] FAILED: actor0 exited with code 1: reward function task.reward_fn={spec}"
     ), headline
@@ -170,7 +170,7 @@ def _reward_workers(pid: int) -> list[psutil.Process]:
     found = []
     for child in psutil.Process(pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if "actors.reward_worker" in child.cmdline():
+            if "asyncrl.actors.reward_worker" in child.cmdline():
                 found.append(child)
     return found
 

@@ -1,6 +1,6 @@
 """Guarantee 1: actors SIGKILLed at random moments and restarted lose nothing, duplicate nothing.
 
-Real ``python -m actors.main`` processes (simulated engine, so a restart takes seconds, not the
+Real ``python -m asyncrl.actors.main`` processes (simulated engine, so a restart takes seconds, not the
 30 s of a vLLM engine) produce into a real redis-server; an in-test reader plays the learner
 (reads, validates, acks as trained). The learner's control plane is a real ZeroMQ
 ``ControlServer`` announced in the buffer's meta, as the learner does; it sends no weights
@@ -30,8 +30,8 @@ LEASE_TTL_S = 2.0
 
 def write_config(run_dir: Path, buffer_name: str, **actor) -> object:
     """A run config for sim actors (``config.json`` in ``run_dir``, as the launcher writes)."""
-    from asyncrl.config import Config
-    from asyncrl.configload import config_to_json
+    from asyncrl.core.config import Config
+    from asyncrl.core.configload import config_to_json
 
     cfg = Config()
     cfg.run_dir, cfg.metrics_port = str(run_dir), 0
@@ -50,7 +50,7 @@ def spawn_actor(roles, run_dir: Path, model_dir: str, actor_id: int, url: str):
     """One real actor process, watched by ``roles`` (tests/roles.py); its output goes to
     ``run_dir/actor<i>.log`` (appended)."""
     return roles.python(
-        f"actor{actor_id}", "-m", "actors.main", "--run-dir", str(run_dir), "--model-dir",
+        f"actor{actor_id}", "-m", "asyncrl.actors.main", "--run-dir", str(run_dir), "--model-dir",
         model_dir, "--actor-id", str(actor_id),
         env={"ASYNCRL_REDIS_URL": url, "OMP_NUM_THREADS": "1"},
         log=run_dir / f"actor{actor_id}.log",
@@ -59,14 +59,14 @@ def spawn_actor(roles, run_dir: Path, model_dir: str, actor_id: int, url: str):
 
 def cursor(client, name: str, actor_id: int) -> int:
     """How many indices actor ``actor_id`` has claimed so far (buffer/cursors.py)."""
-    from buffer.cursors import cursor_key
+    from asyncrl.buffer.cursors import cursor_key
 
     return int(client.get(cursor_key(name, actor_id)) or 0)
 
 
 def inflight(client, name: str, actor_id: int) -> set[int]:
     """The indices actor ``actor_id`` claimed and has not marked done (buffer/cursors.py)."""
-    from buffer.cursors import inflight_key
+    from asyncrl.buffer.cursors import inflight_key
 
     return {int(i) for i in client.smembers(inflight_key(name, actor_id))}
 
@@ -121,7 +121,7 @@ class Reader(threading.Thread):
 def test_actor_sigkill_storm_loses_and_duplicates_nothing(
     redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path, roles
 ):
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
 
     kills = fault_count(10, 50)
     run_dir = tmp_path / "run"
@@ -201,7 +201,7 @@ def test_vllm_actor_sigkilled_once_is_restarted_and_resumes(
     predecessor had claimed, each once."""
     import psutil
 
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
     from tests.e2e.conftest import needs_full_stack
     from tests.faults.test_supervision import Launcher, procs_mentioning
 

@@ -20,12 +20,12 @@ import re
 
 import pytest
 
-from buffer.codec import encode_group
-from buffer.connection import connect
-from buffer.ledger import LedgerWatch
-from buffer.redis_buffer import TERMINAL_STATES, BufferDamaged, ReplayBuffer
-from buffer.server import RedisServer
-from buffer.testing import random_group
+from asyncrl.buffer.codec import encode_group
+from asyncrl.buffer.connection import connect
+from asyncrl.buffer.ledger import LedgerWatch
+from asyncrl.buffer.redis_buffer import TERMINAL_STATES, BufferDamaged, ReplayBuffer
+from asyncrl.buffer.server import RedisServer
+from asyncrl.buffer.testing import random_group
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis]
 

@@ -2,7 +2,7 @@
 actors block (no error, no drop, no LeaseExpired, processes alive) and resume when reading
 resumes; nothing is lost or duplicated.
 
-The producers are real actor processes (``python -m actors.main``, simulated engine) against a
+The producers are real actor processes (``python -m asyncrl.actors.main``, simulated engine) against a
 real redis-server, more of them in flight than the buffer has slots. The learner side is this
 test process (the learner's control plane is a real ZeroMQ server announced in the buffer's
 meta): it pauses (reads nothing) and resumes (reads, checks each group is complete, acks as
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.configload import config_to_json
-from buffer.redis_buffer import ReplayBuffer
+from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.core.configload import config_to_json
 from tests.faults.test_actor_kills import N_SAMPLES, assert_conserved, spawn_actor, write_config
 from tests.roles import Roles
 

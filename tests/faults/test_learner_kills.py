@@ -3,9 +3,9 @@ the ack of its groups, while a checkpoint is being sealed) resumes from the newe
 checkpoint, acks every group exactly once, and replays the same batches as an uninterrupted
 run with the same seed.
 
-Real parts: a real redis-server (the session's), a real learner process (``learner.main``:
-FSDP2 over gloo, the ``Hub``, ``learner.checkpoint``), real SIGKILLs. No actors: the buffer is
-pre-filled with valid groups (``buffer.testing.random_group``) in a fixed order and the
+Real parts: a real redis-server (the session's), a real learner process (``asyncrl.learner.main``:
+FSDP2 over gloo, the ``Hub``, ``asyncrl.learner.checkpoint``), real SIGKILLs. No actors: the buffer is
+pre-filled with valid groups (``asyncrl.buffer.testing.random_group``) in a fixed order and the
 learner runs with ``learner.weight_sync=false``, so arrival order is fixed and the batches of
 an uninterrupted run are a reference. Each step's group ids are recorded with the test-only
 failpoint trace ``learner.after_read=trace:FILE@0``.
@@ -55,9 +55,9 @@ KILL_POINTS = (
 
 def prefill(url: str, name: str, count: int, seed: int) -> dict[str, str]:
     """Commit ``count`` valid groups in a fixed order; returns {entry id: group id}."""
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
-    from buffer.testing import random_group
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.testing import random_group
 
     rng = random.Random(seed)
     client = connect(url, timeout_s=5.0)
@@ -73,8 +73,8 @@ def prefill(url: str, name: str, count: int, seed: int) -> dict[str, str]:
 
 
 def write_config(run_dir: Path, name: str, steps: int, capacity: int) -> None:
-    from asyncrl.config import Config
-    from asyncrl.configload import config_to_json
+    from asyncrl.core.config import Config
+    from asyncrl.core.configload import config_to_json
 
     cfg = Config()
     cfg.run_dir, cfg.metrics_port, cfg.seed = str(run_dir), 0, 0
@@ -93,18 +93,18 @@ def write_config(run_dir: Path, name: str, steps: int, capacity: int) -> None:
 
 
 class Learner:
-    """One learner run: ``python -m learner.main`` (1 rank) or torchrun (full run, 2 ranks,
+    """One learner run: ``python -m asyncrl.learner.main`` (1 rank) or torchrun (full run, 2 ranks,
     as asyncrl/orchestration/jobs.py launches it)."""
 
     def __init__(self, run_dir: Path, model: str, url: str, failpoints: str, log: Path):
-        from asyncrl.torchrun import free_port as _free_port
+        from asyncrl.core.torchrun import free_port as _free_port
 
         if FULL:  # the production launch path, as asyncrl/orchestration/jobs.py builds it
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={NPROC}",
                    f"--master_port={_free_port()}", "--master_addr=127.0.0.1"]  # fmt: skip
         else:  # one rank without torchrun's own import (halves the start-up on 2 cores)
             cmd = [sys.executable]
-        cmd += ["-m", "learner.main", "--run-dir", str(run_dir), "--model-dir", model]
+        cmd += ["-m", "asyncrl.learner.main", "--run-dir", str(run_dir), "--model-dir", model]
         env = {**os.environ, "ASYNCRL_REDIS_URL": url, "ASYNCRL_FAILPOINTS": failpoints,
                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
         self.log = log
@@ -157,7 +157,7 @@ def read_trace(path: Path) -> list[dict]:
 
 def checkpoints_trained_ids(run_dir: Path) -> list[list[str]]:
     """The ``trained_ids`` of every complete checkpoint, oldest first."""
-    from learner.checkpoint import _complete_version
+    from asyncrl.learner.checkpoint import _complete_version
 
     done = sorted((v, p) for p in (run_dir / "checkpoints").glob("step_*")
                   if (v := _complete_version(p)) is not None)  # fmt: skip
@@ -201,9 +201,9 @@ def kill_run(learner: Learner, point: str, trace: Path, before: int, rng: random
 def test_learner_sigkilled_resumes_acks_once_and_replays_the_same_batches(
     redis_server, tiny_model, tmp_path
 ):
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
-    from learner.checkpoint import _complete_version, latest_checkpoint
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.learner.checkpoint import _complete_version, latest_checkpoint
 
     restarts = fault_count(4, 20)
     steps = fault_count(14, 120)

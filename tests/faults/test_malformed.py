@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from buffer.codec import encode_group
-from buffer.connection import connect
-from buffer.redis_buffer import ReplayBuffer
-from buffer.testing import add_as_committed, random_group
+from asyncrl.buffer.codec import encode_group
+from asyncrl.buffer.connection import connect
+from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.buffer.testing import add_as_committed, random_group
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis]
 

@@ -32,8 +32,8 @@ TASK_SEED, POISON_INDEX = 11, 9  # the actor's group ids are "<task.seed>:<promp
 def inject_malformed(run_dir: Path, name: str, per_kind: int) -> int:
     """XADD ``per_kind`` bad entries of every generator (but oversized: the learner's limit
     is the config's) into the live stream, counted as committed; returns how many."""
-    from buffer.connection import connect
-    from buffer.testing import add_as_committed
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.testing import add_as_committed
     from tests.faults.test_malformed import GENERATORS
 
     client = connect((run_dir / "redis" / "redis.url").read_text().strip(), timeout_s=5.0)

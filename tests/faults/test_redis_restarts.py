@@ -36,9 +36,9 @@ RECONNECT_S = 30.0
 def _committed_in_redis(run_dir: Path) -> int:
     """Groups committed in the buffer of a finished ``asyncrl run`` (its Redis, reopened from
     the AOF in ``run_dir/redis`` with the passwords it kept there)."""
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
-    from buffer.server import RedisServer
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.server import RedisServer
 
     with RedisServer(run_dir / "redis") as server:
         return ReplayBuffer(connect(server.url), "asyncrl", 1).stats()["committed"]
@@ -46,8 +46,8 @@ def _committed_in_redis(run_dir: Path) -> int:
 
 def _buffer(url: str):
     """A ReplayBuffer on ``url`` that rides out a restart (retries for ``RECONNECT_S``)."""
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
 
     client = connect(url, timeout_s=RECONNECT_S, socket_timeout_s=10.0)
     return ReplayBuffer(client, NAME, CAPACITY, lease_ttl_s=600, reconnect_s=RECONNECT_S)
@@ -59,7 +59,7 @@ def writer_main(url: str, ledger: str, stop_file: str, max_groups: int) -> None:
     ``C gid``: commit returned True; ``D gid``: False (a retried commit whose first attempt
     was stored before the kill). Any exception (e.g. BufferUnavailable) fails the process.
     """
-    from buffer.testing import random_group
+    from asyncrl.buffer.testing import random_group
 
     buf, rng = _buffer(url), random.Random(1)
     with open(ledger, "w") as out:
@@ -146,9 +146,9 @@ def conservation(stats: dict[str, int]) -> tuple[int, int]:
 def test_redis_sigkill_restarts_lose_no_acknowledged_commit(tmp_path, redis_binary, counts, roles):
     """Kill redis-server with SIGKILL ``kills`` times under load and restart it from its
     directory; writer and reader processes keep running; nothing acknowledged is lost."""
-    from buffer.connection import connect
-    from buffer.redis_buffer import ReplayBuffer
-    from buffer.server import RedisServer
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.server import RedisServer
 
     kills = counts(5, 20)
     rng = random.Random(3)
@@ -206,7 +206,7 @@ def _damaged_dir(tmp_path: Path, n_keys: int = 200):
     """A run directory whose AOF holds ``n_keys`` SETs (server SIGKILLed), and its incr file."""
     import redis
 
-    from buffer.server import RedisServer
+    from asyncrl.buffer.server import RedisServer
 
     server = RedisServer(tmp_path / "redis").start()
     client = redis.Redis.from_url(server.url)
@@ -223,7 +223,7 @@ def test_garbled_aof_stops_startup_with_the_fix(tmp_path, redis_binary):
     `redis-check-aof --fix`, and does not start with missing data; the fix then works."""
     import redis
 
-    from buffer.server import RedisServer, RedisServerError
+    from asyncrl.buffer.server import RedisServer, RedisServerError
 
     run_dir, incr = _damaged_dir(tmp_path)
     data = incr.read_bytes()
@@ -253,11 +253,11 @@ def test_torn_aof_tail_drops_only_the_unacknowledged_command(tmp_path, redis_bin
     every complete command before it is kept."""
     import redis
 
-    from buffer.server import RedisServer
+    from asyncrl.buffer.server import RedisServer
 
     run_dir, incr = _damaged_dir(tmp_path)
     incr.write_bytes(incr.read_bytes()[:-20])  # cut into the last SET
-    with caplog.at_level("WARNING", logger="buffer.server"), RedisServer(run_dir) as server:
+    with caplog.at_level("WARNING", logger="asyncrl.buffer.server"), RedisServer(run_dir) as server:
         client = redis.Redis.from_url(server.url)
         assert client.dbsize() == 199
         assert client.get("k198") == b"x" * 100 and client.get("k199") is None

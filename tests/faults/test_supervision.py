@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.torchrun import free_port
+from asyncrl.core.torchrun import free_port
 from tests.faults.conftest import FULL
 from tests.faults.test_actor_kills import Reader, assert_conserved, cursor
 from tests.roles import Roles, cmdline
@@ -76,8 +76,8 @@ class Launcher:
 
 def restarts_metric(client, name: str, role: str) -> float | None:
     """``asyncrl_launcher_role_restarts_total{role}`` scraped from the launcher's endpoint."""
-    from asyncrl.config_network import NetworkConfig
-    from asyncrl.endpoints import launcher_role, read_endpoints
+    from asyncrl.core.config_network import NetworkConfig
+    from asyncrl.core.endpoints import launcher_role, read_endpoints
     from asyncrl.orchestration.status import scrape
 
     launcher = read_endpoints(client, name).get(launcher_role("actors", NetworkConfig()))
@@ -90,7 +90,7 @@ def restarts_metric(client, name: str, role: str) -> float | None:
 
 
 def sigkill_actor(launcher: Launcher, actor_id: int) -> int:
-    """SIGKILL the actor process (python -m actors.main --actor-id I); returns its pid."""
+    """SIGKILL the actor process (python -m asyncrl.actors.main --actor-id I); returns its pid."""
     pids = launcher.role_pids(f"--actor-id {actor_id}")
     assert len(pids) == 1, f"expected one actor{actor_id} process, found {pids}"
     os.kill(pids[0], signal.SIGKILL)
@@ -101,7 +101,7 @@ def sigkill_actor(launcher: Launcher, actor_id: int) -> int:
 def test_dead_actor_is_restarted_counted_then_fails_the_job(
     redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path, roles
 ):
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
 
     run_dir = tmp_path / "run"
     launcher = Launcher(
@@ -174,8 +174,8 @@ def test_run_with_a_killed_learner_rank_exits_nonzero_naming_it(tmp_path, roles)
             "the learner to train 2 steps",
             poll_s=1.0,
         )
-        ranks = launcher.role_pids("learner.main")
-        agents = ("torch.distributed.run", "asyncrl.torchrun")  # torchrun itself, not a rank
+        ranks = launcher.role_pids("asyncrl.learner.main")
+        agents = ("torch.distributed.run", "asyncrl.core.torchrun")  # torchrun itself, not a rank
         ranks = [p for p in ranks if not any(a in cmdline(p) for a in agents)]
         assert ranks, f"no learner rank process found: {launcher.output[-2000:]}"
         os.kill(ranks[0], signal.SIGKILL)

@@ -20,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]  # runs without an install too
 from fsdp_step_script import load_groups  # noqa: E402
 
-from asyncrl.config import AlgorithmConfig  # noqa: E402
-from learner.batch import broadcast_batch, collate  # noqa: E402
-from learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
-from learner.device import current_device, init_distributed  # noqa: E402
-from learner.model import build_policy, full_named_tensors  # noqa: E402
-from learner.step import StepContext, reduce_metrics, train_on_batch  # noqa: E402
+from asyncrl.core.config import AlgorithmConfig  # noqa: E402
+from asyncrl.learner.batch import broadcast_batch, collate  # noqa: E402
+from asyncrl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from asyncrl.learner.device import current_device, init_distributed  # noqa: E402
+from asyncrl.learner.model import build_policy, full_named_tensors  # noqa: E402
+from asyncrl.learner.step import StepContext, reduce_metrics, train_on_batch  # noqa: E402
 
 
 def main():
@@ -68,7 +68,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from learner.main import exit_now
+    from asyncrl.learner.main import exit_now
 
     main()
     exit_now(0)  # the teardown race at interpreter exit (SIGABRT), as in learner/main.py

@@ -13,8 +13,8 @@ import importlib.util
 import pytest
 import torch
 
-from learner.model import token_logprobs
-from learner.packing import pack, set_packed
+from asyncrl.learner.model import token_logprobs
+from asyncrl.learner.packing import pack, set_packed
 
 pytestmark = [
     pytest.mark.gpu,

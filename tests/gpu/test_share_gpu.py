@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from asyncrl.learner.device import limit_memory
 from asyncrl.orchestration.gpus import gpu_memory_gib
-from learner.device import limit_memory
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,7 +27,7 @@ def test_the_learner_cap_refuses_an_allocation_past_its_share():
     """In a child process: the cap is per process and stays set."""
     code = (
         "import torch\n"
-        "from learner.device import limit_memory\n"
+        "from asyncrl.learner.device import limit_memory\n"
         "gpu = torch.device('cuda', 0)\n"
         "total = torch.cuda.get_device_properties(gpu).total_memory\n"
         "assert limit_memory(gpu, 0.1)\n"

@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from asyncrl.config import AlgorithmConfig
-from asyncrl.types import Group, Sample
-from learner.batch import broadcast_batch, collate
-from learner.model import build_policy, full_named_tensors
-from learner.step import StepContext, train_on_batch
-from learner.trainer import init_distributed
+from asyncrl.core.config import AlgorithmConfig
+from asyncrl.core.types import Group, Sample
+from asyncrl.learner.batch import broadcast_batch, collate
+from asyncrl.learner.model import build_policy, full_named_tensors
+from asyncrl.learner.step import StepContext, train_on_batch
+from asyncrl.learner.trainer import init_distributed
 
 
 def load_groups(path):
@@ -59,7 +59,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from learner.main import exit_now
+    from asyncrl.learner.main import exit_now
 
     main()
     exit_now(0)  # no interpreter finalization: it can abort after destroy (learner/main.py)

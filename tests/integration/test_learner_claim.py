@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from buffer.learner_claim import ClaimRefused, LearnerClaim, claim_key
+from asyncrl.buffer.learner_claim import ClaimRefused, LearnerClaim, claim_key
 
 pytestmark = pytest.mark.redis
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from asyncrl.config import AlgorithmConfig
-from asyncrl.torchrun import free_port as _free_port
+from asyncrl.core.config import AlgorithmConfig
+from asyncrl.core.torchrun import free_port as _free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_step_script import load_groups, one_update  # noqa: E402

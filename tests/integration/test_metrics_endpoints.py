@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config_network import NetworkConfig
-from asyncrl.endpoints import Endpoint, Place, read_endpoints, register_endpoint
-from asyncrl.metrics import (
+from asyncrl.core.config_network import NetworkConfig
+from asyncrl.core.endpoints import Endpoint, Place, read_endpoints, register_endpoint
+from asyncrl.core.metrics import (
     ACTOR_STATES,
     LEARNER_STATES,
     ActorMetrics,
@@ -27,8 +27,8 @@ from asyncrl.metrics import (
     role_port,
     serve,
 )
+from asyncrl.core.torchrun import free_port
 from asyncrl.orchestration.status import render_status, scrape
-from asyncrl.torchrun import free_port
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 _ROW = re.compile(r"^\| `(asyncrl_[a-z0-9_]+)` \| (\w+) \| (\w+) \|")
@@ -89,8 +89,8 @@ def test_doc_table_names_follow_prometheus_conventions():
 
 
 def test_learner_endpoint_exports_documented_names(redis_client, buffer_name):
-    from buffer.redis_buffer import ReplayBuffer
-    from buffer.testing import random_group
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.testing import random_group
 
     buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
     clock = StateClock(LEARNER_STATES, "starting")
@@ -231,8 +231,8 @@ def test_status_scrapes_this_hosts_endpoints_and_names_the_host_of_the_others(
     ``host:port`` is still scraped."""
     from prometheus_client import CollectorRegistry
 
-    from asyncrl.configload import load_config
-    from buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.core.configload import load_config
 
     buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
     assert buf.lease(7, timeout_s=1.0) and buf.lease(7, timeout_s=1.0)
@@ -272,7 +272,7 @@ def test_status_of_a_host_with_none_of_the_endpoints_does_not_wait(
 ):
     import time
 
-    from asyncrl.configload import load_config
+    from asyncrl.core.configload import load_config
 
     learner = Endpoint("learner", "127.0.0.1:9491", Place("nodeA", "10.0.0.5", "b/1"), 99)
     netns = Place(socket.gethostname(), "10.0.0.6", "b/2")  # a tests/multihost "host"

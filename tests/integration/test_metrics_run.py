@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config_checks import format_indices
+from asyncrl.core.config_checks import format_indices
+from asyncrl.core.torchrun import free_port
 from asyncrl.orchestration.status import scrape
-from asyncrl.torchrun import free_port
 from tests.e2e.conftest import needs_full_stack, run_cli
 from tests.integration.test_metrics_endpoints import missing_names
 from tests.roles import Roles, cmdline
@@ -28,8 +28,8 @@ PINNED = (
 
 def _endpoints(run_dir: Path) -> dict[str, str]:
     """role -> ``host:port`` of its /metrics."""
-    from asyncrl.endpoints import read_endpoints
-    from buffer.connection import connect
+    from asyncrl.buffer.connection import connect
+    from asyncrl.core.endpoints import read_endpoints
 
     url_file = run_dir / "redis" / "redis.url"
     if not url_file.is_file():
@@ -110,8 +110,8 @@ def test_status_prints_one_screen_about_the_job(live_run):
 def test_roles_run_on_their_configured_cores(live_run):
     proc, run_dir, _ = live_run
     pids = _descendants(proc.pid)
-    learners = [p for p in pids if "learner.main" in cmdline(p)]
-    actors = [p for p in pids if "actors.main" in cmdline(p)]
+    learners = [p for p in pids if "asyncrl.learner.main" in cmdline(p)]
+    actors = [p for p in pids if "asyncrl.actors.main" in cmdline(p)]
     assert learners and actors
     learner_cores, actor_cores = set(USABLE[:1]), set(USABLE[1:])
     for p in learners:

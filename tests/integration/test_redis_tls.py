@@ -11,11 +11,11 @@ import time
 import pytest
 import redis
 
-from buffer.connection import BufferUnavailable, connect, describe
-from buffer.redis_buffer import ReplayBuffer
-from buffer.server import RedisServer
-from buffer.testing import random_group
-from buffer.tls import TlsError, ensure
+from asyncrl.buffer.connection import BufferUnavailable, connect, describe
+from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.buffer.server import RedisServer
+from asyncrl.buffer.testing import random_group
+from asyncrl.buffer.tls import TlsError, ensure
 
 pytestmark = pytest.mark.redis
 

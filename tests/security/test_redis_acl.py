@@ -1,5 +1,5 @@
 """The auto-started Redis requires a password, and its least-privilege ACL users (``actor``,
-``learner``; ``buffer.redis_files.ROLE_USERS``) can do exactly what their role needs."""
+``learner``; ``asyncrl.buffer.redis_files.ROLE_USERS``) can do exactly what their role needs."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import socket
 import pytest
 import redis
 
-from buffer.connection import BufferUnavailable, connect
-from buffer.cursors import PromptCursor, SyncQuota
-from buffer.redis_buffer import ReplayBuffer
-from buffer.server import RedisServer
-from buffer.testing import random_group
+from asyncrl.buffer.connection import BufferUnavailable, connect
+from asyncrl.buffer.cursors import PromptCursor, SyncQuota
+from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.buffer.server import RedisServer
+from asyncrl.buffer.testing import random_group
 
 pytestmark = pytest.mark.redis
 NAME = "acljob"

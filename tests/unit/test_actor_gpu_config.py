@@ -16,19 +16,19 @@ import re
 
 import pytest
 
-from actors import main as actor_main
-from actors.actor import Actor
-from actors.addition import AdditionSource, addition_reward
-from actors.datafile import DataError
-from actors.engine import ActorEngine, Completion
-from actors.engine_args import engine_kwargs, sampling_kwargs
-from actors.groups import generate_whole
-from actors.sim_engine import SimEngine
-from actors.tasks import check_context, max_model_len
-from asyncrl.config import Config
-from asyncrl.configload import ConfigError, load_config
+from asyncrl.actors import main as actor_main
+from asyncrl.actors.actor import Actor
+from asyncrl.actors.addition import AdditionSource, addition_reward
+from asyncrl.actors.datafile import DataError
+from asyncrl.actors.engine import ActorEngine, Completion
+from asyncrl.actors.engine_args import engine_kwargs, sampling_kwargs
+from asyncrl.actors.groups import generate_whole
+from asyncrl.actors.sim_engine import SimEngine
+from asyncrl.actors.tasks import check_context, max_model_len
+from asyncrl.buffer.testing import UnreachableBuffer
+from asyncrl.core.config import Config
+from asyncrl.core.configload import ConfigError, load_config
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
-from buffer.testing import UnreachableBuffer
 
 GIB = 2**30
 

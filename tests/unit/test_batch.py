@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from asyncrl.types import Group, Sample
-from learner.batch import collate, shard_rows
+from asyncrl.core.types import Group, Sample
+from asyncrl.learner.batch import collate, shard_rows
 
 
 def _group(gid, prompt, completions, rewards, version=3):

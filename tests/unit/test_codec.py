@@ -7,9 +7,9 @@ import random
 import pyarrow as pa
 import pytest
 
-from asyncrl.types import FINISH_REASONS, MAX_REWARD_EXTRAS, Group, Sample
-from buffer.codec import SCHEMA, PayloadError, decode_group, encode_group
-from buffer.testing import random_group
+from asyncrl.buffer.codec import SCHEMA, PayloadError, decode_group, encode_group
+from asyncrl.buffer.testing import random_group
+from asyncrl.core.types import FINISH_REASONS, MAX_REWARD_EXTRAS, Group, Sample
 
 VOCAB = 50
 

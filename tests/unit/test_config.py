@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from actors import addition, tasks
-from asyncrl import config as config_module
-from asyncrl.config import TaskConfig
-from asyncrl.configload import (
+from asyncrl.actors import addition, tasks
+from asyncrl.core import config as config_module
+from asyncrl.core.config import TaskConfig
+from asyncrl.core.configload import (
     CONFIG_DIR,
     ConfigError,
     config_from_json,
@@ -99,3 +99,10 @@ def test_a_reward_of_yours_on_the_demo_task_runs_isolated_unless_asked_otherwise
     (warning,) = model_warnings(asked)
     assert "task.reward_timeout_s=60 is not applied" in warning and "kills the actor" in warning
     assert model_warnings(load_config([])) == []
+
+
+def test_a_reward_spec_of_the_old_top_level_packages_names_the_new_path():
+    with pytest.raises(ConfigError, match=re.escape("write 'asyncrl.actors.rewards:math_reward'")):
+        load_config(["task.reward_fn=actors.rewards:math_reward"])
+    assert load_config(["task.reward_fn=asyncrl.actors.rewards:math_reward"]).task.reward_fn
+    assert load_config(["task.reward_fn=actors_of_mine.rewards:f"]).task.reward_fn

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from asyncrl.config import Config, LearnerConfig
-from asyncrl.config_network import NetworkConfig, is_loopback
-from asyncrl.configload import ConfigError, config_from_json, config_to_json, load_config
+from asyncrl.core.config import Config, LearnerConfig
+from asyncrl.core.config_network import NetworkConfig, is_loopback
+from asyncrl.core.configload import ConfigError, config_from_json, config_to_json, load_config
 from asyncrl.orchestration.cli import secret_in_argv
 
 

@@ -1,4 +1,4 @@
-"""``buffer.connection.connect`` keeps its deadline when the address accepts TCP connections
+"""``asyncrl.buffer.connection.connect`` keeps its deadline when the address accepts TCP connections
 but never answers (not Redis, or a hung server), and says so."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from buffer.connection import BufferUnavailable, connect
+from asyncrl.buffer.connection import BufferUnavailable, connect
 
 
 @pytest.mark.timeout(30)

@@ -1,4 +1,4 @@
-"""``actors.control_plane.ControlPlane`` on a scripted client and engine: each learner
+"""``asyncrl.actors.control_plane.ControlPlane`` on a scripted client and engine: each learner
 message gets its answer, a weight load is bracketed by the pause and counted, a failed
 receive keeps the actor up, and ``stop`` ends the loop."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.actor import ActorState
-from actors.control_plane import ControlPlane
-from asyncrl.configload import load_config
-from asyncrl.metrics import ACTOR_STATES, ActorMetrics, StateClock
-from asyncrl.weights import WeightSyncError
+from asyncrl.actors.actor import ActorState
+from asyncrl.actors.control_plane import ControlPlane
+from asyncrl.core.configload import load_config
+from asyncrl.core.metrics import ACTOR_STATES, ActorMetrics, StateClock
+from asyncrl.core.weights import WeightSyncError
 
 
 class ScriptedClient:

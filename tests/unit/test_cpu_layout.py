@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from actors.cpu_layout import engine_on
+from asyncrl.actors.cpu_layout import engine_on
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 
@@ -45,7 +45,7 @@ def test_every_core_to_the_engine_is_refused_with_the_fix():
 _LAYOUT = textwrap.dedent(
     """
     import json, os, subprocess, sys, threading
-    from actors.cpu_layout import engine_on
+    from asyncrl.actors.cpu_layout import engine_on
 
     engine = [max(os.sched_getaffinity(0))]
     stop = threading.Event()

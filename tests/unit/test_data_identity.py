@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from actors import data_identity
-from actors.tasks import build_prompt_source
-from asyncrl.configload import load_config
-from asyncrl.fatal import FatalError
+from asyncrl.actors import data_identity
+from asyncrl.actors.tasks import build_prompt_source
+from asyncrl.core.configload import load_config
+from asyncrl.core.fatal import FatalError
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
 ROWS = [{"prompt": f"{'1' * (i + 1)}+1=", "alt": f"{i}+2=", "answer": str(i)} for i in range(6)]

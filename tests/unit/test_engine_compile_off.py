@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch._dynamo
 
-from actors.engine import _new_llm
+from asyncrl.actors.engine import _new_llm
 
 
 class FakeLLM:
@@ -32,7 +32,7 @@ def clean(monkeypatch):
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     with torch._dynamo.config.patch(disable=False):  # restored after the test
         yield
-    gc.unfreeze()  # a fork start froze the heap (asyncrl/heap.py)
+    gc.unfreeze()  # a fork start froze the heap (asyncrl/core/heap.py)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.engine import _sampled_logprobs
+from asyncrl.actors.engine import _sampled_logprobs
 
 
 def _flat(positions: list[list[tuple[int, float]]]) -> SimpleNamespace:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.engine import ActorEngine
+from asyncrl.actors.engine import ActorEngine
 
 
 def _engine(llm) -> ActorEngine:

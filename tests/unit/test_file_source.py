@@ -13,10 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from actors.datafile import DataError, DataKeys, read_rows
-from actors.file_source import FileSource, load_template
-from actors.tasks import TASKS, build_prompt_source, check_data, example_fields, max_model_len
-from asyncrl.configload import ConfigError, load_config
+from asyncrl.actors.datafile import DataError, DataKeys, read_rows
+from asyncrl.actors.file_source import FileSource, load_template
+from asyncrl.actors.tasks import (
+    TASKS,
+    build_prompt_source,
+    check_data,
+    example_fields,
+    max_model_len,
+)
+from asyncrl.core.configload import ConfigError, load_config
 from asyncrl.orchestration.demo.tokenizer import CHAT_TEMPLATE, save_tokenizer
 
 VERL_ROWS = [

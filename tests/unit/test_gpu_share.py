@@ -1,5 +1,5 @@
 """One GPU for the learner and a vLLM actor (issue 30, item 1): the memory split is checked with
-numbers before anything starts (asyncrl/gpu_share.py), the launcher reads the GPU's memory
+numbers before anything starts (asyncrl/core/gpu_share.py), the launcher reads the GPU's memory
 and the model's size for it (asyncrl/orchestration/gpus.py, model_dir.py), and the learner
 caps its own allocations (learner/device.py). No GPU here: nvidia-smi's text and torch.cuda
 are faked; what runs on a real GPU is stated in docs/gpu.md."""
@@ -12,12 +12,12 @@ import struct
 import pytest
 import torch
 
-from asyncrl.configload import load_config
-from asyncrl.gpu_share import Share, check
+from asyncrl.core.configload import load_config
+from asyncrl.core.gpu_share import Share, check
+from asyncrl.core.placement import place, request_for
+from asyncrl.learner.device import limit_memory
 from asyncrl.orchestration.gpus import check_shared_gpu, gpu_memory_gib
 from asyncrl.orchestration.model_dir import count_params
-from asyncrl.placement import place, request_for
-from learner.device import limit_memory
 
 B15 = 1_540_000_000  # Qwen2.5-1.5B
 
@@ -126,7 +126,7 @@ def test_the_learner_caps_its_gpu_allocations_only_below_one():
 
 def test_a_shared_gpu_sends_weights_through_host_memory():
     """NCCL cannot join two ranks on one GPU: auto picks shm on the shared layout."""
-    from asyncrl import transports
+    from asyncrl.core import transports
 
     cfg = load_config(["layout=gpu1"])
     both_ends = not cfg.learner.share_gpu  # learner/publisher.py open_weight_channel

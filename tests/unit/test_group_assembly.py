@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from actors.actor import Actor
-from actors.addition import AdditionSource, addition_reward
-from actors.engine import Completion
-from actors.engine_protocol import Engine
-from asyncrl.config import Config
+from asyncrl.actors.actor import Actor
+from asyncrl.actors.addition import AdditionSource, addition_reward
+from asyncrl.actors.engine import Completion
+from asyncrl.actors.engine_protocol import Engine
+from asyncrl.buffer.testing import UnreachableBuffer
+from asyncrl.core.config import Config
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
-from buffer.testing import UnreachableBuffer
 
 
 class ScriptedEngine:
@@ -69,8 +69,8 @@ def _completion(actor: Actor, text: str, version: int, reason="stop") -> Complet
 
 
 def test_the_fakes_implement_the_engine_protocol():
-    from actors.engine import ActorEngine
-    from actors.sim_engine import SimEngine
+    from asyncrl.actors.engine import ActorEngine
+    from asyncrl.actors.sim_engine import SimEngine
 
     for engine in (ScriptedEngine(), SimEngine(64, 1e5, 3.0), ActorEngine(llm=None, version=0)):
         assert isinstance(engine, Engine), type(engine).__name__

@@ -1,4 +1,4 @@
-"""``learner.hub.Hub`` on its parts' fakes (``ListFeed``, ``RecordingPublisher``,
+"""``asyncrl.learner.hub.Hub`` on its parts' fakes (``ListFeed``, ``RecordingPublisher``,
 ``MemoryRecorder``) and a dict-backed buffer: the order of the loop's calls reaches the right
 part, with the right state on the learner's clock. The real parts run in every e2e test."""
 
@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncrl.configload import load_config
-from learner.feed import ListFeed
-from learner.hub import Hub
-from learner.publisher import RecordingPublisher
-from learner.recorder import MemoryRecorder
+from asyncrl.core.configload import load_config
+from asyncrl.learner.feed import ListFeed
+from asyncrl.learner.hub import Hub
+from asyncrl.learner.publisher import RecordingPublisher
+from asyncrl.learner.recorder import MemoryRecorder
 from tests.random_groups import random_groups
 
 STATS = {"committed": 8, "trained": 0, "dropped_stale": 0, "dropped_invalid": 0,

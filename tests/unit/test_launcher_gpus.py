@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.configload import load_config
+from asyncrl.core.configload import load_config
 from asyncrl.orchestration import cli, gpus, jobs
 from asyncrl.orchestration.launcher import Role
 

@@ -1,4 +1,4 @@
-"""asyncrl.lifeline: a role outlives a dead launcher by a bounded time, even when it cannot act
+"""asyncrl.core.lifeline: a role outlives a dead launcher by a bounded time, even when it cannot act
 on its SIGTERM. Real processes: a launcher, the lifeline, a role that ignores SIGTERM."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import time
 
 import pytest
 
-from asyncrl import lifeline
+from asyncrl.core import lifeline
 
 # a role whose SIGTERM handler never runs (as when its main thread is blocked in C)
 ROLE = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "from asyncrl.lifeline import watch_launcher; "
+    "from asyncrl.core.lifeline import watch_launcher; "
     "print('watching' if watch_launcher(grace_s=1.0, poll_s=0.1) else 'not watching', "
     "flush=True); time.sleep(60)"
 )
 # a launcher: starts the role under the lifeline, says its PID, then waits to be killed
 LAUNCHER = (
-    "import subprocess, sys, time; from asyncrl.lifeline import child_cmd; "
+    "import subprocess, sys, time; from asyncrl.core.lifeline import child_cmd; "
     "p = subprocess.Popen(child_cmd([sys.executable, '-c', sys.argv[1]]), "
     "stderr=open(sys.argv[2], 'w')); print(p.pid, flush=True); time.sleep(60)"
 )

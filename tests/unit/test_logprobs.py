@@ -11,8 +11,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from learner.logprobs import chunked_token_logprobs
-from learner.model import enable_gradient_checkpointing, set_logprob_chunk_tokens, token_logprobs
+from asyncrl.learner.logprobs import chunked_token_logprobs
+from asyncrl.learner.model import (
+    enable_gradient_checkpointing,
+    set_logprob_chunk_tokens,
+    token_logprobs,
+)
 
 VOCAB = 50
 
@@ -103,7 +107,7 @@ def test_fused_head_matches_full_logits(use_entropy):
     ``torch.compile``): the closed form's values and gradients, in float64, over chunks of
     uneven size (5, 5, ..., then the rest: the dynamic-shape recompile); with the entropy in
     the loss (both gradient terms) and without it (the log-probs' alone)."""
-    from learner.logprobs import set_logprob_fused
+    from asyncrl.learner.logprobs import set_logprob_fused
 
     torch._dynamo.reset()
     ids, mask, w_lp, w_ent = batch()
@@ -145,7 +149,7 @@ def test_entropy_detached_or_skipped():
 def test_chunk_size_from_the_model(monkeypatch):
     """``set_logprob_chunk_tokens`` (what build_policy does with ``model.logprob_chunk_tokens``)
     is the default of ``token_logprobs``."""
-    import learner.logprobs
+    import asyncrl.learner.logprobs
 
     sizes = []
 
@@ -153,7 +157,7 @@ def test_chunk_size_from_the_model(monkeypatch):
         sizes.append(chunk)
         return chunked_token_logprobs(hidden, weight, targets, chunk, *args)
 
-    monkeypatch.setattr(learner.logprobs, "chunked_token_logprobs", spy)
+    monkeypatch.setattr(asyncrl.learner.logprobs, "chunked_token_logprobs", spy)
     model = tiny_qwen(False)
     ids, mask, _, _ = batch()
     token_logprobs(model, ids, mask)
@@ -222,7 +226,7 @@ def test_no_tensor_scales_with_batch_times_vocab(checkpointing):
 def test_critic_checkpointing_same_values_and_gradients(tiny_model):
     """``model.gradient_checkpointing`` also checkpoints the critic's body (learner/trainer.py):
     the same values and gradients, with the layers recomputed."""
-    from learner.critic import load_value_model
+    from asyncrl.learner.critic import load_value_model
 
     ids, mask, w, _ = batch(vocab=32)
     runs = []
@@ -246,8 +250,8 @@ def test_config_keys_reach_policy_critic_and_reference(tiny_model):
     """``model.gradient_checkpointing`` and ``model.logprob_chunk_tokens`` through the
     learner's own builder (``build_step_context``): every decoder layer of the policy and of
     the critic checkpoints, the reference does not (no backward), both use the chunk."""
-    from asyncrl.configload import load_config
-    from learner.trainer import build_step_context
+    from asyncrl.core.configload import load_config
+    from asyncrl.learner.trainer import build_step_context
 
     keys = ["model.gradient_checkpointing=true", "model.logprob_chunk_tokens=7",
             "actor.temperature=0.8"]  # fmt: skip
@@ -268,7 +272,7 @@ def test_config_keys_reach_policy_critic_and_reference(tiny_model):
 def test_the_learner_scores_at_the_actors_temperature(chunk):
     """pi_theta at ``actor.temperature``: log_softmax(logits / T), on the chunked and the
     full-logits path, values and gradients (vLLM reports the tempered log-probs as pi_behave)."""
-    from learner.model import set_logprob_temperature
+    from asyncrl.learner.model import set_logprob_temperature
 
     temp = 0.7
     ids, mask, w_lp, w_ent = batch()
@@ -298,8 +302,8 @@ def test_the_learner_scores_at_the_actors_temperature(chunk):
 def test_only_the_scored_positions_are_scored(monkeypatch, packed, chunk):
     """``scored`` (the loss mask: completion tokens) picks the positions: the same values
     there, 0 elsewhere, and only those positions go through the chunked head."""
-    import learner.logprobs
-    from learner.packing import set_packed
+    import asyncrl.learner.logprobs
+    from asyncrl.learner.packing import set_packed
 
     heads = []
 
@@ -307,7 +311,7 @@ def test_only_the_scored_positions_are_scored(monkeypatch, packed, chunk):
         heads.append(hidden.shape[0])
         return chunked_token_logprobs(hidden, *args, **kw)
 
-    monkeypatch.setattr(learner.logprobs, "chunked_token_logprobs", spy)
+    monkeypatch.setattr(asyncrl.learner.logprobs, "chunked_token_logprobs", spy)
     model = tiny_qwen(False)
     set_packed(model, packed)
     ids, mask, _, _ = batch()

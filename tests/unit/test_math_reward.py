@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from actors.math_reward import extract_final_answer, math_reward
-from actors.reward_calls import score_call
-from actors.reward_loading import load_reward_fn, preflight
+from asyncrl.actors.math_reward import extract_final_answer, math_reward
+from asyncrl.actors.reward_calls import score_call
+from asyncrl.actors.reward_loading import load_reward_fn, preflight
 
 CASES = [
     # completion, reference, expected
@@ -69,6 +69,6 @@ def test_nested_boxed_extraction():
 
 
 def test_loads_by_spec_and_preflight_finds_math_verify():
-    fn = load_reward_fn("actors.rewards:math_reward")
+    fn = load_reward_fn("asyncrl.actors.rewards:math_reward")
     assert fn is math_reward
     preflight(fn)

@@ -5,15 +5,15 @@ right-padded row's outputs on its real tokens do not depend on the padding colum
 import pytest
 import torch
 
-from learner.batch import Batch
-from learner.micro_batches import (
+from asyncrl.learner.batch import Batch
+from asyncrl.learner.micro_batches import (
     plan_micro_batches,
     row_groups,
     run_planned,
     split_to,
     token_groups,
 )
-from learner.model import build_policy, token_logprobs
+from asyncrl.learner.model import build_policy, token_logprobs
 
 
 @pytest.mark.parametrize(

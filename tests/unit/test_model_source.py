@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.configload import load_config
+from asyncrl.core.configload import load_config
 from asyncrl.orchestration import model_source
 from asyncrl.orchestration.model_advice import model_warnings
 from asyncrl.orchestration.model_source import (

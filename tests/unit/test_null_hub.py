@@ -1,5 +1,5 @@
 """The ranks other than 0 run the learner loop on a ``NullHub`` (learner/null_hub.py): it must
-offer every ``hub.<method>`` the loop calls, with the signature ``learner.hub.Hub`` has, and
+offer every ``hub.<method>`` the loop calls, with the signature ``asyncrl.learner.hub.Hub`` has, and
 answer neutrally (rank 0's answers are the ones broadcast)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import inspect
 import re
 from pathlib import Path
 
-import learner.trainer
-from learner.hub import Hub
-from learner.null_hub import NullHub
+import asyncrl.learner.trainer
+from asyncrl.learner.hub import Hub
+from asyncrl.learner.null_hub import NullHub
 
 
 def _public(cls) -> dict[str, inspect.Signature]:
@@ -22,7 +22,7 @@ def _public(cls) -> dict[str, inspect.Signature]:
 
 
 def test_every_hub_call_of_the_loop_exists_on_both_with_the_same_signature():
-    source = Path(learner.trainer.__file__).read_text()
+    source = Path(asyncrl.learner.trainer.__file__).read_text()
     called = set(re.findall(r"(?<![.\w])hub\.(\w+)", source))
     hub, null = _public(Hub), _public(NullHub)
     assert called, "the loop calls no hub method?"

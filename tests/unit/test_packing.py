@@ -11,9 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.critic import ValueModel
-from learner.model import attention_impl, resolve_packing, set_logprob_chunk_tokens, token_logprobs
-from learner.packing import document_mask, pack, set_packed
+from asyncrl.learner.critic import ValueModel
+from asyncrl.learner.model import (
+    attention_impl,
+    resolve_packing,
+    set_logprob_chunk_tokens,
+    token_logprobs,
+)
+from asyncrl.learner.packing import document_mask, pack, set_packed
 from tests.unit.test_logprobs import batch, tiny_qwen
 
 

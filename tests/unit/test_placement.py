@@ -1,4 +1,4 @@
-"""The GPU plan of one node (asyncrl/placement.py): auto and explicit layouts, every refusal,
+"""The GPU plan of one node (asyncrl/core/placement.py): auto and explicit layouts, every refusal,
 the CPU case, and this node's GPUs as the launcher finds them (asyncrl/orchestration/gpus.py)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from asyncrl.config_checks import format_indices, parse_cores, parse_indices
-from asyncrl.configload import ConfigError, load_config
+from asyncrl.core.config_checks import format_indices, parse_cores, parse_indices
+from asyncrl.core.configload import ConfigError, load_config
+from asyncrl.core.placement import NO_GPUS, Plan, Request, place, request_for
 from asyncrl.orchestration.gpus import node_gpus, plan_node, visible_entries
-from asyncrl.placement import NO_GPUS, Plan, Request, place, request_for
 
 EIGHT = tuple(str(i) for i in range(8))
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from asyncrl import rundir
-from asyncrl.configload import load_config
+from asyncrl.core import rundir
+from asyncrl.core.configload import load_config
 from asyncrl.orchestration.jobs import prepare_run_dir
 from asyncrl.orchestration.resume_config import changes, meaningful, refusal
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from actors.reward_loading import load_reward_fn
-from actors.reward_pool import ProcessWorker, RewardWorkerError
-from actors.scoring import RewardScorer
-from asyncrl.config import TaskConfig
-from asyncrl.sandbox import SandboxError
+from asyncrl.actors.reward_loading import load_reward_fn
+from asyncrl.actors.reward_pool import ProcessWorker, RewardWorkerError
+from asyncrl.actors.scoring import RewardScorer
+from asyncrl.core.config import TaskConfig
+from asyncrl.core.sandbox import SandboxError
 
 SPEC = f"{Path(__file__).with_name('pool_rewards.py')}:behave"
 

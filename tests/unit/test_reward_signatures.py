@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.reward_calls import score_call
-from actors.reward_loading import (
+from asyncrl.actors.reward_calls import score_call
+from asyncrl.actors.reward_loading import (
     VerlReward,
     check_signature,
     fn_name,
@@ -14,8 +14,8 @@ from actors.reward_loading import (
     load_reward_fn,
     preflight,
 )
-from asyncrl.reward_records import extras_means
-from asyncrl.types import MAX_REWARD_EXTRAS, Sample
+from asyncrl.core.reward_records import extras_means
+from asyncrl.core.types import MAX_REWARD_EXTRAS, Sample
 
 DEMO = {"a": 12, "b": 30, "answer": "42"}  # the addition task's fields
 DATASET = {

@@ -12,20 +12,20 @@ import time
 
 import pytest
 
-from actors.addition import AdditionSource, addition_reward
-from actors.code_reward import python_code_reward
-from actors.math_reward import extract_final_answer, math_answer_reward
-from actors.reward_calls import score
-from actors.reward_loading import check_signature, load_reward_fn
-from actors.scoring import ErrorWindow, RewardErrorRate, RewardScorer
-from asyncrl.config import TaskConfig
-from asyncrl.reward_records import REWARD_ERROR_KINDS, RewardErrorTally, error_kind
-from asyncrl.sandbox import SandboxError
+from asyncrl.actors.addition import AdditionSource, addition_reward
+from asyncrl.actors.code_reward import python_code_reward
+from asyncrl.actors.math_reward import extract_final_answer, math_answer_reward
+from asyncrl.actors.reward_calls import score
+from asyncrl.actors.reward_loading import check_signature, load_reward_fn
+from asyncrl.actors.scoring import ErrorWindow, RewardErrorRate, RewardScorer
+from asyncrl.core.config import TaskConfig
+from asyncrl.core.reward_records import REWARD_ERROR_KINDS, RewardErrorTally, error_kind
+from asyncrl.core.sandbox import SandboxError
 
 
 def test_load_by_module_spec():
-    assert load_reward_fn("actors.addition:addition_reward") is addition_reward
-    assert load_reward_fn("actors.rewards:math_answer_reward") is math_answer_reward
+    assert load_reward_fn("asyncrl.actors.addition:addition_reward") is addition_reward
+    assert load_reward_fn("asyncrl.actors.rewards:math_answer_reward") is math_answer_reward
 
 
 def test_load_by_file_path(tmp_path):
@@ -35,7 +35,9 @@ def test_load_by_file_path(tmp_path):
     assert fn("p", "abc") == 3
 
 
-@pytest.mark.parametrize("spec", ["", "actors.rewards", "actors.rewards:", ":fn", "m:not-an-id"])
+@pytest.mark.parametrize(
+    "spec", ["", "asyncrl.actors.rewards", "asyncrl.actors.rewards:", ":fn", "m:not-an-id"]
+)
 def test_malformed_spec(spec):
     with pytest.raises(ValueError, match="malformed.*'package.module:function'"):
         load_reward_fn(spec)
@@ -60,13 +62,15 @@ def test_file_that_fails_to_import(tmp_path):
 
 
 def test_missing_attribute():
-    with pytest.raises(ValueError, match=r"'actors.rewards' has no attribute 'nope'.*def nope"):
-        load_reward_fn("actors.rewards:nope")
+    with pytest.raises(
+        ValueError, match=r"'asyncrl.actors.rewards' has no attribute 'nope'.*def nope"
+    ):
+        load_reward_fn("asyncrl.actors.rewards:nope")
 
 
 def test_not_callable():
     with pytest.raises(ValueError, match=r"ADDITION_PARTIAL_WEIGHT is a float, not callable"):
-        load_reward_fn("actors.addition:ADDITION_PARTIAL_WEIGHT")
+        load_reward_fn("asyncrl.actors.addition:ADDITION_PARTIAL_WEIGHT")
 
 
 def test_score_passes_fields_and_accepts_dicts():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from asyncrl.runlog import RunLog, window_mean
+from asyncrl.core.runlog import RunLog, window_mean
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,7 @@ def _ptr(x):
 
 
 def _full_state(model) -> dict[str, torch.Tensor]:
-    from learner.model import full_named_tensors
+    from asyncrl.learner.model import full_named_tensors
 
     state = {k: v.clone() for k, v in full_named_tensors(model)}
     state.update({f"buffer.{k}": b.clone() for k, b in model.named_buffers()})
@@ -74,9 +74,9 @@ def _rows(rank):
 
 def run_variant(model_dir: str, out: dict, reads: list) -> None:
     """The sharded and the full-then-shard load of the three models (collective)."""
-    from learner.critic import build_critic, load_value_model, shard_value_model
-    from learner.model import build_policy, load_hf_model, shard_model, token_logprobs
-    from learner.reference import build_reference, reference_logprobs
+    from asyncrl.learner.critic import build_critic, load_value_model, shard_value_model
+    from asyncrl.learner.model import build_policy, load_hf_model, shard_model, token_logprobs
+    from asyncrl.learner.reference import build_reference, reference_logprobs
 
     rank = dist.get_rank()
     ids, mask = _rows(rank)
@@ -139,7 +139,7 @@ def checkpoints(tiny_model, tmp_path_factory):
 def test_two_ranks_load_only_their_shards(checkpoints, tmp_path):
     from safetensors.torch import load_file
 
-    from asyncrl.torchrun import free_port
+    from asyncrl.core.torchrun import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", __file__, str(tmp_path),
@@ -196,7 +196,7 @@ def _empty_policy(model_dir: Path):
     """The tiny model built by ``build_sharded`` in one process (nothing to shard)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from learner.sharded_load import build_sharded
+    from asyncrl.learner.sharded_load import build_sharded
 
     config = AutoConfig.from_pretrained(model_dir)
     construct = lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # noqa: E731
@@ -233,7 +233,7 @@ def test_checkpoint_errors_name_the_tensor_and_the_file(tiny_model, tmp_path, ed
     old per-layer ``inv_freq`` buffers are dropped, as transformers drops them."""
     from transformers import AutoModelForCausalLM
 
-    from learner.sharded_load import SafetensorsCheckpoint, load_local_shards
+    from asyncrl.learner.sharded_load import SafetensorsCheckpoint, load_local_shards
 
     model = _empty_policy(Path(tiny_model))
     with SafetensorsCheckpoint.find(_write(tiny_model, tmp_path / "ckpt", edit)) as checkpoint:
@@ -250,7 +250,7 @@ def test_checkpoint_errors_name_the_tensor_and_the_file(tiny_model, tmp_path, ed
 def test_what_cannot_be_streamed_is_said(tiny_model, tmp_path, capsys):
     """No safetensors, or a model type whose names transformers converts: the builders load
     the full model (``open_streamable`` returns None and says why)."""
-    from learner.sharded_load import NotStreamable, check_streamable, open_streamable
+    from asyncrl.learner.sharded_load import NotStreamable, check_streamable, open_streamable
 
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     assert open_streamable(tmp_path, "qwen2") is None
@@ -265,8 +265,8 @@ def test_what_cannot_be_streamed_is_said(tiny_model, tmp_path, capsys):
 def main():
     from safetensors.torch import save_file
 
-    from learner import sharded_load
-    from learner.trainer import init_distributed
+    from asyncrl.learner import sharded_load
+    from asyncrl.learner.trainer import init_distributed
 
     out_dir, dirs = Path(sys.argv[1]), sys.argv[2:]
     init_distributed()
@@ -293,7 +293,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from learner.main import exit_now
+    from asyncrl.learner.main import exit_now
 
     main()
     exit_now(0)  # gloo's teardown race at interpreter exit (SIGABRT), as in learner/main.py

@@ -1,4 +1,4 @@
-"""``actors.slots.Slots``: take waits for one free slot and takes every free one."""
+"""``asyncrl.actors.slots.Slots``: take waits for one free slot and takes every free one."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from actors.slots import Slots
+from asyncrl.actors.slots import Slots
 
 
 def test_take_gets_every_free_slot_and_waits_when_none_is():

@@ -11,19 +11,19 @@ import dataclasses
 import pytest
 import torch
 
-from asyncrl.config import AlgorithmConfig
-from asyncrl.config_algorithm import _STALE_TOKENS
-from asyncrl.configload import ConfigError, load_config
-from buffer.staleness import split_by_staleness
-from learner.batch import collate
-from learner.model import build_policy
-from learner.stale_tokens import (
+from asyncrl.buffer.staleness import split_by_staleness
+from asyncrl.core.config import AlgorithmConfig
+from asyncrl.core.config_algorithm import _STALE_TOKENS
+from asyncrl.core.configload import ConfigError, load_config
+from asyncrl.learner.batch import collate
+from asyncrl.learner.model import build_policy
+from asyncrl.learner.stale_tokens import (
     STALE_TOKEN_MODES,
     interpolated_proximal,
     masked_stale,
     stale_loss_mask,
 )
-from learner.step import StepContext, batch_metrics, train_on_batch
+from asyncrl.learner.step import StepContext, batch_metrics, train_on_batch
 from tests.random_groups import random_groups
 
 MASK = torch.tensor([[0.0, 1, 1, 1, 1], [0, 0, 1, 1, 0]])

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from asyncrl.types import Group, Sample
-from buffer.staleness import split_by_staleness, staleness, within_staleness
-from buffer.stream_reads import Entry
+from asyncrl.buffer.staleness import split_by_staleness, staleness, within_staleness
+from asyncrl.buffer.stream_reads import Entry
+from asyncrl.core.types import Group, Sample
 
 
 def _group(gid: str, versions: list[int]) -> Group:

@@ -7,15 +7,15 @@ import random
 import pytest
 import torch
 
-from asyncrl.configload import load_config
-from asyncrl.types import Group, Sample
-from learner.batch import collate
-from learner.checkpoint import load_checkpoint, save_checkpoint
-from learner.critic import build_critic, explained_variance
-from learner.model import build_policy
-from learner.reference import build_reference
-from learner.step import StepContext, batch_metrics, train_on_batch
-from learner.targets import compute_targets, uses_critic
+from asyncrl.core.configload import load_config
+from asyncrl.core.types import Group, Sample
+from asyncrl.learner.batch import collate
+from asyncrl.learner.checkpoint import load_checkpoint, save_checkpoint
+from asyncrl.learner.critic import build_critic, explained_variance
+from asyncrl.learner.model import build_policy
+from asyncrl.learner.reference import build_reference
+from asyncrl.learner.step import StepContext, batch_metrics, train_on_batch
+from asyncrl.learner.targets import compute_targets, uses_critic
 from tests.random_groups import random_groups
 
 VOCAB = 32

@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from asyncrl.configload import load_config
-from learner.critic import build_critic
-from learner.model import build_policy, full_named_tensors
-from learner.reference import build_reference
-from learner.step import StepContext, train_on_batch
+from asyncrl.core.configload import load_config
+from asyncrl.learner.critic import build_critic
+from asyncrl.learner.model import build_policy, full_named_tensors
+from asyncrl.learner.reference import build_reference
+from asyncrl.learner.step import StepContext, train_on_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[2]))  # tests.random_groups, under torchrun too
@@ -49,7 +49,7 @@ def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
 def test_two_ranks_match_one_process(tiny_model, tmp_path, preset):
     from safetensors.torch import load_file
 
-    from asyncrl.torchrun import free_port as _free_port
+    from asyncrl.core.torchrun import free_port as _free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", __file__, tiny_model,
@@ -77,7 +77,7 @@ def test_two_ranks_match_one_process(tiny_model, tmp_path, preset):
 def main():
     from safetensors.torch import save_file
 
-    from learner.trainer import init_distributed
+    from asyncrl.learner.trainer import init_distributed
 
     model_dir, preset, out = sys.argv[1:4]
     init_distributed()
@@ -95,7 +95,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from learner.main import exit_now
+    from asyncrl.learner.main import exit_now
 
     main()
     exit_now(0)  # gloo's teardown race at interpreter exit (SIGABRT), as in learner/main.py

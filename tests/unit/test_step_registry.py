@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl import config as config_module
-from asyncrl.config import AlgorithmConfig
-from asyncrl.configload import CONFIG_DIR, ConfigError, load_config
-from learner.advantages import ADVANTAGE_ESTIMATORS, grpo, reinforce_pp
-from learner.losses import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, LossParams
-from learner.step import loss_params
-from learner.targets import estimator_kwargs, uses_critic
+from asyncrl.core import config as config_module
+from asyncrl.core.config import AlgorithmConfig
+from asyncrl.core.configload import CONFIG_DIR, ConfigError, load_config
+from asyncrl.learner.advantages import ADVANTAGE_ESTIMATORS, grpo, reinforce_pp
+from asyncrl.learner.losses import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, LossParams
+from asyncrl.learner.step import loss_params
+from asyncrl.learner.targets import estimator_kwargs, uses_critic
 
 PRESETS = sorted(p.stem for p in (Path(CONFIG_DIR) / "algorithm").glob("*.yaml"))
 

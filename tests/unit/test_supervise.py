@@ -89,7 +89,7 @@ def test_a_restarted_role_that_then_succeeds_lets_the_job_succeed(tmp_path):
 def test_a_role_with_a_fatal_error_is_not_restarted_and_restart_max_is_not_suggested(tmp_path):
     marker = tmp_path / "starts"
     code = (
-        "from asyncrl import fatal; import sys\n"
+        "from asyncrl.core import fatal; import sys\n"
         f"open({str(marker)!r}, 'a').write('x')\n"
         f"with fatal.recorded({str(tmp_path)!r}, 'actor0'):\n"
         "    raise fatal.FatalError('task.reward_fn failed on 100% of recent rewards')\n"
@@ -112,7 +112,7 @@ def test_torchruns_own_report_becomes_one_line_under_the_ranks_traceback():
     rank = [
         "[rank1]: Traceback (most recent call last):\n",
         '[rank1]:   File "learner/trainer.py", line 175, in run_learner\n',
-        "[rank1]: asyncrl.faults.FailpointError: failpoint learner.after_step (hit 2)\n",
+        "[rank1]: asyncrl.core.faults.FailpointError: failpoint learner.after_step (hit 2)\n",
     ]
     agent = [
         "W1124 05:53:52.430000 23468 .venv/lib/python3.11/site-packages/torch/distributed/"
@@ -137,14 +137,14 @@ def _child_failed(rank: int, exitcode: int):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     failure = ProcessFailure(local_rank=rank, pid=4242, exitcode=exitcode, error_file="<N/A>")
-    return ChildFailedError("learner.main", {rank: failure})
+    return ChildFailedError("asyncrl.learner.main", {rank: failure})
 
 
 @pytest.mark.parametrize(("exitcode", "how"), [(1, "exit code 1"), (-9, "signal SIGKILL")])
 def test_a_failed_rank_ends_torchrun_with_one_line_and_no_traceback(capsys, exitcode, how):
     """Issue 29: torchrun's own traceback and report box reached the console on every learner
     failure; the rank's traceback above says what happened."""
-    from asyncrl import torchrun
+    from asyncrl.core import torchrun
 
     def fails():
         raise _child_failed(1, exitcode)

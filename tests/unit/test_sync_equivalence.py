@@ -17,13 +17,13 @@ import random
 import pytest
 import torch
 
-from asyncrl.configload import load_config
+from asyncrl.core.configload import load_config
+from asyncrl.core.types import Group, Sample
+from asyncrl.learner.batch import collate
+from asyncrl.learner.model import build_policy
+from asyncrl.learner.step import StepContext, train_on_batch
 from asyncrl.orchestration.demo.bare_grpo import grpo_advantages, ppo_clip_loss
 from asyncrl.orchestration.demo.sampling import completion_logprobs
-from asyncrl.types import Group, Sample
-from learner.batch import collate
-from learner.model import build_policy
-from learner.step import StepContext, train_on_batch
 
 PAD, VOCAB, N, LR = 0, 32, 4, 0.5
 

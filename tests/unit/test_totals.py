@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from learner.totals import RunTotals
+from asyncrl.learner.totals import RunTotals
 
 
 @dataclass

@@ -8,16 +8,16 @@ aggregation mode, with and without micro-batches (gradient accumulation)."""
 import pytest
 import torch
 
-from asyncrl.config import AlgorithmConfig
-from asyncrl.config_algorithm import _TRUNCATED
-from asyncrl.configload import load_config
-from asyncrl.types import Group
-from learner.aggregation import aggregate, make_aggregation
-from learner.batch import collate
-from learner.model import build_policy
-from learner.step import StepContext, batch_metrics, train_on_batch
-from learner.targets import compute_targets
-from learner.truncation import (
+from asyncrl.core.config import AlgorithmConfig
+from asyncrl.core.config_algorithm import _TRUNCATED
+from asyncrl.core.configload import load_config
+from asyncrl.core.types import Group
+from asyncrl.learner.aggregation import aggregate, make_aggregation
+from asyncrl.learner.batch import collate
+from asyncrl.learner.model import build_policy
+from asyncrl.learner.step import StepContext, batch_metrics, train_on_batch
+from asyncrl.learner.targets import compute_targets
+from asyncrl.learner.truncation import (
     TRUNCATION_MODES,
     clip_ratio,
     truncated_loss_mask,

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from actors.actor import ActorState
-from actors.addition import AdditionSource, addition_reward
-from actors.engine import Completion
-from actors.scoring import RewardScorer
-from actors.validation import Validator, validation_size
-from asyncrl.config import Config
-from asyncrl.configload import ConfigError, load_config
-from learner.validation import Validation, ks, pass_at_k, samples_of, summarize
+from asyncrl.actors.actor import ActorState
+from asyncrl.actors.addition import AdditionSource, addition_reward
+from asyncrl.actors.engine import Completion
+from asyncrl.actors.scoring import RewardScorer
+from asyncrl.actors.validation import Validator, validation_size
+from asyncrl.core.config import Config
+from asyncrl.core.configload import ConfigError, load_config
+from asyncrl.learner.validation import Validation, ks, pass_at_k, samples_of, summarize
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
@@ -79,7 +79,7 @@ class FakeQueue:
 
 
 def _validation(monkeypatch, size=2, **eval_kv) -> tuple[Validation, list, list]:
-    import learner.validation as module
+    import asyncrl.learner.validation as module
 
     monkeypatch.setattr(module, "EvalQueue", lambda buffer: FakeQueue())
     cfg = Config()

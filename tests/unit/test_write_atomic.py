@@ -1,4 +1,4 @@
-"""``asyncrl.rundir.write_atomic``: a secret file is written whole or not at all, with mode
+"""``asyncrl.core.rundir.write_atomic``: a secret file is written whole or not at all, with mode
 0600 from its first byte. A write that fails part way (here: a file size limit, as a full
 disk would) leaves the old file, not a part of a token that a relaunch would take for one."""
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncrl.rundir import write_atomic
+from asyncrl.core.rundir import write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "secret"
     path.write_text("old secret")
     out = _limited(
-        "from asyncrl.rundir import write_atomic", f"write_atomic({str(path)!r}, 'x' * 64)"
+        "from asyncrl.core.rundir import write_atomic", f"write_atomic({str(path)!r}, 'x' * 64)"
     )
     assert out.startswith("FAILED"), out
     assert path.read_text() == "old secret"
@@ -62,9 +62,11 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
 
 
 def test_a_launch_token_is_never_left_half_written(tmp_path):
-    from buffer.actor_ids import launch_token
+    from asyncrl.buffer.actor_ids import launch_token
 
-    out = _limited("from buffer.actor_ids import launch_token", f"launch_token({str(tmp_path)!r})")
+    out = _limited(
+        "from asyncrl.buffer.actor_ids import launch_token", f"launch_token({str(tmp_path)!r})"
+    )
     assert out.startswith("FAILED"), out
     assert not (tmp_path / "actor_ids.token").exists()
     token = launch_token(tmp_path)  # the next launch makes a whole one

@@ -50,7 +50,7 @@ def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.
 
 def evaluate(model, tokenizer, prompts, max_new_tokens: int) -> dict:
     """Greedy decoding on ``prompts``: mean reward and exact-match rate."""
-    from actors.addition import addition_reward
+    from asyncrl.actors.addition import addition_reward
     from asyncrl.orchestration.demo.sampling import sample
 
     ids = [tokenizer.encode(p.text) for p in prompts]
@@ -71,7 +71,7 @@ def grpo_step(model, opt, tokenizer, prompts, args, generator) -> dict:
     """Sample ``args.samples`` completions per prompt, score, and take one optimizer step."""
     import torch
 
-    from actors.addition import addition_reward
+    from asyncrl.actors.addition import addition_reward
     from asyncrl.orchestration.demo.sampling import completion_logprobs, sample
 
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -103,7 +103,7 @@ def run(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actors.addition import AdditionSource
+    from asyncrl.actors.addition import AdditionSource
     from asyncrl.orchestration.demo.warmstart import prepare_demo_model
 
     torch.set_num_threads(args.threads)

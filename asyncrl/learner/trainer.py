@@ -1,0 +1,470 @@
+"""The learner loop (every rank runs it under torchrun).
+
+rank 0: buffer.read -> drop stale (and, DAPO, all-equal-reward groups) -> collate --broadcast-->
+all:    [pi_prox, pi_ref, V_old] -> advantages -> PPO update(s) [+ critic] (FSDP2) -> V += 1
+all:    every sync_every: gather full weights; rank 0 -> "update v" -> actors (collective)
+all:    every checkpoint_every: DCP + HF export (atomic); rank 0 acks the trained groups
+
+An update with a NaN/inf loss or gradient norm is skipped; ``learner.max_nonfinite_steps``
+such steps in a row, or weights made non-finite by a step, fail the run before those weights
+reach the actors or a checkpoint (learner/finite.py). A run that ends before its first step
+fails too: it trained nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.core.config import Config
+from asyncrl.core.fatal import FatalError
+from asyncrl.core.faults import failpoint
+from asyncrl.core.heap import freeze_startup_heap
+from asyncrl.core.waiting import StopRequested
+from asyncrl.learner.batch import broadcast_batch, collate
+from asyncrl.learner.checkpoint import (
+    latest_checkpoint,
+    latest_good_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from asyncrl.learner.critic import build_critic
+from asyncrl.learner.device import current_device, init_distributed
+from asyncrl.learner.finite import (
+    NonFiniteError,
+    NonFiniteGuard,
+    WeightNormGuard,
+    nonfinite_models,
+    weight_norm,
+)
+from asyncrl.learner.model import build_policy, enable_gradient_checkpointing, resolve_packing
+from asyncrl.learner.reference import build_reference
+from asyncrl.learner.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
+from asyncrl.learner.targets import uses_critic
+
+
+@dataclass
+class LearnerState:
+    """What a checkpoint's state.json restores (besides model and optimizer)."""
+
+    version: int = 0
+    wall_s: float = 0.0
+    groups_trained: int = 0
+    unacked: list[str] = field(default_factory=list)
+    nonfinite_steps: int = 0
+    """Steps that skipped an update (NaN/inf loss or gradient norm); their groups count as
+    trained: the step consumed them, its metrics record the skip."""
+    nonfinite_updates: int = 0
+    """Optimizer updates skipped (policy and critic)."""
+
+
+class StoppedUntrained(RuntimeError):
+    """A stop request (Ctrl-C/SIGTERM) ended the run before its first step: not a success,
+    not a crash (``asyncrl.learner.main`` exits 130 without a traceback)."""
+
+
+def _rank0_flag(rank: int, flag) -> bool:
+    """Rank 0 decides; every rank learns the decision (a 1-element broadcast)."""
+    t = torch.tensor([1 if (rank == 0 and flag) else 0])
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
+def _rank0_text(text: str) -> str:
+    """Rank 0's ``text`` on every rank (collective): the ranks fail with the same message,
+    whichever of them torchrun reports first."""
+    if dist.get_world_size() == 1:
+        return text
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8)
+    size = torch.tensor([data.numel()])
+    dist.broadcast(size, 0)
+    if dist.get_rank() != 0:
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(data, 0)
+    return bytes(data.tolist()).decode()
+
+
+def _start_or_stop(hub, version: int) -> bool:
+    """Rank 0: ``hub.start`` (waits for the actors); True if a stop request ended the wait."""
+    try:
+        hub.start(version)
+    except StopRequested as e:
+        hub.say(str(e))
+        return True
+    return False
+
+
+def _read_or_stop(hub, version: int, stop: bool) -> tuple[list | None, bool]:
+    """Rank 0 reads the next batch before the ranks decide whether to go on: (groups, stop).
+
+    A stop request during the read ends it; the groups read so far stay pending in the buffer
+    (re-read on resume) and the loop ends with the usual final checkpoint. Rank 0 reads None
+    when the read paused for a weight sync (``Hub.next_groups``). The other ranks read
+    nothing (None): they receive the batch.
+    """
+    if stop:
+        return None, stop
+    try:
+        return hub.next_groups(version), False
+    except StopRequested as e:
+        hub.say(str(e))
+        return None, True
+
+
+def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> StepContext:
+    """Policy + optimizer, and only what the algorithm needs: a critic for an estimator that
+    takes values (gae), the frozen reference policy when ``kl_coef > 0``."""
+    algo, lc, mc = cfg.algorithm, cfg.learner, cfg.model
+    device = current_device()
+    if lc.cpu_offload and device.type != "cuda":
+        raise FatalError(
+            f"learner.cpu_offload=true needs a GPU learner; this one runs on {device.type} "
+            "(FSDP2 offloads shards from an accelerator only): set learner.cpu_offload=false"
+        )
+    packed = resolve_packing(lc.pack_sequences, lc.max_tokens_per_micro_batch, device)
+    offload = lc.cpu_offload
+    model = build_policy(model_dir, mc.dtype, mc.attn_implementation,
+                         gradient_checkpointing=mc.gradient_checkpointing,
+                         logprob_chunk_tokens=mc.logprob_chunk_tokens,
+                         temperature=cfg.actor.temperature, packed=packed,
+                         offload=offload, compile=mc.compile)  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
+    critic = reference = None
+    if uses_critic(algo.advantage):
+        lr = algo.critic_lr or lc.lr
+        critic = build_critic(model_dir, cfg.model.dtype, lr, lc.weight_decay, algo.value_clip,
+                              lc.grad_clip, cfg.model.attn_implementation, packed,
+                              offload)  # fmt: skip
+        if mc.gradient_checkpointing:
+            enable_gradient_checkpointing(critic.model.body)
+    if algo.kl_coef > 0:
+        reference = build_reference(model_dir, mc.dtype, mc.attn_implementation,
+                                    logprob_chunk_tokens=mc.logprob_chunk_tokens,
+                                    temperature=cfg.actor.temperature,
+                                    packed=packed, offload=offload)  # fmt: skip
+    return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
+                       reference=reference, max_tokens=cfg.actor.max_tokens,
+                       micro_batch_rows=lc.micro_batch_rows,
+                       max_tokens_per_micro_batch=lc.max_tokens_per_micro_batch,
+                       pack_sequences=packed)  # fmt: skip
+
+
+def _layout(ctx: StepContext) -> str:
+    """How a rank's rows run (the log's first line): the micro-batches and the attention."""
+    attn = getattr(ctx.model.config, "_attn_implementation", None) or "sdpa"
+    if ctx.pack_sequences:
+        return f"packed micro-batches of <= {ctx.max_tokens_per_micro_batch} real tokens ({attn})"
+    if ctx.max_tokens_per_micro_batch:
+        return (f"length-bucketed micro-batches of <= {ctx.max_tokens_per_micro_batch} padded "
+                f"tokens ({attn})")  # fmt: skip
+    rows = ctx.micro_batch_rows or "all"
+    return f"micro-batches of {rows} rows padded to the batch's longest ({attn})"
+
+
+@dataclass
+class _Loop:
+    """What the learner loop carries from step to step (per rank)."""
+
+    cfg: Config
+    ctx: StepContext
+    hub: object
+    """Rank 0's ``Hub``; a ``NullHub`` on the other ranks."""
+    rank: int
+    state: LearnerState
+    ckpt_dir: str
+    """Where checkpoints go: every rank writes its shards there (all learner nodes share it)."""
+    model_dir: str
+    guards: tuple
+    """``(NonFiniteGuard, WeightNormGuard)``."""
+    start: float
+    """``time.monotonic()`` of the run's start, resumed wall time included."""
+    synced: int = 0
+    """The version the actors hold."""
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def sync(self) -> None:
+        """Send this version's weights; the actors hold them now (a validation may be due)."""
+        _sync_weights(self.ctx.model, self.hub, self.state.version)
+        self.synced = self.state.version
+        self.hub.weights_at_actors(self.synced)
+
+    def checkpoint(self) -> None:
+        opts = (self.cfg.learner.keep_checkpoints, getattr(torch, self.cfg.model.dtype))
+        _checkpoint(self.ckpt_dir, self.ctx, self.state, self.model_dir, self.hub, *opts)
+
+
+def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
+    """Train until ``learner.steps`` (or ``max_wall_s``).
+
+    ``hub`` is rank 0's I/O (``asyncrl.learner.hub.Hub``: the buffer, the control plane, the weight
+    sender and the run log), a ``asyncrl.learner.null_hub.NullHub`` on the other ranks, so this loop
+    only sees tensors and calls the same methods on every rank.
+    """
+    loop = _prepare(cfg, model_dir, run_dir, hub)
+    state, rank = loop.state, loop.rank
+    if _rank0_flag(rank, _start_or_stop(hub, state.version)):
+        if state.version == 0:
+            raise _untrained(cfg, hub, rank, loop.elapsed())
+        return state  # stopped while waiting for the actors: its checkpoint is the newest
+    if cfg.learner.weight_sync and state.version > 0:  # resumed: not the actors' initial weights
+        _sync_weights(loop.ctx.model, hub, state.version)
+    loop.synced = state.version
+    hub.weights_at_actors(loop.synced, start=True)  # eval.at_start
+    while state.version < cfg.learner.steps:
+        over = cfg.learner.max_wall_s and loop.elapsed() > cfg.learner.max_wall_s
+        stop = bool(over) or hub.stop_requested()
+        groups, stop = _read_or_stop(hub, state.version, stop)  # a stop may end the read
+        if _rank0_flag(rank, stop):
+            break
+        if _rank0_flag(rank, rank == 0 and groups is None):  # actors re-registered: weights
+            loop.sync()  # first, or they generate nothing
+            continue
+        _step(loop, groups)
+    if state.version == 0:
+        raise _untrained(cfg, hub, rank, loop.elapsed())
+    loop.checkpoint()
+    if _rank0_flag(rank, hub.end_validation_due(state.version)):  # eval.at_end
+        if loop.synced != state.version:
+            _sync_weights(loop.ctx.model, hub, state.version)
+        hub.validate_final(state.version)
+    return state
+
+
+def _prepare(cfg: Config, model_dir: str, run_dir: str, hub) -> _Loop:
+    """Join the process group, build the model and optimizer, resume if a checkpoint is there."""
+    rank, world = init_distributed(cfg.learner.device, cfg.learner.gpu_memory_fraction)
+    torch.set_num_threads(cfg.learner.cpu_threads)
+    torch.manual_seed(cfg.seed)
+    ctx = build_step_context(cfg, model_dir, rank, world)
+    ctx.say = hub.say  # rank 0's log (a row longer than the token budget is said once)
+    hub.set_dynamic_sampling(cfg.algorithm.dynamic_sampling)  # DAPO: where groups are read
+    hub.say(
+        f"{world} rank(s) on {current_device().type} (process group "
+        f"{dist.get_backend()}), float32 weights"
+        f"{' offloaded to host memory' if cfg.learner.cpu_offload else ''}, "
+        f"{cfg.model.dtype} compute; {_layout(ctx)}"
+    )
+    ckpt_dir = cfg.learner.checkpoint_dir or run_dir
+    state = _maybe_resume(ckpt_dir, ctx, hub, cfg.learner.resume_from)
+    norm_guard = WeightNormGuard(cfg.learner.max_weight_norm_jump)
+    norm_guard.last = weight_norm(ctx.model)  # the first step's jump counts too
+    guards = (NonFiniteGuard(cfg.learner.max_nonfinite_steps), norm_guard)
+    freeze_startup_heap(collect=True)  # model, optimizer, imports: never traversed again
+    start = time.monotonic() - state.wall_s
+    return _Loop(cfg, ctx, hub, rank, state, ckpt_dir, model_dir, guards, start)
+
+
+def _step(loop: _Loop, groups: list | None) -> None:
+    """One step on rank 0's ``groups`` (None on the other ranks: they receive the batch), then
+    the weight sync, the step's log and a checkpoint, each when due."""
+    cfg, hub, state = loop.cfg, loop.hub, loop.state
+    failpoint("learner.after_read", version=state.version, groups=_ids(groups))
+    batch = broadcast_batch(_collate(groups)).to(current_device())
+    metrics, problem = _train_step(loop.ctx, cfg, batch, state.version, loop.guards)
+    state.version += 1
+    state.groups_trained += batch.rewards.shape[0]
+    state.nonfinite_steps += int(metrics["nonfinite_updates"] > 0)
+    state.nonfinite_updates += int(metrics["nonfinite_updates"])
+    state.wall_s = loop.elapsed()
+    if problem:  # before these weights are synced or checkpointed
+        raise _nonfinite(problem, state, metrics, hub, groups, loop.ckpt_dir)
+    hub.step_done()  # the step ran: a crash from here on is not its data's fault
+    due = cfg.learner.weight_sync and state.version - loop.synced >= cfg.learner.sync_every
+    # a validation under way holds syncs while training can go on (learner/validation.py)
+    if due and _rank0_flag(loop.rank, hub.sync_allowed(state.version, loop.synced)):
+        loop.sync()
+    hub.after_step(state, metrics)
+    every = cfg.learner.checkpoint_every
+    if every and state.version % every == 0 and state.version < cfg.learner.steps:
+        loop.checkpoint()
+    failpoint("learner.after_step", version=state.version)
+
+
+def _ids(groups: list | None) -> list[str] | None:
+    """The group ids of rank 0's batch, for the ``learner.after_read`` trace; None elsewhere."""
+    return None if groups is None else [g.group_id for g in groups]
+
+
+def _train_step(
+    ctx: StepContext, cfg: Config, batch, version: int, guards
+) -> tuple[dict, str | None]:
+    """One optimizer step at ``version`` (collective): its metrics, reduced over ranks, and
+    why to stop (non-finite weights or updates, an exploded weight norm) or None."""
+    guard, norm_guard = guards
+    _warm_up_lr(ctx, cfg, version)
+    bound = cfg.buffer.max_staleness
+    metrics = reduce_metrics(train_on_batch(ctx, batch, version, bound), ctx.world)
+    metrics |= batch_metrics(batch, version, bound)
+    metrics["lr"] = ctx.optimizer.param_groups[0]["lr"]
+    problem = guard.check(version, metrics, nonfinite_models(_models(ctx)))
+    metrics["weight_norm"] = weight_norm(ctx.model)
+    return metrics, problem or norm_guard.check(version, metrics["weight_norm"])
+
+
+def _collate(groups: list | None):
+    """Rank 0's batch; None on the other ranks (``broadcast_batch`` fills it in there)."""
+    return None if groups is None else collate(groups)
+
+
+def _untrained(cfg: Config, hub, rank: int, elapsed_s: float) -> Exception:
+    """The error of a run that ended before its first step (same text on every rank): fatal
+    on rank 0 when ``learner.max_wall_s`` ran out or the groups did (it would again after a
+    restart), not on a stop request; the other ranks leave quietly with rank 0's text
+    (``StoppedUntrained``)."""
+    stopped = hub.stop_requested()
+    limit = cfg.learner.max_wall_s
+    if stopped:
+        why = "a stop request (SIGTERM/Ctrl-C) ended the run before its first step"
+    elif limit and elapsed_s >= limit:
+        why = (
+            f"learner.max_wall_s={limit:g} ran out after {elapsed_s:.1f} s, "
+            "before the first step (its clock starts once the model is loaded and includes the "
+            "wait for the actors); raise it, or set 0 for no limit"
+        )
+    else:  # no time limit hit: the groups ran out (issue 29: it blamed max_wall_s=0)
+        why = hub.no_batch_reason() or f"the run ended after {elapsed_s:.1f} s"
+    text = _rank0_text(f"no step was trained: {why}")
+    return FatalError(text) if rank == 0 and not stopped else StoppedUntrained(text)
+
+
+def _nonfinite(problem: str, state: LearnerState, metrics: dict, hub, groups, run_dir):
+    """The ``NonFiniteError`` of a failed step (rank 0's text on every rank); rank 0 logs the
+    step's record first and names its groups."""
+    hub.after_step(state, metrics)  # the failed step's record, in metrics.jsonl
+    ids = _ids(groups) or []
+    shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+    text = (
+        f"{problem}; the step's groups: {shown}; {state.nonfinite_steps} step(s) of this "
+        f"run skipped updates; newest checkpoint: {latest_checkpoint(run_dir) or 'none yet'} "
+        "(none is written with non-finite weights)"
+    )
+    return NonFiniteError(_rank0_text(text))
+
+
+def _models(ctx: StepContext) -> dict:
+    """The models that train: the policy, and the critic when there is one."""
+    return {"policy": ctx.model, **({"critic": ctx.critic.model} if ctx.critic else {})}
+
+
+def _warm_up_lr(ctx: StepContext, cfg: Config, version: int) -> None:
+    """Linear warm-up over ``learner.warmup_steps`` for the policy and the critic."""
+    scale = min(1.0, (version + 1) / max(1, cfg.learner.warmup_steps))
+    _set_lr(ctx.optimizer, cfg.learner.lr * scale)
+    if ctx.critic is not None:
+        _set_lr(ctx.critic.optimizer, (cfg.algorithm.critic_lr or cfg.learner.lr) * scale)
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _sync_weights(model, hub, version: int) -> None:
+    """Send ``version`` to the actors (collective). Every rank gathers each full tensor as
+    rank 0 streams it, so no rank ever holds the whole model gathered (nor a host copy of
+    it: the gloo transport copies one tensor at a time, nccl sends from the GPU). A failed
+    try is gathered again by every rank, as rank 0 says (its channel re-forms the group)."""
+    from asyncrl.learner.model import full_named_tensors
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    attempt = 0
+    while _rank0_flag(rank, hub.send_weights(full_named_tensors(model), version, attempt)):
+        attempt += 1
+
+
+def _extra_state(ctx: StepContext) -> dict:
+    """Models checkpointed alongside the policy: name -> (model, optimizer)."""
+    return {"critic": (ctx.critic.model, ctx.critic.optimizer)} if ctx.critic else {}
+
+
+def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub,
+                keep: int = 0, export_dtype: torch.dtype | None = None) -> None:  # fmt: skip
+    state.unacked = hub.trained_ids()
+    # the ids of the groups this checkpoint contains: acked right after it is durable, and
+    # acked again on resume in case the learner died in between (ack is idempotent)
+    payload = {
+        "version": state.version,
+        "wall_s": state.wall_s,
+        "groups_trained": state.groups_trained,
+        "nonfinite_steps": state.nonfinite_steps,
+        "nonfinite_updates": state.nonfinite_updates,
+        "trained_ids": state.unacked,
+        "tallies": hub.tallies(),  # rank 0's summary totals, for a resume
+    }
+    save_checkpoint(run_dir, state.version, ctx.model, ctx.optimizer, payload, model_dir,
+                    extra=_extra_state(ctx), export_dtype=export_dtype)  # fmt: skip
+    failpoint("learner.before_ack", version=state.version)  # durable, groups not yet acked
+    hub.ack_trained()
+    if dist.get_rank() == 0:  # the new one is sealed: the oldest beyond keep can go
+        for old in prune_checkpoints(run_dir, keep):
+            hub.say(f"removed checkpoint {old.name} (learner.keep_checkpoints={keep})")
+
+
+def _start_from(path: Path, ctx: StepContext, hub) -> LearnerState:
+    """``learner.resume_from``: another run's checkpoint as this run's start (weights,
+    optimizer, version); checked first, on every rank (the path must be the same for all)."""
+    problem = None
+    if not (path / "COMPLETE").is_file() or not (path / "dcp").is_dir():
+        problem = "not a complete checkpoint (no COMPLETE marker or dcp/ there)"
+    elif ctx.rank == 0:
+        problem = verify_checkpoint(path)
+    bad = torch.tensor([int(problem is not None)])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad.item():
+        raise FatalError(
+            f"learner.resume_from={path}: {problem or 'not seen by every learner rank'}; give "
+            "a checkpoint directory .../checkpoints/step_<V> that every learner node sees"
+        )
+    saved = load_checkpoint(path, ctx.model, ctx.optimizer, extra=_extra_state(ctx))
+    hub.say(f"started from {path} (learner.resume_from) at version {saved['version']}; the "
+            "other run's buffer state stays there")  # fmt: skip
+    return LearnerState(saved["version"], 0.0, 0)
+
+
+def _agreed_checkpoint(run_dir: str, rank: int, say=print) -> Path | None:
+    """Rank 0's newest complete checkpoint, which every rank must see at the same path
+    (collective). A learner over several nodes whose ``learner.checkpoint_dir`` is not one
+    shared directory fails here, on every rank, naming what a node lacks, instead of ranks
+    loading different versions or waiting in the load's collectives."""
+    path = latest_good_checkpoint(run_dir, say) if rank == 0 else None  # rank 0 decides
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return path
+    name = torch.tensor(list((path.name if path else "").encode().ljust(64)), dtype=torch.uint8)
+    dist.broadcast(name, 0)
+    chosen = bytes(name.tolist()).decode().strip()
+    mine = Path(run_dir) / "checkpoints" / chosen if chosen else None
+    ok = torch.tensor([int(mine is None or (mine / "COMPLETE").is_file())])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not ok.item():
+        seen = mine is None or (mine / "COMPLETE").is_file()
+        lacks = "" if seen else f" (rank {rank} lacks {mine})"
+        raise FatalError(
+            f"learner rank 0 resumes from checkpoints/{chosen}, which not every learner rank "
+            f"sees{lacks}: learner.checkpoint_dir must be one directory shared by every "
+            "learner node (e.g. NFS or Lustre)"
+        )
+    return mine
+
+
+def _maybe_resume(run_dir: str, ctx: StepContext, hub, resume_from: str = "") -> LearnerState:
+    path = _agreed_checkpoint(run_dir, ctx.rank, hub.say)
+    if path is None and resume_from:
+        return _start_from(Path(resume_from), ctx, hub)
+    if path is None:
+        return LearnerState()
+    saved = load_checkpoint(Path(path), ctx.model, ctx.optimizer, extra=_extra_state(ctx))
+    hub.say(f"resumed from {path} at version {saved['version']}")
+    hub.ack_ids(saved.get("trained_ids", []))
+    hub.restore_tallies(saved.get("tallies", {}))
+    return LearnerState(saved["version"], saved["wall_s"], saved["groups_trained"],
+                        nonfinite_steps=saved.get("nonfinite_steps", 0),
+                        nonfinite_updates=saved.get("nonfinite_updates", 0))  # fmt: skip
