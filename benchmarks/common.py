@@ -95,6 +95,8 @@ def rerun_command() -> str:
 
     main = sys.modules.get("__main__")
     module = getattr(getattr(main, "__spec__", None), "name", None)
+    if module:  # a family run as a package (benchmarks/vs_trl/__main__.py): its package's name
+        module = module.removesuffix(".__main__")
     if not module:
         script = Path(sys.argv[0]).resolve()
         try:

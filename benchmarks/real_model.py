@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from asyncrl.core.configload import CONFIG_DIR
 from benchmarks.common import REPO
 
 MATH_EXAMPLE = REPO / "examples" / "smollm2_math" / "make_data.py"
@@ -24,7 +25,7 @@ def model_overrides(spec: str | None) -> list[str]:
     """``asyncrl`` overrides selecting ``spec`` (none for None: the config's own model)."""
     if spec is None:
         return []
-    if (REPO / "configs" / "model" / f"{spec}.yaml").is_file():
+    if (CONFIG_DIR / "model" / f"{spec}.yaml").is_file():
         return [f"model={spec}"]
     return ["model=local", f"model.path={spec}"]
 
@@ -60,7 +61,7 @@ def math_task(out_dir: Path, count: int, seed: int = 0) -> list[str]:
 
 def param_counts(model_dir: str | Path) -> dict:
     """Parameter counts of the model in ``model_dir`` (built on the meta device: nothing
-    loaded), as ``benchmarks.throughput_model.build_model_dir`` reports a random model's."""
+    loaded), as ``benchmarks.learner.throughput_model.build_model_dir`` reports a random model's."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

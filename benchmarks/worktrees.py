@@ -1,5 +1,5 @@
 """Temporary git worktrees of this repository, for benchmarks that run older commits' code
-next to the working tree (``benchmarks.demo_step_rate``): detached checkouts under a directory
+next to the working tree (``benchmarks.demo.step_rate``): detached checkouts under a directory
 of their own, removed again by ``close`` (call it from a ``finally``, so an error or Ctrl-C
 leaves no worktree behind)."""
 

@@ -11,8 +11,8 @@ time is recorded as such and the next one runs):
 
   env                 the device, driver, torch, CUDA, NCCL and transformers versions, commit;
   tests_gpu           ``pytest tests/gpu`` (every test there), JUnit XML;
-  weight_path         ``benchmarks.weight_path``: the sender's pack and device-to-host rates;
-  learner_throughput  ``benchmarks.learner_throughput`` at the Qwen2.5-1.5B shape: the
+  weight_path         ``benchmarks.learner.weight_path``: the sender's pack and device-to-host rates;
+  learner_throughput  ``benchmarks.learner.throughput`` at the Qwen2.5-1.5B shape: the
                       ``asyncrl`` arm (packed sequences on a GPU), ``bucketed``
                       (``learner.pack_sequences=false``), ``compiled``
                       (``model.compile=true``; not in the dry run) and the bare loop, side
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
                             200)  # fmt: skip
             res |= junit_counts(check.out / "tests_gpu.xml", check.started)
         elif part == "weight_path":
-            res = check.run(part, [py, "-m", "benchmarks.weight_path", "--preset", preset, *device,
+            res = check.run(part, [py, "-m", "benchmarks.learner.weight_path", "--preset", preset, *device,
                                    "--out", out, "--name", "weight_path"], 90)  # fmt: skip
             res |= headline_weights(check.out / "weight_path.json", check.started)
         elif part == "learner_throughput":
@@ -299,7 +299,7 @@ def main(argv=None) -> int:
             # the dry run leaves the compiled arm out: it would only time inductor's CPU build
             # (~25 s of CI); the arm's plumbing is every other arm's
             compiled = [] if dry else ["--arm", "compiled:model.compile=true"]
-            res = check.run(part, [py, "-m", "benchmarks.learner_throughput", "--preset", preset,
+            res = check.run(part, [py, "-m", "benchmarks.learner.throughput", "--preset", preset,
                                    *device, "--arms", "asyncrl", *compiled, "--arm", "bare",
                                    "--arm", "bucketed:learner.pack_sequences=false", *extra,
                                    "--profile", args.profile, "--rounds", "1", "--repeat", "2", *fit, "--timeout", "200",

@@ -1,5 +1,5 @@
-"""Random groups for learner tests: one home for what tests/unit/test_step_critic.py and
-tests/unit/test_truncation.py both draw."""
+"""Random groups for learner tests: one home for what tests/unit/learner/test_step_critic.py and
+tests/unit/learner/test_truncation.py both draw."""
 
 from __future__ import annotations
 

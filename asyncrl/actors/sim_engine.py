@@ -1,7 +1,7 @@
 """SimEngine: a stand-in for ``ActorEngine`` with no model (``actor.engine=sim``).
 
 It lets the learner and the buffer be driven by many actor processes on a small machine
-(``benchmarks/scale_sim.py``). Same interface as ``ActorEngine``
+(``benchmarks/demo/scale_sim.py``). Same interface as ``ActorEngine``
 (``asyncrl.actors.engine_protocol.Engine``):
 
 - ``generate``: completion lengths are geometric with mean ``mean_len`` (truncated to

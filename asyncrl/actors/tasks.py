@@ -25,7 +25,7 @@ def _file_source(cfg, model_dir: str, log=print, split="train"):
 
 TASKS: dict[str, Callable] = {"addition": AdditionSource.from_config, "file": _file_source}
 """``task.name`` -> ``factory(cfg, model_dir, log, split="train" | "val")``; asyncrl/core/config.py ``_TASKS`` repeats the
-names (it imports no actor code) and tests/unit/test_config.py checks they match."""
+names (it imports no actor code) and tests/unit/core/test_config.py checks they match."""
 
 
 def build_prompt_source(cfg, model_dir: str, log: Callable[[str], None] = print):

@@ -10,7 +10,7 @@ from asyncrl.core.config_checks import require as _require
 from asyncrl.core.config_checks import require_finite as _require_finite
 
 # registry keys, repeated here so the CLI validates a config without importing torch;
-# tests/unit/test_step_registry.py checks they match asyncrl.learner.losses / asyncrl.learner.advantages
+# tests/unit/learner/test_step_registry.py checks they match asyncrl.learner.losses / asyncrl.learner.advantages
 _STALE_TOKENS = ("drop_group", "mask", "interpolate")  # learner/stale_tokens.py
 _LOSSES = ("decoupled_ppo", "bypass_ppo", "tis", "masked_is", "gspo", "cispo")
 _ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")

@@ -11,7 +11,7 @@ from asyncrl.core.config_checks import require as _require
 from asyncrl.core.config_checks import require_finite as _require_finite
 
 # the prompt sources of actors/tasks.py's TASKS registry, repeated here so the CLI validates a
-# config without importing actor code; tests/unit/test_config.py checks they match
+# config without importing actor code; tests/unit/core/test_config.py checks they match
 _TASKS = ("addition", "file")
 SEED_MAX = 2**31 - 1
 """Largest ``seed`` / ``task.seed``: vLLM seeds numpy (unsigned 32-bit) with seed + actor id."""
@@ -53,7 +53,7 @@ class TaskConfig:
     reward_workers: int = 4
     """Reward calls an actor runs at once (its workers), 1..256; the n samples of a group are
     scored at once. A pool keeps up while the actor makes fewer than ``reward_workers /
-    latency`` samples/s (4 workers, 50 ms: 80/s; benchmarks/reward_pool.py measured no loss
+    latency`` samples/s (4 workers, 50 ms: 80/s; benchmarks/parts/reward_pool.py measured no loss
     of generated tokens/s at 34 samples/s, and 0.60x with one call at a time)."""
     max_reward_error_frac: float = 0.5
     """Fail the run (the actor exits non-zero, naming the function and its first error) once

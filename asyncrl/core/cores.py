@@ -11,7 +11,7 @@ Rules of ``split_cores``:
   actor.cpu_threads``. When both fit, the learner takes the lowest ones it needs and the
   actors every core left: the two sides never share a core, so neither starves the other
   (a side that is idle does not lend its core either; on the demo that trade is measured in
-  ``benchmarks/demo_defaults.py``: pinned 1.65x unpinned).
+  ``benchmarks/demo/defaults.py``: pinned 1.65x unpinned).
 - When they do not fit, both sides run unpinned and the note says why.
 - One side given explicitly (a core list, or '' = unpinned): the other side's ``auto`` takes
   the usable cores the explicit list leaves (all of them when it is ''), never a core of it.

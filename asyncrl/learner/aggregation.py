@@ -136,7 +136,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
     and a clamp would only zero the gradient of the tokens that drifted furthest); k3 has
     verl's numerics (``low_var_kl``): x clamped at +-_MAX_LOG_RATIO before exp(), the result at
     _MAX_KL, so its gradient is 0 where k3 > _MAX_KL (verl also clamps at -_MAX_KL, which k3
-    never reaches). tests/unit/test_losses_vs_peers.py checks all three against verl.
+    never reaches). tests/unit/learner/test_losses_vs_peers.py checks all three against verl.
     """
     x = ref_logprobs.detach() - logprobs
     if estimator == "k1":

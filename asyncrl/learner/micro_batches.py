@@ -15,7 +15,7 @@ at most one of them set):
 
 Right padding makes trimming exact: a real token's position id is its column index, which
 trimming does not change, and a causal mask never lets a real token see a padding column, so
-the model's outputs on real tokens are the same (tests/unit/test_micro_batches.py).
+the model's outputs on real tokens are the same (tests/unit/learner/test_micro_batches.py).
 
 Lockstep: under FSDP2 every rank must make the same number of forward/backward calls (each
 all-gathers the same shards), but a rank of short rows packs into fewer micro-batches than a

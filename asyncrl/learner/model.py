@@ -219,7 +219,7 @@ def compile_layers(model: nn.Module) -> int:
     runs the same code, and parameters are graph inputs (dynamo's default), so one compiled
     graph serves all of them. Compiled graphs are not read back from torch's on-disk caches
     (``compile_without_pickled_caches``: they are pickles). Same values as eager up to float
-    rounding (tests/unit/test_compile_layers.py)."""
+    rounding (tests/unit/learner/test_compile_layers.py)."""
     from asyncrl.learner.packing import compile_without_pickled_caches
 
     compile_without_pickled_caches()

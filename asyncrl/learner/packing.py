@@ -20,7 +20,7 @@ attention gets an explicit document mask, causal within a row and nothing across
 
 A 4-D mask is used by transformers as given (``masking_utils``), in every version we run.
 The outputs on each row's tokens are those of running the row alone
-(tests/unit/test_packing.py; tests/gpu for flex_attention and flash-attn on a GPU).
+(tests/unit/learner/test_packing.py; tests/gpu for flex_attention and flash-attn on a GPU).
 """
 
 from __future__ import annotations

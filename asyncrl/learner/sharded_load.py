@@ -15,7 +15,7 @@ Under a process group, ``asyncrl.learner.model.load_sharded_hf_model`` (the poli
 Nothing is communicated: every rank reads its own block. The largest tensor a rank allocates
 is one uninitialised parameter at construction (``torch.empty`` on the CPU, never written,
 moved to meta at once, as accelerate's ``init_empty_weights(include_buffers=False)`` does);
-everything it writes is at most one local shard (tests/unit/test_sharded_load.py).
+everything it writes is at most one local shard (tests/unit/learner/test_sharded_load.py).
 
 What it loads: safetensors checkpoints (``model.safetensors`` or a sharded
 ``model.safetensors.index.json``) whose tensor names are the model's state-dict names, tied

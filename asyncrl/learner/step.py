@@ -216,7 +216,7 @@ def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
     gradient over the micro-batches of ``sh.plan``. The aggregation's denominators are the
     whole minibatch's (all ranks, full grid), so the sum of the micro-batch losses and
     gradients is the minibatch's, however the rows are grouped and trimmed
-    (tests/unit/test_losses.py, tests/unit/test_step_buckets.py). Not applied when the loss or
+    (tests/unit/learner/test_losses.py, tests/unit/learner/test_step_buckets.py). Not applied when the loss or
     the gradient norm is NaN/inf on any rank (``nonfinite_updates`` = 1)."""
     max_len = ctx.max_tokens or sh.agg_mask.shape[1]
     agg = make_aggregation(ctx.algo.aggregation, sh.agg_mask, max_len)

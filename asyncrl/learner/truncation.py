@@ -15,7 +15,7 @@ end, and its reward scores half an answer. ``truncated`` is a ``[B]`` float tens
 ``mask`` is DAPO's overlong filtering as TRL implements it (``mask_truncated_completions``):
 because the denominators then count only kept rows, the loss and its gradient equal those of
 the batch without the truncated rows (given the same advantages), for every aggregation mode
-and any micro-batch split (tests/unit/test_truncation.py).
+and any micro-batch split (tests/unit/learner/test_truncation.py).
 """
 
 from __future__ import annotations

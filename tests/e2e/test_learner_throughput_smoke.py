@@ -1,4 +1,4 @@
-"""``benchmarks/learner_throughput.py --preset tiny``: the JSON is complete.
+"""``benchmarks/learner/throughput.py --preset tiny``: the JSON is complete.
 
 A schema check on the tiny preset end to end (random model saved and loaded, every arm in its
 worker processes, the fit search), not a measurement: no figure is asserted beyond being
@@ -27,7 +27,7 @@ ARMS = ["padded", "asyncrl", "bare", "extra", "bare_x"]
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("throughput")
-    cmd = [sys.executable, "-m", "benchmarks.learner_throughput", "--preset", "tiny",
+    cmd = [sys.executable, "-m", "benchmarks.learner.throughput", "--preset", "tiny",
            "--rounds", "1", "--repeat", "1", "--out", str(out), "--name", "smoke",
            "--arm", "extra:model.logprob_chunk_tokens=16,threads=1",
            "--arm", "bare_x:chunk=16,threads=1"]  # fmt: skip
@@ -40,7 +40,7 @@ def test_provenance(result):
     doc, _, _ = result
     for key in ("name", "created", "command", "commit", "machine", "config", "versions"):
         assert doc[key], key
-    assert doc["command"].startswith("python -m benchmarks.learner_throughput --preset tiny")
+    assert doc["command"].startswith("python -m benchmarks.learner.throughput --preset tiny")
     assert doc["machine"]["cpu"] and doc["machine"]["torch"]
     cfg = doc["config"]
     assert cfg["preset"] == "tiny" and cfg["device"] == "cpu" and cfg["n_params"] > 0
@@ -91,7 +91,7 @@ def test_learner_arms_pair_with_the_bare_arm_of_their_threads_and_dtype(result):
 
 
 def test_smollm2_preset_steps_the_real_model(smollm2_dir, tmp_path):
-    cmd = [sys.executable, "-m", "benchmarks.learner_throughput", "--preset", "smollm2",
+    cmd = [sys.executable, "-m", "benchmarks.learner.throughput", "--preset", "smollm2",
            "--groups", "1", "--n", "2", "--mean", "4", "--floor", "2", "--cap", "12",
            "--rounds", "1", "--repeat", "1", "--no-fit", "--out", str(tmp_path),
            "--name", "smol"]  # fmt: skip

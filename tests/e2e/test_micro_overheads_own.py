@@ -1,4 +1,4 @@
-"""``benchmarks/micro_overheads.py own`` at a tiny size: ``Actor.produce`` over an instant
+"""``benchmarks/parts/overheads.py own`` at a tiny size: ``Actor.produce`` over an instant
 ``SimEngine`` into a real redis-server commits every group, and the JSON carries each round's
 CPU split and the medians per group. No figure is asserted beyond being measured (numbers come
 from the benchmark, not from tests)."""
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.timeout(400)]
 
 
 def test_own_part_measures_every_round_and_writes_the_medians(tmp_path):
-    cmd = [sys.executable, "-m", "benchmarks.micro_overheads", "own", "--prompts", "40",
+    cmd = [sys.executable, "-m", "benchmarks.parts.overheads", "own", "--prompts", "40",
            "--rounds", "2", "--out", str(tmp_path), "--name", "smoke"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=380)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -30,6 +30,6 @@ def test_own_part_measures_every_round_and_writes_the_medians(tmp_path):
         assert any(k.startswith("redis") for k in run["children_cpu_s_by_name"]), run
     med = own["ms_per_group_median"]
     assert set(med) == {"wall", "client_cpu", "redis_cpu"} and med["wall"] > 0, med
-    assert doc["command"].startswith("python -m benchmarks.micro_overheads own")
+    assert doc["command"].startswith("python -m benchmarks.parts.overheads own")
     assert doc["config"]["out"] is None
     assert "own work (medians, ms a group)" in proc.stdout

@@ -112,4 +112,4 @@ def test_ppo_trains_a_sharded_critic(runs):
     assert any(r["value_mean"] != 0 for r in records)
     meta = (run_dir / "checkpoints" / f"step_{STEPS:06d}" / "dcp" / ".metadata").read_bytes()
     assert b"critic_model" in meta and b"critic_optim" in meta
-    # that its loss falls is tested on a fixed batch: tests/unit/test_step_critic.py
+    # that its loss falls is tested on a fixed batch: tests/unit/learner/test_step_critic.py

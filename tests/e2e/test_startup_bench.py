@@ -1,4 +1,4 @@
-"""``benchmarks/startup.py --runs 1``: one timestamped ``asyncrl run`` of 3 steps; the
+"""``benchmarks/demo/startup.py --runs 1``: one timestamped ``asyncrl run`` of 3 steps; the
 milestones are all there, in the order the roles reach them, and the JSON is complete. No
 figure is asserted beyond its order (numbers come from the benchmark, not from tests)."""
 
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis, pytest.mark
 
 
 def test_one_run_reports_every_milestone_in_order(tmp_path):
-    cmd = [sys.executable, "-m", "benchmarks.startup", "--runs", "1", "--out", str(tmp_path),
+    cmd = [sys.executable, "-m", "benchmarks.demo.startup", "--runs", "1", "--out", str(tmp_path),
            "--name", "smoke"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=380)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -27,4 +27,4 @@ def test_one_run_reports_every_milestone_in_order(tmp_path):
     assert doc["per_arm"]["this"]["first_step_s"]["n"] == 1
     for key in ("name", "created", "command", "commit", "machine", "config"):
         assert doc[key], key
-    assert doc["command"].startswith("python -m benchmarks.startup")
+    assert doc["command"].startswith("python -m benchmarks.demo.startup")

@@ -1,4 +1,4 @@
-"""``benchmarks/vs_trl.py --tiny``: the JSON has every figure, parity passed, and a parity
+"""``benchmarks/vs_trl/run.py --tiny``: the JSON has every figure, parity passed, and a parity
 mismatch is refused before anything is timed.
 
 A schema check on 3 steps of 4 prompts x 4 samples, one seed (not a measurement: no number is

@@ -2,7 +2,7 @@
 give the eager log-probs, entropy and gradients on packed rows with flex_attention (compiled
 inside the compiled layer there) and sdpa, in bfloat16, with gradient checkpointing, and over
 two stream lengths (the dynamic-shape recompile). Skipped without a CUDA GPU; the CPU
-version (float32, sdpa) is tests/unit/test_compile_layers.py."""
+version (float32, sdpa) is tests/unit/learner/test_compile_layers.py."""
 
 from __future__ import annotations
 

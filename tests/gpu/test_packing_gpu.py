@@ -3,7 +3,7 @@ in one packed stream against the row run alone, with flex_attention (its ``Block
 (dense boolean mask) and flash-attn's varlen kernel when flash-attn is installed; bfloat16
 compute, rows longer than flex's 128-token blocks so blocks straddle rows. Skipped on machines
 without a CUDA GPU; the CPU versions (float64, sdpa/eager, flex forward) are
-tests/unit/test_packing.py.
+tests/unit/learner/test_packing.py.
 """
 
 from __future__ import annotations

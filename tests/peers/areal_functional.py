@@ -1,6 +1,6 @@
 # ruff: noqa
 # fmt: off
-"""Excerpts of AReaL, vendored for tests/unit/test_losses_vs_peers.py (not used by asyncrl).
+"""Excerpts of AReaL, vendored for tests/unit/learner/test_losses_vs_peers.py (not used by asyncrl).
 
 Source: https://github.com/inclusionAI/AReaL, commit 4aef98d8d818af55b43621aaadba047ae10f4e77
 (2026-05-21; functional.py last changed in b2fb234d927a0740f3cea4c8cc22c46fa3154686), files

@@ -1,6 +1,6 @@
 # ruff: noqa
 # fmt: off
-"""Excerpts of verl, vendored for tests/unit/test_losses_vs_peers.py (not used by asyncrl).
+"""Excerpts of verl, vendored for tests/unit/learner/test_losses_vs_peers.py (not used by asyncrl).
 
 Source: https://github.com/volcengine/verl, commit b178a3cd56f58b2d502255daba591e92833930a7
 (2026-01-29), files

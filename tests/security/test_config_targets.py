@@ -56,7 +56,7 @@ def test_default_config_loads():
 def test_no_code_instantiates_objects_from_config():
     """No hydra.utils.instantiate / call / get_class / get_method / locate in our packages."""
     bad = []
-    for d in ("asyncrl", "actors", "buffer", "learner"):
+    for d in ("asyncrl",):  # every part is a subpackage (actors/ etc. link into it)
         for path in (ROOT / d).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = []

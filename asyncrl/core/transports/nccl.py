@@ -23,7 +23,7 @@ be cancelled: it runs on a daemon thread and the caller gets ``WeightSyncError``
 deadline; the abandoned thread ends when NCCL's bootstrap gives up, and the next group uses
 a new unique id.
 
-Verified on: CPU only, with a fake communicator (tests/unit/test_nccl_transport.py). Not
+Verified on: CPU only, with a fake communicator (tests/unit/core/test_nccl_transport.py). Not
 verified: two GPUs (the only GPU machine lent had one; NCCL refuses two ranks on one device).
 """
 

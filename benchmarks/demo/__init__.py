@@ -1,0 +1,1 @@
+"""The demo's defaults, step rate, start-up and own-task runs."""

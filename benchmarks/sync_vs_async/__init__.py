@@ -1,0 +1,1 @@
+"""Synchronous against asynchronous training (python -m benchmarks.sync_vs_async)."""

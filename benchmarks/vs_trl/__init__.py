@@ -1,0 +1,1 @@
+"""Asyncrl against TRL's GRPOTrainer (python -m benchmarks.vs_trl)."""

@@ -1,0 +1,202 @@
+"""The reward worker pool (actors/reward_pool.py) through ``RewardScorer``: a group's calls run
+at once and come back in sample order, for both executors; a process worker past its
+deadline is killed (with what it started) and replaced, one that dies mid-call is replaced
+and the call counts as ``crashed``; error kinds and the first error's traceback come back
+from a process; nothing is left running after ``close``. Real worker processes throughout
+(spec ``tests/unit/actors/pool_rewards.py:behave``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl.actors.reward_loading import load_reward_fn
+from asyncrl.actors.reward_pool import ProcessWorker, RewardWorkerError
+from asyncrl.actors.scoring import RewardScorer
+from asyncrl.core.config import TaskConfig
+from asyncrl.core.sandbox import SandboxError
+
+SPEC = f"{Path(__file__).with_name('pool_rewards.py')}:behave"
+
+
+def _scorer(executor="process", workers=4, timeout=10.0, lines=None, kinds=None, spec=SPEC):
+    task = TaskConfig(
+        reward_fn=spec, reward_executor=executor, reward_workers=workers,
+        reward_timeout_s=timeout,
+    )  # fmt: skip
+    fn = load_reward_fn(SPEC)  # thread workers call it; process workers load the spec
+    say = (lines if lines is not None else []).append
+    return RewardScorer(fn, task, say, (kinds if kinds is not None else []).append)
+
+
+def _pids(scorer) -> list[int]:
+    return [w.pid for w in scorer.pool.workers if isinstance(w, ProcessWorker)]
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone(pid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _running(pid)
+
+
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_a_groups_calls_run_at_once_and_come_back_in_sample_order(executor):
+    """8 calls of 50 ms on 4 workers: ~0.1 s, not the 0.4 s of one after another."""
+    calls = [f"sleep {0.05 + 0.01 * (i % 3)} {i}" for i in range(8)]  # finish out of order
+
+    async def main():
+        scorer = _scorer(executor, workers=4)
+        try:
+            await scorer.score_all("p", ["sleep 0 0"] * 4, {})  # start the 4 workers
+            t0 = time.monotonic()
+            results = await scorer.score_all("p", calls, {})
+            return results, time.monotonic() - t0
+        finally:
+            scorer.close()
+
+    results, took = asyncio.run(main())
+    assert [r.value for r in results] == [float(i) for i in range(8)]
+    assert not any(r.kind for r in results)
+    assert took < 0.3, f"8 x 50 ms on 4 workers took {took:.3f} s: the calls did not overlap"
+
+
+def test_a_timed_out_call_kills_its_process_and_what_it_started_and_a_fresh_one_goes_on(
+    tmp_path,
+):
+    lines: list[str] = []
+    kinds: list[str] = []
+    pid_file = tmp_path / "child.pid"
+
+    async def main():
+        scorer = _scorer(workers=1, timeout=1.0, lines=lines, kinds=kinds)
+        try:
+            first_pid = (await scorer.score("p", "pid", {})).value
+            t0 = time.monotonic()
+            stuck = await scorer.score("p", "child", {"pid_file": str(pid_file)})
+            took = time.monotonic() - t0
+            after = (await scorer.score("p", "pid", {})).value
+            return int(first_pid), stuck, took, int(after)
+        finally:
+            scorer.close()
+
+    first_pid, stuck, took, after = asyncio.run(main())
+    assert stuck.kind == "timeout" and stuck.value == 0.0
+    assert stuck.reason == "timeout: the call took longer than task.reward_timeout_s=1 s"
+    assert 1.0 <= took < 3.0
+    assert after != first_pid, "the timed-out worker was given the next call"
+    assert _gone(first_pid), "the timed-out worker process is still running"
+    assert _gone(int(pid_file.read_text())), "the process the reward started is still running"
+    assert kinds == ["timeout"]
+    # the log shows where the call was stuck (faulthandler's dump from the worker)
+    assert any("line" in x and "in behave" in x for x in lines), lines
+    assert any("in score_call" in x for x in lines), lines
+
+
+def test_error_kinds_and_the_first_errors_traceback_come_back_from_a_process():
+    lines: list[str] = []
+    kinds: list[str] = []
+
+    async def main():
+        scorer = _scorer(workers=2, lines=lines, kinds=kinds)
+        try:
+            return await scorer.score_all("12+3=", ["raise", "str", "nan", "raise", "print"], {})
+        finally:
+            scorer.close()
+
+    results = asyncio.run(main())
+    assert [r.kind for r in results] == ["raised", "wrong_type", "non_finite", "raised", ""]
+    assert results[0].reason == "raised: reward function raised ValueError: bad 12+3="
+    assert results[4].value == 1.0, "a print that looks like a reply was taken for one"
+    assert sorted(kinds) == ["non_finite", "raised", "raised", "wrong_type"]
+    headers = [x for x in lines if x.startswith("reward error")]
+    assert len(headers) == 3, "the first error of each kind is logged, once"
+    assert "| Traceback (most recent call last):" in lines
+    assert any("pool_rewards.py" in x and "in behave" in x for x in lines), lines
+    assert "| ValueError: bad 12+3=" in lines
+    assert any("returned '1.0'" in x for x in lines) and any("returned nan" in x for x in lines)
+
+
+def test_a_worker_that_dies_mid_call_is_replaced_and_the_call_is_a_crashed_error():
+    lines: list[str] = []
+    kinds: list[str] = []
+
+    async def main():
+        scorer = _scorer(workers=1, lines=lines, kinds=kinds)
+        try:
+            before = int((await scorer.score("p", "pid", {})).value)
+            crashed = await scorer.score("p", "exit", {})
+            after = int((await scorer.score("p", "pid", {})).value)
+            return before, crashed, after
+        finally:
+            scorer.close()
+
+    before, crashed, after = asyncio.run(main())
+    assert crashed.kind == "crashed" and crashed.value == 0.0
+    assert crashed.reason == (
+        f"crashed: the reward worker process (pid {before}) died: exit code 3"
+    )
+    assert after != before and kinds == ["crashed"]
+    assert any(x.startswith("reward error (crashed)") for x in lines), lines
+
+
+def test_close_leaves_no_process_behind_even_with_a_call_stuck_in_one(tmp_path):
+    pid_file = tmp_path / "child.pid"
+
+    async def main():
+        scorer = _scorer(workers=3, timeout=60.0)
+        await scorer.score_all("p", ["pid"] * 3, {})
+        stuck = asyncio.create_task(scorer.score("p", "child", {"pid_file": str(pid_file)}))
+        while not pid_file.exists():
+            await asyncio.sleep(0.02)
+        pids = _pids(scorer)
+        stuck.cancel()  # what a stop does to the groups in flight
+        with pytest.raises(asyncio.CancelledError):
+            await stuck
+        scorer.close()
+        return pids
+
+    t0 = time.monotonic()
+    pids = asyncio.run(main())
+    assert len(pids) == 3
+    for pid in [*pids, int(pid_file.read_text())]:
+        assert _gone(pid), f"process {pid} outlived close()"
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_machine_that_cannot_sandbox_fails_the_actor_from_a_process_too():
+    async def main():
+        scorer = _scorer(workers=1)
+        try:
+            await scorer.score("p", "sandbox", {})
+        finally:
+            scorer.close()
+
+    with pytest.raises(SandboxError, match="no landlock"):
+        asyncio.run(main())
+
+
+def test_a_worker_gets_no_buffer_password_and_a_spec_it_cannot_load_is_fatal(monkeypatch):
+    monkeypatch.setenv("ASYNCRL_REDIS_URL", "redis://:secret@127.0.0.1:1/0")
+
+    async def main(spec):
+        scorer = _scorer(workers=1, spec=spec)
+        try:
+            return await scorer.score("p", "secret", {})
+        finally:
+            scorer.close()
+
+    assert asyncio.run(main(SPEC)).value == 0.0
+    with pytest.raises(RewardWorkerError, match="has no attribute 'nope'"):
+        asyncio.run(main(SPEC.replace(":behave", ":nope")))
