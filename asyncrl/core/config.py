@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from asyncrl.core.config_algorithm import (  # noqa: F401 (registry names: tests import them here)
     _ADVANTAGES,
     _AGGREGATIONS,
-    _KL_ESTIMATORS,
     _LOSSES,
     AlgorithmConfig,
 )

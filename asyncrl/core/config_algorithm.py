@@ -11,7 +11,9 @@ from asyncrl.core.config_checks import require_finite as _require_finite
 
 # registry keys, repeated here so the CLI validates a config without importing torch;
 # tests/unit/learner/test_step_registry.py checks they match asyncrl.learner.losses / asyncrl.learner.advantages
-_STALE_TOKENS = ("drop_group", "mask", "interpolate")  # learner/stale_tokens.py
+# Name lists with no code behind them here: their one home, which the learner imports
+# (asyncrl.learner.stale_tokens / aggregation / truncation) and tests/unit/learner check by use.
+STALE_TOKEN_MODES = ("drop_group", "mask", "interpolate")
 _LOSSES = ("decoupled_ppo", "bypass_ppo", "tis", "masked_is", "gspo", "cispo")
 _ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
 _AGGREGATIONS = (
@@ -20,8 +22,8 @@ _AGGREGATIONS = (
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
 )
-_KL_ESTIMATORS = ("k1", "k2", "k3")
-_TRUNCATED = ("keep", "mask", "penalize")  # asyncrl.learner.truncation.TRUNCATION_MODES
+KL_ESTIMATORS = ("k1", "k2", "k3")
+TRUNCATION_MODES = ("keep", "mask", "penalize")
 
 
 @dataclass
@@ -128,8 +130,8 @@ class AlgorithmConfig:
         )
         _require(a.aggregation in _AGGREGATIONS, f"{name}.aggregation not in {_AGGREGATIONS}")
         _require(
-            a.stale_tokens in _STALE_TOKENS,
-            f"{name}.stale_tokens={a.stale_tokens!r} not in {_STALE_TOKENS}",
+            a.stale_tokens in STALE_TOKEN_MODES,
+            f"{name}.stale_tokens={a.stale_tokens!r} not in {STALE_TOKEN_MODES}",
         )
         _require(
             not (a.stale_tokens == "mask" and a.advantage == "gae"),
@@ -157,7 +159,7 @@ class AlgorithmConfig:
         _bound(a, "algorithm.cispo_eps_high", ge=0)
         _bound(a, "algorithm.kl_coef", ge=0)
         _bound(a, "algorithm.entropy_coef", ge=0)
-        _require(a.kl_estimator in _KL_ESTIMATORS, f"algorithm.kl_estimator in {_KL_ESTIMATORS}")
+        _require(a.kl_estimator in KL_ESTIMATORS, f"algorithm.kl_estimator in {KL_ESTIMATORS}")
         _require(a.kl_mode in ("loss", "reward"), "algorithm.kl_mode in (loss, reward)")
         _require(
             not (a.kl_coef > 0 and a.kl_mode == "loss" and a.kl_estimator == "k1"),
@@ -171,8 +173,8 @@ class AlgorithmConfig:
         _bound(a, "algorithm.overlong_frac", ge=0, le=1, hint=" (0 = off)")
         _bound(a, "algorithm.overlong_penalty", ge=0)
         _require(
-            a.truncated in _TRUNCATED,
-            f"algorithm.truncated={a.truncated!r} not in {_TRUNCATED}: keep (train on cut "
+            a.truncated in TRUNCATION_MODES,
+            f"algorithm.truncated={a.truncated!r} not in {TRUNCATION_MODES}: keep (train on cut "
             "completions), mask (no loss) or penalize (reward := algorithm.truncated_reward)",
         )
         _require(

@@ -33,10 +33,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from asyncrl.core.config_algorithm import KL_ESTIMATORS  # the one home of the names
+
 _EMPTY_DENOM = 1.0  # an all-masked step has a zero numerator; dividing by 1 keeps loss 0, not NaN
 _MAX_LOG_RATIO = 20.0  # clamp before exp() so a large log-prob gap cannot overflow to inf
 _MAX_KL = 10.0  # k3 grows like e^x: bound one token's k3 (as verl) so an outlier cannot dominate
-KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def _token_mean(v: Tensor, m: Tensor, agg: Aggregation) -> Tensor:

@@ -31,8 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-STALE_TOKEN_MODES = ("drop_group", "mask", "interpolate")
-"""``algorithm.stale_tokens`` values (asyncrl/core/config_algorithm.py repeats them without torch)."""
+from asyncrl.core.config_algorithm import STALE_TOKEN_MODES  # the one home of the names
 
 
 def fresh_tokens(token_versions: Tensor, version: int, max_staleness: int) -> Tensor:

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-TRUNCATION_MODES = ("keep", "mask", "penalize")
-"""``algorithm.truncated`` values (asyncrl/core/config_algorithm.py repeats them without torch)."""
+from asyncrl.core.config_algorithm import TRUNCATION_MODES  # the one home of the names
 
 
 def _check(mode: str) -> None:

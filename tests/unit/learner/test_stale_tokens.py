@@ -13,7 +13,6 @@ import torch
 
 from asyncrl.buffer.staleness import split_by_staleness
 from asyncrl.core.config import AlgorithmConfig
-from asyncrl.core.config_algorithm import _STALE_TOKENS
 from asyncrl.core.configload import ConfigError, load_config
 from asyncrl.learner.batch import collate
 from asyncrl.learner.model import build_policy
@@ -30,8 +29,13 @@ MASK = torch.tensor([[0.0, 1, 1, 1, 1], [0, 0, 1, 1, 0]])
 VERSIONS = torch.tensor([[-1, 3, 4, 5, 6], [-1, -1, 6, 6, -1]])
 
 
-def test_config_names_match_the_modes():
-    assert _STALE_TOKENS == STALE_TOKEN_MODES
+def test_every_mode_the_config_accepts_is_one_the_learner_applies():
+    """The names live once, in core (asyncrl/core/config_algorithm.py); each is used here."""
+    for mode in STALE_TOKEN_MODES:
+        load_config([f"algorithm.stale_tokens={mode}"])
+        assert stale_loss_mask(MASK, VERSIONS, 6, 1, mode).shape == MASK.shape
+    with pytest.raises(ValueError, match="not in"):
+        stale_loss_mask(MASK, VERSIONS, 6, 1, "drop_tokens")
 
 
 def test_mask_zeroes_exactly_the_tokens_older_than_the_bound():

@@ -5,11 +5,13 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import torch
 
 from asyncrl.core import config as config_module
 from asyncrl.core.config import AlgorithmConfig
 from asyncrl.core.configload import CONFIG_DIR, ConfigError, load_config
 from asyncrl.learner.advantages import ADVANTAGE_ESTIMATORS, grpo, reinforce_pp
+from asyncrl.learner.aggregation import kl_penalty
 from asyncrl.learner.losses import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, LossParams
 from asyncrl.learner.step import loss_params
 from asyncrl.learner.targets import estimator_kwargs, uses_critic
@@ -21,7 +23,16 @@ def test_config_names_match_the_registries():
     assert set(config_module._LOSSES) == set(POLICY_LOSSES)
     assert set(config_module._ADVANTAGES) == set(ADVANTAGE_ESTIMATORS)
     assert set(config_module._AGGREGATIONS) == set(AGGREGATION_MODES)
-    assert set(config_module._KL_ESTIMATORS) == set(KL_ESTIMATORS)
+
+
+def test_every_kl_estimator_the_config_accepts_gives_a_finite_penalty():
+    """The names live once, in core; each is an estimator kl_penalty computes."""
+    logprobs, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    for name in KL_ESTIMATORS:
+        load_config([f"algorithm.kl_estimator={name}"])
+        assert torch.isfinite(kl_penalty(logprobs, ref, name)).all(), name
+    with pytest.raises(ValueError, match="not in"):
+        kl_penalty(logprobs, ref, "k4")
 
 
 def test_every_loss_knob_is_a_config_key_with_the_same_default():

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from asyncrl.core.config import AlgorithmConfig
-from asyncrl.core.config_algorithm import _TRUNCATED
 from asyncrl.core.configload import load_config
 from asyncrl.core.types import Group
 from asyncrl.learner.aggregation import aggregate, make_aggregation
@@ -30,8 +29,15 @@ NAN = float("nan")
 # -- pure functions ------------------------------------------------------------------------
 
 
-def test_config_names_match_the_modes():
-    assert _TRUNCATED == TRUNCATION_MODES == ("keep", "mask", "penalize")
+def test_every_mode_the_config_accepts_is_one_the_learner_applies():
+    """The names live once, in core (asyncrl/core/config_algorithm.py); each is used here."""
+    assert TRUNCATION_MODES == ("keep", "mask", "penalize")
+    rewards, cut = torch.tensor([1.0, 0.5]), torch.tensor([True, False])
+    for mode in TRUNCATION_MODES:
+        load_config([f"algorithm.truncated={mode}"])
+        assert truncated_rewards(rewards, cut, mode, -1.0).shape == rewards.shape
+    with pytest.raises(ValueError, match="not in"):
+        truncated_rewards(rewards, cut, "drop", -1.0)
 
 
 def test_clip_ratio_is_the_fraction_of_cut_rows():
