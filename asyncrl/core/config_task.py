@@ -86,7 +86,8 @@ class TaskConfig:
         _require(
             ":" in self.reward_fn, f"task.reward_fn={self.reward_fn!r} must be 'module:function'"
         )
-        moved = self.reward_fn.split(".")[0] in MOVED_PACKAGES
+        target = self.reward_fn.rpartition(":")[0]
+        moved = not target.endswith(".py") and target.split(".")[0] in MOVED_PACKAGES
         _require(
             not moved,
             f"task.reward_fn={self.reward_fn!r}: asyncrl's parts moved into the package; write "

@@ -106,3 +106,4 @@ def test_a_reward_spec_of_the_old_top_level_packages_names_the_new_path():
         load_config(["task.reward_fn=actors.rewards:math_reward"])
     assert load_config(["task.reward_fn=asyncrl.actors.rewards:math_reward"]).task.reward_fn
     assert load_config(["task.reward_fn=actors_of_mine.rewards:f"]).task.reward_fn
+    assert load_config(["task.reward_fn=learner.py:f"]).task.reward_fn  # a file of yours
