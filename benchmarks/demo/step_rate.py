@@ -11,14 +11,15 @@ working tree:
   new     the working tree, the same;
   extra   ``--arm NAME[@REV]:key=value,...``: the working tree with these overrides, or with
           ``@REV`` a checkout of that commit (``@base``: the base's), e.g.
-          ``--arm full_logits:model.logprob_chunk_tokens=0`` or ``--arm first@1f45a05:`` (each
-          commit in a worktree of its own, removed at the end like the base's).
+          ``--arm full_logits:model.logprob_chunk_tokens=0`` or ``--arm first@2b490e3:`` (each
+          commit in a worktree of its own, removed at the end like the base's; a commit from
+          2b490e3 on, the one-package layout, whose ``asyncrl.learner`` the worker imports).
 
 Every arm runs the same small worker (``benchmarks/demo/step_rate_worker.py``, copied into a temp
 directory) under ``torchrun --nproc_per_node=--nproc`` (default 2: the cpu preset's two gloo
 ranks), with the arm's checkout first on ``PYTHONPATH`` and as the working directory, so each
-arm imports its own ``asyncrl``/``learner``/``buffer`` (the worker checks where ``learner``
-came from). Each rank pins ``torch.set_num_threads(--threads)`` (default 1, as
+arm imports its own ``asyncrl`` (the worker checks where ``asyncrl.learner`` came from).
+Each rank pins ``torch.set_num_threads(--threads)`` (default 1, as
 ``learner.cpu_threads``) and ``OMP_NUM_THREADS``. The worker builds the step context with the
 checkout's own ``asyncrl.learner.trainer.build_step_context`` from the default config (policy, AdamW,
 the grpo preset), on one shared model directory: the demo architecture built by ``asyncrl``'s

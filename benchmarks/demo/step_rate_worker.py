@@ -62,7 +62,13 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(args.threads)
-    import asyncrl.learner as learner
+    try:
+        import asyncrl.learner as learner
+    except ModuleNotFoundError as exc:
+        raise SystemExit(
+            f"{Path.cwd()}: {exc}; this arm's commit predates the one-package layout "
+            "(asyncrl/learner/, 2b490e3): give --arm a commit from 2b490e3 on"
+        ) from exc
     from asyncrl.core.configload import load_config
     from asyncrl.learner.step import train_on_batch
     from asyncrl.learner.trainer import build_step_context, init_distributed
