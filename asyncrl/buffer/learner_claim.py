@@ -68,8 +68,15 @@ class LearnerClaim:
 
     def acquire(self, say: Callable[[str], None] = print) -> None:
         """Take the claim, or raise ``ClaimRefused`` naming the holder (module docstring)."""
-        me = json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                         "run_dir": self.run_dir, "started": time.strftime("%Y-%m-%d %H:%M:%S")})  # fmt: skip
+        me = json.dumps(
+            {
+                "token": self.token,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "run_dir": self.run_dir,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            }
+        )
         ttl_ms = int(self.ttl_s * 1000)
         for _ in range(3):  # the holder's key may expire between our SET and GET
             if self.client.set(self.key, me, nx=True, px=ttl_ms):
@@ -80,8 +87,10 @@ class LearnerClaim:
             holder = json.loads(raw)
             if holder.get("run_dir") == self.run_dir:
                 self.client.set(self.key, me, px=ttl_ms)
-                say(f"took over the claim on buffer {self.name!r} from an earlier learner of "
-                    f"this run (pid {holder.get('pid')} on {holder.get('host')})")  # fmt: skip
+                say(
+                    f"took over the claim on buffer {self.name!r} from an earlier learner of "
+                    f"this run (pid {holder.get('pid')} on {holder.get('host')})"
+                )
                 return
             raise ClaimRefused(refusal(self.name, holder, left / 1000 if left > 0 else None))
         raise ClaimRefused(f"buffer {self.name!r}: could not claim it (it changed hands 3 times)")
@@ -98,8 +107,10 @@ class LearnerClaim:
             while not self._stop.wait(self.ttl_s / 3):
                 try:
                     if not self.renew():
-                        lost(f"the claim on buffer {self.name!r} was lost (expired or taken "
-                             "over by another learner): this learner must stop")  # fmt: skip
+                        lost(
+                            f"the claim on buffer {self.name!r} was lost (expired or taken "
+                            "over by another learner): this learner must stop"
+                        )
                         return
                 except Exception:  # Redis away for a moment: the reads will say so
                     continue

@@ -57,8 +57,10 @@ def ensure(tls_dir: str | os.PathLike, ips: list[str], say=print) -> TlsFiles:
     present = [p for p in (files.ca, files.cert, files.key) if p.exists()]
     if not present:
         _make(files, ips)
-        say(f"made a private CA and a server certificate for {', '.join(ips)} in "
-            f"{files.ca.parent} (valid {VALID_DAYS} days); clients need {files.ca}")  # fmt: skip
+        say(
+            f"made a private CA and a server certificate for {', '.join(ips)} in "
+            f"{files.ca.parent} (valid {VALID_DAYS} days); clients need {files.ca}"
+        )
         return files
     missing = [str(p) for p in (files.ca, files.cert, files.key) if not p.exists()]
     if missing:
@@ -102,21 +104,29 @@ def _make(files: TlsFiles, ips: list[str]) -> None:
 
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca = (
-        x509.CertificateBuilder().subject_name(name("asyncrl buffer CA"))
-        .issuer_name(name("asyncrl buffer CA")).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(name("asyncrl buffer CA"))
+        .issuer_name(name("asyncrl buffer CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    )
     sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     cert = (
-        x509.CertificateBuilder().subject_name(name("asyncrl redis"))
-        .issuer_name(ca.subject).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(name("asyncrl redis"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    )
     files.ca.parent.mkdir(parents=True, exist_ok=True)
     pem = serialization.Encoding.PEM
     for path, k in ((files.ca.with_name("ca.key"), ca_key), (files.key, key)):

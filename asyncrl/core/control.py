@@ -44,14 +44,19 @@ class ControlKeys:
     def generate(cls) -> ControlKeys:
         server_public, server_secret = zmq.curve_keypair()
         client_public, client_secret = zmq.curve_keypair()
-        return cls(*(k.decode() for k in (server_public, server_secret, client_public,
-                                          client_secret)))  # fmt: skip
+        return cls(
+            *(k.decode() for k in (server_public, server_secret, client_public, client_secret))
+        )
 
     def for_actors(self) -> str:
         """JSON for the buffer meta's ``control_keys``."""
-        return json.dumps({"server_public": self.server_public,
-                           "client_public": self.client_public,
-                           "client_secret": self.client_secret})  # fmt: skip
+        return json.dumps(
+            {
+                "server_public": self.server_public,
+                "client_public": self.client_public,
+                "client_secret": self.client_secret,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -102,8 +107,13 @@ class ControlServer:
     """Learner side: binds ``host`` (``network.bind``) and announces ``advertise`` (where
     actors connect; '' = ``host``). Only clients holding ``keys.client_secret`` get in."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, advertise: str = "",
-                 keys: ControlKeys | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str = "",
+        keys: ControlKeys | None = None,
+    ) -> None:
         self.keys = keys or ControlKeys.generate()
         self._ctx = zmq.Context()
         self._auth = ThreadAuthenticator(self._ctx)

@@ -149,9 +149,10 @@ class _BufferCollector:
         for key, (name, doc) in self._GAUGES.items():
             yield GaugeMetricFamily(name, doc, value=stats[key])
         yield CounterMetricFamily(
-            "asyncrl_buffer_groups_committed", "Groups committed by all actors (job-wide).",
+            "asyncrl_buffer_groups_committed",
+            "Groups committed by all actors (job-wide).",
             value=stats["committed"],
-        )  # fmt: skip
+        )
 
 
 def _c(registry, name: str, doc: str, labels=()) -> Counter:
@@ -206,9 +207,11 @@ class LearnerMetrics:
         self.tokens = _c(r, "asyncrl_learner_tokens_trained", "Completion tokens trained.")
         self.reward = _g(r, "asyncrl_learner_reward", "Mean reward of the last batch.")
         self.staleness = _h(
-            r, "asyncrl_learner_trained_staleness_versions",
-            "V - version_min of every trained group.", STALENESS_BUCKETS,
-        )  # fmt: skip
+            r,
+            "asyncrl_learner_trained_staleness_versions",
+            "V - version_min of every trained group.",
+            STALENESS_BUCKETS,
+        )
         self.dropped = _c(r, "asyncrl_learner_groups_dropped", "Groups not trained.", ["reason"])
         self.step_seconds = _h(r, "asyncrl_learner_step_seconds", "Wall time of one step.")
         self.sync_seconds = _h(
@@ -219,9 +222,10 @@ class LearnerMetrics:
             r, "asyncrl_learner_weight_sync_failures", "Sync attempts that failed and were retried."
         )
         self.sync_regroups = _c(
-            r, "asyncrl_learner_weight_sync_regroups",
+            r,
+            "asyncrl_learner_weight_sync_regroups",
             "Weight groups formed after the first (an actor died, restarted or joined).",
-        )  # fmt: skip
+        )
         self.step_gauges = {
             k: _g(r, name, f"Last step's {k} (see docs/algorithms.md).")
             for k, name in _STEP_GAUGES.items()
@@ -235,9 +239,14 @@ class LearnerMetrics:
             r.register(_BufferCollector(buffer))
 
     def observe_step(
-        self, version: int, groups, staleness: list[int], reward: float, step_s: float,
+        self,
+        version: int,
+        groups,
+        staleness: list[int],
+        reward: float,
+        step_s: float,
         metrics: dict[str, float],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.version.set(version)
         self.steps.inc()
         self.groups.inc(len(groups))

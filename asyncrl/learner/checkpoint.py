@@ -166,8 +166,10 @@ def _files(root: Path) -> list[Path]:
 def write_manifest(root: Path) -> None:
     """``root/manifest.json``: each file's size and checksum (issue 29: a truncated shard
     otherwise meets torch's bare "checkpoint file is corrupted" on resume)."""
-    files = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "xxh3": _xxh3(p)}
-             for p in _files(root)}  # fmt: skip
+    files = {
+        str(p.relative_to(root)): {"bytes": p.stat().st_size, "xxh3": _xxh3(p)}
+        for p in _files(root)
+    }
     (root / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
 
 
@@ -196,8 +198,10 @@ def latest_good_checkpoint(run_dir: str | Path, say=print) -> Path | None:
     is named (``say``) and skipped. ``FatalError`` when every one is damaged: starting again
     from version 0 would silently throw the run away."""
     root = Path(run_dir) / "checkpoints"
-    done = sorted(((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None),
-                  reverse=True)  # fmt: skip
+    done = sorted(
+        ((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None),
+        reverse=True,
+    )
     damaged = []
     for _, p in done:
         problem = verify_checkpoint(p)
@@ -262,16 +266,22 @@ SHARD_BYTES = 4 << 30
 """Largest safetensors file of an HF export (a tensor larger than this is a shard alone)."""
 
 
-def export_hf(model: nn.Module, out_dir: Path, source_model_dir: str | Path,
-              dtype: torch.dtype | None = None, shard_bytes: int | None = None) -> None:  # fmt: skip
+def export_hf(
+    model: nn.Module,
+    out_dir: Path,
+    source_model_dir: str | Path,
+    dtype: torch.dtype | None = None,
+    shard_bytes: int | None = None,
+) -> None:
     """Collective: write the full weights as safetensors plus the source's config/tokenizer
     files, in ``dtype`` (the training dtype; floating tensors only; None keeps float32).
 
     Shard by shard (issue 30): every rank takes part in each tensor's gather, but only rank 0
     keeps it, and only until its shard (at most ``shard_bytes``) is written, so no rank holds
-    a host copy of the whole model (``shard_bytes``: default ``SHARD_BYTES``). One shard is ``model.safetensors``; several are
-    ``model-0000i-of-0000N.safetensors`` with ``model.safetensors.index.json``, as
-    ``save_pretrained`` writes them. ``config.json`` says the export's dtype."""
+    a host copy of the whole model (``shard_bytes``: default ``SHARD_BYTES``). One shard is
+    ``model.safetensors``; several are ``model-0000i-of-0000N.safetensors`` with
+    ``model.safetensors.index.json``, as ``save_pretrained`` writes them. ``config.json`` says
+    the export's dtype."""
     from safetensors.torch import save_file
 
     shard_bytes = shard_bytes or SHARD_BYTES
@@ -358,8 +368,9 @@ def load_checkpoint(
     dcp.load(sd, checkpoint_id=str(path / "dcp"))
     pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
     for prefix, (m, o) in pairs.items():
-        set_state_dict(m, o, model_state_dict=sd[f"{prefix}model"],
-                       optim_state_dict=sd[f"{prefix}optim"])  # fmt: skip
+        set_state_dict(
+            m, o, model_state_dict=sd[f"{prefix}model"], optim_state_dict=sd[f"{prefix}optim"]
+        )
     return json.loads((path / "state.json").read_text())
 
 

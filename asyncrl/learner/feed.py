@@ -54,17 +54,25 @@ class DataFeed:
     drops). ``stop``, ``say``, ``interrupt`` (an actor rejoined: sync first) and ``on_read``
     (counts each read) go to the source; the run ends when every actor is exhausted."""
 
-    def __init__(self, buffer, cfg: Config, vocab_size: int, *, stop, say, interrupt,
-                 on_read) -> None:  # fmt: skip
+    def __init__(
+        self, buffer, cfg: Config, vocab_size: int, *, stop, say, interrupt, on_read
+    ) -> None:
         b = cfg.buffer
         self.buffer = buffer
         self.n_actors = cfg.actor.total
         self.source = GroupSource(
-            buffer, "learner", vocab_size, b.max_staleness, cfg.learner.data_timeout_s,
-            stop=stop, say=say, exhausted=self.data_exhausted, interrupt=interrupt,
+            buffer,
+            "learner",
+            vocab_size,
+            b.max_staleness,
+            cfg.learner.data_timeout_s,
+            stop=stop,
+            say=say,
+            exhausted=self.data_exhausted,
+            interrupt=interrupt,
             admit_by_newest=cfg.algorithm.stale_tokens in ("mask", "interpolate"),
             on_read=on_read,
-        )  # fmt: skip
+        )
         self._trained: list[str] = []
         self._per_epoch = 0  # prompts per epoch of a finite source (actors publish it)
         self.epoch: int | None = None
@@ -174,5 +182,9 @@ class ListFeed:
         return {}
 
     def dropped_counts(self, stats: dict) -> dict[str, int]:
-        return {"stale": 0, "uniform": 0, "invalid": stats.get("dropped_invalid", 0),
-                "poison": stats.get("dropped_poison", 0)}  # fmt: skip
+        return {
+            "stale": 0,
+            "uniform": 0,
+            "invalid": stats.get("dropped_invalid", 0),
+            "poison": stats.get("dropped_poison", 0),
+        }

@@ -38,14 +38,26 @@ def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> H
 
     b, stop = cfg.buffer, _StopFlag()
     buffer = ReplayBuffer(
-        connect(redis_url), b.name, b.capacity, b.lease_ttl_s, max_deliveries=b.max_deliveries,
-        reconnect_s=b.reconnect_s, stop=stop,
-    )  # fmt: skip
+        connect(redis_url),
+        b.name,
+        b.capacity,
+        b.lease_ttl_s,
+        max_deliveries=b.max_deliveries,
+        reconnect_s=b.reconnect_s,
+        stop=stop,
+    )
     claim = _claim_buffer(buffer, b.name, run_dir, stop.lost, _say)
     recorder = RunRecorder(cfg, run_dir, buffer, _say)
     publisher = WeightPublisher(cfg, buffer, _say, stop)
-    feed = DataFeed(buffer, cfg, vocab_size, stop=stop, say=_say,
-                    interrupt=publisher.rejoin_pending, on_read=recorder.totals.count_read)  # fmt: skip
+    feed = DataFeed(
+        buffer,
+        cfg,
+        vocab_size,
+        stop=stop,
+        say=_say,
+        interrupt=publisher.rejoin_pending,
+        on_read=recorder.totals.count_read,
+    )
     validation = _validation(cfg, buffer, recorder.log.log_val, _say)
     hub = Hub(cfg, run_dir, buffer, feed, publisher, recorder, validation, claim, stop)
     signal.signal(signal.SIGTERM, stop.set)
@@ -77,9 +89,17 @@ class Hub:
     the flag that stop requests set."""
 
     def __init__(
-        self, cfg: Config, run_dir: str, buffer, feed: Feed, publisher: Publisher,
-        recorder: Recorder, validation=None, claim=None, stop=None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: Config,
+        run_dir: str,
+        buffer,
+        feed: Feed,
+        publisher: Publisher,
+        recorder: Recorder,
+        validation=None,
+        claim=None,
+        stop=None,
+    ) -> None:
         self.cfg, self.run_dir, self.buffer = cfg, Path(run_dir), buffer
         self.feed, self.publisher, self.recorder = feed, publisher, recorder
         self.validation, self.claim = validation, claim
@@ -336,8 +356,11 @@ DROP_ADVICE = {
 
 def no_batch_text(exhausted: bool, committed: int, dropped: dict[str, int]) -> str:
     """The no-batch message: where the groups went and what to check (pure)."""
-    where = ("every actor ran out of prompts" if exhausted else
-             "the learner stopped before a batch was complete")  # fmt: skip
+    where = (
+        "every actor ran out of prompts"
+        if exhausted
+        else "the learner stopped before a batch was complete"
+    )
     bad = {k: v for k, v in dropped.items() if v}
     if not bad:
         return f"{where}: {committed} groups committed, none dropped, too few for a batch"

@@ -50,9 +50,17 @@ from asyncrl.learner.aggregation import (  # re-exported: the trainer imports th
 )
 
 __all__ = [
-    "AGGREGATION_MODES", "KL_ESTIMATORS", "POLICY_LOSSES", "Aggregation", "LossOutput",
-    "LossParams", "aggregate", "kl_penalty", "make_aggregation", "merge_metrics",
-]  # fmt: skip
+    "AGGREGATION_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "Aggregation",
+    "LossOutput",
+    "LossParams",
+    "aggregate",
+    "kl_penalty",
+    "make_aggregation",
+    "merge_metrics",
+]
 
 
 @dataclass(frozen=True)
@@ -171,9 +179,14 @@ def _clip_metrics(clipped: dict[str, Tensor], m: Tensor, dtype: torch.dtype) -> 
 
 
 def _finish(
-    token_loss: Tensor, x: _Tokens, agg: Aggregation, p: LossParams, metrics: dict[str, Tensor],
-    ref_logprobs: Tensor | None, entropy: Tensor | None,
-) -> LossOutput:  # fmt: skip
+    token_loss: Tensor,
+    x: _Tokens,
+    agg: Aggregation,
+    p: LossParams,
+    metrics: dict[str, Tensor],
+    ref_logprobs: Tensor | None,
+    entropy: Tensor | None,
+) -> LossOutput:
     """Aggregate, add the KL and entropy terms, turn metrics into floats (one device sync)."""
     pg_loss = aggregate(token_loss, x.mask, agg)
     loss = pg_loss
@@ -201,10 +214,17 @@ def _finish(
 
 
 def decoupled_ppo(
-    logprobs: Tensor, proximal_logprobs: Tensor | None, behavior_logprobs: Tensor,
-    advantages: Tensor, loss_mask: Tensor, agg: Aggregation, params: LossParams, *,
-    ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
-) -> LossOutput:  # fmt: skip
+    logprobs: Tensor,
+    proximal_logprobs: Tensor | None,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    agg: Aggregation,
+    params: LossParams,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> LossOutput:
     """AReaL decoupled PPO: ``-min(rho, is_cap) * max(-A r, -A clip(r))``, r = pi_theta/pi_prox."""
     x = _clean(logprobs, proximal_logprobs, behavior_logprobs, advantages, loss_mask)
     w, metrics = _behavior_weight(x.prox - x.behave, x.mask, params, "truncate")
@@ -213,66 +233,109 @@ def decoupled_ppo(
 
 
 def bypass_ppo(
-    logprobs: Tensor, proximal_logprobs: Tensor | None, behavior_logprobs: Tensor,
-    advantages: Tensor, loss_mask: Tensor, agg: Aggregation, params: LossParams, *,
-    ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
-) -> LossOutput:  # fmt: skip
+    logprobs: Tensor,
+    proximal_logprobs: Tensor | None,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    agg: Aggregation,
+    params: LossParams,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> LossOutput:
     """Two-policy PPO clipped around pi_behave: decoupled_ppo with pi_prox := pi_behave (w = 1).
     ``proximal_logprobs`` is ignored (may be None)."""
-    return decoupled_ppo(logprobs, None, behavior_logprobs, advantages, loss_mask, agg, params,
-                         ref_logprobs=ref_logprobs, entropy=entropy)  # fmt: skip
+    return decoupled_ppo(
+        logprobs,
+        None,
+        behavior_logprobs,
+        advantages,
+        loss_mask,
+        agg,
+        params,
+        ref_logprobs=ref_logprobs,
+        entropy=entropy,
+    )
 
 
-def _corrected_loss(kind: str, logprobs: Tensor, proximal_logprobs: Tensor | None,
-    behavior_logprobs: Tensor, advantages: Tensor, loss_mask: Tensor, agg: Aggregation,
-    params: LossParams, ref_logprobs: Tensor | None, entropy: Tensor | None,
-) -> LossOutput:  # fmt: skip
-    """tis (kind "truncate") and masked_is ("mask"): a behaviour weight on a PPO or REINFORCE
-    term. ppo: rho = pi_prox/pi_behave, l = clipped PPO on pi_theta/pi_prox (needs pi_prox);
-    pg: rho = sg(pi_theta)/pi_behave, l = -A log pi_theta (pi_prox unused)."""
-    if kind == "truncate" and params.is_cap is None:
-        raise ValueError("tis needs is_cap (the truncation level)")
-    ppo = params.is_objective == "ppo"
-    if ppo and proximal_logprobs is None:
+def _objective_proximal(proximal_logprobs: Tensor | None, p: LossParams) -> Tensor | None:
+    """pi_prox as tis and masked_is use it: the "ppo" objective needs it, "pg" ignores it."""
+    if p.is_objective != "ppo":
+        return None
+    if proximal_logprobs is None:
         raise ValueError("is_objective='ppo' needs proximal_logprobs; use 'pg' without them")
-    prox = proximal_logprobs if ppo else None
-    x = _clean(logprobs, prox, behavior_logprobs, advantages, loss_mask)
+    return proximal_logprobs
+
+
+def _corrected(x: _Tokens, p: LossParams, kind: str) -> tuple[Tensor, dict[str, Tensor]]:
+    """tis (kind "truncate") and masked_is ("mask"): per-token ``w * l``, a behaviour weight on a
+    PPO or REINFORCE term, + metrics. ppo: rho = pi_prox/pi_behave, l = clipped PPO on
+    pi_theta/pi_prox; pg: rho = sg(pi_theta)/pi_behave, l = -A log pi_theta (pi_prox unused)."""
+    ppo = p.is_objective == "ppo"
     reference = x.prox if ppo else x.lp.detach()
-    w, metrics = _behavior_weight(reference - x.behave, x.mask, params, kind)
+    w, metrics = _behavior_weight(reference - x.behave, x.mask, p, kind)
     if ppo:
-        pg, clip = _ppo_clip(_exp(x.lp - x.prox), x.adv, x.mask, params)
+        pg, clip = _ppo_clip(_exp(x.lp - x.prox), x.adv, x.mask, p)
     else:
         pg, clip = -x.adv * x.lp, _clip_metrics({}, x.mask, x.lp.dtype)
-    return _finish(w * pg, x, agg, params, metrics | clip, ref_logprobs, entropy)
+    return w * pg, metrics | clip
 
 
 def tis(
-    logprobs: Tensor, proximal_logprobs: Tensor | None, behavior_logprobs: Tensor,
-    advantages: Tensor, loss_mask: Tensor, agg: Aggregation, params: LossParams, *,
-    ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
-) -> LossOutput:  # fmt: skip
-    """Truncated IS, token level by default: ``-min(rho, is_cap) * l`` (see _corrected_loss)."""
-    return _corrected_loss("truncate", logprobs, proximal_logprobs, behavior_logprobs,
-                           advantages, loss_mask, agg, params, ref_logprobs, entropy)  # fmt: skip
+    logprobs: Tensor,
+    proximal_logprobs: Tensor | None,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    agg: Aggregation,
+    params: LossParams,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> LossOutput:
+    """Truncated IS, token level by default: ``-min(rho, is_cap) * l`` (see _corrected)."""
+    if params.is_cap is None:
+        raise ValueError("tis needs is_cap (the truncation level)")
+    prox = _objective_proximal(proximal_logprobs, params)
+    x = _clean(logprobs, prox, behavior_logprobs, advantages, loss_mask)
+    token_loss, metrics = _corrected(x, params, "truncate")
+    return _finish(token_loss, x, agg, params, metrics, ref_logprobs, entropy)
 
 
 def masked_is(
-    logprobs: Tensor, proximal_logprobs: Tensor | None, behavior_logprobs: Tensor,
-    advantages: Tensor, loss_mask: Tensor, agg: Aggregation, params: LossParams, *,
-    ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
-) -> LossOutput:  # fmt: skip
+    logprobs: Tensor,
+    proximal_logprobs: Tensor | None,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    agg: Aggregation,
+    params: LossParams,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> LossOutput:
     """Masked IS: ``-rho * [mask_low <= rho <= mask_high] * l``; out-of-bounds tokens (or whole
     sequences at is_level="sequence", rho = geometric mean) get weight 0 but still count in the
     aggregation denominators."""
-    return _corrected_loss("mask", logprobs, proximal_logprobs, behavior_logprobs, advantages,
-                           loss_mask, agg, params, ref_logprobs, entropy)  # fmt: skip
+    prox = _objective_proximal(proximal_logprobs, params)
+    x = _clean(logprobs, prox, behavior_logprobs, advantages, loss_mask)
+    token_loss, metrics = _corrected(x, params, "mask")
+    return _finish(token_loss, x, agg, params, metrics, ref_logprobs, entropy)
 
 
 def gspo(
-    logprobs: Tensor, proximal_logprobs: Tensor | None, behavior_logprobs: Tensor,
-    advantages: Tensor, loss_mask: Tensor, agg: Aggregation, params: LossParams, *,
-    ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
-) -> LossOutput:  # fmt: skip
+    logprobs: Tensor,
+    proximal_logprobs: Tensor | None,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    agg: Aggregation,
+    params: LossParams,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> LossOutput:
     """GSPO(-token): s_i = exp(mean_t log(pi_theta/pi_prox)) clipped per sequence; token t uses
     s_i * pi_theta / sg(pi_theta) (value s_i, gradient s_i * grad log pi_t). Times w as in
     decoupled_ppo. With seq_mean_token_mean and per-sequence A this is exactly GSPO."""
@@ -286,10 +349,17 @@ def gspo(
 
 
 def cispo(
-    logprobs: Tensor, proximal_logprobs: Tensor | None, behavior_logprobs: Tensor,
-    advantages: Tensor, loss_mask: Tensor, agg: Aggregation, params: LossParams, *,
-    ref_logprobs: Tensor | None = None, entropy: Tensor | None = None,
-) -> LossOutput:  # fmt: skip
+    logprobs: Tensor,
+    proximal_logprobs: Tensor | None,
+    behavior_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    agg: Aggregation,
+    params: LossParams,
+    *,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> LossOutput:
     """CISPO (MiniMax-M1, Eq. 4, token level): ``-w * sg(clip(r, 1-cispo_eps_low,
     1+cispo_eps_high)) * A * log pi_theta``, r = pi_theta/pi_prox. Clipped tokens keep their
     gradient (only the weight is clipped). No lower bound by default, as in the paper."""

@@ -44,8 +44,9 @@ class Recorder(Protocol):
     def count_sync(self, failures: int, regroups: int, done: tuple[int, float] | None) -> None:
         """A sync attempt's faults; ``done`` = (bytes, seconds) once the sync succeeded."""
 
-    def step(self, fields: dict, groups: list, stale: list[int], dropped: dict,
-             metrics: dict) -> None: ...  # fmt: skip
+    def step(
+        self, fields: dict, groups: list, stale: list[int], dropped: dict, metrics: dict
+    ) -> None: ...
 
     def check_ledger(self, stats: dict, version: int, repairs) -> list[str]: ...
 
@@ -81,15 +82,22 @@ class RunRecorder(_Marks):
     def __init__(self, cfg: Config, run_dir: str, buffer, say) -> None:
         self.totals = RunTotals()
         self.clock = StateClock(LEARNER_STATES, "starting")
-        self.log = RunLog(run_dir, quiet="console" not in cfg.logger,
-                          total_steps=cfg.learner.steps,
-                          trackers=open_trackers(cfg, run_dir))  # fmt: skip
+        self.log = RunLog(
+            run_dir,
+            quiet="console" not in cfg.logger,
+            total_steps=cfg.learner.steps,
+            trackers=open_trackers(cfg, run_dir),
+        )
         self.ledger = LedgerWatch(cfg.buffer.name)  # the buffer's conservation law, every step
-        info = {"buffer_name": cfg.buffer.name, "mode": cfg.mode.name,
-                "max_staleness": cfg.buffer.max_staleness}  # fmt: skip
+        info = {
+            "buffer_name": cfg.buffer.name,
+            "mode": cfg.mode.name,
+            "max_staleness": cfg.buffer.max_staleness,
+        }
         self.metrics = LearnerMetrics(info, self.clock, buffer)
-        port = serve(self.metrics.registry, role_port(cfg.metrics_port, "learner"),
-                     cfg.network.metrics)  # fmt: skip
+        port = serve(
+            self.metrics.registry, role_port(cfg.metrics_port, "learner"), cfg.network.metrics
+        )
         if port:
             register_endpoint(buffer.client, cfg.buffer.name, "learner", port, cfg.network)
             say(f"metrics on http://{cfg.network.metrics}:{port}/metrics")
@@ -121,8 +129,9 @@ class RunRecorder(_Marks):
             self.metrics.sync_bytes.inc(nbytes)
             self.totals.count_sync(nbytes, seconds)
 
-    def step(self, fields: dict, groups: list, stale: list[int], dropped: dict,
-             metrics: dict) -> None:  # fmt: skip
+    def step(
+        self, fields: dict, groups: list, stale: list[int], dropped: dict, metrics: dict
+    ) -> None:
         """Log one step: the hub's ``fields`` (``step``: the version the batch was read at,
         ``version``, ``reward``, ...), the groups' rates, the admission totals, the step's
         timing and the loss ``metrics``; ``stale[i]`` is group i's staleness; ``dropped``
@@ -207,8 +216,9 @@ class MemoryRecorder(_Marks):
     def count_sync(self, failures: int, regroups: int, done: tuple[int, float] | None) -> None:
         self.syncs.append((failures, regroups, done))
 
-    def step(self, fields: dict, groups: list, stale: list[int], dropped: dict,
-             metrics: dict) -> None:  # fmt: skip
+    def step(
+        self, fields: dict, groups: list, stale: list[int], dropped: dict, metrics: dict
+    ) -> None:
         self.records.append({**fields, **metrics, "stale": stale, "dropped": dropped})
 
     def check_ledger(self, stats: dict, version: int, repairs) -> list[str]:

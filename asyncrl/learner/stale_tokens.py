@@ -40,8 +40,9 @@ def fresh_tokens(token_versions: Tensor, version: int, max_staleness: int) -> Te
     return (token_versions < 0) | (version - token_versions <= max_staleness)
 
 
-def stale_loss_mask(loss_mask: Tensor, token_versions: Tensor, version: int,
-                    max_staleness: int, mode: str) -> Tensor:  # fmt: skip
+def stale_loss_mask(
+    loss_mask: Tensor, token_versions: Tensor, version: int, max_staleness: int, mode: str
+) -> Tensor:
     """``loss_mask [B, T]`` with every token older than the bound zeroed under ``mask``;
     unchanged (the same tensor) under ``drop_group`` and ``interpolate``."""
     if mode not in STALE_TOKEN_MODES:
@@ -51,15 +52,17 @@ def stale_loss_mask(loss_mask: Tensor, token_versions: Tensor, version: int,
     return loss_mask * fresh_tokens(token_versions, version, max_staleness).to(loss_mask.dtype)
 
 
-def masked_stale(loss_mask: Tensor, token_versions: Tensor, version: int,
-                 max_staleness: int) -> int:  # fmt: skip
+def masked_stale(
+    loss_mask: Tensor, token_versions: Tensor, version: int, max_staleness: int
+) -> int:
     """How many completion tokens of ``loss_mask`` are older than the bound."""
     stale = ~fresh_tokens(token_versions, version, max_staleness)
     return int(((loss_mask != 0) & stale).sum())
 
 
-def interpolated_proximal(behavior: Tensor, current: Tensor, token_versions: Tensor,
-                          version: int) -> Tensor:  # fmt: skip
+def interpolated_proximal(
+    behavior: Tensor, current: Tensor, token_versions: Tensor, version: int
+) -> Tensor:
     """``[B, T]`` A-3PO's ``log pi_prox``: ``behavior + alpha (current - behavior)``, ``alpha =
     (V - v) / (V + 1 - v)`` per token (``v`` its version, clamped to ``version`` = V, so a
     token newer than the learner counts as fresh); ``current`` (detached) where ``v < 0``

@@ -12,8 +12,8 @@
                 gradients accumulated over the micro-batches
 
 The loss and advantage functions are looked up by name in the registries
-(``asyncrl.learner.losses.POLICY_LOSSES``, ``asyncrl.learner.advantages.ADVANTAGE_ESTIMATORS``); this file
-only wires tensors to them.
+(``asyncrl.learner.losses.POLICY_LOSSES``, ``asyncrl.learner.advantages.ADVANTAGE_ESTIMATORS``);
+this file only wires tensors to them.
 
 Gradient scale: FSDP2 averages gradients over ranks, while the aggregation denominators are
 global over the whole (mini)batch. Each rank's loss is therefore multiplied by ``world`` so
@@ -112,8 +112,9 @@ def minibatch_slices(num_rows: int, minibatches: int, world: int) -> list[slice]
     return [slice(m * size, (m + 1) * size) for m in range(minibatches)]
 
 
-def train_on_batch(ctx: StepContext, batch: Batch, version: int | None = None,
-                   max_staleness: int = 0) -> dict[str, float]:  # fmt: skip
+def train_on_batch(
+    ctx: StepContext, batch: Batch, version: int | None = None, max_staleness: int = 0
+) -> dict[str, float]:
     """Run ``ppo_epochs x minibatches`` optimizer updates on ``batch`` (same on all ranks).
 
     Each minibatch is a slice of the full batch; each rank trains on its shard of it, with
@@ -142,16 +143,19 @@ def train_on_batch(ctx: StepContext, batch: Batch, version: int | None = None,
         if version is not None:  # stale tokens leave the loss, after the baselines too
             stale = (version, max_staleness, algo.stale_tokens)
             sh.agg_mask = stale_loss_mask(sh.agg_mask, batch.token_versions[s], *stale)
-            sh.rows = replace(sh.rows, loss_mask=stale_loss_mask(
-                sh.rows.loss_mask, sh.rows.token_versions, *stale))  # fmt: skip
+            sh.rows = replace(
+                sh.rows,
+                loss_mask=stale_loss_mask(sh.rows.loss_mask, sh.rows.token_versions, *stale),
+            )
     updates: list[dict[str, float]] = []
     skipped = 0.0
     for _ in range(algo.ppo_epochs):
         for sh in shards:
             metrics = _update(ctx, sh)
             if ctx.critic is not None:
-                metrics |= ctx.critic.update(sh.rows, sh.old_values, sh.returns, sh.agg_mask,
-                                             ctx.world, sh.plan)  # fmt: skip
+                metrics |= ctx.critic.update(
+                    sh.rows, sh.old_values, sh.returns, sh.agg_mask, ctx.world, sh.plan
+                )
             skipped += metrics.pop("nonfinite_updates") + metrics.pop("critic_nonfinite_updates", 0)
             updates.append(metrics)
     # a count, the same on every rank (the skip decision is collective): any mean keeps it
@@ -167,9 +171,13 @@ def _forward_no_grad(
     same number of calls, so the FSDP2 collectives stay matched. ``interpolate_at`` (V, under
     ``stale_tokens=interpolate``): no pi_prox forward, it is estimated per token instead."""
     mb = shard_rows(batch.rows(rows), ctx.rank, ctx.world)
-    plan = plan_micro_batches(mb.attention_mask, ctx.micro_batch_rows,
-                              ctx.max_tokens_per_micro_batch, ctx.world,
-                              ctx.pack_sequences)  # fmt: skip
+    plan = plan_micro_batches(
+        mb.attention_mask,
+        ctx.micro_batch_rows,
+        ctx.max_tokens_per_micro_batch,
+        ctx.world,
+        ctx.pack_sequences,
+    )
     _say_oversize(ctx, plan)
     sh = _Shard(mb, batch.loss_mask[rows], plan, interpolate_at=interpolate_at)
     several = ctx.algo.ppo_epochs * ctx.algo.minibatches > 1  # else pi_prox = pi_theta
@@ -191,9 +199,11 @@ def _say_oversize(ctx: StepContext, plan: list[MicroBatch]) -> None:
     longest = max(m.padded_tokens for m in plan)
     if budget and longest > budget and not ctx.said_oversize:
         ctx.said_oversize = True
-        ctx.say(f"a row of {longest} tokens is longer than learner.max_tokens_per_micro_batch="
-                f"{budget}: it runs as a micro-batch of its own (said once; the step metric "
-                "micro_batch_tokens_max shows it)")  # fmt: skip
+        ctx.say(
+            f"a row of {longest} tokens is longer than learner.max_tokens_per_micro_batch="
+            f"{budget}: it runs as a micro-batch of its own (said once; the step metric "
+            "micro_batch_tokens_max shows it)"
+        )
 
 
 def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
@@ -204,11 +214,19 @@ def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
         values = _gather_rows([sh.old_values for sh in shards], ctx.world)
     if ctx.reference is not None and algo.kl_mode == "reward":
         # the penalty of the sampled sequence under the policy that sampled it
-        per_shard = [kl_penalty(sh.rows.behavior_logprobs, sh.ref, algo.kl_estimator)
-                     for sh in shards]  # fmt: skip
+        per_shard = [
+            kl_penalty(sh.rows.behavior_logprobs, sh.ref, algo.kl_estimator) for sh in shards
+        ]
         kl = _gather_rows(per_shard, ctx.world)
-    return compute_targets(algo, batch.rewards, batch.loss_mask, values=values, kl=kl,
-                           max_tokens=ctx.max_tokens, truncated=batch.truncated)  # fmt: skip
+    return compute_targets(
+        algo,
+        batch.rewards,
+        batch.loss_mask,
+        values=values,
+        kl=kl,
+        max_tokens=ctx.max_tokens,
+        truncated=batch.truncated,
+    )
 
 
 def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
@@ -216,8 +234,8 @@ def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
     gradient over the micro-batches of ``sh.plan``. The aggregation's denominators are the
     whole minibatch's (all ranks, full grid), so the sum of the micro-batch losses and
     gradients is the minibatch's, however the rows are grouped and trimmed
-    (tests/unit/learner/test_losses.py, tests/unit/learner/test_step_buckets.py). Not applied when the loss or
-    the gradient norm is NaN/inf on any rank (``nonfinite_updates`` = 1)."""
+    (tests/unit/learner/test_losses.py, tests/unit/learner/test_step_buckets.py). Not applied
+    when the loss or the gradient norm is NaN/inf on any rank (``nonfinite_updates`` = 1)."""
     max_len = ctx.max_tokens or sh.agg_mask.shape[1]
     agg = make_aggregation(ctx.algo.aggregation, sh.agg_mask, max_len)
     if failpoint("learner.nan_loss"):  # test-only: NaN data, so a NaN loss and gradient
@@ -243,19 +261,27 @@ def _update(ctx: StepContext, sh: _Shard) -> dict[str, float]:
 def _policy_loss(ctx: StepContext, sh: _Shard, micro: MicroBatch, agg):
     """``POLICY_LOSSES[algorithm.policy_loss]`` on one micro-batch of this rank's shard."""
     algo, mb = ctx.algo, micro.batch(sh.rows)
-    logprobs, entropy = token_logprobs(ctx.model, mb.input_ids, mb.attention_mask,
-                                       scored=mb.loss_mask)  # fmt: skip
+    logprobs, entropy = token_logprobs(
+        ctx.model, mb.input_ids, mb.attention_mask, scored=mb.loss_mask
+    )
     if sh.interpolate_at is not None:  # A-3PO: from each token's own version
-        proximal = interpolated_proximal(mb.behavior_logprobs, logprobs, mb.token_versions,
-                                         sh.interpolate_at)  # fmt: skip
+        proximal = interpolated_proximal(
+            mb.behavior_logprobs, logprobs, mb.token_versions, sh.interpolate_at
+        )
     else:
         proximal = logprobs.detach() if sh.proximal is None else micro.tokens(sh.proximal)
     ref = None if sh.ref is None else micro.tokens(sh.ref)
     return POLICY_LOSSES[algo.policy_loss](
-        logprobs, proximal, mb.behavior_logprobs, micro.tokens(sh.advantages), mb.loss_mask, agg,
-        loss_params(algo), ref_logprobs=ref,
+        logprobs,
+        proximal,
+        mb.behavior_logprobs,
+        micro.tokens(sh.advantages),
+        mb.loss_mask,
+        agg,
+        loss_params(algo),
+        ref_logprobs=ref,
         entropy=entropy if algo.entropy_coef else entropy.detach(),
-    )  # fmt: skip
+    )
 
 
 def _rank_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
@@ -288,21 +314,24 @@ def batch_metrics(batch: Batch, version: int, max_staleness: int | None = None) 
     tokens = m.sum().clamp(min=1)
     stale = torch.where(m, version - batch.token_versions, 0)
     lengths = m.sum(-1).float()
-    return {
+    out = {
         "groups": float(batch.rewards.shape[0]),
         "staleness_token_mean": float(stale.sum() / tokens),
         "response_len_mean": float(lengths.mean()),
         "response_len_max": float(lengths.max()),
         "response_len_p95": float(torch.quantile(lengths, 0.95)),
         "response/clip_ratio": clip_ratio(batch.truncated),
-        **({} if max_staleness is None else {"tokens_masked_stale": float(
-            masked_stale(batch.loss_mask, batch.token_versions, version, max_staleness))}),
-    }  # fmt: skip
+    }
+    if max_staleness is not None:
+        masked = masked_stale(batch.loss_mask, batch.token_versions, version, max_staleness)
+        out["tokens_masked_stale"] = float(masked)
+    return out
 
 
 def reduce_metrics(metrics: dict[str, float], world: int) -> dict[str, float]:
     """Combine every rank's metrics (collective): loss shares and token counts summed, maxima,
-    p95 and p99 as the max, the rest token-weighted means (``asyncrl.learner.losses.merge_metrics``)."""
+    p95 and p99 as the max, the rest token-weighted means
+    (``asyncrl.learner.losses.merge_metrics``)."""
     if world == 1 or not dist.is_initialized():
         return dict(metrics)
     keys = sorted(metrics)

@@ -134,16 +134,25 @@ class Validation:
         if self.cfg.eval.every:  # due once per interval, whether or not it can run
             self.last_bucket = max(self.last_bucket, version // self.cfg.eval.every)
         if not size:
-            self.say("validation skipped: the actors published no validation set (val_prompts "
-                     "in the buffer meta); are they an older asyncrl?")  # fmt: skip
+            self.say(
+                "validation skipped: the actors published no validation set (val_prompts "
+                "in the buffer meta); are they an older asyncrl?"
+            )
             return
         e = self.cfg.eval
         self.queue.post(version, size, e.chunk_prompts, min(e.log_samples, size))
         now = time.monotonic()
         # by_index: the first record of each prompt; other: malformed ones; progress: when the
         # last new prompt came in (a requeue restarts it)
-        self.active = {"version": version, "size": size, "t0": now, "progress": now, "read": 0,
-                       "by_index": {}, "other": []}  # fmt: skip
+        self.active = {
+            "version": version,
+            "size": size,
+            "t0": now,
+            "progress": now,
+            "read": 0,
+            "by_index": {},
+            "other": [],
+        }
         self.say(f"validating v{version} on {size} prompt(s) while training goes on")
 
     # ---- holding and collecting --------------------------------------------------------------
@@ -185,9 +194,11 @@ class Validation:
         starts = sorted({i - i % c for i in range(a["size"]) if i not in a["by_index"]})
         self.queue.requeue(a["version"], starts)
         a["progress"] = time.monotonic()
-        self.say(f"validation of v{a['version']}: no prompt came back for "
-                 f"{self.cfg.eval.timeout_s / REQUEUE_FRACTION:.0f} s; handing {len(starts)} "
-                 "chunk(s) out again (an actor holding them may have died)")  # fmt: skip
+        self.say(
+            f"validation of v{a['version']}: no prompt came back for "
+            f"{self.cfg.eval.timeout_s / REQUEUE_FRACTION:.0f} s; handing {len(starts)} "
+            "chunk(s) out again (an actor holding them may have died)"
+        )
 
     def wait(self, step: int, stop: Callable[[], bool]) -> None:
         """Poll until the validation under way ends (its deadline bounds this), or a stop."""
@@ -196,8 +207,10 @@ class Validation:
             self.poll(step)
             if self.active is not None and time.monotonic() - last_say > 15:
                 a, last_say = self.active, time.monotonic()
-                self.say(f"waiting for validation of v{a['version']}: {len(a['by_index'])}/"
-                         f"{a['size']} prompts in (eval.timeout_s={self.cfg.eval.timeout_s:g})")  # fmt: skip
+                self.say(
+                    f"waiting for validation of v{a['version']}: {len(a['by_index'])}/"
+                    f"{a['size']} prompts in (eval.timeout_s={self.cfg.eval.timeout_s:g})"
+                )
             time.sleep(0.1)
 
     def _finish(self, step: int, complete: bool) -> None:
@@ -207,19 +220,28 @@ class Validation:
         self.done_versions.add(a["version"])
         records = [a["by_index"][i] for i in sorted(a["by_index"])] + a["other"]
         metrics = summarize(records, self.cfg.eval.pass_threshold)
-        record = {"step": step, "val/version": float(a["version"]), **metrics,
-                  "val/complete": float(complete), "val/seconds": seconds}  # fmt: skip
+        record = {
+            "step": step,
+            "val/version": float(a["version"]),
+            **metrics,
+            "val/complete": float(complete),
+            "val/seconds": seconds,
+        }
         samples = samples_of(a["by_index"], min(self.cfg.eval.log_samples, a["size"]))
         if samples:
             record["samples"] = samples
         if not complete:
-            self.say(f"validation of v{a['version']} timed out after {seconds:.0f} s "
-                     f"(eval.timeout_s) with {len(a['by_index'])}/{a['size']} prompts; logged "
-                     "what came back (val/complete 0). Are the actors alive and is "
-                     "eval.timeout_s long enough for the set?")  # fmt: skip
+            self.say(
+                f"validation of v{a['version']} timed out after {seconds:.0f} s "
+                f"(eval.timeout_s) with {len(a['by_index'])}/{a['size']} prompts; logged "
+                "what came back (val/complete 0). Are the actors alive and is "
+                "eval.timeout_s long enough for the set?"
+            )
         if metrics.get("val/off_version"):
-            self.say(f"validation of v{a['version']}: {metrics['val/off_version']:.0f} prompt(s) "
-                     "had tokens of another version and were left out")  # fmt: skip
+            self.say(
+                f"validation of v{a['version']}: {metrics['val/off_version']:.0f} prompt(s) "
+                "had tokens of another version and were left out"
+            )
         self.log(record)
 
     def abandon(self, step: int) -> None:
@@ -229,6 +251,8 @@ class Validation:
         if a is not None:
             self.active = None
             self.queue.finish(a["version"])
-            self.say(f"validation of v{a['version']} was still running when the run ended "
-                     f"({len(a['by_index'])}/{a['size']} prompts in); not logged (eval.at_end "
-                     "waits for the final one)")  # fmt: skip
+            self.say(
+                f"validation of v{a['version']} was still running when the run ended "
+                f"({len(a['by_index'])}/{a['size']} prompts in); not logged (eval.at_end "
+                "waits for the final one)"
+            )

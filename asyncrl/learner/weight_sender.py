@@ -61,13 +61,23 @@ class ActorWeightChannel:
     that instead exits is simply left out until it registers again.
     """
 
-    def __init__(self, control, timeout_s: float = DEFAULT_TIMEOUT_S, ping_s: float | None = None,
-                 max_attempts: int = 3, bucket_bytes: int | None = None,
-                 log=print, wire_dtype: torch.dtype | None = None,
-                 stop: Callable[[], bool] = lambda: False,
-                 network: NetworkConfig | None = None, transport: str = "gloo",
-                 workers_per_actor: int = 1, device: torch.device | None = None,
-                 sender: Sender | None = None, defer_ack: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        control,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        ping_s: float | None = None,
+        max_attempts: int = 3,
+        bucket_bytes: int | None = None,
+        log=print,
+        wire_dtype: torch.dtype | None = None,
+        stop: Callable[[], bool] = lambda: False,
+        network: NetworkConfig | None = None,
+        transport: str = "gloo",
+        workers_per_actor: int = 1,
+        device: torch.device | None = None,
+        sender: Sender | None = None,
+        defer_ack: bool = False,
+    ) -> None:
         """``network``: where the group binds and what the actors are told (its
         ``address``); loopback by default. ``transport``: a name in
         ``asyncrl.core.transports.TRANSPORTS``; ``bucket_bytes`` None = the transport's default;
@@ -174,9 +184,11 @@ class ActorWeightChannel:
                 f"weight sync {version} failed {self.max_attempts} times, last: {error}. "
                 "Check the actor logs; an actor that cannot receive weights must be restarted"
             ) from error
-        self.log(f"weight sync {version} failed (attempt {attempt + 1}/{self.max_attempts}, "
-                 f"members {self.members}): {error}; rebuilding the group with the actors "
-                 "that answer")  # fmt: skip
+        self.log(
+            f"weight sync {version} failed (attempt {attempt + 1}/{self.max_attempts}, "
+            f"members {self.members}): {error}; rebuilding the group with the actors "
+            "that answer"
+        )
         return True
 
     def settle(self) -> None:
@@ -194,8 +206,10 @@ class ActorWeightChannel:
         self._regroup = True
         if error is not None:
             self.failures += 1
-            self.log(f"weight sync {pending.version} failed at its ack ({error}); the next "
-                     "sync rebuilds the group with the actors that answer")  # fmt: skip
+            self.log(
+                f"weight sync {pending.version} failed at its ack ({error}); the next "
+                "sync rebuilds the group with the actors that answer"
+            )
 
     def rejoin_pending(self) -> bool:
         """Read the control plane now; True if the next sync will rebuild the group (an
@@ -271,8 +285,9 @@ class PendingAck:
     def __init__(self, sender: Sender, version: int) -> None:
         self.version = version
         self._error: Exception | None = None
-        self._thread = threading.Thread(target=self._run, args=(sender,), daemon=True,
-                                        name=f"weight-ack-{version}")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, args=(sender,), daemon=True, name=f"weight-ack-{version}"
+        )
         self._thread.start()
 
     def _run(self, sender) -> None:

@@ -46,8 +46,16 @@ class GlooGroup(BroadcastPayloads):
 
     device = torch.device("cpu")
 
-    def __init__(self, address: str, port: int, rank: int, world_size: int, timeout_s: float,
-                 local_address: str = "", bind: str = "") -> None:  # fmt: skip
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        local_address: str = "",
+        bind: str = "",
+    ) -> None:
         """Rank 0 hosts the store on ``bind`` (default ``address``); every rank's gloo
         sockets use ``local_address``, this host's own interface (default ``address``: right
         on one host; across hosts each side names its own)."""
@@ -127,9 +135,13 @@ class GlooSender:
     """``send(..., wait_ack=False)`` + ``collect_ack`` (host memory: once a broadcast returned
     its bytes are sent, so nothing sent can change before the receivers load it)."""
 
-    def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, wire_dtype: torch.dtype | None = None,
-                 device: torch.device | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        wire_dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
+    ) -> None:
         """``bucket_bytes``: packing unit per broadcast; ``timeout_s``: deadline of the
         rendezvous and of every collective; ``wire_dtype``: cast floating tensors to this
         dtype before sending (e.g. bfloat16 to halve the bytes), None sends them as given.
@@ -146,15 +158,21 @@ class GlooSender:
         self.close()
         port = free_port(network.bind)
         self._plan = (network.address, port, world_size, network.bind, network.interface)
-        return {"transport": self.name, "master_address": network.address, "master_port": port,
-                "world_size": world_size, "timeout_s": self.timeout_s}  # fmt: skip
+        return {
+            "transport": self.name,
+            "master_address": network.address,
+            "master_port": port,
+            "world_size": world_size,
+            "timeout_s": self.timeout_s,
+        }
 
     def connect(self) -> None:
         if self._plan is None:
             raise WeightSyncError("GlooSender.connect before open")
         address, port, world, bind, interface = self._plan
-        self._group = GlooGroup(address, port, 0, world, self.timeout_s,
-                                local_address=interface, bind=bind)  # fmt: skip
+        self._group = GlooGroup(
+            address, port, 0, world, self.timeout_s, local_address=interface, bind=bind
+        )
 
     @property
     def connected(self) -> bool:
@@ -166,8 +184,9 @@ class GlooSender:
         """``wait_ack=False``: return once every byte is sent; ``collect_ack`` ends the sync."""
         if self._group is None:
             raise WeightSyncError("GlooSender.send before connect")
-        return timed_send(self._group, cast(named, self.wire_dtype, "cpu"), version,
-                          self.bucket_bytes, wait_ack)  # fmt: skip
+        return timed_send(
+            self._group, cast(named, self.wire_dtype, "cpu"), version, self.bucket_bytes, wait_ack
+        )
 
     def collect_ack(self, version: int) -> None:
         """The receivers' ack of a ``send(..., wait_ack=False)`` (``asyncrl.core.weights``)."""
@@ -211,9 +230,14 @@ class GlooReceiver:
 
     def join(self, info: dict[str, Any], rank: int, device: torch.device | None = None) -> None:
         self.close()
-        self.group = GlooGroup(info["master_address"], info["master_port"], rank,
-                               info["world_size"], info.get("timeout_s", DEFAULT_TIMEOUT_S),
-                               local_address=info.get("local_address", ""))  # fmt: skip
+        self.group = GlooGroup(
+            info["master_address"],
+            info["master_port"],
+            rank,
+            info["world_size"],
+            info.get("timeout_s", DEFAULT_TIMEOUT_S),
+            local_address=info.get("local_address", ""),
+        )
 
     def receive(self, version: int, load: LoadFn) -> tuple[int, int]:
         if self.group is None:
@@ -233,8 +257,11 @@ def _check_sizes(bucket_bytes: int, timeout_s: float) -> None:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
 
 
-def cast(named: Iterable[tuple[str, torch.Tensor]], wire_dtype: torch.dtype | None,
-         device: torch.device | str):  # fmt: skip
+def cast(
+    named: Iterable[tuple[str, torch.Tensor]],
+    wire_dtype: torch.dtype | None,
+    device: torch.device | str,
+):
     """Each tensor in the wire dtype, on ``device``, one at a time (lazy: a learner that
     gathers tensors one by one never holds the whole model there)."""
     for name, t in named:

@@ -60,8 +60,9 @@ class Comm(Protocol):
 
     def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None: ...
 
-    def all_reduce(self, in_tensor: torch.Tensor, out_tensor: Any = None, op: Any = None,
-                   stream: Any = None) -> torch.Tensor: ...  # fmt: skip
+    def all_reduce(
+        self, in_tensor: torch.Tensor, out_tensor: Any = None, op: Any = None, stream: Any = None
+    ) -> torch.Tensor: ...
 
     def destroy(self) -> None:
         """Abort the communicator (pending collectives return)."""
@@ -107,19 +108,35 @@ def _stream(device: torch.device):
 class NcclGroup(BroadcastPayloads):
     """An ``asyncrl.core.weights.Collective`` over an NCCL communicator, with deadlines."""
 
-    def __init__(self, comm: Comm, rank: int, device: torch.device, timeout_s: float,
-                 fence: Fence = cuda_fence) -> None:  # fmt: skip
+    def __init__(
+        self,
+        comm: Comm,
+        rank: int,
+        device: torch.device,
+        timeout_s: float,
+        fence: Fence = cuda_fence,
+    ) -> None:
         self.comm, self.rank, self.device = comm, rank, device
         self.timeout_s, self._fence = timeout_s, fence
 
     @classmethod
-    def join(cls, unique_id: bytes, rank: int, world_size: int, device: torch.device,
-             timeout_s: float, factory: CommFactory = vllm_comm,
-             fence: Fence = cuda_fence) -> NcclGroup:  # fmt: skip
+    def join(
+        cls,
+        unique_id: bytes,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        timeout_s: float,
+        factory: CommFactory = vllm_comm,
+        fence: Fence = cuda_fence,
+    ) -> NcclGroup:
         """Form the group (every rank calls this with the same id), or raise WeightSyncError
         at ``timeout_s``."""
-        comm = _within(timeout_s, f"NCCL weight group rendezvous (rank {rank}/{world_size})",
-                       lambda: factory(unique_id, rank, world_size, device))  # fmt: skip
+        comm = _within(
+            timeout_s,
+            f"NCCL weight group rendezvous (rank {rank}/{world_size})",
+            lambda: factory(unique_id, rank, world_size, device),
+        )
         if getattr(comm, "disabled", False):  # its collectives would silently do nothing
             raise WeightSyncError(
                 "vLLM's NCCL communicator is disabled (VLLM_DISABLE_PYNCCL is set, or world "
@@ -194,16 +211,22 @@ class NcclSender:
 
     name: ClassVar[str] = "nccl"
 
-    def __init__(self, bucket_bytes: int = DEFAULT_NCCL_BUCKET_BYTES,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, wire_dtype: torch.dtype | None = None,
-                 device: torch.device | None = None, factory: CommFactory = vllm_comm,
-                 unique_id: Callable[[], bytes] = vllm_unique_id,
-                 fence: Fence = cuda_fence) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bucket_bytes: int = DEFAULT_NCCL_BUCKET_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        wire_dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
+        factory: CommFactory = vllm_comm,
+        unique_id: Callable[[], bytes] = vllm_unique_id,
+        fence: Fence = cuda_fence,
+    ) -> None:
         """``device``: the learner's GPU (None = the current CUDA device at ``connect``);
         ``factory``, ``unique_id`` and ``fence`` are seams for tests (a fake communicator)."""
         if bucket_bytes <= 0 or timeout_s <= 0:
-            raise ValueError(f"bucket_bytes ({bucket_bytes}) and timeout_s ({timeout_s}) "
-                             "must be positive")  # fmt: skip
+            raise ValueError(
+                f"bucket_bytes ({bucket_bytes}) and timeout_s ({timeout_s}) must be positive"
+            )
         self.bucket_bytes, self.timeout_s, self.wire_dtype = bucket_bytes, timeout_s, wire_dtype
         self.device = device
         self._factory, self._unique_id, self._fence = factory, unique_id, fence
@@ -219,16 +242,21 @@ class NcclSender:
         if len(uid) != UNIQUE_ID_BYTES:
             raise WeightSyncError(f"NCCL unique id has {len(uid)} bytes, not {UNIQUE_ID_BYTES}")
         self._plan = (uid, world_size)
-        return {"transport": self.name, "world_size": world_size, "timeout_s": self.timeout_s,
-                "nccl_unique_id_b64": base64.b64encode(uid).decode()}  # fmt: skip
+        return {
+            "transport": self.name,
+            "world_size": world_size,
+            "timeout_s": self.timeout_s,
+            "nccl_unique_id_b64": base64.b64encode(uid).decode(),
+        }
 
     def connect(self) -> None:
         if self._plan is None:
             raise WeightSyncError("NcclSender.connect before open")
         uid, world = self._plan
         device = self.device or torch.device("cuda", torch.cuda.current_device())
-        self._group = NcclGroup.join(uid, 0, world, device, self.timeout_s, self._factory,
-                                     self._fence)  # fmt: skip
+        self._group = NcclGroup.join(
+            uid, 0, world, device, self.timeout_s, self._factory, self._fence
+        )
 
     @property
     def connected(self) -> bool:
@@ -238,8 +266,9 @@ class NcclSender:
         if self._group is None:
             raise WeightSyncError("NcclSender.send before connect")
         group = self._group
-        return timed_send(group, cast(named, self.wire_dtype, group.device), version,
-                          self.bucket_bytes)  # fmt: skip
+        return timed_send(
+            group, cast(named, self.wire_dtype, group.device), version, self.bucket_bytes
+        )
 
     def close(self) -> None:
         group, self._group = self._group, None
@@ -262,9 +291,10 @@ class NcclReceiver:
             raise WeightSyncError(f"bad NCCL weights_init (no valid unique id): {e}") from e
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        self.group = NcclGroup.join(uid, rank, info["world_size"], device,
-                                    info.get("timeout_s", DEFAULT_TIMEOUT_S), self._factory,
-                                    self._fence)  # fmt: skip
+        timeout_s = info.get("timeout_s", DEFAULT_TIMEOUT_S)
+        self.group = NcclGroup.join(
+            uid, rank, info["world_size"], device, timeout_s, self._factory, self._fence
+        )
 
     def receive(self, version: int, load: LoadFn) -> tuple[int, int]:
         if self.group is None:
