@@ -25,7 +25,7 @@ Not a part: ``data.epochs``. Index ``i`` is position ``i % N`` of epoch ``i // N
 epoch's order is a function of ``(task.seed, epoch)`` alone (actors/file_source.py), so more
 (or fewer) epochs leave the prompt of every existing index unchanged: a resumed run may be
 given more epochs and the actors go on past the old end. Likewise what is done with a prompt
-(``actor.n_samples``, ``max_tokens``, the reward) is not a part.
+(``sampling.n_samples``, ``max_tokens``, the reward) is not a part.
 
 Invariant: ``fingerprint(parts)`` is a pure function of the parts (sorted-key JSON, sha256),
 stable across processes and Python versions.

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from asyncrl.actors.cpu_layout import engine_on
 from asyncrl.actors.engine_args import engine_kwargs, sampling_kwargs
 from asyncrl.actors.stop_tokens import model_stop_token_ids
-from asyncrl.core.config import CPU_START_METHODS
+from asyncrl.core.config_actor import CPU_START_METHODS
 from asyncrl.core.heap import freeze_startup_heap
 from asyncrl.core.types import FINISH_REASONS, FinishReason
 from asyncrl.core.weights import WeightSyncError

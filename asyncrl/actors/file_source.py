@@ -243,7 +243,7 @@ def _none_left(r: LoadReport, key: str, limit: int) -> str:
     if r.dropped:
         why.append(f"{r.dropped} longer than data.max_prompt_length={limit} tokens (e.g. "
                    f"{r.example}); raise data.max_prompt_length (up to the model's context "
-                   "minus actor.max_tokens)")  # fmt: skip
+                   "minus sampling.max_tokens)")  # fmt: skip
     if r.empty:
         why.append(f"{r.empty} empty (e.g. {r.empty_example}); check data.prompt_key")
     return f"{key}: no prompt is left of {r.records}: " + "; ".join(why)

@@ -36,11 +36,16 @@ class GroupMaker:
         ids = prompt.token_ids  # set by a source that tokenized it (a chat template)
         prompt_ids = ids if ids is not None else self.tokenizer.encode(prompt.text)
         seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
-        a = self.cfg.actor
+        s = self.cfg.sampling
         completions = await generate_whole(  # abort-mode cuts resubmitted
-            self.engine, prompt_ids, a.n_samples, a.max_tokens, a.temperature, seed,
-            top_p=a.top_p, top_k=a.top_k, stop=a.stop,
-        )  # fmt: skip
+            self.engine,
+            prompt_ids,
+            s.n_samples,
+            s.max_tokens,
+            s.temperature,
+            seed,
+            **s.engine_options(),
+        )
         generated()
         texts = [self.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
         rewards = await self.scorer.score_all(prompt.text, texts, prompt.fields)  # at once

@@ -138,6 +138,7 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
         return SimEngine(vocab, a.sim_tokens_per_s, a.sim_mean_len, seed=cfg.seed + actor_id)
     from asyncrl.actors.engine import ActorEngine
     from asyncrl.actors.tasks import max_model_len
+    from asyncrl.core.config import engine_batch
     from asyncrl.core.config_checks import parse_cores
 
     # ~7 s on one CPU core, minutes for a large model on a GPU (tests/e2e/test_interrupt.py
@@ -156,7 +157,7 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
         seed=cfg.seed + actor_id,
         cpu_bind=a.cpu_bind or None,
         torch_threads=a.cpu_threads,
-        max_num_seqs=a.engine_batch,
+        max_num_seqs=engine_batch(cfg),
         cpu_start_method=a.cpu_start_method,
         engine_cpus=parse_cores(a.engine_cpus) or None,
     )

@@ -71,10 +71,10 @@ def check_context(cfg, model_dir: str) -> None:
             length, lower = f"actor.max_model_len={a.max_model_len}", "actor.max_model_len"
         else:
             length = (
-                f"data.max_prompt_length={cfg.data.max_prompt_length} + actor.max_tokens="
-                f"{a.max_tokens} = {max_model_len(cfg)}"
+                f"data.max_prompt_length={cfg.data.max_prompt_length} + sampling.max_tokens="
+                f"{cfg.sampling.max_tokens} = {max_model_len(cfg)}"
             )
-            lower = "data.max_prompt_length or actor.max_tokens"
+            lower = "data.max_prompt_length or sampling.max_tokens"
         raise DataError(
             f"{length} tokens exceeds the model's context (max_position_embeddings={context} "
             f"in {path}); lower {lower}"

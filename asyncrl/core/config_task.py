@@ -139,7 +139,7 @@ class DataConfig:
     '' = none."""
     max_prompt_length: int = 64
     """Longest prompt in tokens (>= 1): longer ones are dropped when the data is loaded
-    (counted and shown). vLLM's ``max_model_len`` is this plus ``actor.max_tokens``, which must
+    (counted and shown). vLLM's ``max_model_len`` is this plus ``sampling.max_tokens``, which must
     fit the model's ``max_position_embeddings``."""
     epochs: int = 1
     """Passes over ``data.train_files`` (>= 1); then the actors stop and the learner ends the

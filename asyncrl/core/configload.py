@@ -128,6 +128,8 @@ def _first_line(e: Exception, config_dir: Path = CONFIG_DIR) -> str:
         return _not_allowed(m.group(1))
     if m and m.group(1) in REMOVED_KEYS:
         return f"config key '{m.group(1)}' was removed: {REMOVED_KEYS[m.group(1)]}"
+    if m and m.group(1) in MOVED_KEYS:
+        return _moved(m.group(1))
     if m and ("Could not override" in text or "not in" in text):
         return (f"unknown config key '{m.group(1)}'{_did_you_mean(m.group(1), schema_keys())}"
                 " (not in the schema; valid keys: asyncrl/core/config.py, configs/)")  # fmt: skip
@@ -141,6 +143,37 @@ REMOVED_KEYS = {
     "actor.tensor_parallel_size instead",
 }
 """Keys that existed once, with what to set instead (a config written for an older version)."""
+
+MOVED_KEYS = {
+    f"actor.{name}": f"sampling.{name}"
+    for name in ("n_samples", "max_tokens", "temperature", "top_p", "top_k", "stop")
+}
+"""Keys that moved, old -> new: the sampling settings left ``actor`` for the ``sampling`` group
+that both roles read (2026-11-29). A config naming an old key is refused naming the new one;
+a run directory written before is read with its keys moved (``migrate``)."""
+
+
+def _moved(old: str) -> str:
+    new = MOVED_KEYS[old]
+    group, _, name = new.partition(".")
+    return (
+        f"config key '{old}' moved to '{new}' (sampling settings are one group that the actors "
+        f"and the learner read): write {new}=... on the command line, or '{name}:' under "
+        f"'{group}:' in a YAML file"
+    )
+
+
+def migrate(raw: dict) -> dict:
+    """A copy of the config ``raw`` (nested dicts, as ``config.json``) with every key of
+    ``MOVED_KEYS`` at its new place: a run directory written before a key moved still reads
+    (a resumed run, a role started from it). A key present at both places keeps the new one."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for old, new in MOVED_KEYS.items():
+        (og, ok), (ng, nk) = old.split("."), new.split(".")
+        if ok in out.get(og, {}):
+            value = out[og].pop(ok)
+            out.setdefault(ng, {}).setdefault(nk, value)
+    return out
 
 
 def schema_keys(node: object = Config, prefix: str = "") -> list[str]:
@@ -192,7 +225,7 @@ def config_from_json(text: str) -> Config:
     """Inverse of ``config_to_json`` (roles started by the launcher read the run's config)."""
     from omegaconf import OmegaConf
 
-    raw = json.loads(text)
+    raw = migrate(json.loads(text))
     reject_targets(raw)
     base = OmegaConf.structured(Config)
     merged = OmegaConf.merge(base, OmegaConf.create(raw))

@@ -246,7 +246,7 @@ def set_logprob_chunk_tokens(model: nn.Module, tokens: int | None) -> None:
 def set_logprob_temperature(model: nn.Module, temperature: float) -> None:
     """Score ``model``'s distribution at ``temperature`` (logits / T) in ``token_logprobs``.
 
-    The actors sample at ``actor.temperature`` and report the log-probs of the tempered
+    The actors sample at ``sampling.temperature`` and report the log-probs of the tempered
     distribution (vLLM ``logprobs_mode="processed_logprobs"``), so pi_theta must be tempered
     alike or the importance ratio pi_theta / pi_behave compares two different distributions
     (verl divides its logits by the rollout temperature the same way). The actors sample

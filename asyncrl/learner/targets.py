@@ -86,7 +86,7 @@ def compute_targets(
         values: [B, T] critic values V(s_t) (required by critic estimators, else ignored).
         kl: [B, T] per-token KL estimate to the reference, subtracted from the rewards times
             ``kl_coef`` (``kl_mode=reward``; None = no penalty).
-        max_tokens: the generation limit (``actor.max_tokens``), for the overlong penalty.
+        max_tokens: the generation limit (``sampling.max_tokens``), for the overlong penalty.
         truncated: [B] 1.0 where the completion was cut at the length limit; with
             ``algorithm.truncated=penalize`` their task reward is replaced by
             ``truncated_reward`` first (None = none cut).

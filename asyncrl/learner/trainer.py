@@ -132,7 +132,7 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
     model = build_policy(model_dir, mc.dtype, mc.attn_implementation,
                          gradient_checkpointing=mc.gradient_checkpointing,
                          logprob_chunk_tokens=mc.logprob_chunk_tokens,
-                         temperature=cfg.actor.temperature, packed=packed,
+                         temperature=cfg.sampling.temperature, packed=packed,
                          offload=offload, compile=mc.compile)  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
     critic = reference = None
@@ -146,10 +146,10 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
     if algo.kl_coef > 0:
         reference = build_reference(model_dir, mc.dtype, mc.attn_implementation,
                                     logprob_chunk_tokens=mc.logprob_chunk_tokens,
-                                    temperature=cfg.actor.temperature,
+                                    temperature=cfg.sampling.temperature,
                                     packed=packed, offload=offload)  # fmt: skip
     return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
-                       reference=reference, max_tokens=cfg.actor.max_tokens,
+                       reference=reference, max_tokens=cfg.sampling.max_tokens,
                        micro_batch_rows=lc.micro_batch_rows,
                        max_tokens_per_micro_batch=lc.max_tokens_per_micro_batch,
                        pack_sequences=packed)  # fmt: skip

@@ -1,7 +1,7 @@
 """Completions cut at the length limit (``finish_reason == "length"``): counted, and kept,
 masked or penalized (``algorithm.truncated``; docs/algorithms.md).
 
-A real model's answers run from a few tokens to ``actor.max_tokens``; one cut there has no
+A real model's answers run from a few tokens to ``sampling.max_tokens``; one cut there has no
 end, and its reward scores half an answer. ``truncated`` is a ``[B]`` float tensor (1.0 = cut,
 ``asyncrl.learner.batch.Batch.truncated``), rows in group order like the batch's rows.
 

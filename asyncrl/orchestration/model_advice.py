@@ -53,11 +53,11 @@ def model_warnings(cfg: Config) -> list[str]:
             "as plain text; for your own data use task=file data.train_files=[...] (or "
             "experiment=smollm2_math for the SmolLM2 example)"
         )
-    if cfg.actor.max_tokens < MIN_PRETRAINED_TOKENS:
+    if cfg.sampling.max_tokens < MIN_PRETRAINED_TOKENS:
         out.append(
-            f"actor.max_tokens={cfg.actor.max_tokens} leaves a pretrained model almost no room "
+            f"sampling.max_tokens={cfg.sampling.max_tokens} leaves a pretrained model almost no room "
             f"to answer (< {MIN_PRETRAINED_TOKENS} tokens): most completions will be cut at the "
-            "limit (response/clip_ratio); raise actor.max_tokens"
+            "limit (response/clip_ratio); raise sampling.max_tokens"
         )
     if cfg.model.dtype == "float16" and cfg.learner.device == "cpu":
         out.append(

@@ -22,12 +22,11 @@ import re
 from pathlib import Path
 
 from asyncrl.core.config import Config
-from asyncrl.core.configload import config_to_json
+from asyncrl.core.configload import config_to_json, migrate
 from asyncrl.core.rundir import RunDirError
 
 MEANING = ("algorithm.", "model.path", "model.dtype", "learner.batch_groups", "learner.lr",
-           "learner.weight_decay", "actor.n_samples", "actor.temperature", "actor.top_p",
-           "actor.top_k", "actor.max_tokens", "task.", "data.", "buffer.max_staleness",
+           "learner.weight_decay", "sampling.", "task.", "data.", "buffer.max_staleness",
            "mode.", "seed")  # fmt: skip
 """Keys (or prefixes ending in ``.``) whose change makes a resumed run another experiment."""
 HARMLESS = ("data.epochs", "task.reward_timeout_s", "task.reward_workers", "task.reward_executor",
@@ -101,7 +100,7 @@ def check_resume(cfg: Config, run_dir: Path) -> None:
         if not old_path.is_file():
             record_part(run_dir, new, {})
             return
-        old = json.loads(old_path.read_text())
+        old = migrate(json.loads(old_path.read_text()))
         changed = changes(old, new)
         if (why := refusal(changed, run_dir)) and not cfg.allow_config_change:
             raise RunDirError(why)

@@ -1,7 +1,7 @@
 """The demo's learner steps/s before and after issue 15, side by side in one run.
 
 Issue 15's learner changes (chunked log-probs from the final hidden states,
-``model.logprob_chunk_tokens``; scoring at ``actor.temperature``; micro-batch planning;
+``model.logprob_chunk_tokens``; scoring at ``sampling.temperature``; micro-batch planning;
 sharded loading; packing) start at commit 1f45a05. This script checks out ``--base``
 (default ``1f45a05^``, the commit before them) in a temporary ``git worktree`` (removed at the
 end, also on an error or Ctrl-C) and times the demo's learner step at that checkout and at the
@@ -24,9 +24,9 @@ Each rank pins ``torch.set_num_threads(--threads)`` (default 1, as
 checkout's own ``asyncrl.learner.trainer.build_step_context`` from the default config (policy, AdamW,
 the grpo preset), on one shared model directory: the demo architecture built by ``asyncrl``'s
 demo code with random weights (seed 0), made once by this process. The batch is demo-shaped
-and the same for every arm: ``learner.batch_groups`` (16) groups of ``actor.n_samples`` (8),
+and the same for every arm: ``learner.batch_groups`` (16) groups of ``sampling.n_samples`` (8),
 prompts of the demo task (``asyncrl.actors.addition``, tokenized by the demo tokenizer), completions of
-1 to ``actor.max_tokens`` (8) tokens (mostly the answer's digits, some wrong, then EOS; some cut
+1 to ``sampling.max_tokens`` (8) tokens (mostly the answer's digits, some wrong, then EOS; some cut
 at the limit), behaviour log-probs and rewards drawn from a fixed seed.
 
 Timing: ``train_on_batch`` only (what ``asyncrl.learner.trainer`` calls once per step). Each arm's

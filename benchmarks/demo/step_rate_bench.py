@@ -47,12 +47,12 @@ def build_batch_spec(cfg, seed: int) -> dict:
 
     tok, rng = build_tokenizer(), random.Random(seed)
     src = AdditionSource(seed, split="train")
-    cap, digits = cfg.actor.max_tokens, tok.encode("0123456789")
+    cap, digits = cfg.sampling.max_tokens, tok.encode("0123456789")
     groups = []
     for i in range(cfg.learner.batch_groups):
         p = src.get(cfg.learner.batch_groups + i)  # the 2nd batch: rows 16 wide, as is typical
         samples = []
-        for _ in range(cfg.actor.n_samples):
+        for _ in range(cfg.sampling.n_samples):
             if rng.random() < 1 / 3:
                 ids = [rng.randrange(3, 64) for _ in range(cap)]
             else:

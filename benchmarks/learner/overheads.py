@@ -40,8 +40,8 @@ def _batch(cfg, vocab: int, rank: int):
         return broadcast_batch(None)
     rng = random.Random(0)
     groups = [
-        random_group(rng, f"g{i}", n=cfg.actor.n_samples, vocab_size=vocab, versions=(0, 0),
-                     max_len=cfg.actor.max_tokens)
+        random_group(rng, f"g{i}", n=cfg.sampling.n_samples, vocab_size=vocab, versions=(0, 0),
+                     max_len=cfg.sampling.max_tokens)
         for i in range(cfg.learner.batch_groups)
     ]  # fmt: skip
     return broadcast_batch(collate(groups))

@@ -180,7 +180,7 @@ def plan(args, cuda: bool) -> dict:
     if model and args.config:
         raise SystemExit("--model and --config: a real model or a random one of a shape, not both")
     base = dict(kv.split("=", 1) for kv in model_overrides(model))  # the model preset's config
-    base |= {"learner.device": device, "model.dtype": dtype, "actor.max_tokens": batch["cap"]}
+    base |= {"learner.device": device, "model.dtype": dtype, "sampling.max_tokens": batch["cap"]}
     base |= dict(kv.split("=", 1) for kv in args.set)
     asyncrl = {"learner.micro_batch_rows": 0, "learner.max_tokens_per_micro_batch": budget,
                "model.logprob_chunk_tokens": chunk,

@@ -45,7 +45,7 @@ PRESETS: dict[str, dict] = {
     "smollm2": {  # the real model (model_path: benchmarks/real_model.py), as `asyncrl run
         # model=smollm2` trains it on the CPU: 8 groups x 4 of examples/smollm2_math, whose chat
         # prompts are 59-64 tokens (62 on average), completions 20 + Exp(80) capped at
-        # actor.max_tokens=256; the run's token budget (configs/learner/cpu.yaml) and log-prob
+        # sampling.max_tokens=256; the run's token budget (configs/learner/cpu.yaml) and log-prob
         # chunk (configs/model/smollm2.yaml); issue 27's target: >= 0.9x the bare loop
         "model_path": "smollm2",
         "batch": {"groups": 8, "n": 4, "prompt": 62, "floor": 20, "mean": 80.0, "cap": 256},

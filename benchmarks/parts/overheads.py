@@ -181,12 +181,14 @@ def actor_part(args) -> dict:
     print(f"pinned: {pins['layout']}; vLLM's OMP threads bound to {bind}; the client's torch "
           f"threads {pins['client_torch_threads']}; redis-server on core {pins['redis_core']}",
           flush=True)  # fmt: skip
-    a, first = cfg.actor, dtypes[0]
+    from asyncrl.core.config import engine_batch
+
+    a, s, first = cfg.actor, cfg.sampling, dtypes[0]
     out = {"model": cfg.model.path, "task": cfg.task.name, "prompts": len(prompts),
            "prompt_tokens_mean": statistics.fmean(map(len, prompts)),
-           "sampling": {"n": a.n_samples, "max_tokens": a.max_tokens,
-                        "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
-                        "max_inflight": a.max_inflight, "engine_batch": a.engine_batch},
+           "sampling": {"n": s.n_samples, "max_tokens": s.max_tokens,
+                        "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+                        "max_inflight": a.max_inflight, "engine_batch": engine_batch(cfg)},
            "core": args.core, "redis_core": args.redis_core, "engine_core": args.engine_core,
            "pinning": pins, "rounds": args.rounds, "dtype": first}  # fmt: skip
     blocks = {d: _dtype_block(runs[d], len(prompts)) for d in dtypes}

@@ -37,27 +37,30 @@ def task_prompts(cfg, model_dir: str, count: int) -> tuple[object, list[list[int
     return source, out
 
 
-def bare_llm(model_dir: str, a, dtype: str, max_len: int):
+def bare_llm(model_dir: str, cfg, dtype: str, max_len: int):
     """The offline ``vllm.LLM`` with the actor engine's options (``engine_kwargs``)."""
     from vllm import LLM
     from vllm.platforms import current_platform
 
     from asyncrl.actors.engine_args import engine_kwargs
+    from asyncrl.core.config import engine_batch
+
+    a = cfg.actor
 
     opts = engine_kwargs(current_platform.is_cpu(), max_len,
                          kv_cache_bytes=int(a.kv_cache_gib * 2**30) or None,
                          enable_prefix_caching=a.prefix_caching,
                          enforce_eager=a.enforce_eager)  # fmt: skip
-    return LLM(model=model_dir, dtype=dtype, seed=0, max_num_seqs=a.engine_batch, **opts)
+    return LLM(model=model_dir, dtype=dtype, seed=0, max_num_seqs=engine_batch(cfg), **opts)
 
 
-def sampling(a, seed: int | None, stop_token_ids) -> dict:
+def sampling(cfg, seed: int | None, stop_token_ids) -> dict:
     """``SamplingParams`` arguments of the actor's requests (``sampling_kwargs``), with the
     engine's stop token ids."""
     from asyncrl.actors.engine_args import sampling_kwargs
 
-    kwargs = sampling_kwargs(a.n_samples, a.max_tokens, a.temperature, seed, top_p=a.top_p,
-                             top_k=a.top_k, stop=a.stop)  # fmt: skip
+    s = cfg.sampling
+    kwargs = sampling_kwargs(s.n_samples, s.max_tokens, s.temperature, seed, **s.engine_options())
     return kwargs | {"stop_token_ids": list(stop_token_ids)}
 
 
@@ -74,14 +77,14 @@ def bare_round(llm, prompts, params: dict) -> dict:
             "tokens_per_s": sum(lengths) / dt, **used}  # fmt: skip
 
 
-async def engine_round(engine, prompts, a) -> dict:
-    """``ActorEngine.generate``, one request per prompt, ``a.max_inflight`` at once."""
-    limit = asyncio.Semaphore(a.max_inflight)
+async def engine_round(engine, prompts, cfg) -> dict:
+    """``ActorEngine.generate``, one request per prompt, ``actor.max_inflight`` at once."""
+    limit, s = asyncio.Semaphore(cfg.actor.max_inflight), cfg.sampling
 
     async def one(i, p):
         async with limit:
-            return await engine.generate(p, a.n_samples, a.max_tokens, a.temperature, i,
-                                         top_p=a.top_p, top_k=a.top_k, stop=a.stop)  # fmt: skip
+            options = s.engine_options()
+            return await engine.generate(p, s.n_samples, s.max_tokens, s.temperature, i, **options)
 
     t0, cpu = time.perf_counter(), CpuMeter()
     outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -141,13 +144,14 @@ async def warm_scorer(cfg, source, n: int):
 async def start_engines(cfg, model_dir: str, dtype: str, max_len: int):
     """(bare ``LLM``, ``ActorEngine``) of one dtype, with the actor's engine options."""
     from asyncrl.actors.engine import ActorEngine
+    from asyncrl.core.config import engine_batch
 
     a = cfg.actor
-    llm = bare_llm(model_dir, a, dtype, max_len)
+    llm = bare_llm(model_dir, cfg, dtype, max_len)
     engine = await ActorEngine.start(
         model_dir, dtype=dtype, max_model_len=max_len, seed=0, cpu_bind=a.cpu_bind or None,
         torch_threads=a.cpu_threads, kv_cache_bytes=int(a.kv_cache_gib * 2**30) or None,
-        max_num_seqs=a.engine_batch, enable_prefix_caching=a.prefix_caching,
+        max_num_seqs=engine_batch(cfg), enable_prefix_caching=a.prefix_caching,
         enforce_eager=a.enforce_eager, cpu_start_method=a.cpu_start_method,
         weight_backend=None,
     )  # fmt: skip
@@ -170,22 +174,23 @@ async def interleaved(cfg, model_dir: str, source, prompts, url: str, rounds: in
     from asyncrl.buffer import codec
     from asyncrl.core.heap import freeze_startup_heap
 
-    a, max_len = cfg.actor, max_model_len(cfg)
+    max_len = max_model_len(cfg)
     with engine_on(engine_cpus):
         engines = {d: await start_engines(cfg, model_dir, d, max_len) for d in dtypes}
     codec.warm_up()  # as asyncrl.actors.main does while the engine starts (pyarrow's lazy imports)
-    scorer = await warm_scorer(cfg, source, a.n_samples)
-    params = {d: sampling(a, 0, getattr(e, "stop_token_ids", ())) for d, (_, e) in engines.items()}
+    scorer = await warm_scorer(cfg, source, cfg.sampling.n_samples)
+    stops = {d: getattr(e, "stop_token_ids", ()) for d, (_, e) in engines.items()}
+    params = {d: sampling(cfg, 0, stop_ids) for d, stop_ids in stops.items()}
     for d, (llm, engine) in engines.items():  # warm-ups
         bare_round(llm, prompts[:4], params[d])
-        await engine_round(engine, prompts[:4], a)
+        await engine_round(engine, prompts[:4], cfg)
     freeze_startup_heap()  # as asyncrl.actors.main does once its engine is up; bare gains from it too
     runs = {d: {arm: [] for arm in ARMS} for d in dtypes}
     for r in range(rounds):
         for d, (llm, engine) in engines.items():
             arms = runs[d]
             arms["bare_vllm"].append(bare_round(llm, prompts, params[d]))
-            arms["engine"].append(await engine_round(engine, prompts, a))
+            arms["engine"].append(await engine_round(engine, prompts, cfg))
             arms["actor"].append(await actor_round(cfg, model_dir, engine, source, len(prompts),
                                                    url, f"ov{r}{d}", scorer))  # fmt: skip
         print(f"round {r + 1}/{rounds}: " + "; ".join(

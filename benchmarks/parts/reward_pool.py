@@ -61,8 +61,8 @@ def _cfg(args, arm: str, buffer_name: str):
     spec, executor, workers = ARMS[arm]
     cfg = Config()
     cfg.buffer.name, cfg.buffer.capacity = buffer_name, 100_000
-    a = cfg.actor
-    a.engine, a.n_samples, a.max_tokens, a.max_inflight = "sim", args.n, args.max_tokens, 16
+    cfg.actor.engine, cfg.actor.max_inflight = "sim", 16
+    cfg.sampling.n_samples, cfg.sampling.max_tokens = args.n, args.max_tokens
     t = cfg.task
     t.reward_fn, t.reward_executor, t.reward_workers = spec, executor, workers
     return cfg

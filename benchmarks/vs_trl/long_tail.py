@@ -6,7 +6,7 @@ with long-tailed answer lengths (measured 2026-11-26: docs/results.md, benchmark
   the cursor order both systems read), rewarded by ``asyncrl.actors.addition:addition_reward`` (the
   file's ``answer`` column). Operands have 1-3 digits 85% of the time, then a geometric tail
   up to 29 digits: answers have a median of 2 digits and 1.6% have 20 or more, so completions
-  (answer + EOS) are ~3 tokens at the median and up to 30 (10x); ``actor.max_tokens=32``.
+  (answer + EOS) are ~3 tokens at the median and up to 30 (10x); ``sampling.max_tokens=32``.
 - Model: the demo's architecture and tokenizer at ``LAYERS`` x ``HIDDEN`` (23.6M parameters),
   warm-started by the demo's recipe (``warmstart.train_sft``: plain and chat-formatted sums,
   label smoothing 0.5) on the same digit distribution (another seed stream) for ``SFT_STEPS``
@@ -46,10 +46,10 @@ def prepare(work: Path, seed: int, steps: int, tiny: bool = False) -> list[str]:
     data = write_prompts(work / "long_tail_data" / f"seed{seed}.jsonl", seed, steps)
     shape = TINY_MODEL if tiny else {"layers": LAYERS, "hidden": HIDDEN, "sft_steps": SFT_STEPS}
     model = build_model(CACHE, **shape)
-    tiny_batch = ["learner.batch_groups=4", "actor.n_samples=4"] if tiny else []
+    tiny_batch = ["learner.batch_groups=4", "sampling.n_samples=4"] if tiny else []
     return [f"model.path={model}", "task=file", f"data.train_files=[{data}]",
             "data.shuffle=false", "data.max_prompt_length=64",
-            "task.reward_fn=asyncrl.actors.addition:addition_reward", f"actor.max_tokens={MAX_TOKENS}",
+            "task.reward_fn=asyncrl.actors.addition:addition_reward", f"sampling.max_tokens={MAX_TOKENS}",
             *tiny_batch]  # fmt: skip
 
 

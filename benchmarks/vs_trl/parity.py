@@ -73,7 +73,7 @@ def _order(trainer, cfg, cases: int) -> list[str]:
     for the first ``cases`` prompts or all that training reads (``steps x batch_groups``: the
     sampler drops a last incomplete batch of the dataset). The sampler repeats each generation
     batch ``steps_per_generation`` times (once per micro-batch); the first is generated from."""
-    n, per_gen = cfg.actor.n_samples, trainer.args.generation_batch_size
+    n, per_gen = cfg.sampling.n_samples, trainer.args.generation_batch_size
     repeat = trainer.num_iterations * trainer.args.steps_per_generation
     cases = min(cases, cfg.learner.steps * cfg.learner.batch_groups)
     blocks = -(-cases * n // per_gen)  # generation batches holding the first `cases` prompts
@@ -148,7 +148,7 @@ def _settings(trainer, cfg, model_dir: str, ours_tok) -> tuple[dict, list[str]]:
     """``{name: [asyncrl, TRL]}`` of every setting the comparison relies on, and the mismatches.
     Settings TRL cannot express (another advantage, loss or aggregation) are compared against
     the only value this TRL configuration implements."""
-    a, lc, algo = cfg.actor, cfg.learner, cfg.algorithm
+    s, lc, algo = cfg.sampling, cfg.learner, cfg.algorithm
     gen, args = trainer.generation_config, trainer.args
     warm = max(1, lc.warmup_steps)
     sched = trainer.lr_scheduler
@@ -161,14 +161,14 @@ def _settings(trainer, cfg, model_dir: str, ours_tok) -> tuple[dict, list[str]]:
     pairs = {
         "prompts_per_step": [lc.batch_groups, args.generation_batch_size // trainer.num_generations],
         "optimizer_steps_per_generation": [1, args.steps_per_generation // args.gradient_accumulation_steps],
-        "samples_per_prompt": [a.n_samples, trainer.num_generations],
-        "max_new_tokens": [a.max_tokens, gen.max_new_tokens],
-        "temperature": [a.temperature, gen.temperature],
-        "logprob_temperature": [a.temperature, trainer.temperature],  # the loss's log-probs
-        "top_p": [a.top_p, gen.top_p],
-        "top_k (off)": [a.top_k if a.top_k != -1 else 0, gen.top_k or 0],
+        "samples_per_prompt": [s.n_samples, trainer.num_generations],
+        "max_new_tokens": [s.max_tokens, gen.max_new_tokens],
+        "temperature": [s.temperature, gen.temperature],
+        "logprob_temperature": [s.temperature, trainer.temperature],  # the loss's log-probs
+        "top_p": [s.top_p, gen.top_p],
+        "top_k (off)": [s.top_k if s.top_k != -1 else 0, gen.top_k or 0],
         "stop_token_ids": [model_stop_token_ids(model_dir), sorted(trainer.eos_token_ids)],
-        "stop_strings": [list(a.stop), []],
+        "stop_strings": [list(s.stop), []],
         "optimizer": ["AdamW", type(trainer.optimizer).__name__],
         "lr_by_step": [[lc.lr * min(1.0, (s + 1) / warm) for s in range(warm + 2)], lrs_trl],
         "weight_decay": [lc.weight_decay, trainer.optimizer.defaults["weight_decay"]],
@@ -185,7 +185,7 @@ def _settings(trainer, cfg, model_dir: str, ours_tok) -> tuple[dict, list[str]]:
         "dtype": [cfg.model.dtype, str(dtype).removeprefix("torch.")],
         "gradient_checkpointing": [cfg.model.gradient_checkpointing, bool(args.gradient_checkpointing)],
         "val_greedy (eval.n_samples=1)": [e.n_samples == 1, True],
-        "val_max_new_tokens": [a.max_tokens, val.max_new_tokens],
+        "val_max_new_tokens": [s.max_tokens, val.max_new_tokens],
         "val_steps (at_start, every, at_end)": [[e.at_start, e.every, e.at_end], [val.schedule.at_start, val.schedule.every, val.schedule.at_end]],
         "val_pass_threshold": [e.pass_threshold, val.schedule.pass_threshold],
         "val_stop_token_ids": [model_stop_token_ids(model_dir), sorted(val.stop_ids)],

@@ -68,7 +68,7 @@ ASYNCRL_OVERRIDES = {
     "metrics_port=0": "no Prometheus endpoints (TRL serves none; no port clashes)",
 }
 """The only overrides added to the demo defaults besides learner.steps and task.seed."""
-TINY = ["learner.batch_groups=4", "actor.n_samples=4", "model.sft_steps=50"]
+TINY = ["learner.batch_groups=4", "sampling.n_samples=4", "model.sft_steps=50"]
 SMOLLM2 = ["model=smollm2", "experiment=smollm2_math"]
 """The ``smollm2`` setting: ``asyncrl run model=smollm2 experiment=smollm2_math`` (8 prompts x 4
 samples, 128 tokens at temperature 0.7, lr 1e-5, float32, greedy validation on the 64 val

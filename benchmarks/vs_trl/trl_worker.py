@@ -70,12 +70,12 @@ and log-softmax the worker reached 15.7 GB and was OOM-killed on a 23 GB machine
 def micro_batches(cfg, model_dir: str) -> int:
     """How many micro-batches (gradient accumulation) a step's completions are trained in: the
     fewest that divide them and keep a micro-batch's logits (``data.max_prompt_length +
-    actor.max_tokens`` positions) within ``LOGITS_BUDGET_BYTES``. 1 for the demo's vocabulary.
+    sampling.max_tokens`` positions) within ``LOGITS_BUDGET_BYTES``. 1 for the demo's vocabulary.
     TRL's "dapo" loss divides by the tokens of the whole generation batch, so the step's loss
     stays the token mean over all its completions (asyncrl micro-batches by tokens too)."""
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    rows = cfg.learner.batch_groups * cfg.actor.n_samples
-    per_row = (cfg.data.max_prompt_length + cfg.actor.max_tokens) * vocab * 4
+    rows = cfg.learner.batch_groups * cfg.sampling.n_samples
+    per_row = (cfg.data.max_prompt_length + cfg.sampling.max_tokens) * vocab * 4
     fits = (
         k
         for k in range(1, rows + 1)
@@ -87,17 +87,17 @@ def micro_batches(cfg, model_dir: str) -> int:
 def trl_settings(cfg, out_dir: Path, micro: int = 1) -> dict:
     """GRPOConfig keyword arguments equal to ``cfg``'s job (the reasons are in vs_trl.py),
     trained in ``micro`` micro-batches (``micro_batches``)."""
-    a, lc, algo = cfg.actor, cfg.learner, cfg.algorithm
+    s, lc, algo = cfg.sampling, cfg.learner, cfg.algorithm
     return dict(
         output_dir=str(out_dir / "trl_output"),
-        per_device_train_batch_size=lc.batch_groups * a.n_samples // micro,
+        per_device_train_batch_size=lc.batch_groups * s.n_samples // micro,
         gradient_accumulation_steps=micro,
         steps_per_generation=micro,  # one generation batch per optimizer step (on-policy)
-        num_generations=a.n_samples,
-        max_completion_length=a.max_tokens,
-        temperature=a.temperature,
-        top_p=a.top_p,
-        top_k=0 if a.top_k == -1 else a.top_k,  # TRL: 0 = off; asyncrl: -1 = off
+        num_generations=s.n_samples,
+        max_completion_length=s.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=0 if s.top_k == -1 else s.top_k,  # TRL: 0 = off; asyncrl: -1 = off
         learning_rate=lc.lr,  # the schedule itself is passed in (``build_optimizer``)
         weight_decay=lc.weight_decay,
         max_grad_norm=lc.grad_clip,

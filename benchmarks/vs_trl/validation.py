@@ -3,7 +3,7 @@
 asyncrl validates weight version V (V optimizer steps done) greedily on the validation set
 (``data.val_files``, file order, the first ``eval.max_prompts``): at V = 0 (``eval.at_start``),
 at the first V of every ``eval.every`` interval and at the end (``eval.at_end``), each prompt
-once at temperature 0 and at most ``actor.max_tokens`` tokens, scored by the task's reward
+once at temperature 0 and at most ``sampling.max_tokens`` tokens, scored by the task's reward
 (actors/validation.py), summarised by ``asyncrl.learner.validation.summarize``. ``GreedyValidation``
 is a trainer callback doing the same in the TRL process at the same steps: HF ``generate``
 (greedy, left-padded batches of ``VAL_BATCH`` prompts, stopping at asyncrl's stop ids), the
@@ -92,7 +92,7 @@ class GreedyValidation:
         from asyncrl.actors.tasks import build_val_source
         from asyncrl.actors.validation import validation_size
 
-        self.schedule, self.max_new_tokens = cfg.eval, cfg.actor.max_tokens
+        self.schedule, self.max_new_tokens = cfg.eval, cfg.sampling.max_tokens
         self.reward_fn, self.stop_ids = reward_fn, list(stop_ids)
         self.path, self.t0 = path, t0
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -16,7 +16,7 @@ Each record is what verl's ``examples/data_preprocess/*.py`` scripts write::
 The wording is lowercase because the demo model's tokenizer has no capital letters
 (asyncrl/orchestration/demo/tokenizer.py); chat-templated, the longest prompt is 61 tokens, under
 ``data.max_prompt_length=64`` (the demo model's context is 256 tokens, less than ``data=verl``'s
-default of 512 plus ``actor.max_tokens``). Walk-through: docs/own_task.md.
+default of 512 plus ``sampling.max_tokens``). Walk-through: docs/own_task.md.
 
 ``--format jsonl`` writes the other layout a user brings: JSON Lines of plain-text prompts
 (``{"prompt": "27+5=", "answer": "32"}``, used as they are, no chat template), for the

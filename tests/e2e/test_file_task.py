@@ -74,7 +74,7 @@ def test_file_task_runs_two_epochs_and_ends_when_the_data_runs_out(tmp_path):
 
 
 def test_file_task_with_vllm_generates_from_the_chat_templated_prompts(tmp_path):
-    """A real vLLM actor (``max_model_len`` = data.max_prompt_length + actor.max_tokens =
+    """A real vLLM actor (``max_model_len`` = data.max_prompt_length + sampling.max_tokens =
     40 + 8) generates from the chat-templated prompts; the reward checks every sample's prompt
     text and fields, and the run ends when the data (8 prompts = 2 steps) runs out."""
     needs_full_stack()

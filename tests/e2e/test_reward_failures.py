@@ -183,7 +183,7 @@ def test_slow_rewards_under_the_timeout_do_not_hold_up_weight_syncs(tmp_path, ro
     waited for the actor's event loop (~2 s per sync); now the actor receives at once."""
     run_dir = tmp_path / "run"
     proc = roles.cli(
-        "run", "run", *SIM, reward("sleeps"), "task.reward_timeout_s=10", "actor.n_samples=2",
+        "run", "run", *SIM, reward("sleeps"), "task.reward_timeout_s=10", "sampling.n_samples=2",
         f"task.reward_executor={executor}", "learner.batch_groups=1", "learner.steps=4",
         f"run_dir={run_dir}",
         env={"REWARD_SLEEP_S": "1.0"},

@@ -39,8 +39,8 @@ def test_smollm2_example_trains_as_documented(tmp_path, smollm2_dir):
     run_dir = tmp_path / "run"
     args = ["run", "model=smollm2", "experiment=smollm2_math",  # the documented command
             # the smoke budget: 2 steps of 2 groups x 2 samples, 4 validation prompts
-            "learner.steps=2", "learner.batch_groups=2", "actor.n_samples=2",
-            "actor.max_inflight=2", "actor.max_tokens=48", "eval.every=0", "eval.max_prompts=4",
+            "learner.steps=2", "learner.batch_groups=2", "sampling.n_samples=2",
+            "actor.max_inflight=2", "sampling.max_tokens=48", "eval.every=0", "eval.max_prompts=4",
             "eval.log_samples=2", "metrics_port=0", f"run_dir={run_dir}"]  # fmt: skip
     proc = run_cli(args, timeout=600)
     out = proc.stdout + proc.stderr

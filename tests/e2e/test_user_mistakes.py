@@ -118,5 +118,5 @@ def test_a_real_model_path_under_the_demo_preset_is_warned_with_the_fix(tmp_path
     out = res.stdout + res.stderr
     assert res.returncode == 1, out[-3000:]
     assert "[asyncrl] warning: learner.lr=0.0002 is far above" in out, out[-3000:]
-    assert "model=local model.path=..." in out and "warning: actor.max_tokens=8" in out
+    assert "model=local model.path=..." in out and "warning: sampling.max_tokens=8" in out
     assert "has no tokenizer (tokenizer.json" in out and "Traceback" not in out, out[-3000:]

@@ -37,7 +37,8 @@ def write_config(run_dir: Path, buffer_name: str, **actor) -> object:
     cfg.run_dir, cfg.metrics_port = str(run_dir), 0
     cfg.buffer.name, cfg.buffer.capacity, cfg.buffer.lease_ttl_s = buffer_name, 4, LEASE_TTL_S
     a = cfg.actor
-    a.engine, a.num_actors, a.n_samples, a.max_tokens = "sim", 3, N_SAMPLES, 8
+    a.engine, a.num_actors = "sim", 3
+    cfg.sampling.n_samples, cfg.sampling.max_tokens = N_SAMPLES, 8
     a.max_inflight, a.sim_tokens_per_s, a.sim_mean_len = 2, 150.0, 4.0
     for k, v in actor.items():
         setattr(a, k, v)

@@ -79,7 +79,7 @@ def write_config(run_dir: Path, name: str, steps: int, capacity: int) -> None:
     cfg = Config()
     cfg.run_dir, cfg.metrics_port, cfg.seed = str(run_dir), 0, 0
     cfg.buffer.name, cfg.buffer.capacity, cfg.buffer.max_staleness = name, capacity, 10_000
-    cfg.actor.n_samples, cfg.actor.max_tokens = N_SAMPLES, 6
+    cfg.sampling.n_samples, cfg.sampling.max_tokens = N_SAMPLES, 6
     lc = cfg.learner
     lc.nproc, lc.steps, lc.batch_groups, lc.checkpoint_every = (
         NPROC,

@@ -136,7 +136,8 @@ def write_cfg(name: str):
     cfg.buffer.name, cfg.buffer.capacity, cfg.buffer.max_staleness = name, CAPACITY, MAX_STALENESS
     cfg.buffer.lease_ttl_s = 10.0
     a = cfg.actor
-    a.engine, a.num_actors, a.n_samples, a.max_tokens, a.max_inflight = "sim", 2, N_SAMPLES, 8, 4
+    a.engine, a.num_actors, a.max_inflight = "sim", 2, 4
+    cfg.sampling.n_samples, cfg.sampling.max_tokens = N_SAMPLES, 8
     cfg.learner.batch_groups = BATCH
     return cfg
 

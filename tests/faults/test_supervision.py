@@ -107,7 +107,7 @@ def test_dead_actor_is_restarted_counted_then_fails_the_job(
     launcher = Launcher(
         roles, "launch", "actors", f"buffer.url={redis_server.url}", f"buffer.name={buffer_name}",
         f"model.path={sim_model_dir}", "actor.engine=sim", "actor.num_actors=2",
-        "actor.restart_max=2", "actor.n_samples=4", "actor.max_inflight=2",
+        "actor.restart_max=2", "sampling.n_samples=4", "actor.max_inflight=2",
         "actor.sim_tokens_per_s=150", "actor.sim_mean_len=4", "buffer.capacity=4",
         "buffer.lease_ttl_s=2", f"metrics_port={free_port()}", f"run_dir={run_dir}",
     )  # fmt: skip

@@ -160,38 +160,40 @@ def test_vllm_accepts_the_params_and_needs_detokenize_for_stop():
 
 def test_gpu_preset_and_cpu_preset_carry_the_new_keys():
     for preset in ("cpu", "gpu"):
-        a = load_config([f"actor={preset}"]).actor
+        cfg = load_config([f"actor={preset}"])
+        a, s = cfg.actor, cfg.sampling
         assert (a.gpu_memory_utilization, a.tensor_parallel_size) == (0.9, 1)
         assert (a.prefix_caching, a.enforce_eager, a.max_model_len) == (None, None, 0)
-        assert (a.top_p, a.top_k, a.stop) == (1.0, -1, [])
+        assert (s.top_p, s.top_k, s.stop) == (1.0, -1, [])
 
 
 def test_the_new_keys_take_their_values():
-    a = load_config(
+    cfg = load_config(
         [
             "actor.gpu_memory_utilization=0.5",
             "actor.tensor_parallel_size=2",
             "actor.prefix_caching=false",
             "actor.enforce_eager=true",
-            "actor.top_p=0.95",
-            "actor.top_k=40",
-            "actor.stop=['</answer>','###']",
+            "sampling.top_p=0.95",
+            "sampling.top_k=40",
+            "sampling.stop=['</answer>','###']",
         ]
-    ).actor
+    )
+    a, s = cfg.actor, cfg.sampling
     assert (a.gpu_memory_utilization, a.tensor_parallel_size) == (0.5, 2)
     assert (a.prefix_caching, a.enforce_eager) == (False, True)
-    assert (a.top_p, a.top_k, a.stop) == (0.95, 40, ["</answer>", "###"])
+    assert (s.top_p, s.top_k, s.stop) == (0.95, 40, ["</answer>", "###"])
 
 
 BAD = [
     ("actor.gpu_memory_utilization=0", "actor.gpu_memory_utilization must be > 0 and <= 1"),
     ("actor.gpu_memory_utilization=1.5", "actor.gpu_memory_utilization must be > 0 and <= 1"),
     ("actor.tensor_parallel_size=0", "actor.tensor_parallel_size must be >= 1, got 0"),
-    ("actor.top_p=0", "actor.top_p must be > 0 and <= 1 (1 = off), got 0.0"),
-    ("actor.top_p=1.1", "actor.top_p must be > 0 and <= 1 (1 = off), got 1.1"),
-    ("actor.top_k=0", "actor.top_k=0: give -1 for no top-k, or k >= 1"),
-    ("actor.top_k=-2", "actor.top_k must be >= -1 (-1 = off), got -2"),
-    ("actor.stop=['']", "actor.stop=['']: stop strings must be non-empty strings"),
+    ("sampling.top_p=0", "sampling.top_p must be > 0 and <= 1 (1 = off), got 0.0"),
+    ("sampling.top_p=1.1", "sampling.top_p must be > 0 and <= 1 (1 = off), got 1.1"),
+    ("sampling.top_k=0", "sampling.top_k=0: give -1 for no top-k, or k >= 1"),
+    ("sampling.top_k=-2", "sampling.top_k must be >= -1 (-1 = off), got -2"),
+    ("sampling.stop=['']", "sampling.stop=['']: stop strings must be non-empty strings"),
     ("actor.max_model_len=-1", "actor.max_model_len must be >= 0 (0 = data.max_prompt_length"),
     ("actor.prefix_caching=maybe", "actor.prefix_caching: expected true or false or null"),
     ("actor.enforce_eager=maybe", "actor.enforce_eager: expected true or false or null"),
@@ -204,7 +206,7 @@ def test_bad_values_name_the_key(override, message):
         load_config([override])
 
 
-DATA_128 = ["data.max_prompt_length=100", "actor.max_tokens=28"]  # needs 128 tokens
+DATA_128 = ["data.max_prompt_length=100", "sampling.max_tokens=28"]  # needs 128 tokens
 
 
 def test_max_model_len_zero_is_derived_from_the_data():
@@ -217,7 +219,7 @@ def test_an_explicit_max_model_len_must_hold_the_data():
     assert max_model_len(load_config([*DATA_128, "actor.max_model_len=512"])) == 512
     message = (
         "actor.max_model_len=127 is shorter than the data needs: data.max_prompt_length=100 + "
-        "actor.max_tokens=28 = 128; give 0 (derived) or at least 128"
+        "sampling.max_tokens=28 = 128; give 0 (derived) or at least 128"
     )
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config([*DATA_128, "actor.max_model_len=127"])
@@ -267,7 +269,7 @@ def test_generate_whole_passes_the_sampling_options_on():
 def test_the_actor_samples_with_the_configured_top_p_top_k_and_stop(tmp_path):
     save_tokenizer(tmp_path)
     cfg = Config()
-    cfg.actor.top_p, cfg.actor.top_k, cfg.actor.stop = 0.9, 20, ["\n"]
+    cfg.sampling.top_p, cfg.sampling.top_k, cfg.sampling.stop = 0.9, 20, ["\n"]
     cfg.task.reward_executor = "thread"
     engine, prompts = RecordingEngine(), AdditionSource(seed=7, split="train")
     buffer = UnreachableBuffer(cfg.buffer.name)  # make_group reads no buffer

@@ -167,12 +167,12 @@ def test_empty_prompts_are_dropped_at_load_counted_and_one_is_shown(tmp_path, mo
 
 def test_max_model_len_is_prompt_plus_response_and_must_fit_the_context(tmp_path, model_dir):
     f = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "1+1=", "answer": "2"}] * 4)
-    cfg = cfg_for([f], "data.max_prompt_length=200", "actor.max_tokens=56")
+    cfg = cfg_for([f], "data.max_prompt_length=200", "sampling.max_tokens=56")
     assert max_model_len(cfg) == 256
     source(cfg, model_dir)  # 256 fits max_position_embeddings=256
-    cfg.actor.max_tokens = 57
+    cfg.sampling.max_tokens = 57
     with pytest.raises(DataError, match=re.escape(
-        "data.max_prompt_length=200 + actor.max_tokens=57 = 257 tokens exceeds the model's "
+        "data.max_prompt_length=200 + sampling.max_tokens=57 = 257 tokens exceeds the model's "
         "context (max_position_embeddings=256 in")):  # fmt: skip
         source(cfg, model_dir)
     assert max_model_len(load_config()) == 64 + 8  # the demo's, as before data.max_prompt_length

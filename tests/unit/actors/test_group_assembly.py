@@ -53,7 +53,7 @@ def model_dir(tmp_path_factory) -> str:
 def make_actor(model_dir):
     def make(engine=None, reward_fn=addition_reward, n=2) -> Actor:
         cfg = Config()
-        cfg.actor.n_samples = n
+        cfg.sampling.n_samples = n
         cfg.task.reward_executor = "thread"  # calls the test's own reward_fn, not the spec's
         prompts = AdditionSource(seed=7, split="train")
         # make_group reads no buffer: one that fails any use proves it
@@ -94,7 +94,7 @@ def test_group_has_every_sample_with_rewards_versions_and_a_deterministic_id(mak
     assert first.token_versions == [4] * len(right)
     assert (group.version_min, group.version_max) == (3, 4)
     (ids, n, max_tokens, temperature, seed) = actor.engine.calls[0]
-    assert (n, max_tokens, temperature) == (2, actor.cfg.actor.max_tokens, 1.0)
+    assert (n, max_tokens, temperature) == (2, actor.cfg.sampling.max_tokens, 1.0)
     assert seed == (actor.cfg.seed * 1_000_003 + 5) % 2**31  # reproducible per prompt
 
 

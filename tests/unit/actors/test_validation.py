@@ -281,7 +281,7 @@ def test_an_actor_validates_greedily_and_posts_one_record_per_prompt():
     assert record["rewards"] == [1.0] and record["lengths"] == [len(answers[0])]
     assert record["errors"] == 0 and record["off_version"] == 0
     n, max_tokens, temperature, _ = engine.calls[0]
-    assert (n, temperature) == (1, 0.0) and max_tokens == actor.cfg.actor.max_tokens  # greedy
+    assert (n, temperature) == (1, 0.0) and max_tokens == actor.cfg.sampling.max_tokens  # greedy
     assert "sample" not in record  # the request asked for no text
 
 

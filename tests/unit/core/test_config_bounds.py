@@ -33,9 +33,9 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "buffer.reconnect_s": [(1e-3, 0.0)],
     "actor.num_actors": [(1, 0)],
     "actor.nnodes": [(1, 0)],
-    "actor.n_samples": [(2, 1)],
-    "actor.max_tokens": [(1, 0)],
-    "actor.temperature": [(1e-6, 0.0)],
+    "sampling.n_samples": [(2, 1)],
+    "sampling.max_tokens": [(1, 0)],
+    "sampling.temperature": [(1e-6, 0.0)],
     "actor.max_inflight": [(1, 0)],
     "actor.max_num_seqs": [(0, -1)],
     "actor.kv_cache_gib": [(0.0, -1e-9)],
@@ -43,8 +43,8 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "learner.gpu_memory_fraction": [(1e-6, 0.0), (1.0, 1.000001)],
     "actor.tensor_parallel_size": [(1, 0)],
     "actor.max_model_len": [(0, -1)],  # at least the data's needs: test_actor_gpu_config.py
-    "actor.top_p": [(1e-6, 0.0), (1.0, 1.000001)],
-    "actor.top_k": [(-1, -2)],  # and 0 refused (-1 = off): test_actor_gpu_config.py
+    "sampling.top_p": [(1e-6, 0.0), (1.0, 1.000001)],
+    "sampling.top_k": [(-1, -2)],  # and 0 refused (-1 = off): test_actor_gpu_config.py
     "actor.cpu_threads": [(1, 0)],
     "actor.sim_tokens_per_s": [(1e-3, 0.0)],
     "actor.sim_mean_len": [(1.0, 0.999)],

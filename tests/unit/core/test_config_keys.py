@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 
 SNAPSHOT = Path(__file__).with_name("config_keys.txt")
+GROUPS = ("model", "task", "data", "sampling", "eval", "actor", "learner", "algorithm", "buffer")
 
 
 def key_lines(obj, prefix: str = "") -> list[str]:
@@ -38,14 +39,14 @@ def test_the_config_keys_match_the_snapshot():
         old, new = set(then.splitlines()), set(now.splitlines())
         diff = [f"- {x}" for x in sorted(old - new)] + [f"+ {x}" for x in sorted(new - old)]
         raise AssertionError(
-            "the config's keys changed; if that is meant, run `python -m tests.unit."
+            "the config's keys changed; if that is meant, run `python -m tests.unit.core."
             "test_config_keys` and commit tests/unit/core/config_keys.txt:\n" + "\n".join(diff)
         )
 
 
 def test_the_snapshot_lists_every_group():
     keys = SNAPSHOT.read_text()
-    for group in ("model", "task", "data", "eval", "actor", "learner", "algorithm", "buffer"):
+    for group in GROUPS:
         assert f"\n{group}." in "\n" + keys, group
 
 

@@ -254,7 +254,7 @@ def test_config_keys_reach_policy_critic_and_reference(tiny_model):
     from asyncrl.learner.trainer import build_step_context
 
     keys = ["model.gradient_checkpointing=true", "model.logprob_chunk_tokens=7",
-            "actor.temperature=0.8"]  # fmt: skip
+            "sampling.temperature=0.8"]  # fmt: skip
     cfg = load_config(["algorithm=ppo", *keys])  # gae: a critic; kl_coef > 0: a reference
     ctx = build_step_context(cfg, tiny_model, 0, 1)
     assert all(layer.gradient_checkpointing for layer in ctx.model.model.layers)
@@ -270,7 +270,7 @@ def test_config_keys_reach_policy_critic_and_reference(tiny_model):
 
 @pytest.mark.parametrize("chunk", [0, 5])
 def test_the_learner_scores_at_the_actors_temperature(chunk):
-    """pi_theta at ``actor.temperature``: log_softmax(logits / T), on the chunked and the
+    """pi_theta at ``sampling.temperature``: log_softmax(logits / T), on the chunked and the
     full-logits path, values and gradients (vLLM reports the tempered log-probs as pi_behave)."""
     from asyncrl.learner.model import set_logprob_temperature
 

