@@ -117,12 +117,19 @@ class Actor:
         self._paused = False
         self._blocked = "idle"
         # the stride: every actor of the job (num_actors on each of actor.nnodes hosts)
-        self.claims = Claims(buffer, actor_id, cfg.actor.total, prompts.end,
-                             cfg.learner.batch_groups, cfg.buffer.max_staleness,
-                             cfg.mode.name == "sync")  # fmt: skip
+        self.claims = Claims(
+            buffer,
+            actor_id,
+            num_actors=cfg.actor.total,
+            end=prompts.end,
+            batch_groups=cfg.learner.batch_groups,
+            max_staleness=cfg.buffer.max_staleness,
+            sync=cfg.mode.name == "sync",
+        )
         self.cursor = self.claims.cursor
-        self.control = ControlPlane(cfg, engine, buffer, self.state, self.metrics,
-                                    self._set_paused, self._version_changed)  # fmt: skip
+        self.control = ControlPlane(
+            cfg, engine, buffer, self.state, self.metrics, self._set_paused, self._version_changed
+        )
 
     # the group maker's parts, read-only here (one home: replace them on ``self.groups``)
     engine = property(lambda self: self.groups.engine)
@@ -174,9 +181,12 @@ class Actor:
             want = await slots.take()
             self._block("waiting_buffer")  # lease_many() waits while the buffer is full
             outcome, claims = await asyncio.to_thread(
-                self.claims.claim, want, self.state.version, self.engine.weights_valid,
+                self.claims.claim,
+                want,
+                self.state.version,
+                self.engine.weights_valid,
                 self._track_epoch,
-            )  # fmt: skip
+            )
             slots.give(want - len(claims))
             if outcome == "refused":  # wait for new weights; "full": backpressure, again
                 await self._wait_for_weights()

@@ -18,8 +18,16 @@ class Claims:
 
     ``track(index) -> index`` sees every index handed out (the actor's epoch messages)."""
 
-    def __init__(self, buffer, actor_id: int, num_actors: int, end: int | None,
-                 batch_groups: int, max_staleness: int, sync: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        buffer,
+        actor_id: int,
+        num_actors: int,
+        end: int | None,
+        batch_groups: int,
+        max_staleness: int,
+        sync: bool,
+    ) -> None:
         self.buffer, self.actor_id = buffer, actor_id
         self.cursor = PromptCursor(buffer, actor_id, num_actors, end)
         self.quota = SyncQuota(buffer, batch_groups)  # used in mode=sync only

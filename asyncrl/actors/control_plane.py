@@ -34,9 +34,15 @@ class ControlPlane:
     the actor's ``ActorMetrics``."""
 
     def __init__(
-        self, cfg: Config, engine: Engine, buffer, state, metrics,
-        paused: Callable[[bool], None], version_changed: asyncio.Event,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: Config,
+        engine: Engine,
+        buffer,
+        state,
+        metrics,
+        paused: Callable[[bool], None],
+        version_changed: asyncio.Event,
+    ) -> None:
         self.cfg, self.engine, self.buffer = cfg, engine, buffer
         self.state, self.metrics, self.paused = state, metrics, paused
         self.version_changed = version_changed
@@ -74,8 +80,10 @@ class ControlPlane:
 
         endpoint = Endpoint.from_meta(await asyncio.to_thread(self.buffer.meta))
         if endpoint and endpoint != client.endpoint:
-            self._say(f"the learner's control plane moved to {endpoint.address} (a restarted "
-                      "learner); registering there")  # fmt: skip
+            self._say(
+                f"the learner's control plane moved to {endpoint.address} (a restarted "
+                "learner); registering there"
+            )
             client.connect(endpoint)
             await client.send({"type": "register"})
 

@@ -140,8 +140,11 @@ def _new_llm(async_llm: type, args: Any, cpu: bool, cpu_start_method: str) -> An
             # what the forks inherit is frozen: their collections (vLLM's engine core runs a
             # full one at start) skip it and leave its pages shared (asyncrl/core/heap.py)
             freeze_startup_heap()
-    return async_llm.from_vllm_config(config, enable_log_requests=args.enable_log_requests,
-                                      disable_log_stats=args.disable_log_stats)  # fmt: skip
+    return async_llm.from_vllm_config(
+        config,
+        enable_log_requests=args.enable_log_requests,
+        disable_log_stats=args.disable_log_stats,
+    )
 
 
 def _no_compile_in_an_eager_engine() -> None:
@@ -160,8 +163,9 @@ def _no_compile_in_an_eager_engine() -> None:
     os.environ["TORCH_COMPILE_DISABLE"] = "1"
 
 
-def _bind_cpus(cpu_bind: str | None, engine_cpus: Sequence[int] | None,
-               torch_threads: int | None) -> None:  # fmt: skip
+def _bind_cpus(
+    cpu_bind: str | None, engine_cpus: Sequence[int] | None, torch_threads: int | None
+) -> None:
     """Cores and threads, set before the engine starts (its engine-core process reads
     ``VLLM_CPU_OMP_THREADS_BIND`` when it starts the worker).
 
@@ -291,8 +295,12 @@ class ActorEngine:
         # No local name for the AsyncLLM: something in vLLM keeps this frame alive, and a
         # frame holding it would defer AsyncLLM.__del__ to interpreter exit (where it fails).
         with engine_on(engine_cpus):
-            engine = cls(_new_llm(AsyncLLM, args, cpu, cpu_start_method), initial_version,
-                         not skip_tokenizer_init, stops)  # fmt: skip
+            engine = cls(
+                _new_llm(AsyncLLM, args, cpu, cpu_start_method),
+                version=initial_version,
+                has_tokenizer=not skip_tokenizer_init,
+                stop_token_ids=stops,
+            )
         await engine._llm.update_weight_version(str(initial_version))
         return engine
 

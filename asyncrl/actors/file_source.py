@@ -82,8 +82,9 @@ class FileSource:
             text = self.format(row)[0]
             example = f"{row.where}: {n} tokens, {text[:120]!r}{'...' if len(text) > 120 else ''}"
         empty_example = f"{empty[0].where}: {empty[0].prompt!r}"[:200] if empty else ""
-        self.report = LoadReport(len(rows), len(long), len(self.rows), example, len(empty),
-                                 empty_example)  # fmt: skip
+        self.report = LoadReport(
+            len(rows), len(long), len(self.rows), example, len(empty), empty_example
+        )
         log(_describe(self.report, files_key, max_prompt_length, epochs, seed, shuffle))
         if not self.rows:
             raise DataError(_none_left(self.report, files_key, max_prompt_length))
@@ -241,9 +242,11 @@ def _blank(prompt: str | list) -> bool:
 def _none_left(r: LoadReport, key: str, limit: int) -> str:
     why = []
     if r.dropped:
-        why.append(f"{r.dropped} longer than data.max_prompt_length={limit} tokens (e.g. "
-                   f"{r.example}); raise data.max_prompt_length (up to the model's context "
-                   "minus sampling.max_tokens)")  # fmt: skip
+        why.append(
+            f"{r.dropped} longer than data.max_prompt_length={limit} tokens (e.g. "
+            f"{r.example}); raise data.max_prompt_length (up to the model's context "
+            "minus sampling.max_tokens)"
+        )
     if r.empty:
         why.append(f"{r.empty} empty (e.g. {r.empty_example}); check data.prompt_key")
     return f"{key}: no prompt is left of {r.records}: " + "; ".join(why)

@@ -18,8 +18,9 @@ class GroupMaker:
     """Builds the groups of one actor: ``prompts.get(i)`` -> ``engine`` -> ``scorer`` (an
     ``asyncrl.actors.scoring.RewardScorer``); each token carries the version that sampled it."""
 
-    def __init__(self, cfg: Config, actor_id: int, engine: Engine, prompts, tokenizer,
-                 scorer) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: Config, actor_id: int, engine: Engine, prompts, tokenizer, scorer
+    ) -> None:
         self.cfg, self.actor_id, self.engine = cfg, actor_id, engine
         self.prompts, self.tokenizer, self.scorer = prompts, tokenizer, scorer
 
@@ -59,7 +60,7 @@ class GroupMaker:
                 c.finish_reason,
                 scored.reason,
                 scored.extras,
-            )  # fmt: skip
+            )
             for c, scored in zip(completions, rewards, strict=True)
         ]
         return Group(f"{self.cfg.task.seed}:{index}", index, self.actor_id, samples)

@@ -36,8 +36,9 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     check_signature(reward_fn, prompts.get(0).fields, cfg.task.reward_fn)  # as the launcher
     preflight(reward_fn)  # e.g. no sandbox for model-written code: fail now, not score 0
     failpoint("actor.start", actor_id=actor_id)  # tests: an actor that dies at start
-    buffer = ReplayBuffer(connect(url), b.name, b.capacity, b.lease_ttl_s,
-                          reconnect_s=b.reconnect_s)  # fmt: skip
+    buffer = ReplayBuffer(
+        connect(url), b.name, b.capacity, b.lease_ttl_s, reconnect_s=b.reconnect_s
+    )
     # the data the buffer's prompt cursors count in: FatalError if it changed since they began
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
     engine = await _start_engine(cfg, actor_id, model_dir)
@@ -53,8 +54,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     if endpoint is None:  # told to stop first
         await engine.shutdown()
         return 0
-    print(f"[actor {actor_id}] engine ready; learner control plane at {endpoint.address}",
-          flush=True)  # fmt: skip
+    say(f"engine ready; learner control plane at {endpoint.address}")
     client = ControlClient(endpoint, actor_id)
     failed = None
     try:

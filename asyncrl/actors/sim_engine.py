@@ -48,8 +48,15 @@ class SimEngine:
             n += 1
         return n
 
-    async def generate(self, prompt_ids: list[int], n: int, max_tokens: int,
-                       temperature: float = 1.0, seed: int | None = None, **_: Any) -> list[Completion]:  # fmt: skip
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        n: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        **_: Any,
+    ) -> list[Completion]:
         while not self.weights_valid:  # a failed sync pauses generation until one succeeds
             await asyncio.sleep(0.05)
         lengths = [self._length(max_tokens) for _ in range(n)]
@@ -59,11 +66,13 @@ class SimEngine:
         v = self.version
         return [
             Completion(
-                [self._rng.randrange(self.vocab_size) for _ in range(k)], [-1.0] * k, [v] * k,
-                "length" if k == max_tokens else "stop",
+                token_ids=[self._rng.randrange(self.vocab_size) for _ in range(k)],
+                logprobs=[-1.0] * k,
+                token_versions=[v] * k,
+                finish_reason="length" if k == max_tokens else "stop",
             )
             for k in lengths
-        ]  # fmt: skip
+        ]
 
     async def join_weight_sync(self, init_info: dict[str, Any]) -> None:
         from asyncrl.core import transports

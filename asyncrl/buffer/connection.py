@@ -165,8 +165,10 @@ def call_with_retries(
                 ) from None
             if not lost and budget_s >= 1.0:  # a partition or a restart: say so, once
                 lost = True
-                _report(f"lost connection to Redis at {where} ({e}); retrying for up to "
-                        f"{budget_s:.0f}s (buffer.reconnect_s)")  # fmt: skip
+                _report(
+                    f"lost connection to Redis at {where} ({e}); retrying for up to "
+                    f"{budget_s:.0f}s (buffer.reconnect_s)"
+                )
             if time.monotonic() + delay > deadline:
                 raise BufferUnavailable(
                     f"lost connection to Redis at {where} and could not reconnect within "

@@ -219,8 +219,9 @@ class RedisServer:
                 # terminal's Ctrl-C, `timeout`, a batch scheduler) must not stop Redis before
                 # the launcher has stopped the roles (issue 29); it still dies with the
                 # launcher (``wrap``: asyncrl/core/lifeline.py) and is stopped by ``stop()``
-                self._proc = subprocess.Popen(cmd, stdout=log, stderr=log, pass_fds=self._pass_fds,
-                                              start_new_session=True)  # fmt: skip
+                self._proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=log, pass_fds=self._pass_fds, start_new_session=True
+                )
             try:
                 self._wait_ready()
                 break

@@ -253,8 +253,10 @@ class LearnerConfig:
         _bound(self, "learner.data_timeout_s", gt=0)
         _bound(self, "learner.actor_wait_s", gt=0)
         _bound(self, "learner.weight_sync_timeout_s", gt=0)
-        _require(self.weight_transport in _TRANSPORTS,
-                 f"learner.weight_transport in {_TRANSPORTS}: {self.weight_transport!r}")  # fmt: skip
+        _require(
+            self.weight_transport in _TRANSPORTS,
+            f"learner.weight_transport in {_TRANSPORTS}: {self.weight_transport!r}",
+        )
         _bound(self, "learner.restart_max", ge=0, hint=" (0 = a dead learner fails the job)")
         _bound(self, "learner.max_nonfinite_steps", ge=1)
         _require(

@@ -131,8 +131,10 @@ def _first_line(e: Exception, config_dir: Path = CONFIG_DIR) -> str:
     if m and m.group(1) in MOVED_KEYS:
         return _moved(m.group(1))
     if m and ("Could not override" in text or "not in" in text):
-        return (f"unknown config key '{m.group(1)}'{_did_you_mean(m.group(1), schema_keys())}"
-                " (not in the schema; valid keys: asyncrl/core/config.py, configs/)")  # fmt: skip
+        return (
+            f"unknown config key '{m.group(1)}'{_did_you_mean(m.group(1), schema_keys())}"
+            " (not in the schema; valid keys: asyncrl/core/config.py, configs/)"
+        )
     if g := re.search(r"Could not find '([^'/]+)/([^']*)'", text):
         return _unknown_option(g.group(1), g.group(2), config_dir)
     return text.splitlines()[0] if text else type(e).__name__
@@ -196,8 +198,10 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
 def _unknown_option(group: str, option: str, config_dir: Path = CONFIG_DIR) -> str:
     """``experiment=NAME`` naming no file in ``configs/<group>/``: the options that exist."""
     options = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
-    return (f"{group}={option}: no such {group} preset{_did_you_mean(option, options)} "
-            f"(options: {', '.join(options) or 'none'}; files in configs/{group}/)")  # fmt: skip
+    return (
+        f"{group}={option}: no such {group} preset{_did_you_mean(option, options)} "
+        f"(options: {', '.join(options) or 'none'}; files in configs/{group}/)"
+    )
 
 
 def config_to_json(cfg: Config) -> str:

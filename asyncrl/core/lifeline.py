@@ -81,9 +81,11 @@ def watch_launcher(grace_s: float = ORPHAN_GRACE_S, poll_s: float = 1.0) -> bool
         while _start_time(int(pid)) == started:
             time.sleep(poll_s)
         time.sleep(grace_s)
-        sys.stderr.write(f"[asyncrl] the launcher (PID {pid}) died {grace_s:.0f}s ago and "
-                         f"this process (PID {os.getpid()}) has not stopped on its SIGTERM; "
-                         "exiting now. Its threads were here:\n")  # fmt: skip
+        sys.stderr.write(
+            f"[asyncrl] the launcher (PID {pid}) died {grace_s:.0f}s ago and "
+            f"this process (PID {os.getpid()}) has not stopped on its SIGTERM; "
+            "exiting now. Its threads were here:\n"
+        )
         sys.stderr.flush()
         faulthandler.dump_traceback(all_threads=True)
         os._exit(143)

@@ -151,9 +151,14 @@ def _supervise(
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-c", boot, json.dumps({**spec, "info_fd": info_w})],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=spec["workdir"],
-            pass_fds=(info_w,), start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=spec["workdir"],
+            pass_fds=(info_w,),
+            start_new_session=True,
+        )
     os.close(info_w)
     info: dict = {}
     limit = _Limit(spec["max_procs"], cgroup)

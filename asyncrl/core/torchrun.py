@@ -84,8 +84,11 @@ def run(torchrun_main) -> None:
         rank, failure = e.get_first_failure()
         code = failure.exitcode
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        print(f"[torchrun] learner rank {rank} failed ({how}); its error is above",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[torchrun] learner rank {rank} failed ({how}); its error is above",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
 
 

@@ -64,9 +64,17 @@ RUN_IDS = "trackers.json"
 SAMPLE_COLUMNS = ("version", "index", "prompt", "completion", "reward")
 """A validation's samples as a table (one row per prompt; learner/validation.py ``samples_of``)."""
 _TIME_KEYS = frozenset(
-    ("elapsed_s", "step_s", "busy_s", "waiting_data_s", "weight_sync_s", "checkpoint_s", "cpu_s",
-     "wall_s")
-)  # fmt: skip
+    (
+        "elapsed_s",
+        "step_s",
+        "busy_s",
+        "waiting_data_s",
+        "weight_sync_s",
+        "checkpoint_s",
+        "cpu_s",
+        "wall_s",
+    )
+)
 
 
 class TrackerUnavailable(RuntimeError):

@@ -272,9 +272,12 @@ class _Tally:
 
 
 def _messages(
-    group: Collective, named: Iterable[tuple[str, torch.Tensor]], version: int,
-    bucket_bytes: int, tally: _Tally,
-) -> Iterator[Message]:  # fmt: skip
+    group: Collective,
+    named: Iterable[tuple[str, torch.Tensor]],
+    version: int,
+    bucket_bytes: int,
+    tally: _Tally,
+) -> Iterator[Message]:
     """Each bucket packed into its ``group.new_payload`` buffer and checksummed, with its
     header, then the trailer; lazily, one bucket at a time (``tally`` counts as it goes)."""
     dev, buckets = group.device, 0
@@ -305,8 +308,7 @@ def send_stream(
     before the group's next collective), which raises instead.
     """
     tally = _Tally()
-    announce_stream(group, _messages(group, named, version, bucket_bytes, tally), version,
-                    wait_ack)  # fmt: skip
+    announce_stream(group, _messages(group, named, version, bucket_bytes, tally), version, wait_ack)
     return tally.total, tally.count
 
 

@@ -85,8 +85,14 @@ class Critic:
         for micro in plan:
             part = micro.batch(mb)
             v = self.model(part.input_ids, part.attention_mask)
-            out = value_loss(v, micro.tokens(old_values), micro.tokens(returns), part.loss_mask,
-                             agg, clip_range=self.value_clip)  # fmt: skip
+            out = value_loss(
+                v,
+                micro.tokens(old_values),
+                micro.tokens(returns),
+                part.loss_mask,
+                agg,
+                clip_range=self.value_clip,
+            )
             (out.loss * world).backward()  # FSDP2 averages over ranks; the denominators are global
             values[micro.index, : micro.width - 1] = v.detach()
             parts.append(out.metrics)

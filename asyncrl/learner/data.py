@@ -147,8 +147,9 @@ class GroupSource:
                 )
             self.on_read([e.group for e in entries])
             self._check_versions(entries, version)
-            ok, stale = split_by_staleness(entries, version, self.max_staleness,
-                                           self.admit_by_newest)  # fmt: skip
+            ok, stale = split_by_staleness(
+                entries, version, self.max_staleness, self.admit_by_newest
+            )
             if stale:
                 self.buffer.ack([e.entry_id for e in stale], "dropped_stale")
                 self.dropped_stale += len(stale)

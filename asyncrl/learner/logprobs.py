@@ -295,8 +295,9 @@ def token_logprobs(
         wanted = wanted & (scored != 0)
     if chunk_tokens == 0 or model_type not in _PLAIN_HEAD_MODELS:
         return _full_logits_logprobs(model, input_ids, attention_mask, entropy, temperature, wanted)
-    return _run_chunked(model, input_ids, attention_mask, chunk_tokens, entropy, temperature,
-                        wanted)  # fmt: skip
+    return _run_chunked(
+        model, input_ids, attention_mask, chunk_tokens, entropy, temperature, wanted
+    )
 
 
 def _full_logits_logprobs(model, input_ids, attention_mask, entropy, temperature, wanted):
@@ -357,8 +358,9 @@ def _hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy, te
     target is a real token) go through the head; the rest of the [B, L-1] grid is 0.
     ``(h / T) W^T`` is the tempered logits ``z / T`` exactly (no bias in these heads)."""
     if is_packed(model):
-        return _packed_hidden_logprobs(model, input_ids, attention_mask, chunk_tokens, entropy,
-                                       temperature, wanted)  # fmt: skip
+        return _packed_hidden_logprobs(
+            model, input_ids, attention_mask, chunk_tokens, entropy, temperature, wanted
+        )
     b, length = input_ids.shape
     out = model.base_model(input_ids=input_ids, attention_mask=attention_mask)
     hidden = out.last_hidden_state.flatten(0, 1)  # [B*L, H], after the final norm

@@ -135,9 +135,12 @@ def split_to(
 
 
 def plan_micro_batches(
-    attention_mask: Tensor, micro_batch_rows: int, max_tokens: int, world: int,
+    attention_mask: Tensor,
+    micro_batch_rows: int,
+    max_tokens: int,
+    world: int,
     packed: bool = False,
-) -> list[MicroBatch]:  # fmt: skip
+) -> list[MicroBatch]:
     """This rank's micro-batches for its rows ``attention_mask [b, L]`` (right-padded).
 
     ``max_tokens > 0``: the token plan (``packed``: counting real tokens), equalised to the max

@@ -189,8 +189,9 @@ def build_policy(
     device = current_device()
     attn_impl = attention_impl(attn, dtype, device, packed)
     if fsdp_wanted(dtype, offload):
-        model = load_sharded_hf_model(model_dir, "float32", attn_impl, device,
-                                      compute_dtype=dtype, offload=offload)  # fmt: skip
+        model = load_sharded_hf_model(
+            model_dir, "float32", attn_impl, device, compute_dtype=dtype, offload=offload
+        )
     else:
         model = load_hf_model(model_dir, "float32", attn_impl).to(device)
     if gradient_checkpointing:

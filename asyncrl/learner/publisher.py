@@ -181,11 +181,17 @@ def open_weight_channel(control: ControlServer, cfg: Config, say, stop=lambda: F
     name = transports.resolve(cfg.learner.weight_transport, gpus_both_ends, cfg.network.local)
     # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
     channel = ActorWeightChannel(
-        control, timeout_s=cfg.learner.weight_sync_timeout_s, log=say,
-        wire_dtype=_DTYPES[cfg.model.dtype], stop=stop, network=cfg.network, transport=name,
-        workers_per_actor=cfg.actor.tensor_parallel_size, device=device,
+        control,
+        timeout_s=cfg.learner.weight_sync_timeout_s,
+        log=say,
+        wire_dtype=_DTYPES[cfg.model.dtype],
+        stop=stop,
+        network=cfg.network,
+        transport=name,
+        workers_per_actor=cfg.actor.tensor_parallel_size,
+        device=device,
         defer_ack=cfg.learner.defer_weight_ack,
-    )  # fmt: skip
+    )
     say(f"weights travel over {name} (learner.weight_transport={cfg.learner.weight_transport})")
     return channel.open()
 

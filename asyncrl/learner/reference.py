@@ -42,8 +42,9 @@ def build_reference(
     device = current_device()
     attn_impl = attention_impl(attn, dtype, device, packed)
     if fsdp_wanted("float32", offload):  # frozen: it computes in the dtype it is loaded in
-        model = load_sharded_hf_model(model_dir, dtype, attn_impl, device, trainable=False,
-                                      offload=offload)  # fmt: skip
+        model = load_sharded_hf_model(
+            model_dir, dtype, attn_impl, device, trainable=False, offload=offload
+        )
     else:
         model = load_hf_model(model_dir, dtype, attn_impl).to(device).requires_grad_(False)
     set_logprob_chunk_tokens(model, logprob_chunk_tokens)

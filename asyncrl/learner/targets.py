@@ -101,8 +101,9 @@ def compute_targets(
         if max_tokens is None:
             raise ValueError("algorithm.overlong_frac > 0 needs the generation limit max_tokens")
         cache = overlong_cache_len(algo, max_tokens)
-        pen = overlong_penalty(mask.sum(-1), max_len=max_tokens, cache_len=cache,
-                               penalty=algo.overlong_penalty)  # fmt: skip
+        pen = overlong_penalty(
+            mask.sum(-1), max_len=max_tokens, cache_len=cache, penalty=algo.overlong_penalty
+        )
         seq_rewards = seq_rewards + pen
         metrics["overlong_penalty_mean"] = float(pen.mean())
     if kl is not None:

@@ -129,30 +129,58 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
         )
     packed = resolve_packing(lc.pack_sequences, lc.max_tokens_per_micro_batch, device)
     offload = lc.cpu_offload
-    model = build_policy(model_dir, mc.dtype, mc.attn_implementation,
-                         gradient_checkpointing=mc.gradient_checkpointing,
-                         logprob_chunk_tokens=mc.logprob_chunk_tokens,
-                         temperature=cfg.sampling.temperature, packed=packed,
-                         offload=offload, compile=mc.compile)  # fmt: skip
+    model = build_policy(
+        model_dir,
+        mc.dtype,
+        mc.attn_implementation,
+        gradient_checkpointing=mc.gradient_checkpointing,
+        logprob_chunk_tokens=mc.logprob_chunk_tokens,
+        temperature=cfg.sampling.temperature,
+        packed=packed,
+        offload=offload,
+        compile=mc.compile,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
     critic = reference = None
     if uses_critic(algo.advantage):
         lr = algo.critic_lr or lc.lr
-        critic = build_critic(model_dir, cfg.model.dtype, lr, lc.weight_decay, algo.value_clip,
-                              lc.grad_clip, cfg.model.attn_implementation, packed,
-                              offload)  # fmt: skip
+        critic = build_critic(
+            model_dir,
+            cfg.model.dtype,
+            lr=lr,
+            weight_decay=lc.weight_decay,
+            value_clip=algo.value_clip,
+            grad_clip=lc.grad_clip,
+            attn=cfg.model.attn_implementation,
+            packed=packed,
+            offload=offload,
+        )
         if mc.gradient_checkpointing:
             enable_gradient_checkpointing(critic.model.body)
     if algo.kl_coef > 0:
-        reference = build_reference(model_dir, mc.dtype, mc.attn_implementation,
-                                    logprob_chunk_tokens=mc.logprob_chunk_tokens,
-                                    temperature=cfg.sampling.temperature,
-                                    packed=packed, offload=offload)  # fmt: skip
-    return StepContext(model, optimizer, algo, rank, world, lc.grad_clip, critic=critic,
-                       reference=reference, max_tokens=cfg.sampling.max_tokens,
-                       micro_batch_rows=lc.micro_batch_rows,
-                       max_tokens_per_micro_batch=lc.max_tokens_per_micro_batch,
-                       pack_sequences=packed)  # fmt: skip
+        reference = build_reference(
+            model_dir,
+            mc.dtype,
+            mc.attn_implementation,
+            logprob_chunk_tokens=mc.logprob_chunk_tokens,
+            temperature=cfg.sampling.temperature,
+            packed=packed,
+            offload=offload,
+        )
+    return StepContext(
+        model,
+        optimizer,
+        algo,
+        rank,
+        world,
+        lc.grad_clip,
+        critic=critic,
+        reference=reference,
+        max_tokens=cfg.sampling.max_tokens,
+        micro_batch_rows=lc.micro_batch_rows,
+        max_tokens_per_micro_batch=lc.max_tokens_per_micro_batch,
+        pack_sequences=packed,
+    )
 
 
 def _layout(ctx: StepContext) -> str:
@@ -161,8 +189,10 @@ def _layout(ctx: StepContext) -> str:
     if ctx.pack_sequences:
         return f"packed micro-batches of <= {ctx.max_tokens_per_micro_batch} real tokens ({attn})"
     if ctx.max_tokens_per_micro_batch:
-        return (f"length-bucketed micro-batches of <= {ctx.max_tokens_per_micro_batch} padded "
-                f"tokens ({attn})")  # fmt: skip
+        return (
+            f"length-bucketed micro-batches of <= {ctx.max_tokens_per_micro_batch} padded "
+            f"tokens ({attn})"
+        )
     rows = ctx.micro_batch_rows or "all"
     return f"micro-batches of {rows} rows padded to the batch's longest ({attn})"
 
@@ -385,8 +415,15 @@ def _extra_state(ctx: StepContext) -> dict:
     return {"critic": (ctx.critic.model, ctx.critic.optimizer)} if ctx.critic else {}
 
 
-def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub,
-                keep: int = 0, export_dtype: torch.dtype | None = None) -> None:  # fmt: skip
+def _checkpoint(
+    run_dir,
+    ctx: StepContext,
+    state: LearnerState,
+    model_dir,
+    hub,
+    keep: int = 0,
+    export_dtype: torch.dtype | None = None,
+) -> None:
     state.unacked = hub.trained_ids()
     # the ids of the groups this checkpoint contains: acked right after it is durable, and
     # acked again on resume in case the learner died in between (ack is idempotent)
@@ -399,8 +436,16 @@ def _checkpoint(run_dir, ctx: StepContext, state: LearnerState, model_dir, hub,
         "trained_ids": state.unacked,
         "tallies": hub.tallies(),  # rank 0's summary totals, for a resume
     }
-    save_checkpoint(run_dir, state.version, ctx.model, ctx.optimizer, payload, model_dir,
-                    extra=_extra_state(ctx), export_dtype=export_dtype)  # fmt: skip
+    save_checkpoint(
+        run_dir,
+        state.version,
+        ctx.model,
+        ctx.optimizer,
+        payload,
+        model_dir,
+        extra=_extra_state(ctx),
+        export_dtype=export_dtype,
+    )
     failpoint("learner.before_ack", version=state.version)  # durable, groups not yet acked
     hub.ack_trained()
     if dist.get_rank() == 0:  # the new one is sealed: the oldest beyond keep can go
@@ -425,8 +470,10 @@ def _start_from(path: Path, ctx: StepContext, hub) -> LearnerState:
             "a checkpoint directory .../checkpoints/step_<V> that every learner node sees"
         )
     saved = load_checkpoint(path, ctx.model, ctx.optimizer, extra=_extra_state(ctx))
-    hub.say(f"started from {path} (learner.resume_from) at version {saved['version']}; the "
-            "other run's buffer state stays there")  # fmt: skip
+    hub.say(
+        f"started from {path} (learner.resume_from) at version {saved['version']}; the "
+        "other run's buffer state stays there"
+    )
     return LearnerState(saved["version"], 0.0, 0)
 
 
@@ -465,6 +512,10 @@ def _maybe_resume(run_dir: str, ctx: StepContext, hub, resume_from: str = "") ->
     hub.say(f"resumed from {path} at version {saved['version']}")
     hub.ack_ids(saved.get("trained_ids", []))
     hub.restore_tallies(saved.get("tallies", {}))
-    return LearnerState(saved["version"], saved["wall_s"], saved["groups_trained"],
-                        nonfinite_steps=saved.get("nonfinite_steps", 0),
-                        nonfinite_updates=saved.get("nonfinite_updates", 0))  # fmt: skip
+    return LearnerState(
+        saved["version"],
+        saved["wall_s"],
+        saved["groups_trained"],
+        nonfinite_steps=saved.get("nonfinite_steps", 0),
+        nonfinite_updates=saved.get("nonfinite_updates", 0),
+    )

@@ -53,8 +53,9 @@ class AsyncrlTrainerWeightTransferEngine(TrainerWeightTransferEngine[AsyncrlTrai
             raise ValueError("asyncrl trainer weight transfer requires a WeightSource")
         if not init_info.is_sender:
             return cls(client=client, source=source, is_sender=False)
-        sender = transports.sender(init_info.transport, bucket_bytes=init_info.bucket_bytes,
-                                   timeout_s=init_info.timeout_s)  # fmt: skip
+        sender = transports.sender(
+            init_info.transport, bucket_bytes=init_info.bucket_bytes, timeout_s=init_info.timeout_s
+        )
         net = NetworkConfig(bind=init_info.master_address)
         info = {**sender.open(init_info.world_size, net), "rank_offset": 1}
         # Workers block in the rendezvous inside this RPC, so run it beside connect().

@@ -25,8 +25,9 @@ class IdKeeper:
 
         self.cfg, self.say, self.where = cfg, say, mask_url(url)
         self.ttl_s = cfg.buffer.lease_ttl_s
-        self.claims = ActorIds(connect(url), cfg.buffer.name, cfg.actor.total,
-                               launch_token(run_dir), self.ttl_s)  # fmt: skip
+        self.claims = ActorIds(
+            connect(url), cfg.buffer.name, cfg.actor.total, launch_token(run_dir), self.ttl_s
+        )
         self.ids: list[int] = []
         self.lost: list[int] = []  # set before the SIGTERM: the launcher's reason to stop
         self._stop = threading.Event()

@@ -125,9 +125,14 @@ def _redis_server(cfg: Config, run_dir: Path):
     from asyncrl.buffer.server import RedisServer
 
     return RedisServer(
-        run_dir / "redis", key_prefix=cfg.buffer.name, wrap=child_cmd, pass_fds=rundir.held_fds(),
-        host=cfg.network.bind, advertise=cfg.network.advertise, tls=_tls_files(cfg),
-    )  # fmt: skip
+        run_dir / "redis",
+        key_prefix=cfg.buffer.name,
+        wrap=child_cmd,
+        pass_fds=rundir.held_fds(),
+        host=cfg.network.bind,
+        advertise=cfg.network.advertise,
+        tls=_tls_files(cfg),
+    )
 
 
 def _tls_files(cfg: Config):
@@ -412,8 +417,11 @@ def launch_role(cfg: Config, role: str) -> int:
     if role == "learner" and cfg.learner.node_rank == 0:
         return _report(run_dir, code, reason, restarts)
     if role == "learner" and not code:
-        print(f"[asyncrl] learner node {cfg.learner.node_rank} done; the run's summary and "
-              "metrics are on learner node 0", flush=True)  # fmt: skip
+        print(
+            f"[asyncrl] learner node {cfg.learner.node_rank} done; the run's summary and "
+            "metrics are on learner node 0",
+            flush=True,
+        )
     if code:
         print(f"[asyncrl] FAILED: {reason}", flush=True)
     return code

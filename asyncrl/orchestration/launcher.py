@@ -194,19 +194,15 @@ def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
     else:
         host, _, port = ln.rdzv_endpoint.rpartition(":")
         master = [f"--master_addr={host.strip('[]')}", f"--master_port={port}"]
-    return [
-        sys.executable, "-m", "asyncrl.core.torchrun",
-        f"--nnodes={ln.nnodes}", f"--node_rank={ln.node_rank}",
-        f"--nproc_per_node={ln.nproc}", *master, "-m", "asyncrl.learner.main",
-        "--run-dir", str(run_dir), "--model-dir", model_dir,
-    ]  # fmt: skip
+    torchrun = [sys.executable, "-m", "asyncrl.core.torchrun"]
+    nodes = [f"--nnodes={ln.nnodes}", f"--node_rank={ln.node_rank}", f"--nproc_per_node={ln.nproc}"]
+    learner = ["-m", "asyncrl.learner.main", "--run-dir", str(run_dir), "--model-dir", model_dir]
+    return [*torchrun, *nodes, *master, *learner]
 
 
 def actor_cmd(run_dir: Path, model_dir: str, actor_id: int) -> list[str]:
-    return [
-        sys.executable, "-m", "asyncrl.actors.main", "--run-dir", str(run_dir),
-        "--model-dir", model_dir, "--actor-id", str(actor_id),
-    ]  # fmt: skip
+    dirs = ["--run-dir", str(run_dir), "--model-dir", model_dir]
+    return [sys.executable, "-m", "asyncrl.actors.main", *dirs, "--actor-id", str(actor_id)]
 
 
 def show_progress(line: str) -> bool:

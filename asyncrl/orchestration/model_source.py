@@ -152,8 +152,12 @@ def _lock(file, what: str, say: Callable[[str], None]) -> None:
             return
         except BlockingIOError:
             if wait is None:
-                wait = Wait(what, LOCK_WAIT_S, say, hint="remove the lock file if no process "
-                            "holds it (fuser LOCKFILE)")  # fmt: skip
+                wait = Wait(
+                    what,
+                    LOCK_WAIT_S,
+                    say,
+                    hint="remove the lock file if no process holds it (fuser LOCKFILE)",
+                )
                 wait.begin()
             wait.check()
             time.sleep(0.2)

@@ -25,12 +25,29 @@ from asyncrl.core.config import Config
 from asyncrl.core.configload import config_to_json, migrate
 from asyncrl.core.rundir import RunDirError
 
-MEANING = ("algorithm.", "model.path", "model.dtype", "learner.batch_groups", "learner.lr",
-           "learner.weight_decay", "sampling.", "task.", "data.", "buffer.max_staleness",
-           "mode.", "seed")  # fmt: skip
+MEANING = (
+    "algorithm.",
+    "model.path",
+    "model.dtype",
+    "learner.batch_groups",
+    "learner.lr",
+    "learner.weight_decay",
+    "sampling.",
+    "task.",
+    "data.",
+    "buffer.max_staleness",
+    "mode.",
+    "seed",
+)
 """Keys (or prefixes ending in ``.``) whose change makes a resumed run another experiment."""
-HARMLESS = ("data.epochs", "task.reward_timeout_s", "task.reward_workers", "task.reward_executor",
-            "task.max_reward_error_frac", "task.reward_error_window")  # fmt: skip
+HARMLESS = (
+    "data.epochs",
+    "task.reward_timeout_s",
+    "task.reward_workers",
+    "task.reward_executor",
+    "task.max_reward_error_frac",
+    "task.reward_error_window",
+)
 """Exceptions inside ``MEANING``: more epochs keep every earlier prompt index; the reward's
 execution settings do not change its values."""
 _STEP = re.compile(r"step_([0-9]+)")
@@ -49,8 +66,11 @@ def changes(old: dict, new: dict) -> dict[str, list]:
     excepted: a moved directory is the same run)."""
     a, b = flatten(old), flatten(new)
     skip = {"run_dir", "experiment_name", "allow_config_change"}
-    return {k: [a.get(k), b.get(k)] for k in sorted(a.keys() | b.keys())
-            if k not in skip and a.get(k) != b.get(k)}  # fmt: skip
+    return {
+        k: [a.get(k), b.get(k)]
+        for k in sorted(a.keys() | b.keys())
+        if k not in skip and a.get(k) != b.get(k)
+    }
 
 
 def meaningful(key: str) -> bool:
@@ -76,8 +96,11 @@ def refusal(changed: dict[str, list], run_dir: Path) -> str | None:
 
 def resume_version(run_dir: Path) -> int:
     """The version a resume starts from: the newest complete checkpoint's (0 if none)."""
-    done = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("step_*")
-            if (m := _STEP.fullmatch(p.name)) and (p / "COMPLETE").is_file()]  # fmt: skip
+    done = [
+        int(m.group(1))
+        for p in (run_dir / "checkpoints").glob("step_*")
+        if (m := _STEP.fullmatch(p.name)) and (p / "COMPLETE").is_file()
+    ]
     return max(done, default=0)
 
 

@@ -217,9 +217,14 @@ class ShmReceiver:
         self.close()
         directory = info.get("shm_dir", "")
         _check_same_host(directory, info.get("shm_token", ""))
-        gloo = GlooGroup(info["master_address"], info["master_port"], rank,
-                         info["world_size"], info.get("timeout_s", DEFAULT_TIMEOUT_S),
-                         local_address=info.get("local_address", ""))  # fmt: skip
+        gloo = GlooGroup(
+            info["master_address"],
+            info["master_port"],
+            rank,
+            info["world_size"],
+            info.get("timeout_s", DEFAULT_TIMEOUT_S),
+            local_address=info.get("local_address", ""),
+        )
         self.group = ShmGroup(gloo, directory)
 
     def receive(self, version: int, load: LoadFn) -> tuple[int, int]:

@@ -132,8 +132,9 @@ def train_sft(
     for step in range(steps):
         prompts = source.batch(step * batch_size, batch_size)
         plain = sft_loss(model, *_sft_batch(tokenizer, prompts), label_smoothing)
-        chat = sft_loss(model, *_sft_batch(tokenizer, prompts[:CHAT_BATCH], chat=True),
-                        label_smoothing)  # fmt: skip
+        chat = sft_loss(
+            model, *_sft_batch(tokenizer, prompts[:CHAT_BATCH], chat=True), label_smoothing
+        )
         loss = (plain + CHAT_WEIGHT * chat) / (1 + CHAT_WEIGHT)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -196,9 +197,16 @@ def prepare_demo_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         losses = train_sft(
-            model, build_tokenizer(), source, sft_steps, lr, batch_size, label_smoothing,
-            log_every, log,
-        )  # fmt: skip
+            model,
+            build_tokenizer(),
+            source,
+            sft_steps,
+            lr,
+            batch_size,
+            label_smoothing,
+            log_every,
+            log,
+        )
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-demo-", dir=cache))
     try:
         save_model_dir(model, tmp)
