@@ -102,6 +102,7 @@ class RunRecorder(_Marks):
             register_endpoint(buffer.client, cfg.buffer.name, "learner", port, cfg.network)
             say(f"metrics on http://{cfg.network.metrics}:{port}/metrics")
         self._dropped_seen: dict[str, int] = {}
+        self._masks_stale = cfg.algorithm.stale_tokens == "mask"  # else stale tokens train
         self._start_clock()
 
     def ready(self) -> None:
@@ -139,7 +140,8 @@ class RunRecorder(_Marks):
         now = time.monotonic()
         dt, self._last_t = max(now - self._last_t, 1e-9), now
         version = fields["version"]
-        self.totals.count_trained(groups, stale, fields["step"])
+        masked = int(metrics.get("tokens_masked_stale", 0)) if self._masks_stale else 0
+        self.totals.count_trained(groups, stale, fields["step"], masked)
         for reason, count in dropped.items():
             seen = self._dropped_seen.get(reason, 0)
             self.metrics.dropped.labels(reason).inc(max(0, count - seen))

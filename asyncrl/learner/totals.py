@@ -11,6 +11,10 @@ learner's seconds per state and its training wall time to those saved before a r
     length_bias         trained mean completion length / read mean completion length
                         (below 1: admission favoured short answers)
 
+A trained completion token is one of a trained group that stayed in the loss: under
+``algorithm.stale_tokens=mask`` the tokens masked as stale are counted apart
+(``trained_tokens_masked_stale``) and left out of both figures' trained side.
+
 Invariant: ``restore(to_dict(...))`` then more counting gives the same totals as counting
 without the restart.
 """
@@ -26,6 +30,7 @@ class RunTotals:
         self.sync = {"count": 0, "bytes": 0, "seconds": 0.0, "failures": 0, "regroups": 0}
         self.trained = {"groups": 0, "samples": 0, "tokens": 0}
         self.read = {"groups": 0, "samples": 0, "tokens": 0}
+        self.masked_stale = 0  # tokens of trained groups left out of the loss as stale
         self.token_staleness: dict[int, int] = {}
         self.base = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
         self.reward_errors = RewardErrorTally()  # over the samples trained
@@ -34,9 +39,13 @@ class RunTotals:
         """Groups the learner read, before admission (trained or dropped stale or uniform)."""
         _add(self.read, groups)
 
-    def count_trained(self, groups: list, stale: list[int], version: int | None = None) -> None:
+    def count_trained(
+        self, groups: list, stale: list[int], version: int | None = None, masked_stale: int = 0
+    ) -> None:
         """One step's groups and their staleness (learner version - oldest token version);
-        with ``version``, each completion token's staleness too (``version - v``)."""
+        with ``version``, each completion token's staleness too (``version - v``);
+        ``masked_stale``: how many of their tokens the loss left out as stale."""
+        self.masked_stale += masked_stale
         for s in stale:
             self.staleness_hist[s] = self.staleness_hist.get(s, 0) + 1
         if version is not None:
@@ -76,6 +85,7 @@ class RunTotals:
                 str(k): n for k, n in sorted(self.token_staleness.items())
             },
             "read_totals": dict(self.read),
+            "trained_tokens_masked_stale": self.masked_stale,
             **self.admission(),
             "weight_sync": dict(self.sync),
             "reward_errors": self.reward_errors.to_dict(),
@@ -92,6 +102,7 @@ class RunTotals:
         hist = saved.get("trained_token_staleness_histogram", {})  # absent before issue 31
         self.token_staleness = {int(k): n for k, n in hist.items()}
         self.read = dict(saved.get("read_totals", self.read))
+        self.masked_stale = saved.get("trained_tokens_masked_stale", 0)  # absent: none masked
 
     def admission(self) -> dict[str, float | None]:
         """``trained_token_frac`` and ``length_bias`` so far (module doc); None before any
@@ -99,9 +110,10 @@ class RunTotals:
         t, r = self.trained, self.read
         if not r["samples"] or not t["samples"] or r["tokens"] < t["tokens"]:
             return {"trained_token_frac": None, "length_bias": None}
+        tokens = t["tokens"] - self.masked_stale
         return {
-            "trained_token_frac": t["tokens"] / r["tokens"],
-            "length_bias": (t["tokens"] / t["samples"]) / (r["tokens"] / r["samples"]),
+            "trained_token_frac": tokens / r["tokens"],
+            "length_bias": (tokens / t["samples"]) / (r["tokens"] / r["samples"]),
         }
 
 

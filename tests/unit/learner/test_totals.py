@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from asyncrl.learner.totals import RunTotals
 
 
@@ -73,3 +75,36 @@ def test_a_resume_from_a_checkpoint_without_read_counts_reports_no_admission_fig
     again.restore(saved)
     again.count_trained([G("0:9")], [0], version=4)
     assert again.admission() == {"trained_token_frac": None, "length_bias": None}
+
+
+def test_tokens_masked_as_stale_are_not_counted_as_trained():
+    """Under stale_tokens=mask: 2 groups of 7 tokens trained, 5 of their tokens masked, of 35
+    read: 9/35 trained, mean trained length 9/4 against 35/6 read; kept across a resume."""
+    t = RunTotals()
+    t.count_read([G("0:1"), G("0:2"), G("0:3", num_tokens=21)])
+    t.count_trained([G("0:1"), G("0:2")], [1, 1], version=4, masked_stale=5)
+    assert t.admission() == {"trained_token_frac": 9 / 35, "length_bias": (9 / 4) / (35 / 6)}
+    saved = t.to_dict({}, 0.0, {})
+    assert saved["trained_tokens_masked_stale"] == 5 and saved["trained_totals"]["tokens"] == 14
+    again = RunTotals()
+    again.restore(saved)
+    assert again.admission() == t.admission()
+
+
+@pytest.mark.parametrize(("mode", "masked"), [("mask", 5), ("interpolate", 0), ("drop_group", 0)])
+def test_the_recorder_counts_tokens_masked_as_stale_only_where_they_leave_the_loss(
+    tmp_path, mode, masked
+):
+    """``tokens_masked_stale`` counts the tokens older than the bound; only under mask do they
+    leave the loss (under interpolate they train with an estimated pi_prox)."""
+    from asyncrl.core.config import Config
+    from asyncrl.learner.recorder import RunRecorder
+
+    cfg = Config(metrics_port=0, logger=["jsonl"])
+    cfg.algorithm.stale_tokens = mode
+    rec = RunRecorder(cfg, str(tmp_path), None, print)
+    rec.totals.count_read([G("0:1"), G("0:2")])
+    fields = {"step": 4, "version": 5, "reward": 0.5}
+    rec.step(fields, [G("0:1"), G("0:2")], [1, 1], {}, {"tokens_masked_stale": 5.0})
+    assert rec.totals.masked_stale == masked
+    assert rec.totals.admission()["trained_token_frac"] == (14 - masked) / 14
