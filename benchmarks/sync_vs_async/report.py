@@ -102,6 +102,11 @@ def run_figures(r: dict, target: float) -> dict:
         "groups_trained": s["groups_trained"],
         "reward_initial": s["reward_initial"],
         "reward_final": s["reward_final"],
+        # issue 31: trained / read completion tokens, trained / read mean length (None: a run
+        # from before the learner counted reads)
+        "trained_token_frac": s.get("trained_token_frac"),
+        "length_bias": s.get("length_bias"),
+        "tokens_masked_stale": s.get("trained_tokens_masked_stale"),
         # rank 0 CPU seconds per second of non-waiting step time; well below 1 = starved by
         # other processes on the same cores (None: runs from before cpu_s was recorded)
         "learner_cpu_per_work_s": (
@@ -257,7 +262,7 @@ def markdown(report: dict) -> str:
               "wait / work per step (s)",
               "trained samples/s", "trained tok/s", "actor idle %", "learner idle %",
               "weight-sync pause learner/actor (s)", "dropped stale", "staleness mean",
-              "final reward"]  # fmt: skip
+              "trained / read tokens", "length bias", "final reward"]  # fmt: skip
     rows = []
     for arm, a in per_arm.items():
         reached = a["mean"].get("reached_target", 0)
@@ -279,6 +284,8 @@ def markdown(report: dict) -> str:
             + _pm(per_arm, arm, "weight_sync_pause_actor_s", fmt="{:.1f}"),
             _pm(per_arm, arm, "dropped_stale", fmt="{:.0f}"),
             f"{sum(int(k) * v for k, v in hist.items()) / total:.2f}",
+            _pm(per_arm, arm, "trained_token_frac", fmt="{:.3f}"),
+            _pm(per_arm, arm, "length_bias", fmt="{:.3f}"),
             _pm(per_arm, arm, "reward_final"),
         ])  # fmt: skip
     lines = [md_table(header, rows), ""]

@@ -76,12 +76,18 @@ def core_split(cores: list[int]) -> dict[str, list[int]]:
     return {"learner": cores[:half], "actor": cores[half:]}
 
 
-def arm_overrides(cores: list[int], staleness: list[int],
-                  colocated: str = "ranks") -> dict[str, list[str]]:  # fmt: skip
+def arm_overrides(
+    cores: list[int],
+    staleness: list[int],
+    colocated: str = "ranks",
+    stale_tokens: tuple[str, ...] = ("drop_group",),
+) -> dict[str, list[str]]:
     """Each arm's overrides. ``colocated``: the sync_colocated learner on all the cores as one
     rank per core (``ranks``: FSDP2 over gloo) or as one rank with a thread per core
     (``threads``: no collectives; SmolLM2's step took 74-91 s as 2 ranks against ~55 s as one
-    rank on one core, so ranks would handicap the synchronous arm)."""
+    rank on one core, so ranks would handicap the synchronous arm). ``stale_tokens``: an
+    async arm per bound and ``algorithm.stale_tokens`` option, ``async_s<k>`` for
+    ``drop_group`` (the default) and ``async_s<k>_<option>`` for the others."""
     split = core_split(cores)
     pinned = [
         f"learner.nproc={len(split['learner'])}",
@@ -102,7 +108,10 @@ def arm_overrides(cores: list[int], staleness: list[int],
         "sync_split": ["mode=sync", *pinned],
     }
     for k in staleness:
-        arms[f"async_s{k}"] = ["mode=async", f"buffer.max_staleness={k}", *pinned]
+        for option in stale_tokens:
+            name = f"async_s{k}" if option == "drop_group" else f"async_s{k}_{option}"
+            chosen = [] if option == "drop_group" else [f"algorithm.stale_tokens={option}"]
+            arms[name] = ["mode=async", f"buffer.max_staleness={k}", *chosen, *pinned]
     return arms
 
 
@@ -201,6 +210,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", help="task seeds (overrides the preset)")
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4],
                    help="max_staleness of the async arms (default 1 2 4)")  # fmt: skip
+    p.add_argument("--stale-tokens", nargs="+", default=["drop_group"],
+                   choices=("drop_group", "mask", "interpolate"),
+                   help="algorithm.stale_tokens options: an async arm per bound and option "
+                        "(issue 31's ablation; default drop_group only)")  # fmt: skip
     p.add_argument("--arms", help="comma-separated subset of arms to run, in this order "
                    "(default: all)")  # fmt: skip
     p.add_argument("--colocated", choices=("ranks", "threads"),
@@ -232,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or f"sync_vs_async{suffix}"
     cores = sorted(os.sched_getaffinity(0))
     colocated = args.colocated or ("threads" if args.setting == "smollm2" else "ranks")
-    arms = arm_overrides(cores, args.staleness, colocated)
+    arms = arm_overrides(cores, args.staleness, colocated, tuple(args.stale_tokens))
     if args.arms:
         wanted = args.arms.split(",")
         unknown = [a for a in wanted if a not in arms]
@@ -280,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         report["validation"] = val
     config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds,
               "extra_seeds": args.extra_seeds, "staleness": args.staleness,
+              "stale_tokens": args.stale_tokens,
               "colocated_learner": colocated,
               "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
               "seed_meaning": "task.seed (prompt stream); model seed=0 in every run"}  # fmt: skip
@@ -309,7 +323,7 @@ def _slim(runs: list[dict]) -> list[dict]:
     """Runs for the JSON: per-step curves kept short (step, elapsed, reward, timings)."""
     keep = ("step", "version", "elapsed_s", "reward", "step_s", "waiting_data_s", "busy_s",
             "weight_sync_s", "staleness_mean", "cpu_s", "response_len_mean",
-            "response_len_p95")  # fmt: skip
+            "response_len_p95", "tokens_masked_stale", "trained_token_frac", "length_bias")  # fmt: skip
     out = []
     for r in runs:
         r = dict(r)
