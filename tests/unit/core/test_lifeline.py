@@ -73,7 +73,9 @@ def test_start_time_names_a_live_process_and_not_a_zombie():
     child = os.fork()
     if child == 0:
         os._exit(0)
-    time.sleep(0.5)  # exited, not reaped: a zombie
+    # wait for its exit without reaping it (WNOWAIT): a zombie now, however loaded the machine
+    # (a fixed 0.5 s sleep was once too short under CI's load)
+    os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
     try:
         assert lifeline._start_time(child) is None
     finally:
