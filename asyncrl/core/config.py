@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from asyncrl.core.config_actor import CPU_START_METHODS, ActorConfig  # noqa: F401 (re-exported)
+from asyncrl.core.config_actor import ActorConfig
 from asyncrl.core.config_algorithm import (  # noqa: F401 (registry names: tests import them here)
     _ADVANTAGES,
     _AGGREGATIONS,

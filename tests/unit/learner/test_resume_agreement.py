@@ -57,7 +57,7 @@ def test_a_checkpoint_dir_not_shared_fails_every_rank_naming_it(tmp_path, rank1_
 def main(root: str, mode: str) -> None:
     import torch.distributed as dist
 
-    from asyncrl.learner.trainer import _agreed_checkpoint
+    from asyncrl.learner.run_state import agreed_checkpoint as _agreed_checkpoint
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
