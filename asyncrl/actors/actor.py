@@ -35,7 +35,8 @@ Where the actor's time goes (``asyncrl.core.metrics.StateClock``, exported as
     generating       at least one group is generating, scoring or committing
     waiting_weights  nothing in flight; admission refused (weights too stale, or the sync
                      quota of this version is used up)
-    waiting_buffer   nothing in flight; no free slot in the buffer (backpressure)
+    waiting_buffer   nothing in flight; no free slot in the buffer (backpressure), or none
+                     within the admission window (``buffer.admission=window``)
     idle             nothing in flight, nothing blocking (between loop iterations)
 """
 
@@ -125,6 +126,7 @@ class Actor:
             batch_groups=cfg.learner.batch_groups,
             max_staleness=cfg.buffer.max_staleness,
             sync=cfg.mode.name == "sync",
+            window=cfg.buffer.admission == "window",
         )
         self.cursor = self.claims.cursor
         self.control = ControlPlane(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from asyncrl.buffer.cursors import PromptCursor, SyncQuota
-from asyncrl.buffer.staleness import within_staleness
+from asyncrl.buffer.staleness import Window, within_staleness
 from asyncrl.core.types import Group
 
 
@@ -27,11 +27,15 @@ class Claims:
         batch_groups: int,
         max_staleness: int,
         sync: bool,
+        window: bool = False,
     ) -> None:
         self.buffer, self.actor_id = buffer, actor_id
         self.cursor = PromptCursor(buffer, actor_id, num_actors, end)
         self.quota = SyncQuota(buffer, batch_groups)  # used in mode=sync only
         self.max_staleness, self.sync = max_staleness, sync
+        self.batch_groups = batch_groups
+        self.window = window
+        """``buffer.admission=window``: leases also stay within the admission window."""
 
     def claim(
         self, want: int, version: int, weights_valid: bool, track: Callable[[int], int]
@@ -42,7 +46,8 @@ class Claims:
 
         Returns ``("refused", [])`` when weights of ``version`` are too stale for the
         staleness bound (``asyncrl.buffer.staleness``) or, in sync mode, the version's quota is used
-        up (``asyncrl.buffer.cursors.SyncQuota``); ``("full", [])`` when no slot freed within 1 s;
+        up (``asyncrl.buffer.cursors.SyncQuota``); ``("full", [])`` when no slot freed within 1 s (or, with ``window``, none
+        within the admission window: buffer/staleness.py ``admission_window``);
         ``("ok", claims)`` with 1..``want`` (lease, index) pairs; ``("exhausted", claims)``
         once the prompts ran out (the leases without an index were released)."""
         learner_v = self.buffer.learner_version()
@@ -51,7 +56,8 @@ class Claims:
             want = self.quota.take_many(version, want)
         if not fresh or want == 0:
             return "refused", []
-        leases = self.buffer.lease_many(self.actor_id, want, 1.0)
+        paced = Window(version, self.max_staleness, self.batch_groups) if self.window else None
+        leases = self.buffer.lease_many(self.actor_id, want, 1.0, paced)
         if self.sync:
             self.quota.give_back(version, want - len(leases))
         if not leases:

@@ -33,6 +33,7 @@ import redis
 
 from asyncrl.buffer import scripts
 from asyncrl.buffer.codec import DEFAULT_MAX_BYTES, encode_group
+from asyncrl.buffer.staleness import Window
 from asyncrl.buffer.store import BufferDamaged, BufferStore, as_text
 from asyncrl.buffer.stream_reads import Entry, StreamReads
 from asyncrl.core.types import Group
@@ -54,6 +55,7 @@ _RESERVED_META = (
     "capacity",
     "consumer_group",
     "learner_version",
+    "learner_wants",
     "delivered_upto",
     "delivered_to",
 )
@@ -210,15 +212,23 @@ class ReplayBuffer:
         got = self.lease_many(actor_id, 1, timeout_s)
         return got[0] if got else None
 
-    def lease_many(self, actor_id: int, count: int, timeout_s: float) -> list[str]:
+    def lease_many(
+        self, actor_id: int, count: int, timeout_s: float, window: Window | None = None
+    ) -> list[str]:
         """Reserve up to ``count`` slots in one round trip, waiting up to ``timeout_s`` while
         the buffer is full. Returns 1..``count`` lease ids as slots are free now (each valid
-        ``lease_ttl_s``), or ``[]`` on timeout."""
+        ``lease_ttl_s``), or ``[]`` on timeout.
+
+        ``window`` (``buffer.admission=window``): leased + unread also stays within
+        ``admission_window`` of the learner's state at the moment of each try
+        (buffer/staleness.py), so a wait re-evaluates it as the learner reads and advances."""
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         ids = [f"{actor_id}:{secrets.token_hex(8)}" for _ in range(count)]
         keys = [self._k["leases"], self._k["stream"], self._k["meta"]]
-        args = [int(self.lease_ttl_s * 1000), *ids]
+        w = window or Window(weights_version=0, max_staleness=-1, batch_groups=1)
+        paced = [w.weights_version, w.max_staleness, w.batch_groups]
+        args = [int(self.lease_ttl_s * 1000), *paced, *ids]
         deadline = time.monotonic() + timeout_s
         while True:
             granted = int(self.store.run("LEASE", keys, args))
@@ -278,6 +288,14 @@ class ReplayBuffer:
     def set_learner_version(self, version: int) -> None:
         meta = self._k["meta"]
         self.retrying(lambda: self.client.hset(meta, "learner_version", int(version)), [meta])
+
+    def set_learner_wants(self, wants: int) -> None:
+        """Publish how many groups the learner still needs for the step it reads (0 while it
+        trains): the admission window's ``wants`` (buffer/staleness.py). Actors blocked in
+        ``lease_many`` are woken to look again (a token that finds no room costs one LEASE)."""
+        meta = self._k["meta"]
+        self.retrying(lambda: self.client.hset(meta, "learner_wants", int(wants)), [meta])
+        self.store.wake(wants)
 
     def learner_version(self) -> int:
         """The learner's published policy version, -1 before the first publish."""

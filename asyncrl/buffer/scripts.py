@@ -13,9 +13,10 @@ Keys of a buffer named ``N`` (passed in KEYS, never built inside a script)::
     N:stats      hash: committed and one counter per terminal state: trained, dropped_stale,
                  dropped_invalid, dropped_poison, dropped_uniform (monotone; a field missing
                  in data written by an older version reads as 0)
-    N:meta       hash: capacity, consumer_group, learner_version, delivered_upto (the newest
-                 entry id ever delivered to the learner) and delivered_to (its consumer),
-                 user keys (set_meta)
+    N:meta       hash: capacity, consumer_group, learner_version, learner_wants (groups the
+                 learner still needs for the step it reads, buffer.admission=window),
+                 delivered_upto (the newest entry id ever delivered to the learner) and
+                 delivered_to (its consumer), user keys (set_meta)
     N:group_ids  set: every group_id ever committed (idempotent commit)
     N:wake       list: a token per slot freed by a read or a release (trimmed to capacity);
                  an actor whose LEASE found the buffer full BLPOPs it (no busy polling)
@@ -73,19 +74,34 @@ local function require_group(stream, g)
 end
 """
 
-# KEYS: leases, stream, meta   ARGV: ttl_ms, lease_id...
+# KEYS: leases, stream, meta
+# ARGV: ttl_ms, weights_version, max_staleness, batch_groups, lease_id...
 # Grants the first g of the given lease ids, g = min(their number, capacity - live leases -
 # unread); returns g (0 = full). One call reserves several slots (an actor refilling its
 # engine after a batch of groups finished makes one round trip, not one per group).
+# max_staleness >= 0 (buffer.admission=window) also caps leased + unread at the admission
+# window, from the meta's learner_version and learner_wants read in the same script:
+# wants + (max_staleness - lag) * batch_groups, lag = max(0, learner_version - weights_version)
+# (buffer/staleness.py ``admission_window``, the spec; a test holds the two equal).
+# max_staleness = -1: no window (buffer.admission=capacity).
 LEASE = (
     _PRELUDE
     + """
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local free = capacity(KEYS[3]) - redis.call('ZCARD', KEYS[1]) - unread_count(KEYS[2], KEYS[3])
-local granted = math.max(0, math.min(free, #ARGV - 1))
+local used = redis.call('ZCARD', KEYS[1]) + unread_count(KEYS[2], KEYS[3])
+local limit = capacity(KEYS[3])
+local bound = tonumber(ARGV[3])
+if bound >= 0 then
+  local lv = int(KEYS[3], 'learner_version', redis.call('HGET', KEYS[3], 'learner_version')) or -1
+  local wants = int(KEYS[3], 'learner_wants', redis.call('HGET', KEYS[3], 'learner_wants')) or 0
+  local lag = math.max(0, lv - tonumber(ARGV[2]))
+  local window = math.max(0, wants + (bound - lag) * tonumber(ARGV[4]))
+  limit = math.min(limit, window)
+end
+local granted = math.max(0, math.min(limit - used, #ARGV - 4))
 local expiry = now + tonumber(ARGV[1])
-for i = 2, granted + 1 do
+for i = 5, granted + 4 do
   redis.call('ZADD', KEYS[1], expiry, ARGV[i])
 end
 return granted

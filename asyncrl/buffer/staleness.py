@@ -12,11 +12,15 @@ Contract (DESIGN.md section 4): a group may be trained at learner version ``V`` 
   consumed, and the hard filter catches that;
 - the learner's hold on weight syncs during a validation (learner/hub.py ``sync_allowed``):
   the hold ends once the actors' weights would fail their own admission.
+
+``admission_window`` (``buffer.admission=window``) paces the actors so that the groups they
+start are read within the bound, instead of generated and then dropped as stale.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from asyncrl.core.types import Group
@@ -61,6 +65,48 @@ def split_by_staleness(
         ok = within_staleness(learner_version, judged, max_staleness)
         (fresh if ok else stale).append(e)
     return fresh, stale
+
+
+@dataclass(frozen=True)
+class Window:
+    """What an actor's LEASE needs for the admission window (``ReplayBuffer.lease_many``):
+    the version of the weights it holds, the bound, and the learner's groups per step."""
+
+    weights_version: int
+    max_staleness: int
+    batch_groups: int
+
+
+def admission_window(
+    learner_version: int, wants: int, weights_version: int, max_staleness: int, batch_groups: int
+) -> int:
+    """How many groups may be in the buffer's system (leased + unread) once an actor holding
+    weights ``weights_version`` starts one more (``buffer.admission=window``):
+
+        wants + (max_staleness - lag) * batch_groups,   lag = max(0, learner_version - weights_version)
+
+    ``wants``: the groups the learner still needs for the step it is reading at
+    ``learner_version`` (0 while it trains; ``ReplayBuffer.set_learner_wants``). The buffer's
+    LEASE script computes the same number in Lua (buffer/scripts.py), atomically with the
+    count; a test holds the two equal.
+
+    The bound it proves: the learner reads the ``wants`` oldest of the system at
+    ``learner_version``, then ``batch_groups`` or more (groups dropped as stale or uniform are
+    read too) per version. A group admitted at position ``p <= window`` is therefore read at a
+    version ``<= learner_version + ceil((p - wants) / batch_groups) <= weights_version +
+    max_staleness``: fresh. Assumption: no group admitted after it is read before it. Groups
+    generate concurrently and a short answer overtakes a long one, so an overtaken group can
+    still turn stale; the learner's filter (``split_by_staleness``) stays the guarantee.
+
+    ``<= 0`` (weights ``max_staleness`` or more behind while the learner trains): admit
+    nothing, wait for newer weights. Never below 0. Raises ValueError for
+    ``max_staleness < 0``, ``batch_groups < 1`` or ``wants < 0``.
+    """
+    _check_bound(max_staleness)
+    if batch_groups < 1 or wants < 0:
+        raise ValueError(f"need batch_groups >= 1 and wants >= 0, got {batch_groups}, {wants}")
+    lag = max(0, learner_version - weights_version)
+    return max(0, wants + (max_staleness - lag) * batch_groups)
 
 
 def _check_bound(max_staleness: int) -> None:

@@ -33,6 +33,8 @@ from asyncrl.core.config_task import _TASKS, SEED_MAX, DataConfig, EvalConfig, T
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 """The names ``logger`` takes; asyncrl/core/trackers.py has one class per external one."""
+ADMISSIONS = ("capacity", "window")
+"""``buffer.admission``: when an actor may start a group (``BufferConfig.admission``)."""
 _BUFFER_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
 # the ports a job serves metrics on: metrics_port + 0..1 (launcher, learner), + 2 + i (actor i);
 # asyncrl.core.metrics.*_OFFSET (not imported here: it imports prometheus_client)
@@ -72,6 +74,12 @@ class BufferConfig:
     a deeper queue only produces groups that will be dropped as stale."""
     max_staleness: int = 1
     """Train a group at version V only if V - version_min <= max_staleness (>= 0)."""
+    admission: str = "capacity"
+    """When an actor may start a group (``ADMISSIONS``). ``capacity``: while leased + unread
+    < ``capacity``. ``window``: also while it stays within the admission window, which
+    shrinks as the actors' weights fall behind the learner (asyncrl/buffer/staleness.py
+    ``admission_window``), so that a started group is read before it turns stale; async
+    mode only (mode=sync paces by its per-version quota)."""
     lease_ttl_s: float = 120.0
     """A slot leased by an actor that died comes back after this long; >= 0.001 (Redis
     keeps the deadline in whole milliseconds)."""
@@ -99,6 +107,10 @@ class BufferConfig:
             "(it prefixes the job's Redis keys)",
         )
         _bound(self, "buffer.capacity", ge=0, hint=" (0 = auto)")
+        _require(
+            self.admission in ADMISSIONS,
+            f"buffer.admission={self.admission!r}: give one of {', '.join(ADMISSIONS)}",
+        )
         _bound(self, "buffer.max_staleness", ge=0)
         _bound(self, "buffer.lease_ttl_s", ge=0.001)
         _bound(self, "buffer.max_deliveries", ge=1)
@@ -211,6 +223,11 @@ class Config:
         )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
+            _require(
+                self.buffer.admission == "capacity",
+                "mode=sync paces the actors by its per-version quota; buffer.admission=window "
+                "is for mode=async (leave buffer.admission=capacity)",
+            )
             # actors make exactly batch_groups groups per version there: nothing could refill
             _require(
                 not self.algorithm.dynamic_sampling,

@@ -98,6 +98,9 @@ class GroupSource:
     wait for weights while the learner waits for their groups: see ``next_batch``)."""
     on_read: Callable[[list], None] = lambda groups: None
     """Called with the groups of every read, before admission (``RunTotals.count_read``)."""
+    wants: Callable[[int], None] = lambda count: None
+    """Told how many groups the step being read still needs, each time that changes, and 0
+    once the batch is full (``buffer.admission=window``: ``ReplayBuffer.set_learner_wants``)."""
     ceiling: int = -1
     """The version this run's learner had reached before this one started (the buffer's
     ``learner_version`` when its ``learner_run_dir`` is this run's; else -1): groups up to it
@@ -129,8 +132,12 @@ class GroupSource:
         fresh, self._held = self._held, []
         # after a pause for a sync the deadline goes on: pauses do not extend it
         wait, self._held_wait = self._held_wait or self._data_wait(version, count), None
+        told = None
         while len(fresh) < count:
             want = count - len(fresh)
+            if want != told:
+                self.wants(want)
+                told = want
             entries = self._take_pending(want, fresh)
             done = not entries and self.exhausted()  # before the read: see module docstring
             if not entries:
@@ -166,6 +173,7 @@ class GroupSource:
                     f"have {len(fresh)}/{count}; dropped so far: {self.dropped_stale} stale, "
                     f"{self.dropped_uniform} with all-equal rewards"
                 )
+        self.wants(0)
         self._start_step(fresh)
         for e in fresh:  # test-only fault injection: "this group crashes the step"
             failpoint(f"learner.step/{e.group.group_id}", version=version)

@@ -73,6 +73,8 @@ class DataFeed:
             admit_by_newest=cfg.algorithm.stale_tokens in ("mask", "interpolate"),
             on_read=on_read,
         )
+        if b.admission == "window":  # the actors' admission window needs what a read wants
+            self.source.wants = buffer.set_learner_wants
         self._trained: list[str] = []
         self._per_epoch = 0  # prompts per epoch of a finite source (actors publish it)
         self.epoch: int | None = None

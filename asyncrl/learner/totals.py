@@ -10,6 +10,8 @@ learner's seconds per state and its training wall time to those saved before a r
     trained_token_frac  trained completion tokens / read completion tokens
     length_bias         trained mean completion length / read mean completion length
                         (below 1: admission favoured short answers)
+    completion_lengths  mean and p95 completion length, read and trained (from the
+                        histograms ``{read,trained}_length_histogram``: length -> completions)
 
 A trained completion token is one of a trained group that stayed in the loss: under
 ``algorithm.stale_tokens=mask`` the tokens masked as stale are counted apart
@@ -32,12 +34,14 @@ class RunTotals:
         self.read = {"groups": 0, "samples": 0, "tokens": 0}
         self.masked_stale = 0  # tokens of trained groups left out of the loss as stale
         self.token_staleness: dict[int, int] = {}
+        self.lengths: dict[str, dict[int, int]] = {"read": {}, "trained": {}}
         self.base = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
         self.reward_errors = RewardErrorTally()  # over the samples trained
 
     def count_read(self, groups: list) -> None:
         """Groups the learner read, before admission (trained or dropped stale or uniform)."""
         _add(self.read, groups)
+        _count_lengths(self.lengths["read"], groups)
 
     def count_trained(
         self, groups: list, stale: list[int], version: int | None = None, masked_stale: int = 0
@@ -55,6 +59,7 @@ class RunTotals:
                         k = version - v
                         self.token_staleness[k] = self.token_staleness.get(k, 0) + 1
         _add(self.trained, groups)
+        _count_lengths(self.lengths["trained"], groups)
         for g in groups:
             for s in g.samples:
                 self.reward_errors.add(s.reward_error, g.group_id)
@@ -77,16 +82,14 @@ class RunTotals:
                 k: base.get(k, 0.0) + time_s.get(k, 0.0) for k in set(time_s) | set(base)
             },
             "train_wall_s": self.base["train_wall_s"] + train_wall_s,
-            "trained_staleness_histogram": {
-                str(k): n for k, n in sorted(self.staleness_hist.items())
-            },
+            "trained_staleness_histogram": _keyed(self.staleness_hist),
             "trained_totals": dict(self.trained),
-            "trained_token_staleness_histogram": {
-                str(k): n for k, n in sorted(self.token_staleness.items())
-            },
+            "trained_token_staleness_histogram": _keyed(self.token_staleness),
             "read_totals": dict(self.read),
             "trained_tokens_masked_stale": self.masked_stale,
             **self.admission(),
+            "completion_lengths": {k: length_stats(h) for k, h in self.lengths.items()},
+            **{f"{k}_length_histogram": _keyed(h) for k, h in self.lengths.items()},
             "weight_sync": dict(self.sync),
             "reward_errors": self.reward_errors.to_dict(),
             "ledger": ledger,
@@ -103,6 +106,9 @@ class RunTotals:
         self.token_staleness = {int(k): n for k, n in hist.items()}
         self.read = dict(saved.get("read_totals", self.read))
         self.masked_stale = saved.get("trained_tokens_masked_stale", 0)  # absent: none masked
+        for k in self.lengths:  # absent before the admission window: from 0
+            hist = saved.get(f"{k}_length_histogram", {})
+            self.lengths[k] = {int(n): c for n, c in hist.items()}
 
     def admission(self) -> dict[str, float | None]:
         """``trained_token_frac`` and ``length_bias`` so far (module doc); None before any
@@ -121,3 +127,30 @@ def _add(totals: dict[str, int], groups: list) -> None:
     totals["groups"] += len(groups)
     totals["samples"] += sum(len(g.samples) for g in groups)
     totals["tokens"] += sum(g.num_tokens for g in groups)
+
+
+def _count_lengths(hist: dict[int, int], groups: list) -> None:
+    for g in groups:
+        for s in g.samples:
+            n = len(s.completion_ids)
+            hist[n] = hist.get(n, 0) + 1
+
+
+def _keyed(hist: dict[int, int]) -> dict[str, int]:
+    """A histogram as JSON keeps it: string keys, in order."""
+    return {str(k): n for k, n in sorted(hist.items())}
+
+
+def length_stats(hist: dict[int, int]) -> dict[str, float | None]:
+    """``mean`` and ``p95`` (the smallest length with at least 95% of the completions at or
+    below it) of a length -> count histogram; None for an empty one."""
+    total = sum(hist.values())
+    if not total:
+        return {"mean": None, "p95": None}
+    mean = sum(k * n for k, n in hist.items()) / total
+    seen = 0
+    for k in sorted(hist):
+        seen += hist[k]
+        if seen >= 0.95 * total:
+            return {"mean": mean, "p95": float(k)}
+    raise AssertionError("unreachable: the counts sum to total")

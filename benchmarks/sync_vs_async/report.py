@@ -107,6 +107,10 @@ def run_figures(r: dict, target: float) -> dict:
         "trained_token_frac": s.get("trained_token_frac"),
         "length_bias": s.get("length_bias"),
         "tokens_masked_stale": s.get("trained_tokens_masked_stale"),
+        # ... and against what the actors generated, groups left in the buffer at the end
+        # included; completion lengths read and trained (None: runs from before they were kept)
+        "trained_generated_token_frac": _trained_generated(s, r["actors"]),
+        **_lengths(s.get("completion_lengths")),
         # rank 0 CPU seconds per second of non-waiting step time; well below 1 = starved by
         # other processes on the same cores (None: runs from before cpu_s was recorded)
         "learner_cpu_per_work_s": (
@@ -116,6 +120,21 @@ def run_figures(r: dict, target: float) -> dict:
         ),  # fmt: skip
         "G_s": statistics.median(x["waiting_data_s"] for x in steady),
         "T_s": statistics.median(x["step_s"] - x["waiting_data_s"] for x in steady),
+    }
+
+
+def _trained_generated(summary: dict, actors: list[dict]) -> float | None:
+    generated = sum(a["tokens_generated"] for a in actors)
+    trained = summary["trained_totals"]["tokens"] - summary.get("trained_tokens_masked_stale", 0)
+    return trained / generated if generated else None
+
+
+def _lengths(lengths: dict | None) -> dict[str, float | None]:
+    """``len_<stat>_<read|trained>`` from summary.json's ``completion_lengths``."""
+    return {
+        f"len_{stat}_{side}": (lengths or {}).get(side, {}).get(stat)
+        for side in ("read", "trained")
+        for stat in ("mean", "p95")
     }
 
 
@@ -262,7 +281,8 @@ def markdown(report: dict) -> str:
               "wait / work per step (s)",
               "trained samples/s", "trained tok/s", "actor idle %", "learner idle %",
               "weight-sync pause learner/actor (s)", "dropped stale", "staleness mean",
-              "trained / read tokens", "length bias", "final reward"]  # fmt: skip
+              "trained / read tokens", "trained / generated tokens", "length bias",
+              "p95 length trained / read", "final reward"]  # fmt: skip
     rows = []
     for arm, a in per_arm.items():
         reached = a["mean"].get("reached_target", 0)
@@ -285,7 +305,10 @@ def markdown(report: dict) -> str:
             _pm(per_arm, arm, "dropped_stale", fmt="{:.0f}"),
             f"{sum(int(k) * v for k, v in hist.items()) / total:.2f}",
             _pm(per_arm, arm, "trained_token_frac", fmt="{:.3f}"),
+            _pm(per_arm, arm, "trained_generated_token_frac", fmt="{:.3f}"),
             _pm(per_arm, arm, "length_bias", fmt="{:.3f}"),
+            _pm(per_arm, arm, "len_p95_trained", fmt="{:.0f}") + " / "
+            + _pm(per_arm, arm, "len_p95_read", fmt="{:.0f}"),
             _pm(per_arm, arm, "reward_final"),
         ])  # fmt: skip
     lines = [md_table(header, rows), ""]

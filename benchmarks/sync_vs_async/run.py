@@ -81,13 +81,15 @@ def arm_overrides(
     staleness: list[int],
     colocated: str = "ranks",
     stale_tokens: tuple[str, ...] = ("drop_group",),
+    admission: tuple[str, ...] = ("capacity",),
 ) -> dict[str, list[str]]:
     """Each arm's overrides. ``colocated``: the sync_colocated learner on all the cores as one
     rank per core (``ranks``: FSDP2 over gloo) or as one rank with a thread per core
     (``threads``: no collectives; SmolLM2's step took 74-91 s as 2 ranks against ~55 s as one
     rank on one core, so ranks would handicap the synchronous arm). ``stale_tokens``: an
     async arm per bound and ``algorithm.stale_tokens`` option, ``async_s<k>`` for
-    ``drop_group`` (the default) and ``async_s<k>_<option>`` for the others."""
+    ``drop_group`` (the default) and ``async_s<k>_<option>`` for the others; ``admission``:
+    those arms again per ``buffer.admission``, ``_window`` appended for ``window``."""
     split = core_split(cores)
     pinned = [
         f"learner.nproc={len(split['learner'])}",
@@ -109,9 +111,12 @@ def arm_overrides(
     }
     for k in staleness:
         for option in stale_tokens:
-            name = f"async_s{k}" if option == "drop_group" else f"async_s{k}_{option}"
-            chosen = [] if option == "drop_group" else [f"algorithm.stale_tokens={option}"]
-            arms[name] = ["mode=async", f"buffer.max_staleness={k}", *chosen, *pinned]
+            for paced in admission:
+                name = f"async_s{k}" + ("" if option == "drop_group" else f"_{option}")
+                chosen = [] if option == "drop_group" else [f"algorithm.stale_tokens={option}"]
+                if paced != "capacity":
+                    name, chosen = f"{name}_{paced}", [*chosen, f"buffer.admission={paced}"]
+                arms[name] = ["mode=async", f"buffer.max_staleness={k}", *chosen, *pinned]
     return arms
 
 
@@ -214,6 +219,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    choices=("drop_group", "mask", "interpolate"),
                    help="algorithm.stale_tokens options: an async arm per bound and option "
                         "(issue 31's ablation; default drop_group only)")  # fmt: skip
+    p.add_argument("--admission", nargs="+", default=["capacity"],
+                   choices=("capacity", "window"),
+                   help="buffer.admission options: the async arms again per option (issue 31; "
+                        "default capacity only)")  # fmt: skip
     p.add_argument("--arms", help="comma-separated subset of arms to run, in this order "
                    "(default: all)")  # fmt: skip
     p.add_argument("--colocated", choices=("ranks", "threads"),
@@ -245,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or f"sync_vs_async{suffix}"
     cores = sorted(os.sched_getaffinity(0))
     colocated = args.colocated or ("threads" if args.setting == "smollm2" else "ranks")
-    arms = arm_overrides(cores, args.staleness, colocated, tuple(args.stale_tokens))
+    arms = arm_overrides(
+        cores, args.staleness, colocated, tuple(args.stale_tokens), tuple(args.admission)
+    )
     if args.arms:
         wanted = args.arms.split(",")
         unknown = [a for a in wanted if a not in arms]
@@ -293,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         report["validation"] = val
     config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds,
               "extra_seeds": args.extra_seeds, "staleness": args.staleness,
-              "stale_tokens": args.stale_tokens,
+              "stale_tokens": args.stale_tokens, "admission": args.admission,
               "colocated_learner": colocated,
               "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
               "seed_meaning": "task.seed (prompt stream); model seed=0 in every run"}  # fmt: skip

@@ -18,14 +18,15 @@ from tests.e2e.conftest import REPO, needs_full_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
-ARMS = ["sync_colocated", "sync_split", "async_s1", "async_s1_mask"]
+ARMS = ["sync_colocated", "sync_split", "async_s1", "async_s1_mask_window"]
 PER_RUN = {
     "time_to_target_s", "train_wall_s", "step_s_median", "trained_samples_per_s",
     "trained_tokens_per_s", "generated_tokens_per_s", "learner_idle_frac", "actor_idle_frac",
     "actor_time_s", "learner_time_s", "weight_sync_pause_learner_s",
     "weight_sync_pause_actor_s", "staleness_histogram", "dropped_stale", "groups_committed",
     "groups_trained", "reward_initial", "reward_final", "G_s", "T_s", "learner_cpu_per_work_s",
-    "trained_token_frac", "length_bias", "tokens_masked_stale",
+    "trained_token_frac", "length_bias", "tokens_masked_stale", "trained_generated_token_frac",
+    "len_mean_read", "len_p95_read", "len_mean_trained", "len_p95_trained",
 }  # fmt: skip
 
 
@@ -35,7 +36,8 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     cmd = [sys.executable, "-m", "benchmarks.sync_vs_async", "--tiny", "--arms", ",".join(ARMS),
            "--out", str(out), "--runs-dir", str(out / "runs"), "--name", "schema",
-           "--set", "actor.engine=sim", "--stale-tokens", "drop_group", "mask"]  # fmt: skip
+           "--set", "actor.engine=sim", "--stale-tokens", "drop_group", "mask",
+           "--admission", "capacity", "window"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return out, json.loads((out / "schema.json").read_text()), proc.stdout
@@ -49,7 +51,9 @@ def test_provenance_and_config(result):
     assert m["cores"] >= 2 and m["cpu"] and m["torch"] and m["vllm"]
     cfg = doc["config"]
     assert set(cfg["arms"]) == set(ARMS) and cfg["stale_tokens"] == ["drop_group", "mask"]
-    assert "algorithm.stale_tokens=mask" in cfg["arms"]["async_s1_mask"]
+    assert cfg["admission"] == ["capacity", "window"]
+    assert "algorithm.stale_tokens=mask" in cfg["arms"]["async_s1_mask_window"]
+    assert "buffer.admission=window" in cfg["arms"]["async_s1_mask_window"]
     assert cfg["core_split"]["learner"] and cfg["core_split"]["actor"]
     assert not set(cfg["core_split"]["learner"]) & set(cfg["core_split"]["actor"])
 
@@ -65,7 +69,9 @@ def test_every_arm_has_every_figure(result):
         assert 0 <= run["actor_idle_frac"] <= 1 and 0 <= run["learner_idle_frac"] <= 1
         assert sum(run["staleness_histogram"].values()) == run["groups_trained"]
         assert 0 < run["trained_token_frac"] <= 1 and run["length_bias"] > 0
-        assert run["tokens_masked_stale"] == 0 or arm.endswith("_mask")
+        assert 0 < run["trained_generated_token_frac"] <= run["trained_token_frac"]
+        assert run["len_p95_trained"] >= run["len_mean_trained"] > 0
+        assert run["tokens_masked_stale"] == 0 or "_mask" in arm
         for key in ("trained_samples_per_s", "reward_final", "step_s_median"):
             assert set(a["mean"][key]) == {"mean", "std", "n"}
     sync = doc["arms"]["sync_split"]["staleness_histogram"]

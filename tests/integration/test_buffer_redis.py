@@ -20,6 +20,7 @@ from asyncrl.buffer.codec import encode_group
 from asyncrl.buffer.connection import BufferUnavailable, connect
 from asyncrl.buffer.redis_buffer import LeaseExpired, ReplayBuffer
 from asyncrl.buffer.server import RedisServer, RedisServerError
+from asyncrl.buffer.staleness import Window, admission_window
 from asyncrl.buffer.testing import random_group
 
 pytestmark = pytest.mark.redis
@@ -93,6 +94,50 @@ def test_lease_many_grants_the_free_slots_in_one_call(redis_client, buffer_name)
     assert buf.release(got[0]) and buf.lease_many(1, 3, timeout_s=1.0)[0].startswith("1:")
     with pytest.raises(ValueError, match="count"):
         buf.lease_many(0, 0, timeout_s=1.0)
+
+
+@pytest.mark.parametrize(
+    ("learner_version", "wants", "weights_version", "max_staleness"),
+    [(5, 0, 5, 2), (5, 0, 4, 2), (5, 3, 4, 1), (5, 0, 3, 1), (-1, 0, 0, 1), (2, 4, 2, 0),
+     (7, 1, 7, 3)],
+)  # fmt: skip
+def test_the_lease_script_keeps_the_admission_window_of_the_spec(
+    redis_client, buffer_name, learner_version, wants, weights_version, max_staleness
+):
+    """LEASE with a ``Window`` grants min(capacity, ``admission_window``) - leased - unread,
+    reading the learner's version and wants from the meta in the same script."""
+    batch_groups, used, capacity = 3, 2, 12
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=capacity)
+    _fill(buf, ["0:1"])  # one unread ...
+    assert buf.lease(0, 1.0) is not None  # ... and one leased
+    if learner_version >= 0:
+        buf.set_learner_version(learner_version)
+    buf.set_learner_wants(wants)
+    w = Window(weights_version, max_staleness, batch_groups)
+    window = admission_window(learner_version, wants, weights_version, max_staleness, batch_groups)
+    got = buf.lease_many(1, 20, timeout_s=0.05, window=w)
+    assert len(got) == max(0, min(capacity, window) - used)
+    assert len(buf.lease_many(1, 20, timeout_s=0.05)) == capacity - used - len(got)  # no window
+
+
+def test_a_rise_of_the_learner_wants_wakes_a_lease_waiting_for_the_window(
+    redis_client, buffer_name, monkeypatch
+):
+    import asyncrl.buffer.redis_buffer as rb
+
+    monkeypatch.setattr(rb, "WAKE_POLL_S", 60.0)  # only a wake-up can end the wait in time
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
+    buf.set_learner_version(4)
+    buf.set_learner_wants(0)
+    w = Window(weights_version=3, max_staleness=1, batch_groups=4)  # window 0 while training
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(buf.lease_many(0, 4, 30.0, w)))
+    waiter.start()
+    time.sleep(0.5)
+    assert not got  # blocked: the learner trains and the weights are a version behind
+    buf.set_learner_wants(2)  # the learner reads at 4: 2 groups may start, read at 4
+    waiter.join(timeout=10.0)
+    assert got and len(got[0]) == 2
 
 
 def test_a_commit_marks_its_prompt_done_in_the_same_script(redis_client, buffer_name):

@@ -39,10 +39,14 @@ def test_dynamic_sampling_drops_all_equal_groups_and_fills_the_batch(
     for gid, rewards in GROUPS:
         _commit(buf, gid, rewards)
     read: list[str] = []
-    source = GroupSource(buf, "learner", 100, max_staleness=1, timeout_s=10.0,
-                         drop_uniform=drop_uniform,
-                         on_read=lambda gs: read.extend(g.group_id for g in gs))  # fmt: skip
+    told: list[int] = []
+    source = GroupSource(
+        buf, "learner", 100, max_staleness=1, timeout_s=10.0, drop_uniform=drop_uniform,
+        on_read=lambda gs: read.extend(g.group_id for g in gs), wants=told.append,
+    )  # fmt: skip
     batch = source.next_batch(version=5, count=3)
+    # what the read still wants, each time it changes, then 0 (the admission window's input)
+    assert told == ([3, 2, 1, 0] if drop_uniform else [3, 0])
     got = [e.group.group_id for e in batch]
     # every group read is reported before admission (RunTotals.count_read), dropped ones too
     assert read == [g for g, _ in GROUPS][: len(read)] and set(got) <= set(read)

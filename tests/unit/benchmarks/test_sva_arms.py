@@ -1,5 +1,6 @@
-"""benchmarks/sync_vs_async/run.py's arms: one async arm per staleness bound and
-``algorithm.stale_tokens`` option (issue 31's ablation), the default's names unchanged."""
+"""benchmarks/sync_vs_async/run.py's arms: one async arm per staleness bound,
+``algorithm.stale_tokens`` option and ``buffer.admission`` (issue 31's ablation), the
+default's names unchanged."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ def test_an_async_arm_per_bound_and_option():
     assert "algorithm.stale_tokens=interpolate" in arms["async_s4_interpolate"]
     assert "buffer.max_staleness=4" in arms["async_s4_interpolate"]
     assert arms["async_s1_mask"][-3:] == arms["async_s1"][-3:]  # the same cores
+
+
+def test_an_async_arm_per_bound_option_and_admission():
+    arms = arm_overrides(
+        [0, 1], [1], stale_tokens=("drop_group", "mask"), admission=("capacity", "window")
+    )
+    asyncs = [a for a in arms if a.startswith("async")]
+    assert asyncs == ["async_s1", "async_s1_window", "async_s1_mask", "async_s1_mask_window"]
+    assert "buffer.admission=window" in arms["async_s1_mask_window"]
+    assert "algorithm.stale_tokens=mask" in arms["async_s1_mask_window"]
+    assert not any("admission" in x for x in arms["async_s1_mask"])

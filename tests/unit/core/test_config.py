@@ -57,6 +57,8 @@ def test_sync_mode_is_strictly_on_policy():
         (["model=smolm2"], "did you mean 'smollm2'?"),
         (["learner.stpes=10"], "unknown config key 'learner.stpes'; did you mean 'learner.steps'"),
         (["mode=sync", "buffer.max_staleness=2"], "mode=sync requires"),
+        (["buffer.admission=fifo"], "buffer.admission='fifo': give one of capacity, window"),
+        (["mode=sync", "buffer.admission=window"], "buffer.admission=window is for mode=async"),
         (["sampling.n_samples=1"], "sampling.n_samples"),
         (["algorithm.policy_loss=foo"], "algorithm.policy_loss"),
         (["buffer.capacity=zero"], "buffer.capacity"),

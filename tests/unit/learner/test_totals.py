@@ -14,6 +14,7 @@ from asyncrl.learner.totals import RunTotals
 class S:
     reward_error: str = ""
     token_versions: list = field(default_factory=lambda: [3, 4])
+    completion_ids: list = field(default_factory=lambda: [1, 2])
 
 
 @dataclass
@@ -63,6 +64,19 @@ def test_admission_figures_closed_form():
     assert abs(got["length_bias"] - 3.5 / (70 / 12)) < 1e-12
     # 4 trained groups x 2 samples x versions [3, 4] at version 4: staleness 1 and 0
     assert got["trained_token_staleness_histogram"] == {"0": 8, "1": 8}
+
+
+def test_completion_lengths_mean_and_p95_read_against_trained():
+    """20 read completions, lengths 1..20; the trained ones are the 10 shortest."""
+    read = [G(f"0:{n}", samples=[S(completion_ids=[0] * n)]) for n in range(1, 21)]
+    t = RunTotals()
+    t.count_read(read)
+    t.count_trained(read[:10], [0] * 10)
+    got = t.to_dict({}, 0.0, {})["completion_lengths"]
+    assert got == {"read": {"mean": 10.5, "p95": 19.0}, "trained": {"mean": 5.5, "p95": 10.0}}
+    assert RunTotals().to_dict({}, 0.0, {})["completion_lengths"]["read"] == {
+        "mean": None, "p95": None,
+    }  # fmt: skip
 
 
 def test_a_resume_from_a_checkpoint_without_read_counts_reports_no_admission_figures():
