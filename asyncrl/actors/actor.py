@@ -126,7 +126,7 @@ class Actor:
             batch_groups=cfg.learner.batch_groups,
             max_staleness=cfg.buffer.max_staleness,
             sync=cfg.mode.name == "sync",
-            window=cfg.buffer.admission == "window",
+            window=(lambda: self.state.version) if cfg.buffer.admission == "window" else None,
         )
         self.cursor = self.claims.cursor
         self.control = ControlPlane(

@@ -27,7 +27,7 @@ class Claims:
         batch_groups: int,
         max_staleness: int,
         sync: bool,
-        window: bool = False,
+        window: Callable[[], int] | None = None,
     ) -> None:
         self.buffer, self.actor_id = buffer, actor_id
         self.cursor = PromptCursor(buffer, actor_id, num_actors, end)
@@ -35,7 +35,8 @@ class Claims:
         self.max_staleness, self.sync = max_staleness, sync
         self.batch_groups = batch_groups
         self.window = window
-        """``buffer.admission=window``: leases also stay within the admission window."""
+        """``buffer.admission=window``: the version of the weights the actor holds, asked at
+        every try of a lease, which also stays within the admission window."""
 
     def claim(
         self, want: int, version: int, weights_valid: bool, track: Callable[[int], int]
@@ -56,8 +57,7 @@ class Claims:
             want = self.quota.take_many(version, want)
         if not fresh or want == 0:
             return "refused", []
-        paced = Window(version, self.max_staleness, self.batch_groups) if self.window else None
-        leases = self.buffer.lease_many(self.actor_id, want, 1.0, paced)
+        leases = self.buffer.lease_many(self.actor_id, want, 1.0, self._paced())
         if self.sync:
             self.quota.give_back(version, want - len(leases))
         if not leases:
@@ -67,6 +67,12 @@ class Claims:
             self.buffer.release(lease)
         claims = list(zip(leases[: len(indices)], indices, strict=True))
         return "ok" if len(indices) == len(leases) else "exhausted", claims
+
+    def _paced(self) -> Callable[[], Window] | None:
+        if self.window is None:
+            return None
+        held = self.window
+        return lambda: Window(held(), self.max_staleness, self.batch_groups)
 
     def commit(
         self, lease: str, group: Group, index: int, stopped: Callable[[], bool]

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 WAKE_POLL_S = 0.5
 """Longest an actor blocks in ``lease`` without retrying: slots freed by a read or a release
 wake it at once (a token on ``<name>:wake``); one freed by a lease's expiry is seen within this."""
+WINDOW_POLL_S = 0.05
+"""Longest a lease waiting for the admission window blocks before it tries again with the
+actor's weights version of that moment (``lease_many``'s ``window``)."""
 TERMINAL_STATES = (
     "trained",
     "dropped_stale",
@@ -213,7 +216,11 @@ class ReplayBuffer:
         return got[0] if got else None
 
     def lease_many(
-        self, actor_id: int, count: int, timeout_s: float, window: Window | None = None
+        self,
+        actor_id: int,
+        count: int,
+        timeout_s: float,
+        window: Callable[[], Window] | None = None,
     ) -> list[str]:
         """Reserve up to ``count`` slots in one round trip, waiting up to ``timeout_s`` while
         the buffer is full. Returns 1..``count`` lease ids as slots are free now (each valid
@@ -221,23 +228,26 @@ class ReplayBuffer:
 
         ``window`` (``buffer.admission=window``): leased + unread also stays within
         ``admission_window`` of the learner's state at the moment of each try
-        (buffer/staleness.py), so a wait re-evaluates it as the learner reads and advances."""
+        (buffer/staleness.py). ``window()`` is asked again at every try (the actor's weights
+        may be newer by then), and a try is made at least every ``WINDOW_POLL_S``: nothing
+        wakes an actor when its own weights arrive."""
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         ids = [f"{actor_id}:{secrets.token_hex(8)}" for _ in range(count)]
         keys = [self._k["leases"], self._k["stream"], self._k["meta"]]
-        w = window or Window(weights_version=0, max_staleness=-1, batch_groups=1)
-        paced = [w.weights_version, w.max_staleness, w.batch_groups]
-        args = [int(self.lease_ttl_s * 1000), *paced, *ids]
+        poll = WAKE_POLL_S if window is None else min(WAKE_POLL_S, WINDOW_POLL_S)
         deadline = time.monotonic() + timeout_s
         while True:
+            w = window() if window else Window(weights_version=0, max_staleness=-1, batch_groups=1)
+            paced = [w.weights_version, w.max_staleness, w.batch_groups]
+            args = [int(self.lease_ttl_s * 1000), *paced, *ids]
             granted = int(self.store.run("LEASE", keys, args))
             if granted > 0:
                 return ids[:granted]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            self._await_wake(min(remaining, WAKE_POLL_S))
+            self._await_wake(min(remaining, poll))
 
     def _await_wake(self, timeout_s: float) -> None:
         """Block in Redis (BLPOP on ``<name>:wake``) until a slot may have been freed (a read

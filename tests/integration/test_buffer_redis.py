@@ -115,7 +115,7 @@ def test_the_lease_script_keeps_the_admission_window_of_the_spec(
     buf.set_learner_wants(wants)
     w = Window(weights_version, max_staleness, batch_groups)
     window = admission_window(learner_version, wants, weights_version, max_staleness, batch_groups)
-    got = buf.lease_many(1, 20, timeout_s=0.05, window=w)
+    got = buf.lease_many(1, 20, timeout_s=0.05, window=lambda: w)
     assert len(got) == max(0, min(capacity, window) - used)
     assert len(buf.lease_many(1, 20, timeout_s=0.05)) == capacity - used - len(got)  # no window
 
@@ -126,18 +126,40 @@ def test_a_rise_of_the_learner_wants_wakes_a_lease_waiting_for_the_window(
     import asyncrl.buffer.redis_buffer as rb
 
     monkeypatch.setattr(rb, "WAKE_POLL_S", 60.0)  # only a wake-up can end the wait in time
+    monkeypatch.setattr(rb, "WINDOW_POLL_S", 60.0)
     buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
     buf.set_learner_version(4)
     buf.set_learner_wants(0)
     w = Window(weights_version=3, max_staleness=1, batch_groups=4)  # window 0 while training
     got: list = []
-    waiter = threading.Thread(target=lambda: got.append(buf.lease_many(0, 4, 30.0, w)))
+    waiter = threading.Thread(target=lambda: got.append(buf.lease_many(0, 4, 30.0, lambda: w)))
     waiter.start()
     time.sleep(0.5)
     assert not got  # blocked: the learner trains and the weights are a version behind
     buf.set_learner_wants(2)  # the learner reads at 4: 2 groups may start, read at 4
     waiter.join(timeout=10.0)
     assert got and len(got[0]) == 2
+
+
+def test_a_lease_waiting_for_the_window_sees_the_actors_new_weights(redis_client, buffer_name):
+    """Nothing in Redis changes when an actor's own weights arrive: the wait tries again
+    within ``WINDOW_POLL_S`` with the version ``window()`` gives then."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
+    buf.set_learner_version(4)
+    held = [3]  # a version behind: window 0 while the learner trains
+    got: list = []
+
+    def lease() -> None:
+        got.append(buf.lease_many(0, 8, 30.0, lambda: Window(held[0], 1, 4)))
+
+    waiter = threading.Thread(target=lease)
+    waiter.start()
+    time.sleep(0.5)
+    assert not got
+    t0 = time.monotonic()
+    held[0] = 4  # the new weights: one batch may start
+    waiter.join(timeout=10.0)
+    assert got and len(got[0]) == 4 and time.monotonic() - t0 < 2.0
 
 
 def test_a_commit_marks_its_prompt_done_in_the_same_script(redis_client, buffer_name):
