@@ -202,7 +202,9 @@ return 1
 
 # KEYS: meta, commits   ARGV: consumer, entry_id...   (the ids just delivered to consumer)
 # Records the newest delivered id (meta delivered_upto, delivered_to) for REGROUP and returns
-# each entry's commit record (its seq, or false: not committed through COMMIT).
+# each entry's commit record (its seq, or false: not committed through COMMIT). A learner_wants
+# in the meta (buffer.admission=window) drops by the ids delivered, before any actor is woken
+# for their slots: the admission window must not count them as free and as wanted at once.
 DELIVERED = (
     _PRELUDE
     + """
@@ -227,6 +229,10 @@ if best and best ~= upto then
   redis.call('HSET', KEYS[1], 'delivered_upto', best, 'delivered_to', ARGV[1])
 end
 if #ARGV < 2 then return {} end
+local wants = int(KEYS[1], 'learner_wants', redis.call('HGET', KEYS[1], 'learner_wants'))
+if wants and wants > 0 then
+  redis.call('HSET', KEYS[1], 'learner_wants', math.max(0, wants - (#ARGV - 1)))
+end
 return redis.call('HMGET', KEYS[2], unpack(ARGV, 2))
 """
 )

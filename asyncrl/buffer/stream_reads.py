@@ -76,8 +76,8 @@ class StreamReads:
                 return self._hand(consumer, recovered)
             wait_ms = int((deadline - time.monotonic()) * 1000)
             raw = self._xreadgroup(consumer, ">", count, wait_ms if wait_ms > 0 else None)
-            self.store.wake(len(raw))  # delivered entries no longer take slots
             seqs = self._delivered(consumer, [eid for eid, _ in raw])
+            self.store.wake(len(raw))  # delivered entries no longer take slots
             decoded = (self._decode(eid, f, 1, vocab_size, seqs.get(eid)) for eid, f in raw)
             valid = [e for e in decoded if e]
             if valid or (not raw and consumer not in self._maybe_lost):

@@ -99,8 +99,10 @@ class GroupSource:
     on_read: Callable[[list], None] = lambda groups: None
     """Called with the groups of every read, before admission (``RunTotals.count_read``)."""
     wants: Callable[[int], None] = lambda count: None
-    """Told how many groups the step being read still needs, each time that changes, and 0
-    once the batch is full (``buffer.admission=window``: ``ReplayBuffer.set_learner_wants``)."""
+    """Told how many groups the step being read still needs, before each read that follows a
+    change or a read that returned groups, and 0 once the batch is full
+    (``buffer.admission=window``: ``ReplayBuffer.set_learner_wants``; the buffer lowers it
+    by each read's groups itself, in the script that records their delivery)."""
     ceiling: int = -1
     """The version this run's learner had reached before this one started (the buffer's
     ``learner_version`` when its ``learner_run_dir`` is this run's; else -1): groups up to it
@@ -142,6 +144,7 @@ class GroupSource:
             done = not entries and self.exhausted()  # before the read: see module docstring
             if not entries:
                 entries = self.buffer.read(self.consumer, want, 1000, self.vocab_size)
+                told = None if entries else told  # the read lowered the buffer's count
             if not entries and self._pending:  # only suspects left and no new data: mix them
                 entries, self._pending = self._pending[:want], self._pending[want:]
             if not entries and done:

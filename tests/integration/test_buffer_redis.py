@@ -141,6 +141,19 @@ def test_a_rise_of_the_learner_wants_wakes_a_lease_waiting_for_the_window(
     assert got and len(got[0]) == 2
 
 
+def test_a_read_lowers_the_learner_wants_before_it_frees_the_slots(redis_client, buffer_name):
+    """The slots of delivered groups must not count as free and as wanted at once: the
+    script that records a delivery lowers ``learner_wants`` by the groups delivered."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    _fill(buf, ["0:1", "0:2"])
+    assert len(buf.read("c", count=2, block_ms=0)) == 2
+    assert redis_client.hget(f"{buffer_name}:meta", "learner_wants") is None  # not paced
+    buf.set_learner_wants(3)
+    _fill(buf, ["0:3", "0:4"])
+    assert len(buf.read("c", count=3, block_ms=0)) == 2
+    assert redis_client.hget(f"{buffer_name}:meta", "learner_wants") == b"1"
+
+
 def test_a_lease_waiting_for_the_window_sees_the_actors_new_weights(redis_client, buffer_name):
     """Nothing in Redis changes when an actor's own weights arrive: the wait tries again
     within ``WINDOW_POLL_S`` with the version ``window()`` gives then."""
