@@ -343,19 +343,33 @@ class Actor:
         return await self.groups.make(index, generated)
 
 
-async def wait_for_learner(buffer, wait):
+async def wait_for_learner(buffer, wait, admission: str = "capacity"):
     """The learner publishes its control endpoint (``asyncrl.core.control.Endpoint``: address and
     keys) in the buffer's meta; wait for it.
 
     ``wait`` (``asyncrl.core.waiting.Wait``) reports progress, raises ``TimeoutError`` at its
-    deadline and ``StopRequested`` once a stop was requested.
+    deadline and ``StopRequested`` once a stop was requested. ``FatalError`` if the learner
+    runs another ``buffer.admission`` (published with the endpoint): actors pacing by a window
+    whose ``wants`` no learner publishes would wait for it forever.
     """
     from asyncrl.core.control import Endpoint
 
     wait.begin()
     while True:
-        endpoint = Endpoint.from_meta(await asyncio.to_thread(buffer.meta))
+        meta = await asyncio.to_thread(buffer.meta)
+        endpoint = Endpoint.from_meta(meta)
         if endpoint:
+            _check_admission(meta.get("admission", "capacity"), admission)
             return endpoint
         wait.check()
         await asyncio.sleep(0.5)
+
+
+def _check_admission(learner: str, actor: str) -> None:
+    from asyncrl.core.fatal import FatalError
+
+    if learner != actor:
+        raise FatalError(
+            f"the learner of this buffer runs buffer.admission={learner} and this actor "
+            f"buffer.admission={actor}: give every role of the job the same buffer.admission"
+        )

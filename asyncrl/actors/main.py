@@ -89,7 +89,7 @@ async def _meet_learner(cfg, actor, buffer, say):
         "raise actor.learner_wait_s",
     )
     try:
-        return await wait_for_learner(buffer, wait)
+        return await wait_for_learner(buffer, wait, cfg.buffer.admission)
     except StopRequested as e:
         say(str(e))
         return None

@@ -204,7 +204,8 @@ return 1
 # Records the newest delivered id (meta delivered_upto, delivered_to) for REGROUP and returns
 # each entry's commit record (its seq, or false: not committed through COMMIT). A learner_wants
 # in the meta (buffer.admission=window) drops by the ids delivered, before any actor is woken
-# for their slots: the admission window must not count them as free and as wanted at once.
+# for their slots, so that the admission window does not count them as free and as wanted at
+# once (an actor's LEASE between the XREADGROUP and this script still can: one round trip).
 DELIVERED = (
     _PRELUDE
     + """

@@ -99,10 +99,10 @@ class GroupSource:
     on_read: Callable[[list], None] = lambda groups: None
     """Called with the groups of every read, before admission (``RunTotals.count_read``)."""
     wants: Callable[[int], None] = lambda count: None
-    """Told how many groups the step being read still needs, before each read that follows a
-    change or a read that returned groups, and 0 once the batch is full
-    (``buffer.admission=window``: ``ReplayBuffer.set_learner_wants``; the buffer lowers it
-    by each read's groups itself, in the script that records their delivery)."""
+    """Told how many groups the step being read still needs before each read of new groups
+    (not of groups re-read after a restart, which take no slot), and 0 once the batch is full
+    (``buffer.admission=window``: ``ReplayBuffer.set_learner_wants``; the buffer lowers it by
+    the entries each read delivers, in the script that records their delivery)."""
     ceiling: int = -1
     """The version this run's learner had reached before this one started (the buffer's
     ``learner_version`` when its ``learner_run_dir`` is this run's; else -1): groups up to it
@@ -134,17 +134,13 @@ class GroupSource:
         fresh, self._held = self._held, []
         # after a pause for a sync the deadline goes on: pauses do not extend it
         wait, self._held_wait = self._held_wait or self._data_wait(version, count), None
-        told = None
         while len(fresh) < count:
             want = count - len(fresh)
-            if want != told:
-                self.wants(want)
-                told = want
             entries = self._take_pending(want, fresh)
             done = not entries and self.exhausted()  # before the read: see module docstring
             if not entries:
+                self.wants(want)  # the buffer lowers it by what it delivers, invalid ones too
                 entries = self.buffer.read(self.consumer, want, 1000, self.vocab_size)
-                told = None if entries else told  # the read lowered the buffer's count
             if not entries and self._pending:  # only suspects left and no new data: mix them
                 entries, self._pending = self._pending[:want], self._pending[want:]
             if not entries and done:

@@ -126,6 +126,7 @@ class Hub:
             max_staleness=cfg.buffer.max_staleness,
             mode=cfg.mode.name,
             batch_groups=cfg.learner.batch_groups,
+            admission=cfg.buffer.admission,
         )
         self.buffer.set_learner_version(version)
         codec.warm_up()  # pyarrow's lazy imports (~0.6 s) now, while the actors start

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.buffer.testing import random_group
+from asyncrl.buffer.testing import add_as_committed, random_group
 from asyncrl.learner.data import GroupSource
 
 pytestmark = pytest.mark.redis
@@ -118,3 +118,25 @@ def test_a_group_newer_than_any_version_of_this_run_is_refused_naming_it(redis_c
     msg = str(e.value)
     assert "group 'foreign'" in msg and "policy version 9" in msg and "version 5" in msg
     assert "give each job its own buffer.name" in msg
+
+
+def test_a_read_that_only_dead_letters_is_followed_by_the_wants_again(redis_client, buffer_name):
+    """The buffer lowers ``learner_wants`` by every entry a read delivers, a malformed one
+    too; after a read that found nothing valid the next read must publish what the batch
+    still needs, or an admission window of 0 would leave the learner waiting for a group no
+    actor may start (here: the group is committed only once the wants come again)."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    add_as_committed(redis_client, buffer_name, {b"group_id": b"bad", b"payload": b"not arrow"})
+    told: list[int] = []
+
+    def wants(n: int) -> None:
+        told.append(n)
+        buf.set_learner_wants(n)
+        if len(told) == 2:
+            _commit(buf, "m1", [0.0, 1.0, 1.0, 1.0])
+
+    source = GroupSource(buf, "learner", 100, max_staleness=1, timeout_s=5.0, wants=wants)
+    batch = source.next_batch(version=5, count=1)
+    assert [e.group.group_id for e in batch] == ["m1"]
+    assert buf.stats()["dropped_invalid"] == 1
+    assert told == [1, 1, 0]
