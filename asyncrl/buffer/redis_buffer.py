@@ -59,6 +59,7 @@ _RESERVED_META = (
     "consumer_group",
     "learner_version",
     "learner_wants",
+    "learner_wants_from",
     "delivered_upto",
     "delivered_to",
 )
@@ -301,10 +302,11 @@ class ReplayBuffer:
 
     def set_learner_wants(self, wants: int) -> None:
         """Publish how many groups the learner still needs for the step it reads (0 while it
-        trains): the admission window's ``wants`` (buffer/staleness.py). Actors blocked in
-        ``lease_many`` are woken to look again (a token that finds no room costs one LEASE)."""
-        meta = self._k["meta"]
-        self.retrying(lambda: self.client.hset(meta, "learner_wants", int(wants)), [meta])
+        trains), as of the entries delivered so far: the admission window's ``wants``
+        (buffer/staleness.py), which the LEASE script lowers by every entry delivered after
+        this and still pending. Actors blocked in ``lease_many`` are woken to look again (a
+        token that finds no room costs one LEASE)."""
+        self.store.run("WANTS", [self._k["meta"]], [int(wants)])
         self.store.wake(wants)
 
     def learner_version(self) -> int:

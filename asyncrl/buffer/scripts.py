@@ -13,8 +13,9 @@ Keys of a buffer named ``N`` (passed in KEYS, never built inside a script)::
     N:stats      hash: committed and one counter per terminal state: trained, dropped_stale,
                  dropped_invalid, dropped_poison, dropped_uniform (monotone; a field missing
                  in data written by an older version reads as 0)
-    N:meta       hash: capacity, consumer_group, learner_version, learner_wants (groups the
-                 learner still needs for the step it reads, buffer.admission=window),
+    N:meta       hash: capacity, consumer_group, learner_version, learner_wants and
+                 learner_wants_from (groups the learner still needs for the step it reads,
+                 as of that delivered id: buffer.admission=window),
                  delivered_upto (the newest entry id ever delivered to the learner) and
                  delivered_to (its consumer), user keys (set_meta)
     N:group_ids  set: every group_id ever committed (idempotent commit)
@@ -82,7 +83,11 @@ end
 # max_staleness >= 0 (buffer.admission=window) also caps leased + unread at the admission
 # window, from the meta's learner_version and learner_wants read in the same script:
 # wants + (max_staleness - lag) * batch_groups, lag = max(0, learner_version - weights_version)
-# (buffer/staleness.py ``admission_window``, the spec; a test holds the two equal).
+# (buffer/staleness.py ``admission_window``, the spec; a test holds the two equal). ``wants``
+# is learner_wants less the entries still pending that were delivered after it was set
+# (ids above learner_wants_from): XREADGROUP moves an entry from unread to pending atomically,
+# so no moment counts a group as free and as wanted at once; one dropped (acked) comes back
+# into wants, as the learner then needs another.
 # max_staleness = -1: no window (buffer.admission=capacity).
 LEASE = (
     _PRELUDE
@@ -95,6 +100,12 @@ local bound = tonumber(ARGV[3])
 if bound >= 0 then
   local lv = int(KEYS[3], 'learner_version', redis.call('HGET', KEYS[3], 'learner_version')) or -1
   local wants = int(KEYS[3], 'learner_wants', redis.call('HGET', KEYS[3], 'learner_wants')) or 0
+  if wants > 0 then  -- less the entries delivered since the learner said so (its read so far)
+    local from = redis.call('HGET', KEYS[3], 'learner_wants_from') or '0-0'
+    local g = redis.call('HGET', KEYS[3], 'consumer_group')
+    local got = g and redis.pcall('XPENDING', KEYS[2], g, '(' .. from, '+', wants)
+    if type(got) == 'table' and not got.err then wants = math.max(0, wants - #got) end
+  end
   local lag = math.max(0, lv - tonumber(ARGV[2]))
   local window = math.max(0, wants + (bound - lag) * tonumber(ARGV[4]))
   limit = math.min(limit, window)
@@ -105,6 +116,18 @@ for i = 5, granted + 4 do
   redis.call('ZADD', KEYS[1], expiry, ARGV[i])
 end
 return granted
+"""
+)
+
+# KEYS: meta   ARGV: wants   (buffer.admission=window; the learner, before a read)
+# learner_wants = wants, learner_wants_from = delivered_upto (the newest id delivered so far),
+# so that LEASE counts only the entries delivered after this as read against wants.
+WANTS = (
+    _PRELUDE
+    + """
+local upto = redis.call('HGET', KEYS[1], 'delivered_upto') or '0-0'
+redis.call('HSET', KEYS[1], 'learner_wants', ARGV[1], 'learner_wants_from', upto)
+return 1
 """
 )
 
@@ -202,10 +225,7 @@ return 1
 
 # KEYS: meta, commits   ARGV: consumer, entry_id...   (the ids just delivered to consumer)
 # Records the newest delivered id (meta delivered_upto, delivered_to) for REGROUP and returns
-# each entry's commit record (its seq, or false: not committed through COMMIT). A learner_wants
-# in the meta (buffer.admission=window) drops by the ids delivered, before any actor is woken
-# for their slots, so that the admission window does not count them as free and as wanted at
-# once (an actor's LEASE between the XREADGROUP and this script still can: one round trip).
+# each entry's commit record (its seq, or false: not committed through COMMIT).
 DELIVERED = (
     _PRELUDE
     + """
@@ -230,10 +250,6 @@ if best and best ~= upto then
   redis.call('HSET', KEYS[1], 'delivered_upto', best, 'delivered_to', ARGV[1])
 end
 if #ARGV < 2 then return {} end
-local wants = int(KEYS[1], 'learner_wants', redis.call('HGET', KEYS[1], 'learner_wants'))
-if wants and wants > 0 then
-  redis.call('HSET', KEYS[1], 'learner_wants', math.max(0, wants - (#ARGV - 1)))
-end
 return redis.call('HMGET', KEYS[2], unpack(ARGV, 2))
 """
 )

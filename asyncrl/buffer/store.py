@@ -31,7 +31,17 @@ log = logging.getLogger(
     "asyncrl.buffer.redis_buffer"
 )  # one logger for the buffer, as before the split
 
-_SCRIPTS = ("LEASE", "COMMIT", "RENEW", "ACK", "DEAD_LETTER", "STATS", "DELIVERED", "REGROUP")
+_SCRIPTS = (
+    "LEASE",
+    "COMMIT",
+    "RENEW",
+    "ACK",
+    "DEAD_LETTER",
+    "STATS",
+    "DELIVERED",
+    "REGROUP",
+    "WANTS",
+)
 # Redis errors that mean the buffer's keys hold something the scripts did not write
 _DAMAGE_ERRORS = ("BUFFERSTATE", "NOGROUP", "WRONGTYPE", "not an integer", "not a valid float")
 _SCRIPT_SUFFIX = re.compile(r"\s*script: \w+, on @user_script:\d+\.?$")

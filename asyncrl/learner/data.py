@@ -101,8 +101,8 @@ class GroupSource:
     wants: Callable[[int], None] = lambda count: None
     """Told how many groups the step being read still needs before each read of new groups
     (not of groups re-read after a restart, which take no slot), and 0 once the batch is full
-    (``buffer.admission=window``: ``ReplayBuffer.set_learner_wants``; the buffer lowers it by
-    the entries each read delivers, in the script that records their delivery)."""
+    (``buffer.admission=window``: ``ReplayBuffer.set_learner_wants``; the buffer counts the
+    entries delivered after it, still pending, against it)."""
     ceiling: int = -1
     """The version this run's learner had reached before this one started (the buffer's
     ``learner_version`` when its ``learner_run_dir`` is this run's; else -1): groups up to it
@@ -139,7 +139,7 @@ class GroupSource:
             entries = self._take_pending(want, fresh)
             done = not entries and self.exhausted()  # before the read: see module docstring
             if not entries:
-                self.wants(want)  # the buffer lowers it by what it delivers, invalid ones too
+                self.wants(want)  # the buffer counts what this read delivers against it
                 entries = self.buffer.read(self.consumer, want, 1000, self.vocab_size)
             if not entries and self._pending:  # only suspects left and no new data: mix them
                 entries, self._pending = self._pending[:want], self._pending[want:]

@@ -141,17 +141,31 @@ def test_a_rise_of_the_learner_wants_wakes_a_lease_waiting_for_the_window(
     assert got and len(got[0]) == 2
 
 
-def test_a_read_lowers_the_learner_wants_before_it_frees_the_slots(redis_client, buffer_name):
-    """The slots of delivered groups must not count as free and as wanted at once: the
-    script that records a delivery lowers ``learner_wants`` by the groups delivered."""
-    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+def test_a_read_moves_groups_from_free_to_read_at_once_in_the_window(redis_client, buffer_name):
+    """A group the learner's read delivers leaves ``unread`` and counts against
+    ``learner_wants`` in the same instant (both come from the stream's state, which XREADGROUP
+    changes atomically), so a read never widens the window; a group then dropped (acked)
+    comes back into what the learner wants."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=8)
+    buf.set_learner_version(4)
     _fill(buf, ["0:1", "0:2"])
-    assert len(buf.read("c", count=2, block_ms=0)) == 2
-    assert redis_client.hget(f"{buffer_name}:meta", "learner_wants") is None  # not paced
     buf.set_learner_wants(3)
-    _fill(buf, ["0:3", "0:4"])
-    assert len(buf.read("c", count=3, block_ms=0)) == 2
-    assert redis_client.hget(f"{buffer_name}:meta", "learner_wants") == b"1"
+    w = Window(weights_version=4, max_staleness=1, batch_groups=2)  # window = wants + 2
+
+    def grant() -> int:
+        got = buf.lease_many(1, 8, timeout_s=0.05, window=lambda: w)
+        for lease in got:
+            assert buf.release(lease)
+        return len(got)
+
+    assert grant() == 3  # 5 - 2 unread
+    entries = buf.read("c", count=2, block_ms=0)
+    assert len(entries) == 2
+    assert grant() == 3  # 3 wanted - 2 read + 2, nothing unread: the same
+    buf.ack([entries[0].entry_id], "dropped_stale")
+    assert grant() == 4  # the learner wants one more
+    buf.set_learner_wants(0)  # its batch is full: it trains
+    assert grant() == 2
 
 
 def test_a_lease_waiting_for_the_window_sees_the_actors_new_weights(redis_client, buffer_name):
