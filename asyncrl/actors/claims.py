@@ -33,10 +33,9 @@ class Claims:
         self.cursor = PromptCursor(buffer, actor_id, num_actors, end)
         self.quota = SyncQuota(buffer, batch_groups)  # used in mode=sync only
         self.max_staleness, self.sync = max_staleness, sync
-        self.batch_groups = batch_groups
-        self.window = window
-        """``buffer.admission=window``: the version of the weights the actor holds, asked at
-        every try of a lease, which also stays within the admission window."""
+        self.paced = (lambda: Window(window(), max_staleness, batch_groups)) if window else None
+        """``buffer.admission=window`` (``window()``: the version of the weights the actor
+        holds): the admission window of each try of a lease, which stays within it."""
 
     def claim(
         self, want: int, version: int, weights_valid: bool, track: Callable[[int], int]
@@ -47,8 +46,8 @@ class Claims:
 
         Returns ``("refused", [])`` when weights of ``version`` are too stale for the
         staleness bound (``asyncrl.buffer.staleness``) or, in sync mode, the version's quota is used
-        up (``asyncrl.buffer.cursors.SyncQuota``); ``("full", [])`` when no slot freed within 1 s (or, with ``window``, none
-        within the admission window: buffer/staleness.py ``admission_window``);
+        up (``asyncrl.buffer.cursors.SyncQuota``); ``("full", [])`` when no slot freed within
+        1 s (with ``window``: none within the admission window, ``admission_window``);
         ``("ok", claims)`` with 1..``want`` (lease, index) pairs; ``("exhausted", claims)``
         once the prompts ran out (the leases without an index were released)."""
         learner_v = self.buffer.learner_version()
@@ -57,7 +56,7 @@ class Claims:
             want = self.quota.take_many(version, want)
         if not fresh or want == 0:
             return "refused", []
-        leases = self.buffer.lease_many(self.actor_id, want, 1.0, self._paced())
+        leases = self.buffer.lease_many(self.actor_id, want, 1.0, self.paced)
         if self.sync:
             self.quota.give_back(version, want - len(leases))
         if not leases:
@@ -67,12 +66,6 @@ class Claims:
             self.buffer.release(lease)
         claims = list(zip(leases[: len(indices)], indices, strict=True))
         return "ok" if len(indices) == len(leases) else "exhausted", claims
-
-    def _paced(self) -> Callable[[], Window] | None:
-        if self.window is None:
-            return None
-        held = self.window
-        return lambda: Window(held(), self.max_staleness, self.batch_groups)
 
     def commit(
         self, lease: str, group: Group, index: int, stopped: Callable[[], bool]

@@ -46,6 +46,8 @@ wake it at once (a token on ``<name>:wake``); one freed by a lease's expiry is s
 WINDOW_POLL_S = 0.05
 """Longest a lease waiting for the admission window blocks before it tries again with the
 actor's weights version of that moment (``lease_many``'s ``window``)."""
+_NO_WINDOW = Window(weights_version=0, max_staleness=-1, batch_groups=1)
+"""LEASE's arguments for ``buffer.admission=capacity``: max_staleness -1 = no window."""
 TERMINAL_STATES = (
     "trained",
     "dropped_stale",
@@ -239,7 +241,7 @@ class ReplayBuffer:
         poll = WAKE_POLL_S if window is None else min(WAKE_POLL_S, WINDOW_POLL_S)
         deadline = time.monotonic() + timeout_s
         while True:
-            w = window() if window else Window(weights_version=0, max_staleness=-1, batch_groups=1)
+            w = window() if window else _NO_WINDOW
             paced = [w.weights_version, w.max_staleness, w.batch_groups]
             args = [int(self.lease_ttl_s * 1000), *paced, *ids]
             granted = int(self.store.run("LEASE", keys, args))

@@ -72,9 +72,9 @@ class DataFeed:
             interrupt=interrupt,
             admit_by_newest=cfg.algorithm.stale_tokens in ("mask", "interpolate"),
             on_read=on_read,
+            # the actors' admission window needs what each read wants
+            wants=buffer.set_learner_wants if b.admission == "window" else lambda count: None,
         )
-        if b.admission == "window":  # the actors' admission window needs what a read wants
-            self.source.wants = buffer.set_learner_wants
         self._trained: list[str] = []
         self._per_epoch = 0  # prompts per epoch of a finite source (actors publish it)
         self.epoch: int | None = None
