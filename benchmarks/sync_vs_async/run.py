@@ -236,6 +236,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="extra asyncrl override for every arm (repeatable)")  # fmt: skip
     p.add_argument("--reuse", action="store_true",
                    help="reuse finished runs found in --runs-dir (resume an interrupted run)")  # fmt: skip
+    p.add_argument("--finished-only", action="store_true",
+                   help="start no run: report the finished runs in --runs-dir and list the arms "
+                        "and seeds not run yet (an ablation spread over several sessions)")  # fmt: skip
     p.add_argument("--name", help="result name (default sync_vs_async[_quick|_tiny])")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the JSON/PNG/MD go")
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "benchmarks",
@@ -268,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     split = core_split(cores)
     print(f"[bench] cores {cpulist(cores)}: split arms learner on {cpulist(split['learner'])}, "
           f"actor on {cpulist(split['actor'])}; sync_colocated uses all of them", flush=True)  # fmt: skip
-    runs = []
+    runs, not_run = [], []
     v0 = args.v0_pass1 if args.v0_pass1 is not None else (
         SMOLLM2_V0_PASS1 if args.setting == "smollm2" else None)  # fmt: skip
 
@@ -278,8 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {arm} seed {seed}: asyncrl run {' '.join(overrides)}", flush=True)
         run_dir = args.runs_dir / name / f"{arm}-seed{seed}"
         done = (run_dir / "summary.json").is_file() and list(run_dir.glob("actor*.json"))
-        if args.reuse and done:
+        if (args.reuse or args.finished_only) and done:
             r = load_run(arm, overrides, run_dir)
+        elif args.finished_only:
+            print("[bench]   not run yet (--finished-only)", flush=True)
+            not_run.append(f"{arm}-seed{seed}")
+            return
         else:
             per_step = 150 if args.setting == "smollm2" else 30  # a real model's steps
             r = run_arm(arm, overrides, run_dir, timeout_s=600 + per_step * steps)
@@ -297,22 +304,30 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.extra_seeds:
             for arm in best:
                 one(arm, seed)
-    report = analyse(runs, list(arms), args.target)
+    if not runs:
+        raise SystemExit(f"no finished run of {list(arms)} in {args.runs_dir / name}: "
+                         "run without --finished-only first")  # fmt: skip
+    ran = [a for a in arms if any(r["arm"] == a for r in runs)]
+    report = analyse(runs, ran, args.target)
     val = None
     if any(r.get("val") for r in runs):
-        val = analyse_val(runs, list(arms), args.thresholds, v0)
+        val = analyse_val(runs, ran, args.thresholds, v0)
         report["validation"] = val
     config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds,
               "extra_seeds": args.extra_seeds, "staleness": args.staleness,
               "stale_tokens": args.stale_tokens, "admission": args.admission,
               "colocated_learner": colocated,
               "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
-              "seed_meaning": "task.seed (prompt stream); model seed=0 in every run"}  # fmt: skip
+              "seed_meaning": "task.seed (prompt stream); model seed=0 in every run",
+              "not_run": not_run}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(runs, report, args.out, name)
     table = markdown(report)
     if val is not None:
         plots = [*plots, plot_val(val, args.out, name)]
         table += "\n\nValidation (pass@1, greedy):\n\n" + markdown_val(val)
+    if not_run:
+        table += f"\n\nNot run yet (arm-seed): {', '.join(not_run)}"
     path = write_result(name, {"config": config, **report, "plots": plots,
                                "table_markdown": table, "runs": _slim(runs)}, args.out)  # fmt: skip
     (args.out / f"{name}.md").write_text(table + "\n")

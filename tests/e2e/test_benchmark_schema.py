@@ -101,3 +101,22 @@ def test_plots_table_and_markdown_are_written(result):
     for arm in ARMS:
         assert f"| {arm} |" in table and arm in stdout
     assert "(G+T)/max(G,T)" in table
+
+
+def test_finished_only_reports_the_runs_there_and_lists_the_rest(result):
+    """``--finished-only`` starts no run: the fixture's four arms are reported, and an arm
+    and a seed never run (async_s2, seed 1) are listed as not run, within a few seconds."""
+    out, _, _ = result
+    cmd = [sys.executable, "-m", "benchmarks.sync_vs_async", "--tiny", "--finished-only",
+           "--arms", ",".join([*ARMS, "async_s2"]), "--seeds", "0", "1", "--staleness", "1", "2",
+           "--out", str(out / "again"), "--runs-dir", str(out / "runs"), "--name", "schema",
+           "--set", "actor.engine=sim", "--stale-tokens", "drop_group", "mask",
+           "--admission", "capacity", "window"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads((out / "again" / "schema.json").read_text())
+    assert set(doc["arms"]) == set(ARMS)
+    missing = {f"{a}-seed1" for a in ARMS} | {"async_s2-seed0", "async_s2-seed1"}
+    assert set(doc["config"]["not_run"]) == missing
+    assert "Not run yet" in doc["table_markdown"]
+    assert not (out / "runs" / "schema" / "async_s2-seed0").exists()
