@@ -89,7 +89,8 @@ def arm_overrides(
     rank on one core, so ranks would handicap the synchronous arm). ``stale_tokens``: an
     async arm per bound and ``algorithm.stale_tokens`` option, ``async_s<k>`` for
     ``drop_group`` (the default) and ``async_s<k>_<option>`` for the others; ``admission``:
-    those arms again per ``buffer.admission``, ``_window`` appended for ``window``."""
+    those arms again per ``buffer.admission``, ``_window`` appended for ``window``; every async
+    arm states its admission, since ``experiment=smollm2_math`` admits by window."""
     split = core_split(cores)
     pinned = [
         f"learner.nproc={len(split['learner'])}",
@@ -114,8 +115,9 @@ def arm_overrides(
             for paced in admission:
                 name = f"async_s{k}" + ("" if option == "drop_group" else f"_{option}")
                 chosen = [] if option == "drop_group" else [f"algorithm.stale_tokens={option}"]
+                chosen.append(f"buffer.admission={paced}")  # stated: a preset may set window
                 if paced != "capacity":
-                    name, chosen = f"{name}_{paced}", [*chosen, f"buffer.admission={paced}"]
+                    name = f"{name}_{paced}"
                 arms[name] = ["mode=async", f"buffer.max_staleness={k}", *chosen, *pinned]
     return arms
 

@@ -45,6 +45,17 @@ def test_sync_mode_is_strictly_on_policy():
     assert cfg.mode.name == "sync" and cfg.buffer.max_staleness == 0
 
 
+def test_the_real_model_preset_paces_by_window_and_sync_mode_sets_capacity_over_it():
+    """experiment=smollm2_math admits by window (measured: docs/algorithms.md, "Admission");
+    mode=sync composes after the experiment, so its on-policy buffer settings win there,
+    while the demo's default stays capacity."""
+    assert load_config().buffer.admission == "capacity"
+    real = load_config(["experiment=smollm2_math"])
+    assert (real.mode.name, real.buffer.admission) == ("async", "window")
+    sync = load_config(["experiment=smollm2_math", "mode=sync"])
+    assert (sync.buffer.admission, sync.buffer.max_staleness) == ("capacity", 0)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
