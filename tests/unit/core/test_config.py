@@ -120,3 +120,16 @@ def test_a_reward_spec_of_the_old_top_level_packages_names_the_new_path():
     assert load_config(["task.reward_fn=asyncrl.actors.rewards:math_reward"]).task.reward_fn
     assert load_config(["task.reward_fn=actors_of_mine.rewards:f"]).task.reward_fn
     assert load_config(["task.reward_fn=learner.py:f"]).task.reward_fn  # a file of yours
+
+
+def test_the_smollm2_recipe_written_out_in_docs_models_is_the_preset():
+    """docs/models.md's command-line form of experiment=smollm2_math sets what the preset
+    sets (a key added to the preset and not to the docs fails here)."""
+    text = (Path(CONFIG_DIR).parents[1] / "docs" / "models.md").read_text()
+    block = text.split("python examples/smollm2_math/make_data.py /tmp/smollm2_math\n", 1)[1]
+    command = block.split("```", 1)[0].replace("\\\n", " ").split()
+    overrides = [w.strip("'") for w in command if "=" in w]
+    written, preset = load_config(overrides), load_config(["experiment=smollm2_math"])
+    for section in ("learner", "sampling", "actor", "eval", "buffer", "task", "model"):
+        a, b = getattr(written, section), getattr(preset, section)
+        assert a == b, f"{section}: docs/models.md writes {a}, the preset is {b}"
