@@ -248,6 +248,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _chosen_arms(args: argparse.Namespace, cores: list[int], colocated: str) -> dict:
+    """The arms' overrides (``arm_overrides``), only ``--arms`` in its order when given; an
+    unknown name is refused, listing the arms."""
+    arms = arm_overrides(
+        cores, args.staleness, colocated, tuple(args.stale_tokens), tuple(args.admission)
+    )
+    if not args.arms:
+        return arms
+    wanted = args.arms.split(",")
+    unknown = [a for a in wanted if a not in arms]
+    if unknown:
+        raise SystemExit(f"unknown arms {unknown}; arms are {list(arms)}")
+    return {a: arms[a] for a in wanted}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     preset_name = "tiny" if args.tiny else "quick" if args.quick else "full"
@@ -259,15 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or f"sync_vs_async{suffix}"
     cores = sorted(os.sched_getaffinity(0))
     colocated = args.colocated or ("threads" if args.setting == "smollm2" else "ranks")
-    arms = arm_overrides(
-        cores, args.staleness, colocated, tuple(args.stale_tokens), tuple(args.admission)
-    )
-    if args.arms:
-        wanted = args.arms.split(",")
-        unknown = [a for a in wanted if a not in arms]
-        if unknown:
-            raise SystemExit(f"unknown arms {unknown}; arms are {list(arms)}")
-        arms = {a: arms[a] for a in wanted}
+    arms = _chosen_arms(args, cores, colocated)
     common = [*preset["overrides"], f"learner.steps={steps}", "learner.checkpoint_every=0",
               *args.extra]  # fmt: skip
     split = core_split(cores)
@@ -309,12 +316,6 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise SystemExit(f"no finished run of {list(arms)} in {args.runs_dir / name}: "
                          "run without --finished-only first")  # fmt: skip
-    ran = [a for a in arms if any(r["arm"] == a for r in runs)]
-    report = analyse(runs, ran, args.target)
-    val = None
-    if any(r.get("val") for r in runs):
-        val = analyse_val(runs, ran, args.thresholds, v0)
-        report["validation"] = val
     config = {"setting": args.setting, "preset": preset_name, "steps": steps, "seeds": seeds,
               "extra_seeds": args.extra_seeds, "staleness": args.staleness,
               "stale_tokens": args.stale_tokens, "admission": args.admission,
@@ -322,19 +323,31 @@ def main(argv: list[str] | None = None) -> int:
               "common_overrides": common, "arms": arms, "cores": cores, "core_split": split,
               "seed_meaning": "task.seed (prompt stream); model seed=0 in every run",
               "not_run": not_run}  # fmt: skip
+    _report(args, name, runs, config, v0)
+    return 0 if all(r["returncode"] == 0 for r in runs) else 1
+
+
+def _report(args: argparse.Namespace, name: str, runs: list[dict], config: dict, v0) -> None:
+    """Analyse ``runs`` (the arms that have one; ``config["not_run"]`` lists the rest) and
+    write ``<out>/<name>.{json,md}`` and the plots."""
+    ran = [a for a in config["arms"] if any(r["arm"] == a for r in runs)]
+    report = analyse(runs, ran, args.target)
+    val = None
+    if any(r.get("val") for r in runs):
+        val = analyse_val(runs, ran, args.thresholds, v0)
+        report["validation"] = val
     args.out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(runs, report, args.out, name)
     table = markdown(report)
     if val is not None:
         plots = [*plots, plot_val(val, args.out, name)]
         table += "\n\nValidation (pass@1, greedy):\n\n" + markdown_val(val)
-    if not_run:
-        table += f"\n\nNot run yet (arm-seed): {', '.join(not_run)}"
+    if config["not_run"]:
+        table += f"\n\nNot run yet (arm-seed): {', '.join(config['not_run'])}"
     path = write_result(name, {"config": config, **report, "plots": plots,
                                "table_markdown": table, "runs": _slim(runs)}, args.out)  # fmt: skip
     (args.out / f"{name}.md").write_text(table + "\n")
     print("\n" + table + f"\n\n[bench] wrote {path}", flush=True)
-    return 0 if all(r["returncode"] == 0 for r in runs) else 1
 
 
 def _say_done(r: dict) -> None:
