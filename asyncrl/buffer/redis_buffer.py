@@ -62,6 +62,7 @@ _RESERVED_META = (
     "learner_version",
     "learner_wants",
     "learner_wants_from",
+    "learner_last_version",
     "delivered_upto",
     "delivered_to",
 )
@@ -301,6 +302,13 @@ class ReplayBuffer:
     def set_learner_version(self, version: int) -> None:
         meta = self._k["meta"]
         self.retrying(lambda: self.client.hset(meta, "learner_version", int(version)), [meta])
+
+    def set_learner_last_version(self, version: int) -> None:
+        """Publish the version the learner's last step reads at (``learner.steps - 1``): the
+        admission window reaches no further (buffer/staleness.py ``admission_window``), so
+        the actors start no group that the run ends without reading."""
+        meta = self._k["meta"]
+        self.retrying(lambda: self.client.hset(meta, "learner_last_version", int(version)), [meta])
 
     def set_learner_wants(self, wants: int) -> None:
         """Publish how many groups the learner still needs for the step it reads (0 while it

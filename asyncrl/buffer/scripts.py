@@ -15,7 +15,8 @@ Keys of a buffer named ``N`` (passed in KEYS, never built inside a script)::
                  in data written by an older version reads as 0)
     N:meta       hash: capacity, consumer_group, learner_version, learner_wants and
                  learner_wants_from (groups the learner still needs for the step it reads,
-                 as of that delivered id: buffer.admission=window),
+                 as of that delivered id: buffer.admission=window), learner_last_version
+                 (the version its last step reads at: no window reaches past it),
                  delivered_upto (the newest entry id ever delivered to the learner) and
                  delivered_to (its consumer), user keys (set_meta)
     N:group_ids  set: every group_id ever committed (idempotent commit)
@@ -82,7 +83,8 @@ end
 # engine after a batch of groups finished makes one round trip, not one per group).
 # max_staleness >= 0 (buffer.admission=window) also caps leased + unread at the admission
 # window, from the meta's learner_version and learner_wants read in the same script:
-# wants + (max_staleness - lag) * batch_groups, lag = max(0, learner_version - weights_version)
+# wants + min(max_staleness - lag, learner_last_version - learner_version) * batch_groups,
+# lag = max(0, learner_version - weights_version), the min only once learner_last_version is set
 # (buffer/staleness.py ``admission_window``, the spec; a test holds the two equal). ``wants``
 # is learner_wants less the entries still pending that were delivered after it was set
 # (ids above learner_wants_from): XREADGROUP moves an entry from unread to pending atomically,
@@ -106,8 +108,11 @@ if bound >= 0 then
     local got = g and redis.pcall('XPENDING', KEYS[2], g, '(' .. from, '+', wants)
     if type(got) == 'table' and not got.err then wants = math.max(0, wants - #got) end
   end
-  local lag = math.max(0, lv - tonumber(ARGV[2]))
-  local window = math.max(0, wants + (bound - lag) * tonumber(ARGV[4]))
+  local ahead = bound - math.max(0, lv - tonumber(ARGV[2]))
+  local last = int(KEYS[3], 'learner_last_version',
+                   redis.call('HGET', KEYS[3], 'learner_last_version'))
+  if last then ahead = math.min(ahead, last - lv) end
+  local window = math.max(0, wants + ahead * tonumber(ARGV[4]))
   limit = math.min(limit, window)
 end
 local granted = math.max(0, math.min(limit - used, #ARGV - 4))

@@ -78,15 +78,26 @@ class Window:
 
 
 def admission_window(
-    learner_version: int, wants: int, weights_version: int, max_staleness: int, batch_groups: int
+    learner_version: int,
+    wants: int,
+    weights_version: int,
+    max_staleness: int,
+    batch_groups: int,
+    last_version: int | None = None,
 ) -> int:
     """How many groups may be in the buffer's system (leased + unread) once an actor holding
     weights ``weights_version`` starts one more (``buffer.admission=window``):
 
-        wants + (max_staleness - lag) * batch_groups,   lag = max(0, learner_version - weights_version)
+        wants + min(max_staleness - lag, last_version - learner_version) * batch_groups,
+        lag = max(0, learner_version - weights_version)
 
     ``wants``: the groups the learner still needs for the step it is reading at
-    ``learner_version`` (0 while it trains; ``ReplayBuffer.set_learner_wants``). The buffer's
+    ``learner_version`` (0 while it trains; ``ReplayBuffer.set_learner_wants``).
+    ``last_version``: the version the run's last step reads at (``learner.steps - 1``,
+    ``ReplayBuffer.set_learner_last_version``; None: no end known). No read follows it, so no
+    group is started for a step the run will not take: the run's tail generates nothing that
+    it cannot train (at ``learner.steps=9`` and bound 4, 32 of ~104 generated groups were
+    left over without it). The buffer's
     LEASE script computes the same number in Lua (buffer/scripts.py), atomically with the
     count; a test holds the two equal.
 
@@ -105,8 +116,10 @@ def admission_window(
     _check_bound(max_staleness)
     if batch_groups < 1 or wants < 0:
         raise ValueError(f"need batch_groups >= 1 and wants >= 0, got {batch_groups}, {wants}")
-    lag = max(0, learner_version - weights_version)
-    return max(0, wants + (max_staleness - lag) * batch_groups)
+    ahead = max_staleness - max(0, learner_version - weights_version)
+    if last_version is not None:
+        ahead = min(ahead, last_version - learner_version)
+    return max(0, wants + ahead * batch_groups)
 
 
 def _check_bound(max_staleness: int) -> None:

@@ -129,6 +129,7 @@ class Hub:
             admission=cfg.buffer.admission,
         )
         self.buffer.set_learner_version(version)
+        self.buffer.set_learner_last_version(cfg.learner.steps - 1)
         codec.warm_up()  # pyarrow's lazy imports (~0.6 s) now, while the actors start
         pending = self.feed.resume(ceiling)
         if pending:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -166,8 +167,14 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> dict:
-    """One ``asyncrl run``; returns what it wrote (or the error and the log's tail)."""
+def run_arm(
+    arm: str, overrides: list[str], run_dir: Path, timeout_s: float, keep_checkpoints: bool = False
+) -> dict:
+    """One ``asyncrl run``; returns what it wrote (or the error and the log's tail).
+
+    A finished run's ``checkpoints/`` is removed unless ``keep_checkpoints``: the report reads
+    none of it, and a real model's end-of-run checkpoint (2.2 GB for SmolLM2-135M with its
+    optimizer state) times 18 runs once filled this machine's disk."""
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
@@ -197,6 +204,8 @@ def run_arm(arm: str, overrides: list[str], run_dir: Path, timeout_s: float) -> 
         return result
     keep = ("process_s", "load_avg_1min_before", "load_avg_1min_after")
     (run_dir / "bench_run.json").write_text(json.dumps({k: result[k] for k in keep}))
+    if not keep_checkpoints:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return {**load_run(arm, overrides, run_dir), **result, "reused": False}
 
 
@@ -241,6 +250,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--finished-only", action="store_true",
                    help="start no run: report the finished runs in --runs-dir and list the arms "
                         "and seeds not run yet (an ablation spread over several sessions)")  # fmt: skip
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each finished run's checkpoints/ (default: removed, the report "
+                        "reads none of it)")  # fmt: skip
     p.add_argument("--name", help="result name (default sync_vs_async[_quick|_tiny])")
     p.add_argument("--out", type=Path, default=RESULTS, help="where the JSON/PNG/MD go")
     p.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "benchmarks",
@@ -298,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             return
         else:
             per_step = 150 if args.setting == "smollm2" else 30  # a real model's steps
-            r = run_arm(arm, overrides, run_dir, timeout_s=600 + per_step * steps)
+            timeout_s = 600 + per_step * steps
+            r = run_arm(arm, overrides, run_dir, timeout_s, args.keep_checkpoints)
         r["seed"] = seed
         _say_done(r)
         runs.append(r)

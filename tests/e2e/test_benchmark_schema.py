@@ -78,6 +78,19 @@ def test_every_arm_has_every_figure(result):
     assert set(sync) == {"0"}, "max_staleness=0 trained a stale group"
 
 
+def test_finished_runs_keep_their_records_and_not_their_checkpoints(result):
+    """Each run wrote its end-of-run checkpoint (``learner.checkpoint_every=0``); the benchmark
+    removed it once the run finished (``--keep-checkpoints`` keeps it) and kept what the report
+    reads."""
+    out, _, stdout = result
+    runs = sorted((out / "runs" / "schema").glob("*-seed0"))
+    assert [r.name for r in runs] == sorted(f"{a}-seed0" for a in ARMS)
+    for run in runs:
+        assert (run / "summary.json").is_file() and (run / "metrics.jsonl").is_file()
+        assert not (run / "checkpoints").exists(), run
+    assert "checkpoint" in (runs[0].parent / f"{runs[0].name}.log").read_text()
+
+
 def test_overlap_bound_and_verdicts(result):
     _, doc, _ = result
     ov = doc["overlap"]

@@ -97,15 +97,16 @@ def test_lease_many_grants_the_free_slots_in_one_call(redis_client, buffer_name)
 
 
 @pytest.mark.parametrize(
-    ("learner_version", "wants", "weights_version", "max_staleness"),
-    [(5, 0, 5, 2), (5, 0, 4, 2), (5, 3, 4, 1), (5, 0, 3, 1), (-1, 0, 0, 1), (2, 4, 2, 0),
-     (7, 1, 7, 3)],
+    ("learner_version", "wants", "weights_version", "max_staleness", "last_version"),
+    [(5, 0, 5, 2, None), (5, 0, 4, 2, None), (5, 3, 4, 1, None), (5, 0, 3, 1, None),
+     (-1, 0, 0, 1, None), (2, 4, 2, 0, None), (7, 1, 7, 3, None), (5, 0, 5, 3, 6),
+     (5, 3, 5, 3, 5), (5, 0, 5, 2, 9), (6, 1, 6, 2, 5)],
 )  # fmt: skip
 def test_the_lease_script_keeps_the_admission_window_of_the_spec(
-    redis_client, buffer_name, learner_version, wants, weights_version, max_staleness
+    redis_client, buffer_name, learner_version, wants, weights_version, max_staleness, last_version
 ):
     """LEASE with a ``Window`` grants min(capacity, ``admission_window``) - leased - unread,
-    reading the learner's version and wants from the meta in the same script."""
+    reading the learner's version, wants and last version from the meta in the same script."""
     batch_groups, used, capacity = 3, 2, 12
     buf = ReplayBuffer(redis_client, buffer_name, capacity=capacity)
     _fill(buf, ["0:1"])  # one unread ...
@@ -113,8 +114,12 @@ def test_the_lease_script_keeps_the_admission_window_of_the_spec(
     if learner_version >= 0:
         buf.set_learner_version(learner_version)
     buf.set_learner_wants(wants)
+    if last_version is not None:
+        buf.set_learner_last_version(last_version)
     w = Window(weights_version, max_staleness, batch_groups)
-    window = admission_window(learner_version, wants, weights_version, max_staleness, batch_groups)
+    window = admission_window(
+        learner_version, wants, weights_version, max_staleness, batch_groups, last_version
+    )
     got = buf.lease_many(1, 20, timeout_s=0.05, window=lambda: w)
     assert len(got) == max(0, min(capacity, window) - used)
     assert len(buf.lease_many(1, 20, timeout_s=0.05)) == capacity - used - len(got)  # no window

@@ -30,6 +30,24 @@ def test_closed_form(learner_version, wants, weights_version, max_staleness, bat
     assert got == window
 
 
+@pytest.mark.parametrize(
+    ("learner_version", "wants", "weights_version", "last_version", "window"),
+    [
+        (5, 0, 5, 9, 32),  # 4 reads left after this one: the bound still limits
+        (5, 0, 5, 7, 16),  # reads at 6 and 7 left: two batches, not four
+        (5, 3, 5, 5, 3),  # the last read: only what it still wants
+        (5, 0, 5, 5, 0),  # the last step trains: nothing more to start
+        (5, 0, 3, 7, 16),  # lag 2 and 2 reads left: both limit alike
+        (6, 0, 6, 5, 0),  # past the end (a resumed run with fewer steps): never negative
+    ],
+)
+def test_the_window_reaches_no_further_than_the_runs_last_read(
+    learner_version, wants, weights_version, last_version, window
+):
+    got = admission_window(learner_version, wants, weights_version, 4, 8, last_version)
+    assert got == window
+
+
 @pytest.mark.parametrize("bad", [(-1, 8, 0), (1, 0, 0), (1, 8, -1)])
 def test_bad_arguments_are_refused(bad):
     max_staleness, batch_groups, wants = bad
@@ -37,17 +55,21 @@ def test_bad_arguments_are_refused(bad):
         admission_window(3, wants, 3, max_staleness, batch_groups)
 
 
-def _simulate(rng: random.Random, s: int, b: int, steps: int) -> list[int]:
+def _simulate(
+    rng: random.Random, s: int, b: int, steps: int, last: int | None = None
+) -> tuple[list[int], list[int]]:
     """A learner that reads ``b`` groups per version in admission order (reads happen one at
     a time as groups arrive) and actors whose weights lag by 0..s versions, admitting while the
-    system holds fewer groups than the window. Returns the staleness of every group read."""
+    system holds fewer groups than the window. Returns the staleness of every group read, and
+    the groups left unread when the run ends (``last``: the run's last read version, told to
+    the window)."""
     version, wants, weights = 0, b, 0
     system: list[int] = []  # weights versions of leased + unread groups, in admission order
     seen: list[int] = []
     while version < steps:
         event = rng.random()
         if event < 0.5:  # an actor tries to start a group
-            if len(system) < admission_window(version, wants, weights, s, b):
+            if len(system) < admission_window(version, wants, weights, s, b, last):
                 system.append(weights)
         elif event < 0.6:  # the actors' weights catch up a little
             weights = rng.randint(max(weights, version - s), version)
@@ -56,14 +78,30 @@ def _simulate(rng: random.Random, s: int, b: int, steps: int) -> list[int]:
             wants -= 1
         elif wants == 0:  # the learner trains the full batch: next version, a new read
             version, wants = version + 1, b
-    return seen
+    return seen, system
 
 
 @pytest.mark.parametrize(("s", "b"), [(0, 4), (1, 8), (2, 3), (4, 8)])
 @pytest.mark.parametrize("seed", range(5))
 def test_groups_read_in_admission_order_are_never_stale(s, b, seed):
-    seen = _simulate(random.Random(seed), s, b, steps=60)
+    seen, _ = _simulate(random.Random(seed), s, b, steps=60)
     assert len(seen) >= 60 * b  # it made progress: no deadlock
     assert max(seen) <= s
     # and it is not over-cautious: groups do reach the bound
     assert max(seen) == s
+
+
+@pytest.mark.parametrize(("s", "b"), [(0, 4), (1, 8), (4, 8)])
+@pytest.mark.parametrize("seed", range(5))
+def test_told_the_last_read_the_window_leaves_nothing_unread_at_the_end(s, b, seed):
+    steps = 9
+    seen, left = _simulate(random.Random(seed), s, b, steps, last=steps - 1)
+    assert len(seen) == steps * b and left == []  # every started group was read
+    assert max(seen) <= s
+
+
+def test_untold_the_window_leaves_groups_unread_at_the_end():
+    """The contrast: the same runs without ``last_version`` end with groups started for steps
+    that never come (up to the bound's worth of batches)."""
+    left = [len(_simulate(random.Random(seed), 4, 8, 9)[1]) for seed in range(5)]
+    assert max(left) <= 4 * 8 and sum(left) > 0

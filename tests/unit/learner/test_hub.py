@@ -39,6 +39,9 @@ class DictBuffer:
     def set_learner_version(self, v: int) -> None:
         self.version = v
 
+    def set_learner_last_version(self, v: int) -> None:
+        self.last_version = v
+
     def audit(self) -> dict:
         return dict(STATS)
 
@@ -55,9 +58,10 @@ def _state(version: int):
 
 
 def test_a_step_reads_syncs_logs_checkpoints_and_acks(tmp_path):
-    hub, feed, pub, rec = _hub(tmp_path)
+    hub, feed, pub, rec = _hub(tmp_path, overrides=["learner.steps=9"])
     hub.start(0)
     assert pub.events == ["open"] and hub.buffer.meta()["control"] == "recording"
+    assert hub.buffer.last_version == 8  # the admission window reaches no further
     groups = hub.next_groups(0)
     assert [g.group_id for g in groups] == ["g0", "g1"]
     hub.step_done()
