@@ -45,15 +45,22 @@ def test_sync_mode_is_strictly_on_policy():
     assert cfg.mode.name == "sync" and cfg.buffer.max_staleness == 0
 
 
-def test_the_real_model_preset_paces_by_window_and_sync_mode_sets_capacity_over_it():
-    """experiment=smollm2_math admits by window (measured: docs/algorithms.md, "Admission");
-    mode=sync composes after the experiment, so its on-policy buffer settings win there,
-    while the demo's default stays capacity."""
+def test_a_pretrained_model_paces_by_window_and_sync_mode_sets_capacity_over_it(tmp_path):
+    """The pretrained-model presets admit by window (measured on SmolLM2: docs/algorithms.md,
+    "Admission"), the demo's by capacity; mode=sync composes after the presets and the
+    experiment, so its on-policy buffer settings win there; the command line wins over all."""
     assert load_config().buffer.admission == "capacity"
-    real = load_config(["experiment=smollm2_math"])
-    assert (real.mode.name, real.buffer.admission) == ("async", "window")
-    sync = load_config(["experiment=smollm2_math", "mode=sync"])
-    assert (sync.buffer.admission, sync.buffer.max_staleness) == ("capacity", 0)
+    url_file = tmp_path / "redis.url"
+    url_file.write_text("redis://u:p@127.0.0.1:6379/0")
+    url_file.chmod(0o600)
+    for preset in (["model=local", "model.path=/m"], ["model=smollm2"]):
+        for where in ([], ["buffer=remote", f"buffer.url_file={url_file}"], ["layout=gpu1"]):
+            cfg = load_config([*preset, *where])
+            assert (cfg.mode.name, cfg.buffer.admission) == ("async", "window"), (preset, where)
+        sync = load_config([*preset, "mode=sync"])
+        assert (sync.buffer.admission, sync.buffer.max_staleness) == ("capacity", 0)
+        assert load_config([*preset, "buffer.admission=capacity"]).buffer.admission == "capacity"
+    assert load_config(["experiment=smollm2_math"]).buffer.admission == "window"
 
 
 @pytest.mark.parametrize(
