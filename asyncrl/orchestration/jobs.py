@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from asyncrl.core import cores, rundir
@@ -15,7 +16,7 @@ from asyncrl.core.lifeline import child_cmd
 from asyncrl.core.placement import NO_GPUS, Plan
 from asyncrl.core.trackers import check_available
 from asyncrl.orchestration.actor_ids import IdKeeper, interrupted
-from asyncrl.orchestration.gpus import check_shared_gpu, plan_node
+from asyncrl.orchestration.gpus import check_shared_gpu, node_gpus, plan_node
 from asyncrl.orchestration.launcher import (
     Role,
     actor_cmd,
@@ -76,12 +77,17 @@ def resolve_model(cfg: Config, weights: bool = True) -> str:
     return str(path.resolve())
 
 
-def warn_model_settings(cfg: Config) -> None:
-    """Print each setting far outside a pretrained model's range (model_advice.py): once per
-    run or launched role, after its model resolved (benchmarks resolve models silently)."""
-    from asyncrl.orchestration.model_advice import model_warnings
+def warn_model_settings(cfg: Config, detect: Callable[[], tuple[str, ...]] | None = None) -> None:
+    """Print each setting far outside a pretrained model's range, and a pretrained model's CPU
+    learner on a node with GPUs (model_advice.py; ``detect``: this node's GPUs, default
+    ``node_gpus``, asked only then): once per run or launched role, before its model
+    resolves (benchmarks resolve models silently)."""
+    from asyncrl.orchestration.model_advice import model_warnings, placement_warnings
 
-    for warning in model_warnings(cfg):
+    warnings = model_warnings(cfg)
+    if cfg.model.path != "demo" and cfg.learner.device == "cpu":
+        warnings += placement_warnings(cfg, (detect or node_gpus)())
+    for warning in warnings:
         print(f"[asyncrl] warning: {warning}", flush=True)
 
 

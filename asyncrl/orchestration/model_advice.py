@@ -65,3 +65,19 @@ def model_warnings(cfg: Config) -> list[str]:
             "where bfloat16 does not; use model.dtype=float32 or bfloat16"
         )
     return out
+
+
+def placement_warnings(cfg: Config, gpus: tuple[str, ...]) -> list[str]:
+    """A pretrained model's learner on the CPU of a node with GPUs (``gpus``: what
+    ``orchestration.gpus.node_gpus`` found): the default machine presets, ``learner=cpu
+    actor=cpu``, are the demo's (one pinned torch thread, a 0.25 GiB KV cache), and a GPU job
+    needs a layout. Nothing for the demo model, a GPU learner or a node without GPUs."""
+    if cfg.model.path == "demo" or cfg.learner.device != "cpu" or not gpus:
+        return []
+    return [
+        f"this node has {len(gpus)} GPU(s) but learner.device=cpu: the default machine presets "
+        f"(learner=cpu actor=cpu, the CPU demo's) train on {cfg.learner.cpu_threads} CPU "
+        f"thread(s) and give a vLLM actor a {cfg.actor.kv_cache_gib:g} GiB KV cache; for a GPU "
+        "job add layout=gpu1 (one GPU for both) or layout=node2|node4|node8, or learner=gpu "
+        "actor=gpu (docs/gpu.md)"
+    ]

@@ -16,7 +16,8 @@ import pytest
 
 from asyncrl.core.configload import load_config
 from asyncrl.orchestration import model_source
-from asyncrl.orchestration.model_advice import model_warnings
+from asyncrl.orchestration.jobs import warn_model_settings
+from asyncrl.orchestration.model_advice import model_warnings, placement_warnings
 from asyncrl.orchestration.model_source import (
     ModelSourceError,
     convert_gguf,
@@ -222,3 +223,22 @@ def test_a_model_path_under_the_demo_preset_warns_and_names_model_local():
         load_config(["model.path=/m", "task=file", "data.train_files=[t.jsonl]"])
     )
     assert "model=local model.path=..." in lr and tokens.startswith("sampling.max_tokens=8")
+
+
+def test_a_pretrained_models_cpu_learner_on_a_node_with_gpus_names_the_layouts(capsys):
+    """The default machine presets are the CPU demo's: a real model on a GPU node without a
+    layout would train on one CPU thread; warned, naming the layouts. Not for the demo, a GPU
+    learner or a node without GPUs."""
+    own = ["model=local", "model.path=/m", "task=file", "data.train_files=[t.jsonl]"]
+    (line,) = placement_warnings(load_config(own), ("0", "1"))
+    assert line.startswith("this node has 2 GPU(s) but learner.device=cpu")
+    assert "1 CPU thread(s)" in line and "0.25 GiB KV cache" in line
+    assert "layout=gpu1" in line and "layout=node2|node4|node8" in line
+    assert placement_warnings(load_config(own), ()) == []
+    assert placement_warnings(load_config([*own, "layout=gpu1"]), ("0",)) == []
+    assert placement_warnings(load_config(), ("0",)) == []  # the demo
+    asked: list[int] = []
+    warn_model_settings(load_config(own), lambda: asked.append(1) or ("0",))
+    assert "[asyncrl] warning: this node has 1 GPU(s)" in capsys.readouterr().out
+    warn_model_settings(load_config(), lambda: asked.append(1) or ("0",))  # the demo: not asked
+    assert asked == [1] and "GPU(s)" not in capsys.readouterr().out
