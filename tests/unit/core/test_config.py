@@ -47,7 +47,7 @@ def test_sync_mode_is_strictly_on_policy():
 
 def test_a_pretrained_model_paces_by_window_and_sync_mode_sets_capacity_over_it(tmp_path):
     """The pretrained-model presets admit by window (measured on SmolLM2: docs/algorithms.md,
-    "Admission"), the demo's by capacity; mode=sync composes after the presets and the
+    "Admission") and keep 3 checkpoints, the demo's admits by capacity; mode=sync composes after the presets and the
     experiment, so its on-policy buffer settings win there; the command line wins over all."""
     assert load_config().buffer.admission == "capacity"
     url_file = tmp_path / "redis.url"
@@ -57,6 +57,7 @@ def test_a_pretrained_model_paces_by_window_and_sync_mode_sets_capacity_over_it(
         for where in ([], ["buffer=remote", f"buffer.url_file={url_file}"], ["layout=gpu1"]):
             cfg = load_config([*preset, *where])
             assert (cfg.mode.name, cfg.buffer.admission) == ("async", "window"), (preset, where)
+            assert cfg.learner.keep_checkpoints == 3, (preset, where)  # GBs each
         sync = load_config([*preset, "mode=sync"])
         assert (sync.buffer.admission, sync.buffer.max_staleness) == ("capacity", 0)
         assert load_config([*preset, "buffer.admission=capacity"]).buffer.admission == "capacity"
