@@ -72,6 +72,8 @@ def test_every_arm_has_every_figure(result):
         assert 0 < run["trained_generated_token_frac"] <= run["trained_token_frac"]
         assert run["len_p95_trained"] >= run["len_mean_trained"] > 0
         assert run["tokens_masked_stale"] == 0 or "_mask" in arm
+        if "_window" in arm:  # it stops at the run's last read: every group made was read
+            assert run["groups_committed"] == run["groups_trained"] + run["dropped_stale"]
         for key in ("trained_samples_per_s", "reward_final", "step_s_median"):
             assert set(a["mean"][key]) == {"mean", "std", "n"}
     sync = doc["arms"]["sync_split"]["staleness_histogram"]
