@@ -147,8 +147,10 @@ class Roles:
                 return value
             self.check()
             if time.monotonic() > deadline:
+                dumped = self.dump_stacks()  # the tails below then show where each waited
                 raise AssertionError(
-                    f"timed out after {timeout_s:.0f}s waiting for {what}\n{self._alive()}"
+                    f"timed out after {timeout_s:.0f}s waiting for {what} ({dumped} process(es) "
+                    f"wrote their threads' stacks to their logs)\n{self._alive()}"
                 )
             time.sleep(poll_s)
 
@@ -170,6 +172,24 @@ class Roles:
             return next((ln for ln in proc.output().splitlines() if needle in ln), None)
 
         return self.wait_until(found, timeout_s, f"{needle!r} in {proc.log}")
+
+    def dump_stacks(self, settle_s: float = 1.0) -> int:
+        """Have every process of the live procs' trees that catches ``STACK_SIGNAL`` (the
+        roles: asyncrl/core/lifeline.py) write its threads' stacks to its log, so that a
+        timed-out wait shows where each waited; returns how many were asked."""
+        from asyncrl.core.lifeline import STACK_SIGNAL, catches_stack_signal
+
+        asked = 0
+        for proc in self.procs:
+            if proc.poll() is not None:
+                continue
+            for p in process_tree(proc.pid):
+                if catches_stack_signal(p.pid):
+                    send_signal(p, STACK_SIGNAL)
+                    asked += 1
+        if asked:
+            time.sleep(settle_s)  # faulthandler writes at once; this is slack
+        return asked
 
     def _alive(self) -> str:
         return "\n".join(p.describe() for p in self.procs if p.poll() is None and p.watched)

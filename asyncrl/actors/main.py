@@ -207,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from asyncrl.core import fatal
     from asyncrl.core.configload import config_from_json
-    from asyncrl.core.lifeline import watch_launcher
+    from asyncrl.core.lifeline import enable_stack_dumps, watch_launcher
 
     watch_launcher()  # bounded even where a SIGTERM's handler cannot run (asyncrl/core/lifeline.py)
+    enable_stack_dumps()  # kill -USR1 PID: every thread's stack in the log
     cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
     with fatal.recorded(args.run_dir, f"actor{args.actor_id}"):  # e.g. a damaged buffer
         return asyncio.run(run(cfg, args.actor_id, args.model_dir, url))

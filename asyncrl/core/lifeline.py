@@ -20,6 +20,9 @@ which, before it ``exec``s CMD:
    main thread is blocked in C (a gloo collective, a socket read) until that call's own
    deadline (``learner.weight_sync_timeout_s``: 120 s); the watchdog bounds that.
 
+A role also writes every thread's stack to its log on ``kill -USR1 PID`` and goes on
+(``enable_stack_dumps``): where a role that went silent is waiting.
+
 ``preexec_fn`` could do the same but is unsafe in a process with threads (the log pumps).
 The death signal goes to the role itself; its own children (torchrun's ranks, vLLM's engine
 processes) are stopped by the role's SIGTERM handling, as on Ctrl-C.
@@ -92,6 +95,30 @@ def watch_launcher(grace_s: float = ORPHAN_GRACE_S, poll_s: float = 1.0) -> bool
 
     threading.Thread(target=watch, name="asyncrl-lifeline", daemon=True).start()
     return True
+
+
+STACK_SIGNAL = signal.SIGUSR1
+"""``kill -USR1 PID`` makes a role write every thread's stack to its log and go on."""
+
+
+def enable_stack_dumps() -> None:
+    """On ``STACK_SIGNAL``, write every thread's stack to stderr (the role's log) and go on:
+    where a silent role is, without stopping it (``faulthandler``'s C handler, which runs even
+    while the main thread is blocked in C). Roles call it at start (learner ranks, actors);
+    the tests' process harness sends it to every process that catches it before it reports a
+    timed-out wait (tests/roles.py)."""
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
+
+
+def catches_stack_signal(pid: int) -> bool:
+    """True if process ``pid`` handles ``STACK_SIGNAL`` (/proc/PID/status ``SigCgt``): only
+    those may be sent it, since its default action ends a process."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+    caught = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (STACK_SIGNAL - 1) & 1)
 
 
 def _parse(argv: list[str]) -> tuple[int, str, list[str]]:

@@ -24,9 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from asyncrl.core import fatal
-    from asyncrl.core.lifeline import watch_launcher
+    from asyncrl.core.lifeline import enable_stack_dumps, watch_launcher
 
     watch_launcher()  # bounded even where a SIGTERM's handler cannot run (asyncrl/core/lifeline.py)
+    enable_stack_dumps()  # kill -USR1 PID: every thread's stack in the log
     from asyncrl.buffer.connection import BufferUnavailable
     from asyncrl.core.configload import config_from_json
     from asyncrl.learner.null_hub import NullHub

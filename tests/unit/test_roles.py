@@ -57,3 +57,24 @@ def test_teardown_kills_what_ignores_ctrl_c(tmp_path):
     t0 = time.monotonic()
     roles.stop_all()
     assert stubborn.poll() == -signal.SIGKILL and time.monotonic() - t0 < 15
+
+
+def test_a_timed_out_wait_shows_where_each_role_waited_and_spares_the_others(tmp_path):
+    """Before a timed-out wait fails, every process that catches the stack signal (the roles:
+    ``enable_stack_dumps``) writes its threads' stacks to its log, and goes on; a process that
+    does not catch it is not sent it (its default action would end it)."""
+    role = (
+        "from asyncrl.core.lifeline import enable_stack_dumps\nimport time\n"
+        "def waits_for_the_buffer():\n    time.sleep(60)\n"
+        "enable_stack_dumps()\nprint('up', flush=True)\nwaits_for_the_buffer()"
+    )
+    with Roles(tmp_path) as roles:
+        stuck = _py(roles, "stuck", role)
+        plain = _py(roles, "plain", "print('up', flush=True); import time; time.sleep(60)")
+        roles.wait_line(stuck, "up", 30)
+        roles.wait_line(plain, "up", 30)
+        with pytest.raises(AssertionError) as e:
+            roles.wait_until(lambda: False, 0.5, "a step that never comes")
+        assert "(1 process(es) wrote their threads' stacks" in str(e.value)
+        assert "in waits_for_the_buffer" in str(e.value)  # the tail shows the stack
+        assert stuck.poll() is None and plain.poll() is None  # both still run

@@ -81,3 +81,31 @@ def test_start_time_names_a_live_process_and_not_a_zombie():
     finally:
         os.waitpid(child, 0)
     assert lifeline._start_time(child) is None  # reaped: gone
+
+
+def test_a_role_writes_its_stacks_on_the_signal_and_goes_on(tmp_path):
+    """``kill -USR1 PID``: every thread's stack in the role's log, and it goes on; only a
+    process that catches the signal is reported as catching it."""
+    code = (
+        "from asyncrl.core.lifeline import enable_stack_dumps; import time\n"
+        "def in_a_long_call():\n    time.sleep(60)\n"
+        "enable_stack_dumps(); print('up', flush=True); in_a_long_call()"
+    )
+    with open(tmp_path / "err", "w") as err:
+        role = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    try:
+        assert role.stdout.readline().strip() == "up"
+        assert lifeline.catches_stack_signal(role.pid)
+        assert not lifeline.catches_stack_signal(os.getpid())  # pytest itself does not
+        os.kill(role.pid, lifeline.STACK_SIGNAL)
+        deadline = time.monotonic() + 10
+        while "in_a_long_call" not in (tmp_path / "err").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "err").read_text()
+            time.sleep(0.1)
+        time.sleep(0.3)
+        assert role.poll() is None  # it goes on
+    finally:
+        role.kill()
+        role.wait(10)
