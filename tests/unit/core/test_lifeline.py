@@ -98,7 +98,12 @@ def test_a_role_writes_its_stacks_on_the_signal_and_goes_on(tmp_path):
     try:
         assert role.stdout.readline().strip() == "up"
         assert lifeline.catches_stack_signal(role.pid)
-        assert not lifeline.catches_stack_signal(os.getpid())  # pytest itself does not
+        plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            assert not lifeline.catches_stack_signal(plain.pid)  # a process that does not
+        finally:
+            plain.kill()
+            plain.wait(10)
         os.kill(role.pid, lifeline.STACK_SIGNAL)
         deadline = time.monotonic() + 10
         while "in_a_long_call" not in (tmp_path / "err").read_text():
