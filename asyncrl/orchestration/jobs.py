@@ -84,10 +84,7 @@ def warn_model_settings(cfg: Config, detect: Callable[[], tuple[str, ...]] | Non
     resolves (benchmarks resolve models silently)."""
     from asyncrl.orchestration.model_advice import model_warnings, placement_warnings
 
-    warnings = model_warnings(cfg)
-    if cfg.model.path != "demo" and cfg.learner.device == "cpu":
-        warnings += placement_warnings(cfg, (detect or node_gpus)())
-    for warning in warnings:
+    for warning in model_warnings(cfg) + placement_warnings(cfg, detect or node_gpus):
         print(f"[asyncrl] warning: {warning}", flush=True)
 
 

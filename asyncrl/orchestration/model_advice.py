@@ -9,6 +9,8 @@ They warn rather than refuse: a user may mean it (docs/models.md says how to cho
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from asyncrl.core.config import Config
 
 MAX_PRETRAINED_LR = 1e-4
@@ -67,12 +69,16 @@ def model_warnings(cfg: Config) -> list[str]:
     return out
 
 
-def placement_warnings(cfg: Config, gpus: tuple[str, ...]) -> list[str]:
-    """A pretrained model's learner on the CPU of a node with GPUs (``gpus``: what
-    ``orchestration.gpus.node_gpus`` found): the default machine presets, ``learner=cpu
-    actor=cpu``, are the demo's (one pinned torch thread, a 0.25 GiB KV cache), and a GPU job
-    needs a layout. Nothing for the demo model, a GPU learner or a node without GPUs."""
-    if cfg.model.path == "demo" or cfg.learner.device != "cpu" or not gpus:
+def placement_warnings(cfg: Config, detect: Callable[[], tuple[str, ...]]) -> list[str]:
+    """A pretrained model's learner on the CPU of a node with GPUs (``detect()``: this node's
+    GPUs, ``orchestration.gpus.node_gpus``; asked only for a pretrained model on a CPU
+    learner): the default machine presets, ``learner=cpu actor=cpu``, are the demo's (one
+    pinned torch thread, a 0.25 GiB KV cache), and a GPU job needs a layout. Nothing for the
+    demo model, a GPU learner or a node without GPUs."""
+    if cfg.model.path == "demo" or cfg.learner.device != "cpu":
+        return []
+    gpus = detect()
+    if not gpus:
         return []
     return [
         f"this node has {len(gpus)} GPU(s) but learner.device=cpu: the default machine presets "

@@ -230,13 +230,13 @@ def test_a_pretrained_models_cpu_learner_on_a_node_with_gpus_names_the_layouts(c
     layout would train on one CPU thread; warned, naming the layouts. Not for the demo, a GPU
     learner or a node without GPUs."""
     own = ["model=local", "model.path=/m", "task=file", "data.train_files=[t.jsonl]"]
-    (line,) = placement_warnings(load_config(own), ("0", "1"))
+    (line,) = placement_warnings(load_config(own), lambda: ("0", "1"))
     assert line.startswith("this node has 2 GPU(s) but learner.device=cpu")
     assert "1 CPU thread(s)" in line and "0.25 GiB KV cache" in line
     assert "layout=gpu1" in line and "layout=node2|node4|node8" in line
-    assert placement_warnings(load_config(own), ()) == []
-    assert placement_warnings(load_config([*own, "layout=gpu1"]), ("0",)) == []
-    assert placement_warnings(load_config(), ("0",)) == []  # the demo
+    assert placement_warnings(load_config(own), lambda: ()) == []
+    assert placement_warnings(load_config([*own, "layout=gpu1"]), lambda: ("0",)) == []
+    assert placement_warnings(load_config(), lambda: ("0",)) == []  # the demo
     asked: list[int] = []
     warn_model_settings(load_config(own), lambda: asked.append(1) or ("0",))
     assert "[asyncrl] warning: this node has 1 GPU(s)" in capsys.readouterr().out
