@@ -2,7 +2,7 @@
 local directory, its parameter counts, and prompts a chat model is trained on.
 
 ``SPEC`` is a model preset (a file in ``configs/model/``: ``demo``, ``smollm2``) or anything
-``model.path`` takes (``asyncrl/orchestration/model_source.py``: a directory, a GGUF file,
+``model.path`` takes (``asyncrl/orchestration/models/source.py``: a directory, a GGUF file,
 ``package:NAME/FILE.gguf``, a Hub id), which then runs under ``model=local``. The demo's
 addition prompts mean nothing to a chat model, so for any other model the benchmarks give the
 actor ``examples/smollm2_math``'s word problems as a ``task=file data=verl`` parquet file:
@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from asyncrl.core.configload import CONFIG_DIR
+from asyncrl.core.config.load import CONFIG_DIR
 from benchmarks.common import REPO
 
 MATH_EXAMPLE = REPO / "examples" / "smollm2_math" / "make_data.py"
@@ -36,10 +36,10 @@ def is_demo(cfg) -> bool:
 
 def resolve_model_dir(spec: str | None, extra: list[str] = ()) -> tuple[object, str]:
     """``(config, local model directory)`` of ``spec`` plus ``extra`` overrides, resolved as a
-    run resolves ``model.path`` (``asyncrl.orchestration.jobs.resolve_model``: the demo built,
+    run resolves ``model.path`` (``asyncrl.orchestration.launch.jobs.resolve_model``: the demo built,
     a GGUF file converted once into ``model.cache_dir``)."""
-    from asyncrl.core.configload import load_config
-    from asyncrl.orchestration.jobs import resolve_model
+    from asyncrl.core.config.load import load_config
+    from asyncrl.orchestration.launch.jobs import resolve_model
 
     cfg = load_config(["metrics_port=0", *model_overrides(spec), *extra])
     return cfg, resolve_model(cfg)

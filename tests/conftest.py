@@ -28,10 +28,10 @@ atexit.register(shutil.rmtree, _VLLM_CACHE, True)
 # ignored signal stays ignored across exec, a handled one is reset to the default.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# No pickle on our wires (asyncrl/core/wireguard.py): on in this process and, through the
+# No pickle on our wires (asyncrl/core/net/wireguard.py): on in this process and, through the
 # environment, in every role a test starts; a test that trips it fails (below).
 os.environ.setdefault("ASYNCRL_FORBID_PICKLE", "1")
-from asyncrl.core import wireguard  # noqa: E402  (after the env var: asyncrl/__init__ reads it)
+from asyncrl.core.net import wireguard  # noqa: E402  (after the env var: asyncrl/__init__ reads it)
 
 wireguard.install_from_env()
 
@@ -48,13 +48,13 @@ def _no_pickle_on_our_wires():
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
-    """A started ``asyncrl.buffer.server.RedisServer`` (loopback, free port, password, AOF).
+    """A started ``asyncrl.buffer.service.server.RedisServer`` (loopback, free port, password, AOF).
 
     Tests share it; give each test its own buffer name. Skips when redis-server is missing.
     """
     if shutil.which("redis-server") is None:
         pytest.skip("install redis-server (apt-get install -y redis-server) to run Redis tests")
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
 
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
@@ -118,8 +118,8 @@ def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct as an HF directory (float32, tied embeddings), converted once into
     the repository's default ``model.cache_dir`` so that ``asyncrl run model=smollm2`` in e2e
     tests reuses it (~30 s the first time). Read-only for tests."""
-    from asyncrl.core.configload import load_config
-    from asyncrl.orchestration.model_source import resolve_model_path
+    from asyncrl.core.config.load import load_config
+    from asyncrl.orchestration.models.source import resolve_model_path
 
     model = load_config(["model=smollm2"]).model  # the GGUF file that `make setup` installs
     return str(resolve_model_path(model.path, model.cache_dir))

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.orchestration.launcher import describe_exit, process_tree, send_signal
+from asyncrl.orchestration.launch.launcher import describe_exit, process_tree, send_signal
 
 REPO = Path(__file__).resolve().parents[1]
 POLL_S = 0.2
@@ -175,9 +175,9 @@ class Roles:
 
     def dump_stacks(self, settle_s: float = 1.0) -> int:
         """Have every process of the live procs' trees that catches ``STACK_SIGNAL`` (the
-        roles: asyncrl/core/lifeline.py) write its threads' stacks to its log, so that a
+        roles: asyncrl/core/runtime/lifeline.py) write its threads' stacks to its log, so that a
         timed-out wait shows where each waited; returns how many were asked."""
-        from asyncrl.core.lifeline import STACK_SIGNAL, catches_stack_signal
+        from asyncrl.core.runtime.lifeline import STACK_SIGNAL, catches_stack_signal
 
         asked = 0
         for proc in self.procs:

@@ -8,7 +8,7 @@
                    -> prompt indices from the cursor; then spawn a group task per claim
     group task:    vLLM generate (n, logprobs, per-token versions) -> reward
                    (actors/groups.py; the n rewards at once in a worker pool, each with
-                   a deadline: actors/scoring.py) -> commit
+                   a deadline: actors/rewards/scoring.py) -> commit
 
 Many prompts are in flight at once (``actor.max_inflight``); groups are committed as they
 finish, not in lockstep.
@@ -25,10 +25,10 @@ End of the data: a finite source (``task.name=file``: ``data.epochs`` passes ove
 has an ``end`` index; the cursor claims no index from there on. The actor then stops
 producing, lets its groups in flight finish and commit, and marks itself exhausted in the
 buffer meta (``exhausted_actor_<i>``); the learner ends the run once every actor is
-exhausted and no group is left to read (learner/data.py). The actor itself stays up, serving
+exhausted and no group is left to read (learner/hub/data.py). The actor itself stays up, serving
 the control plane, until the learner stops it.
 
-Where the actor's time goes (``asyncrl.core.metrics.StateClock``, exported as
+Where the actor's time goes (``asyncrl.core.observe.metrics.StateClock``, exported as
 ``asyncrl_actor_time_seconds_total{state}``), in priority order::
 
     paused           a weight update holds the engine (pause -> receive -> resume)
@@ -49,11 +49,11 @@ from dataclasses import dataclass, field
 
 from asyncrl.actors.claims import Claims
 from asyncrl.actors.control_plane import ControlPlane
-from asyncrl.actors.engine_protocol import Engine
+from asyncrl.actors.engine.protocol import Engine
 from asyncrl.actors.groups import GroupMaker
 from asyncrl.actors.slots import Slots
-from asyncrl.core.config import Config
-from asyncrl.core.metrics import ACTOR_STATES, ActorMetrics, StateClock
+from asyncrl.core.config.job import Config
+from asyncrl.core.observe.metrics import ACTOR_STATES, ActorMetrics, StateClock
 from asyncrl.core.types import Group
 
 
@@ -67,7 +67,7 @@ class ActorState:
     duplicates: int = 0
     reward_errors: int = 0
     reward_errors_by_kind: dict[str, int] = field(default_factory=dict)
-    """Failed reward calls by kind (``asyncrl.core.reward_records.REWARD_ERROR_KINDS``)."""
+    """Failed reward calls by kind (``asyncrl.learner.hub.reward_records.REWARD_ERROR_KINDS``)."""
     groups_generated: int = 0
     samples_generated: int = 0
     tokens_generated: int = 0
@@ -99,7 +99,7 @@ class Actor:
     ):
         from transformers import AutoTokenizer
 
-        from asyncrl.actors.scoring import RewardScorer
+        from asyncrl.actors.rewards.scoring import RewardScorer
 
         self.cfg = cfg
         self.state = ActorState(actor_id)
@@ -344,15 +344,15 @@ class Actor:
 
 
 async def wait_for_learner(buffer, wait, admission: str = "capacity"):
-    """The learner publishes its control endpoint (``asyncrl.core.control.Endpoint``: address and
+    """The learner publishes its control endpoint (``asyncrl.core.net.control.Endpoint``: address and
     keys) in the buffer's meta; wait for it.
 
-    ``wait`` (``asyncrl.core.waiting.Wait``) reports progress, raises ``TimeoutError`` at its
+    ``wait`` (``asyncrl.core.runtime.waiting.Wait``) reports progress, raises ``TimeoutError`` at its
     deadline and ``StopRequested`` once a stop was requested. ``FatalError`` if the learner
     runs another ``buffer.admission`` (published with the endpoint): actors pacing by a window
     whose ``wants`` no learner publishes would wait for it forever.
     """
-    from asyncrl.core.control import Endpoint
+    from asyncrl.core.net.control import Endpoint
 
     wait.begin()
     while True:
@@ -366,7 +366,7 @@ async def wait_for_learner(buffer, wait, admission: str = "capacity"):
 
 
 def _check_admission(learner: str, actor: str) -> None:
-    from asyncrl.core.fatal import FatalError
+    from asyncrl.core.runtime.fatal import FatalError
 
     if learner != actor:
         raise FatalError(

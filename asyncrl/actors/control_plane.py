@@ -19,9 +19,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from asyncrl.actors.engine_protocol import Engine
-from asyncrl.core.config import Config
-from asyncrl.core.faults import failpoint
+from asyncrl.actors.engine.protocol import Engine
+from asyncrl.core.config.job import Config
+from asyncrl.core.runtime.faults import failpoint
 
 LEARNER_QUIET_S = 5.0
 """No learner message for this long: re-read its address from the buffer meta."""
@@ -52,7 +52,7 @@ class ControlPlane:
 
     async def run(self, client) -> None:
         """Register, then serve messages until ``stop`` (module docstring)."""
-        from asyncrl.core.weights import WeightSyncError
+        from asyncrl.core.weights.stream import WeightSyncError
 
         await client.send({"type": "register"})
         heard = time.monotonic()
@@ -76,7 +76,7 @@ class ControlPlane:
         that restarted (or a run dir reused, whose meta held the previous learner's address
         until the new one published its own) listens elsewhere. Re-register there; it sends
         ``weights_init`` and the current weights as to any newly registered actor."""
-        from asyncrl.core.control import Endpoint
+        from asyncrl.core.net.control import Endpoint
 
         endpoint = Endpoint.from_meta(await asyncio.to_thread(self.buffer.meta))
         if endpoint and endpoint != client.endpoint:

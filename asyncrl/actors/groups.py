@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.actors.engine_protocol import Engine
-from asyncrl.core.config import Config
+from asyncrl.actors.engine.protocol import Engine
+from asyncrl.core.config.job import Config
 from asyncrl.core.types import Group, Sample
 
 MAX_RESUBMITS = 10
@@ -16,7 +16,7 @@ MAX_RESUBMITS = 10
 
 class GroupMaker:
     """Builds the groups of one actor: ``prompts.get(i)`` -> ``engine`` -> ``scorer`` (an
-    ``asyncrl.actors.scoring.RewardScorer``); each token carries the version that sampled it."""
+    ``asyncrl.actors.rewards.scoring.RewardScorer``); each token carries the version that sampled it."""
 
     def __init__(
         self, cfg: Config, actor_id: int, engine: Engine, prompts, tokenizer, scorer
@@ -31,7 +31,7 @@ class GroupMaker:
 
         A reward function that fails gives its sample reward 0 and the reason in
         ``Sample.reward_error`` (counted in ``reward_errors``); the group is still committed.
-        Too many failures among the recent rewards raise ``asyncrl.actors.scoring.RewardErrorRate``.
+        Too many failures among the recent rewards raise ``asyncrl.actors.rewards.scoring.RewardErrorRate``.
         """
         prompt = self.prompts.get(index)
         ids = prompt.token_ids  # set by a source that tokenized it (a chat template)

@@ -14,20 +14,20 @@ import sys
 import threading
 from pathlib import Path
 
-from asyncrl.core.rundir import write_atomic
+from asyncrl.core.runtime.rundir import write_atomic
 
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
-    from asyncrl.actors import data_identity
     from asyncrl.actors.actor import Actor
-    from asyncrl.actors.reward_loading import check_signature, load_reward_fn, preflight
-    from asyncrl.actors.scoring import RewardErrorRate
-    from asyncrl.actors.tasks import build_prompt_source
+    from asyncrl.actors.data import identity as data_identity
+    from asyncrl.actors.data.tasks import build_prompt_source
+    from asyncrl.actors.rewards.loading import check_signature, load_reward_fn, preflight
+    from asyncrl.actors.rewards.scoring import RewardErrorRate
     from asyncrl.buffer.connection import BufferUnavailable, connect
     from asyncrl.buffer.redis_buffer import ReplayBuffer
-    from asyncrl.core.control import ControlClient
-    from asyncrl.core.faults import failpoint
-    from asyncrl.core.heap import freeze_startup_heap
+    from asyncrl.core.net.control import ControlClient
+    from asyncrl.core.runtime.faults import failpoint
+    from asyncrl.core.runtime.heap import freeze_startup_heap
 
     b = cfg.buffer
     say = lambda text: print(f"[actor {actor_id}] {text}", flush=True)  # noqa: E731
@@ -43,7 +43,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
-    freeze_startup_heap()  # what the engine's start built, too (asyncrl/core/heap.py)
+    freeze_startup_heap()  # what the engine's start built, too (asyncrl/core/runtime/heap.py)
     validator = _validator(cfg, actor, model_dir, say)
     _serve_metrics(cfg, actor, buffer)
     loop = asyncio.get_running_loop()
@@ -78,7 +78,7 @@ async def _meet_learner(cfg, actor, buffer, say):
     """The learner's control-plane endpoint, once it announced itself in the buffer (bounded
     by ``actor.learner_wait_s``); None if the actor was told to stop first."""
     from asyncrl.actors.actor import wait_for_learner
-    from asyncrl.core.waiting import StopRequested, Wait
+    from asyncrl.core.runtime.waiting import StopRequested, Wait
 
     wait = Wait(
         f"a learner to announce itself in buffer {cfg.buffer.name!r}",
@@ -97,7 +97,7 @@ async def _meet_learner(cfg, actor, buffer, say):
 
 def _report(cfg, actor, failed: Exception | None, say) -> int:
     """Write ``actor<i>.json``, say how the actor ended; 1 (recorded as fatal) if ``failed``."""
-    from asyncrl.core import fatal
+    from asyncrl.core.runtime import fatal
 
     s = actor.state
     stats_path = Path(cfg.run_dir) / f"actor{s.actor_id}.json"
@@ -132,14 +132,14 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
     """vLLM (``actor.engine=vllm``) or the model-free simulator (``sim``)."""
     a = cfg.actor
     if a.engine == "sim":
-        from asyncrl.actors.sim_engine import SimEngine
+        from asyncrl.actors.engine.sim import SimEngine
 
         vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
         return SimEngine(vocab, a.sim_tokens_per_s, a.sim_mean_len, seed=cfg.seed + actor_id)
-    from asyncrl.actors.engine import ActorEngine
-    from asyncrl.actors.tasks import max_model_len
-    from asyncrl.core.config import engine_batch
-    from asyncrl.core.config_checks import parse_cores
+    from asyncrl.actors.data.tasks import max_model_len
+    from asyncrl.actors.engine.vllm_engine import ActorEngine
+    from asyncrl.core.config.checks import parse_cores
+    from asyncrl.core.config.job import engine_batch
 
     # ~7 s on one CPU core, minutes for a large model on a GPU (tests/e2e/test_interrupt.py
     # waits for this line)
@@ -166,7 +166,7 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
 def _validator(cfg, actor, model_dir: str, say) -> list:
     """``[Validator.run()]`` when ``eval`` validates (it publishes the set's size in the
     buffer meta, ``val_prompts``, for the learner), else ``[]``."""
-    from asyncrl.actors.tasks import build_val_source
+    from asyncrl.actors.data.tasks import build_val_source
     from asyncrl.actors.validation import Validator, validation_size
     from asyncrl.buffer.eval_queue import EvalQueue
 
@@ -180,8 +180,8 @@ def _validator(cfg, actor, model_dir: str, say) -> list:
 
 
 def _serve_metrics(cfg, actor, buffer) -> None:
-    from asyncrl.core.endpoints import register_endpoint
-    from asyncrl.core.metrics import role_port, serve
+    from asyncrl.core.net.endpoints import register_endpoint
+    from asyncrl.core.observe.metrics import role_port, serve
 
     aid = actor.state.actor_id
     port = serve(
@@ -198,18 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", required=True)
     p.add_argument("--actor-id", type=int, required=True)
     args = p.parse_args(argv)
-    from asyncrl.core.heap import defer_collection
+    from asyncrl.core.runtime.heap import defer_collection
 
     defer_collection()  # until the engine is up: freeze_startup_heap in run()
     url = os.environ.get("ASYNCRL_REDIS_URL")
     if not url:
         print("actor: ASYNCRL_REDIS_URL is not set (the buffer's Redis URL)", file=sys.stderr)
         return 2
-    from asyncrl.core import fatal
-    from asyncrl.core.configload import config_from_json
-    from asyncrl.core.lifeline import enable_stack_dumps, watch_launcher
+    from asyncrl.core.config.load import config_from_json
+    from asyncrl.core.runtime import fatal
+    from asyncrl.core.runtime.lifeline import enable_stack_dumps, watch_launcher
 
-    watch_launcher()  # bounded even where a SIGTERM's handler cannot run (asyncrl/core/lifeline.py)
+    watch_launcher()  # bounded even where a SIGTERM's handler cannot run (asyncrl/core/runtime/lifeline.py)
     enable_stack_dumps()  # kill -USR1 PID: every thread's stack in the log
     cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
     with fatal.recorded(args.run_dir, f"actor{args.actor_id}"):  # e.g. a damaged buffer

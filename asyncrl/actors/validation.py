@@ -11,7 +11,7 @@ completions (greedy when 1), scores them with the actor's reward pool and posts 
 
 and, for the first ``samples`` prompts the request names (``eval.log_samples``, chosen by the
 learner), ``"sample": {"prompt": str, "completion": str, "reward": float}``: the prompt text
-and the first completion, decoded whole, with its reward (learner/validation.py logs them).
+and the first completion, decoded whole, with its reward (learner/hub/validation.py logs them).
 
 ``off_version`` counts completions with a token sampled under another version: the learner
 holds weight syncs while a validation runs, so it is 0 unless that hold timed out; the

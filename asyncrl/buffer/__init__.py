@@ -7,7 +7,7 @@ Public API::
     BufferDamaged                                       asyncrl.buffer.store
     Entry                                               asyncrl.buffer.stream_reads
     PromptCursor, SyncQuota                             asyncrl.buffer.cursors
-    RedisServer, RedisServerError                       asyncrl.buffer.server
+    RedisServer, RedisServerError                       asyncrl.buffer.service.server
     connect, BufferUnavailable, mask_url                asyncrl.buffer.connection
     within_staleness, split_by_staleness, staleness     asyncrl.buffer.staleness
 """
@@ -16,7 +16,7 @@ from asyncrl.buffer.codec import PayloadError, decode_group, encode_group
 from asyncrl.buffer.connection import BufferUnavailable, connect, mask_url
 from asyncrl.buffer.cursors import PromptCursor, SyncQuota
 from asyncrl.buffer.redis_buffer import LeaseExpired, ReplayBuffer
-from asyncrl.buffer.server import RedisServer, RedisServerError
+from asyncrl.buffer.service.server import RedisServer, RedisServerError
 from asyncrl.buffer.staleness import split_by_staleness, staleness, within_staleness
 from asyncrl.buffer.store import BufferDamaged
 from asyncrl.buffer.stream_reads import Entry

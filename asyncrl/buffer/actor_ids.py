@@ -26,7 +26,7 @@ import os
 import secrets
 from pathlib import Path
 
-from asyncrl.core.rundir import write_atomic
+from asyncrl.core.runtime.rundir import write_atomic
 
 # KEYS: the slot key of every id 0..n-1.  ARGV: token, count, ttl_ms.
 # Keeps (and refreshes) the ids this token holds, up to count, then takes free ones

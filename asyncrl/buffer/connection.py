@@ -15,7 +15,7 @@ from redis.backoff import NoBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
 
-from asyncrl.core.config_network import mask_url
+from asyncrl.core.config.network import mask_url
 
 T = TypeVar("T")
 

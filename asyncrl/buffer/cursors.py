@@ -21,7 +21,7 @@ number of kills:
   by group id (``task_seed:index``), so it is stored once (the actor counts a duplicate).
 
 That holds while the mapping index -> prompt and the stride ``K`` stay fixed
-(actors/data_identity.py checks it at start).
+(actors/data/identity.py checks it at start).
 """
 
 from __future__ import annotations

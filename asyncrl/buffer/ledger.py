@@ -1,4 +1,4 @@
-"""The learner's per-step check of the buffer's conservation law (rank 0, learner/hub.py).
+"""The learner's per-step check of the buffer's conservation law (rank 0, learner/hub/hub.py).
 
 Law (``ReplayBuffer`` docstring), for the groups that came through ``commit``::
 

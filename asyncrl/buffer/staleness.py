@@ -10,7 +10,7 @@ Contract (DESIGN.md section 4): a group may be trained at learner version ``V`` 
   then has ``version_min >=`` the actor's weights' version, so it is fresh at the learner
   version of that moment; it can still turn stale if the learner advances before it is
   consumed, and the hard filter catches that;
-- the learner's hold on weight syncs during a validation (learner/hub.py ``sync_allowed``):
+- the learner's hold on weight syncs during a validation (learner/hub/hub.py ``sync_allowed``):
   the hold ends once the actors' weights would fail their own admission.
 
 ``admission_window`` (``buffer.admission=window``) paces the actors so that the groups they

@@ -25,7 +25,7 @@ import redis
 
 from asyncrl.buffer import scripts
 from asyncrl.buffer.connection import call_with_retries, describe
-from asyncrl.core.fatal import FatalError
+from asyncrl.core.runtime.fatal import FatalError
 
 log = logging.getLogger(
     "asyncrl.buffer.redis_buffer"
@@ -51,7 +51,7 @@ _PARTS = ("dead", "leases", "stats", "meta", "group_ids", "commits", "wake")
 class BufferDamaged(FatalError):
     """The buffer's own state in Redis is missing or was changed from outside the job
     (FLUSHDB, DEL, a hand-edited field). The message names the key and the fix. A restart of
-    the role cannot fix it (asyncrl/core/fatal.py): the job's counts and queue are gone or wrong."""
+    the role cannot fix it (asyncrl/core/runtime/fatal.py): the job's counts and queue are gone or wrong."""
 
 
 class BufferStore:

@@ -23,14 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model-dir", required=True)
     args = p.parse_args(argv)
 
-    from asyncrl.core import fatal
-    from asyncrl.core.lifeline import enable_stack_dumps, watch_launcher
+    from asyncrl.core.runtime import fatal
+    from asyncrl.core.runtime.lifeline import enable_stack_dumps, watch_launcher
 
-    watch_launcher()  # bounded even where a SIGTERM's handler cannot run (asyncrl/core/lifeline.py)
+    watch_launcher()  # bounded even where a SIGTERM's handler cannot run (asyncrl/core/runtime/lifeline.py)
     enable_stack_dumps()  # kill -USR1 PID: every thread's stack in the log
     from asyncrl.buffer.connection import BufferUnavailable
-    from asyncrl.core.configload import config_from_json
-    from asyncrl.learner.null_hub import NullHub
+    from asyncrl.core.config.load import config_from_json
+    from asyncrl.learner.hub.null import NullHub
     from asyncrl.learner.trainer import StoppedUntrained, init_distributed, run_learner
 
     cfg = config_from_json((Path(args.run_dir) / "config.json").read_text())
@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _rank0_hub(cfg, run_dir: str, model_dir: str, url: str):
-    """Rank 0's ``asyncrl.learner.hub.Hub`` (its SIGTERM/SIGINT handler asks the loop to stop)."""
-    from asyncrl.learner.hub import connect_hub
+    """Rank 0's ``asyncrl.learner.hub.hub.Hub`` (its SIGTERM/SIGINT handler asks the loop to stop)."""
+    from asyncrl.learner.hub.hub import connect_hub
 
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     return connect_hub(cfg, run_dir, url, vocab)
@@ -82,7 +82,7 @@ def _rank0_hub(cfg, run_dir: str, model_dir: str, url: str):
 @contextlib.contextmanager
 def tracker_runs_failed_on_error(hub) -> Iterator[None]:
     """An exception leaving the block ends the experiment trackers' runs as ``FAILED`` (MLflow
-    status, W&B exit code 1: asyncrl/core/trackers.py) before it propagates; a restarted learner
+    status, W&B exit code 1: asyncrl/core/observe/trackers.py) before it propagates; a restarted learner
     reopens the same runs. A ``NullHub`` (ranks other than 0) has nothing to close."""
     try:
         yield

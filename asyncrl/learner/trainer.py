@@ -7,7 +7,7 @@ all:    every checkpoint_every: DCP + HF export (atomic); rank 0 acks the traine
 
 An update with a NaN/inf loss or gradient norm is skipped; ``learner.max_nonfinite_steps``
 such steps in a row, or weights made non-finite by a step, fail the run before those weights
-reach the actors or a checkpoint (learner/finite.py). A run that ends before its first step
+reach the actors or a checkpoint (learner/compute/finite.py). A run that ends before its first step
 fails too: it trained nothing.
 """
 
@@ -19,27 +19,31 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from asyncrl.core.config import Config
-from asyncrl.core.fatal import FatalError
-from asyncrl.core.faults import failpoint
-from asyncrl.core.heap import freeze_startup_heap
-from asyncrl.core.waiting import StopRequested
-from asyncrl.learner.batch import broadcast_batch, collate
-from asyncrl.learner.checkpoint import latest_checkpoint
-from asyncrl.learner.critic import build_critic
-from asyncrl.learner.device import current_device, init_distributed
-from asyncrl.learner.finite import (
+from asyncrl.core.config.job import Config
+from asyncrl.core.runtime.fatal import FatalError
+from asyncrl.core.runtime.faults import failpoint
+from asyncrl.core.runtime.heap import freeze_startup_heap
+from asyncrl.core.runtime.waiting import StopRequested
+from asyncrl.learner.algo.targets import uses_critic
+from asyncrl.learner.compute.batch import broadcast_batch, collate
+from asyncrl.learner.compute.critic import build_critic
+from asyncrl.learner.compute.device import current_device, init_distributed
+from asyncrl.learner.compute.finite import (
     NonFiniteError,
     NonFiniteGuard,
     WeightNormGuard,
     nonfinite_models,
     weight_norm,
 )
-from asyncrl.learner.model import build_policy, enable_gradient_checkpointing, resolve_packing
-from asyncrl.learner.reference import build_reference
-from asyncrl.learner.run_state import LearnerState, maybe_resume, save_run_checkpoint
-from asyncrl.learner.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
-from asyncrl.learner.targets import uses_critic
+from asyncrl.learner.compute.model import (
+    build_policy,
+    enable_gradient_checkpointing,
+    resolve_packing,
+)
+from asyncrl.learner.compute.reference import build_reference
+from asyncrl.learner.compute.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
+from asyncrl.learner.state.checkpoint import latest_checkpoint
+from asyncrl.learner.state.run_state import LearnerState, maybe_resume, save_run_checkpoint
 
 
 class StoppedUntrained(RuntimeError):
@@ -212,8 +216,8 @@ class _Loop:
 def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     """Train until ``learner.steps`` (or ``max_wall_s``).
 
-    ``hub`` is rank 0's I/O (``asyncrl.learner.hub.Hub``: the buffer, the control plane, the weight
-    sender and the run log), a ``asyncrl.learner.null_hub.NullHub`` on the other ranks, so this loop
+    ``hub`` is rank 0's I/O (``asyncrl.learner.hub.hub.Hub``: the buffer, the control plane, the weight
+    sender and the run log), a ``asyncrl.learner.hub.null.NullHub`` on the other ranks, so this loop
     only sees tensors and calls the same methods on every rank.
     """
     loop = _prepare(cfg, model_dir, run_dir, hub)
@@ -286,7 +290,7 @@ def _step(loop: _Loop, groups: list | None) -> None:
         raise _nonfinite(problem, state, metrics, hub, groups, loop.ckpt_dir)
     hub.step_done()  # the step ran: a crash from here on is not its data's fault
     due = cfg.learner.weight_sync and state.version - loop.synced >= cfg.learner.sync_every
-    # a validation under way holds syncs while training can go on (learner/validation.py)
+    # a validation under way holds syncs while training can go on (learner/hub/validation.py)
     if due and _rank0_flag(loop.rank, hub.sync_allowed(state.version, loop.synced)):
         loop.sync()
     hub.after_step(state, metrics)
@@ -380,7 +384,7 @@ def _sync_weights(model, hub, version: int) -> None:
     rank 0 streams it, so no rank ever holds the whole model gathered (nor a host copy of
     it: the gloo transport copies one tensor at a time, nccl sends from the GPU). A failed
     try is gathered again by every rank, as rank 0 says (its channel re-forms the group)."""
-    from asyncrl.learner.model import full_named_tensors
+    from asyncrl.learner.compute.model import full_named_tensors
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     attempt = 0

@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     # First thing: Ctrl-C or SIGTERM at any moment (even while torch imports) ends the command
     # with a message, not a traceback, also when SIGINT was inherited as ignored (a job
     # started in the background by a shell, nohup, some CI runners). A second signal while the
-    # job stops hurries it instead of breaking the shutdown (asyncrl.orchestration.launcher.on_stop_signal).
-    from asyncrl.orchestration.launcher import on_stop_signal
+    # job stops hurries it instead of breaking the shutdown (asyncrl.orchestration.launch.launcher.on_stop_signal).
+    from asyncrl.orchestration.launch.launcher import on_stop_signal
 
     signal.signal(signal.SIGINT, on_stop_signal)
     signal.signal(signal.SIGTERM, on_stop_signal)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    from asyncrl.core.configload import ConfigError, load_config
+    from asyncrl.core.config.load import ConfigError, load_config
 
     try:
         cfg = load_config(args.overrides)
@@ -66,17 +66,17 @@ def _main(argv: list[str] | None) -> int:
         if not problem.startswith("warning"):
             return 2
     if getattr(args, "cfg", False):
-        from asyncrl.core.configload import config_to_yaml
+        from asyncrl.core.config.load import config_to_yaml
 
         print(config_to_yaml(cfg), end="")
         return 0
     try:
         if args.command == "run":
-            from asyncrl.orchestration.jobs import run_local
+            from asyncrl.orchestration.launch.jobs import run_local
 
             return run_local(cfg)
         if args.command == "launch":
-            from asyncrl.orchestration.jobs import launch_role
+            from asyncrl.orchestration.launch.jobs import launch_role
 
             return launch_role(cfg, args.role)
         from asyncrl.orchestration.status import print_status
@@ -92,7 +92,7 @@ def secret_in_argv(overrides: list[str], cfg) -> str:
     a warning on a job confined to loopback (other users of the host can still read argv)."""
     from urllib.parse import urlsplit
 
-    from asyncrl.core.config_network import is_loopback
+    from asyncrl.core.config.network import is_loopback
 
     urls = [o.partition("=")[2] for o in overrides if o.lstrip("+").startswith("buffer.url=")]
     if not any(urlsplit(u).password for u in urls):

@@ -4,13 +4,13 @@
     asyncrl status run_dir=runs/<timestamp>        (a job started by `asyncrl run`)
 
 Buffer counters come from Redis; every process's ``/metrics`` endpoint is listed in the
-buffer's ``<name>:endpoints`` hash (``asyncrl/core/endpoints.py``). The endpoints of this host are
+buffer's ``<name>:endpoints`` hash (``asyncrl/core/net/endpoints.py``). The endpoints of this host are
 scraped twice, ``_WINDOW_S`` apart, so rates (groups/s, tokens/s) and time fractions (busy,
 waiting, paused) are over that window. An endpoint on another host listens on that host's
 loopback (``/metrics`` has no authentication), so it is not scraped: its line names the host
 (run ``asyncrl status`` there) and what Redis knows of it (an actor's live leases). A role's
 first line ends with its GPUs: the ``CUDA_VISIBLE_DEVICES`` it registered with its endpoint
-(the launcher's GPU plan, asyncrl/core/placement.py; a role outside the plan, e.g. a CPU learner,
+(the launcher's GPU plan, asyncrl/orchestration/placement/plan.py; a role outside the plan, e.g. a CPU learner,
 shows what it inherited from its launcher, if anything).
 """
 
@@ -21,8 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from asyncrl.core.config import Config
-from asyncrl.core.endpoints import Endpoint, Place, read_endpoints
+from asyncrl.core.config.job import Config
+from asyncrl.core.net.endpoints import Endpoint, Place, read_endpoints
 
 _WINDOW_S = 2.0
 _TIMEOUT_S = 2.0
@@ -73,7 +73,7 @@ def print_status(cfg: Config) -> int:
 def _ended_run(cfg: Config) -> str | None:
     """For ``run_dir=`` of a job that is not running (no process holds its buffer lock): what
     it left behind, instead of waiting for a buffer that is gone. None while it runs."""
-    from asyncrl.core import rundir
+    from asyncrl.core.runtime import rundir
 
     if cfg.buffer.url or not cfg.run_dir:
         return None

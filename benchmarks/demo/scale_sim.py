@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             results["learner"].append(r)
             print(json.dumps(r), flush=True)
     if args.part in ("buffer", "all"):
-        from asyncrl.buffer.server import RedisServer
+        from asyncrl.buffer.service.server import RedisServer
 
         results["buffer"] = []
         with tempfile.TemporaryDirectory() as tmp, RedisServer(tmp) as server:

@@ -104,7 +104,7 @@ def run_one(args, loss: str, seed: int, sync: bool = False) -> dict:
 def _finished(run_dir: Path, overrides: list[str]) -> bool:
     """A complete earlier run of these overrides that resolved to today's config (``--reuse``;
     the config's defaults, e.g. the demo's learning rate, may have changed since)."""
-    from asyncrl.core.configload import config_to_json, load_config
+    from asyncrl.core.config.load import config_to_json, load_config
 
     marker = run_dir / "bench_overrides.json"
     if not ((run_dir / "summary.json").is_file() and marker.is_file()):

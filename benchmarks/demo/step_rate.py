@@ -25,7 +25,7 @@ checkout's own ``asyncrl.learner.trainer.build_step_context`` from the default c
 the grpo preset), on one shared model directory: the demo architecture built by ``asyncrl``'s
 demo code with random weights (seed 0), made once by this process. The batch is demo-shaped
 and the same for every arm: ``learner.batch_groups`` (16) groups of ``sampling.n_samples`` (8),
-prompts of the demo task (``asyncrl.actors.addition``, tokenized by the demo tokenizer), completions of
+prompts of the demo task (``asyncrl.actors.data.addition``, tokenized by the demo tokenizer), completions of
 1 to ``sampling.max_tokens`` (8) tokens (mostly the answer's digits, some wrong, then EOS; some cut
 at the limit), behaviour log-probs and rewards drawn from a fixed seed.
 
@@ -135,7 +135,7 @@ def run_config(args, arms: list[dict], hashes: dict) -> dict:
         "model": "demo architecture (asyncrl.orchestration.demo.model.demo_config()), random "
         f"weights, seed {args.seed}; one directory for every arm",
         "algorithm": "default config (grpo preset) of each checkout, load_config([])",
-        "timed": "asyncrl.learner.step.train_on_batch, rank 0's wall clock per step",
+        "timed": "asyncrl.learner.compute.step.train_on_batch, rank 0's wall clock per step",
     }
     return config
 
@@ -148,7 +148,7 @@ def main() -> None:
     if "--worker" in sys.argv[1:]:  # the worker's entry point (it used to live in this file)
         return step_rate_worker.main()
     args = parse_args()
-    from asyncrl.core.configload import load_config
+    from asyncrl.core.config.load import load_config
     from benchmarks.common import git_commit
 
     t_start = time.monotonic()

@@ -42,7 +42,7 @@ def build_batch_spec(cfg, seed: int) -> dict:
     then, and EOS; behaviour log-probs -Exp(1), rewards on 0..1."""
     import random
 
-    from asyncrl.actors.addition import AdditionSource
+    from asyncrl.actors.data.addition import AdditionSource
     from asyncrl.orchestration.demo.tokenizer import build_tokenizer
 
     tok, rng = build_tokenizer(), random.Random(seed)
@@ -115,7 +115,7 @@ class Bench:
         return env
 
     def start_worker(self, arm: dict, worker_py: Path, model_dir: Path, batch: Path) -> None:
-        from asyncrl.core.torchrun import free_port
+        from asyncrl.core.runtime.torchrun import free_port
 
         a = self.args
         log = self.tmp / f"worker_{arm['name']}.log"

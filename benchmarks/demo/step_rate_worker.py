@@ -45,7 +45,7 @@ def _write_atomic(path: Path, doc: dict) -> None:
 
 def _worker_batch(path: Path):
     from asyncrl.core.types import Group, Sample
-    from asyncrl.learner.batch import collate
+    from asyncrl.learner.compute.batch import collate
 
     spec = json.loads(path.read_text())
     groups = [
@@ -69,8 +69,8 @@ def worker(args) -> None:
             f"{Path.cwd()}: {exc}; this arm's commit predates the one-package layout "
             "(asyncrl/learner/, 2b490e3): give --arm a commit from 2b490e3 on"
         ) from exc
-    from asyncrl.core.configload import load_config
-    from asyncrl.learner.step import train_on_batch
+    from asyncrl.core.config.load import load_config
+    from asyncrl.learner.compute.step import train_on_batch
     from asyncrl.learner.trainer import build_step_context, init_distributed
 
     rank, world = init_distributed()
@@ -105,7 +105,7 @@ def _serve_rounds(args, ctx, batch, rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from asyncrl.learner.step import train_on_batch
+    from asyncrl.learner.compute.step import train_on_batch
 
     ctl = Path(args.ctl)
     r = 0

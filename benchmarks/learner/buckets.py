@@ -44,7 +44,7 @@ from benchmarks.common import REPO, RESULTS, md_table, write_result
 def build_batch(args):
     """The long-tailed batch: ``groups x n`` rows of ``prompt + min(cap, 1 + Exp(mean))``."""
     from asyncrl.core.types import Group, Sample
-    from asyncrl.learner.batch import collate
+    from asyncrl.learner.compute.batch import collate
 
     rng = random.Random(args.seed)
     vocab = 64  # the demo tokenizer's ids
@@ -73,9 +73,9 @@ def context(model_dir: Path, budget: int, cap: int):
     """A fresh policy (same seed, same weights for every arm), AdamW, the default algorithm."""
     import torch
 
-    from asyncrl.core.configload import load_config
-    from asyncrl.learner.model import build_policy
-    from asyncrl.learner.step import StepContext
+    from asyncrl.core.config.load import load_config
+    from asyncrl.learner.compute.model import build_policy
+    from asyncrl.learner.compute.step import StepContext
 
     cfg = load_config([])
     torch.manual_seed(0)
@@ -97,7 +97,7 @@ def pin(args) -> dict:
 
 def probe(args) -> None:
     """One step of one arm in this fresh process; prints RSS before and after as JSON."""
-    from asyncrl.learner.step import train_on_batch
+    from asyncrl.learner.compute.step import train_on_batch
 
     pin(args)
     batch = build_batch(args)
@@ -147,7 +147,7 @@ def parse_args() -> argparse.Namespace:
 def measure(args, batch) -> dict[str, dict]:
     """Each arm's first step (its metrics) and ``args.repeat`` interleaved timed steps, and
     its peak RSS in a fresh process: arm name -> results, ratios against ``padded``."""
-    from asyncrl.learner.step import train_on_batch
+    from asyncrl.learner.compute.step import train_on_batch
 
     real = int(batch.attention_mask.sum())
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:

@@ -74,7 +74,7 @@ def run_arm(arm: str, rows: int, max_len: int, chunk_tokens: int, repeat: int, s
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from asyncrl.learner.model import enable_gradient_checkpointing, token_logprobs
+    from asyncrl.learner.compute.model import enable_gradient_checkpointing, token_logprobs
 
     chunked, ckpt = ARMS[arm]
     chunk = chunk_tokens if chunked else 0

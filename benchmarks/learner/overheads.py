@@ -2,7 +2,7 @@
 
 Same batch (``learner.batch_groups`` random demo-sized groups, on-policy), same model:
 ``bare`` = FSDP2 forward, token log-probs, REINFORCE loss, backward, AdamW step;
-``ours`` = ``asyncrl.learner.step.train_on_batch``; ``gather`` = ``asyncrl.learner.model.full_named_tensors``.
+``ours`` = ``asyncrl.learner.compute.step.train_on_batch``; ``gather`` = ``asyncrl.learner.compute.model.full_named_tensors``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def _context(cfg, model_dir: str, rank: int, world: int):
 
         return build_step_context(cfg, model_dir, rank, world)
     except ImportError:
-        from asyncrl.learner.model import build_policy
-        from asyncrl.learner.step import StepContext
+        from asyncrl.learner.compute.model import build_policy
+        from asyncrl.learner.compute.step import StepContext
 
         model = build_policy(model_dir, cfg.model.dtype)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.learner.lr)
@@ -34,7 +34,7 @@ def _context(cfg, model_dir: str, rank: int, world: int):
 
 def _batch(cfg, vocab: int, rank: int):
     from asyncrl.buffer.testing import random_group
-    from asyncrl.learner.batch import broadcast_batch, collate
+    from asyncrl.learner.compute.batch import broadcast_batch, collate
 
     if rank != 0:
         return broadcast_batch(None)
@@ -72,11 +72,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
 
-    from asyncrl.core.configload import load_config
-    from asyncrl.learner.model import build_policy, full_named_tensors, token_logprobs
-    from asyncrl.learner.step import train_on_batch
+    from asyncrl.core.config.load import load_config
+    from asyncrl.learner.compute.model import build_policy, full_named_tensors, token_logprobs
+    from asyncrl.learner.compute.step import train_on_batch
     from asyncrl.learner.trainer import init_distributed
-    from asyncrl.orchestration.jobs import resolve_model
+    from asyncrl.orchestration.launch.jobs import resolve_model
 
     rank, world = init_distributed()
     cfg = load_config(["metrics_port=0", f"learner.nproc={world}", *args.set])

@@ -14,8 +14,8 @@ is downloaded). ``--model`` (a model preset or any ``model.path``: benchmarks/re
 the ``smollm2`` preset's default) takes a real model's directory, weights and all, instead.
 Every learner arm builds its policy from it through asyncrl's own
 ``asyncrl.learner.trainer.build_step_context`` (the ``build_policy`` + AdamW the learner uses, FSDP2
-over a one-rank process group as in a run) and steps with ``asyncrl.learner.step.train_on_batch``,
-under the default algorithm of ``asyncrl.core.configload.load_config`` plus the arm's overrides.
+over a one-rank process group as in a run) and steps with ``asyncrl.learner.compute.step.train_on_batch``,
+under the default algorithm of ``asyncrl.core.config.load.load_config`` plus the arm's overrides.
 The batch is ``groups x n`` rows from a seeded generator: a ``prompt``-token prompt per group,
 completions ``min(cap, 1 + Exp(mean))``; a batch of k groups is always the first k groups of
 the stream.
@@ -216,7 +216,7 @@ def plan(args, cuda: bool) -> dict:
         "fit": fit,
         "name": name,
         "profile": profile,
-        "algorithm": "default (asyncrl.core.configload.load_config: grpo, decoupled_ppo, token_mean)",
+        "algorithm": "default (asyncrl.core.config.load.load_config: grpo, decoupled_ppo, token_mean)",
     }
 
 

@@ -85,12 +85,12 @@ def real_tokens(batch: dict, groups: int, seed: int) -> int:
 
 
 def build_batch(batch: dict, groups: int, seed: int, vocab: int):
-    """The first ``groups`` groups of the seeded stream, collated (``asyncrl.learner.batch.collate``):
+    """The first ``groups`` groups of the seeded stream, collated (``asyncrl.learner.compute.batch.collate``):
     random token ids, behaviour log-probs in [-4, -0.5], rewards 0/1, all sampled by version 0."""
     import torch
 
     from asyncrl.core.types import Group, Sample
-    from asyncrl.learner.batch import collate
+    from asyncrl.learner.compute.batch import collate
 
     out = []
     for g in range(groups):

@@ -91,7 +91,7 @@ class Runner:
 
     def spec(self, arm: str, groups: int, repeat: int, mem_limit=None) -> dict:
         a = self.cfg["arms"][arm]
-        from asyncrl.core.config_checks import parse_cores
+        from asyncrl.core.config.checks import parse_cores
 
         return {"kind": a["kind"], "overrides": a.get("overrides"), "bare": a.get("settings"),
                 "model_dir": str(self.model_dir), "batch": self.cfg["batch"], "groups": groups,

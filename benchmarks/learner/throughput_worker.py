@@ -245,7 +245,7 @@ def _build_arm(spec: dict):
     batch = build_batch(spec["batch"], spec["groups"], spec["seed"], spec["vocab"])
     torch.manual_seed(spec["seed"])
     if spec["kind"] == "bare":
-        from asyncrl.learner.model import attention_impl
+        from asyncrl.learner.compute.model import attention_impl
 
         device = torch.device("cuda" if spec["device"] == "cuda" else "cpu")
         dtype = getattr(torch, spec["bare"]["dtype"])  # the compute dtype, under autocast
@@ -253,9 +253,9 @@ def _build_arm(spec: dict):
         loop = BareLoop(spec["model_dir"], device, dtype, attn, spec["bare"])
         batch = batch.to(device)
         return (lambda: loop.step(batch)), f"{loop.model.config._attn_implementation}, bucketed"
-    from asyncrl.core.configload import load_config
-    from asyncrl.learner.device import current_device, init_distributed
-    from asyncrl.learner.step import train_on_batch
+    from asyncrl.core.config.load import load_config
+    from asyncrl.learner.compute.device import current_device, init_distributed
+    from asyncrl.learner.compute.step import train_on_batch
     from asyncrl.learner.trainer import build_step_context
 
     cfg = load_config(spec["overrides"])

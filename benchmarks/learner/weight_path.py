@@ -9,7 +9,7 @@ float32 master dtype, as FSDP2's full tensors are on learner rank 0). Each path 
 transport's own code over a local stand-in for its group (no receiver: NCCL between two
 ranks needs two GPUs), timed as one whole sync, median of ``--repeat`` after a warm-up:
 
-  host_stream   what the shm and gloo senders do first: ``transports.gloo.cast`` (each tensor
+  host_stream   what the shm and gloo senders do first: ``weights.base.cast`` (each tensor
                 to the wire dtype, then ``.to("cpu")``: a pageable device-to-host copy), then
                 ``weights.stage_stream`` packs every bucket into host memory and checksums it
                 (XXH3, ``host_checksum``). shm packs into ``/dev/shm`` files; here plain host
@@ -33,15 +33,20 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.core.transports.gloo import cast
-from asyncrl.core.weights import DEFAULT_BUCKET_BYTES, device_checksum, host_checksum, stage_stream
+from asyncrl.core.weights.base import cast
+from asyncrl.core.weights.stream import (
+    DEFAULT_BUCKET_BYTES,
+    device_checksum,
+    host_checksum,
+    stage_stream,
+)
 from benchmarks.common import RESULTS, write_result
 from benchmarks.learner.throughput_model import PRESETS
 
 
 class LocalGroup:
     """The sender's side of a transport group with no receivers: where payloads live and how
-    they are checksummed (``asyncrl.core.weights.Collective``'s sender methods used by
+    they are checksummed (``asyncrl.core.weights.stream.Collective``'s sender methods used by
     ``stage_stream``)."""
 
     rank = 0

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="micro_buffer")
     args = p.parse_args(argv)
 
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
 
     rng = random.Random(0)
     results = {}

@@ -13,7 +13,7 @@ tokens, 16 groups in flight, as the demo's actor). Runs alternate between the me
 Per run: seconds from the process's start to the engine being ready (the import of vLLM
 included; the demo model is built or found once, before any run), seconds of the first 16
 groups (one-time costs of a new engine, e.g. a ``torch.compile``: none since the actor turns
-it off in an eager CPU engine, actors/engine.py), and completion tokens/s of each round. Per method: mean and spread over runs. The question it
+it off in an eager CPU engine, actors/engine/vllm_engine.py), and completion tokens/s of each round. Per method: mean and spread over runs. The question it
 answers: does forking (engine processes that inherit the actor's imports) start faster, and
 does it cost generation throughput (copy-on-write pages, inherited state)?
 """
@@ -41,7 +41,7 @@ def _child(method: str, core: int, rounds: int, model_dir: str) -> dict:
     t0 = time.monotonic()
 
     async def run() -> dict:
-        from asyncrl.actors.engine import ActorEngine
+        from asyncrl.actors.engine.vllm_engine import ActorEngine
 
         engine = await ActorEngine.start(
             model_dir, max_model_len=72, kv_cache_bytes=2**28, cpu_bind=str(core),
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="engine_start")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    from asyncrl.core.configload import load_config
-    from asyncrl.orchestration.jobs import resolve_model
+    from asyncrl.core.config.load import load_config
+    from asyncrl.orchestration.launch.jobs import resolve_model
 
     model_dir = str(resolve_model(load_config(["metrics_port=0"])))  # built once, if missing
     order = [m for i in range(args.runs) for m in (("fork", "spawn"), ("spawn", "fork"))[i % 2]]

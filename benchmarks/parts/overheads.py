@@ -14,7 +14,7 @@ actor: completion tokens/s of bare ``vllm.LLM.generate`` (offline batch), ``Acto
   and leaves the client (and redis-server) on ``--core``, as ``actor.engine_cpus`` does, or,
   listing ``--core`` too, lets the engines' threads use all of them beside the client;
   ``--rounds`` rounds of the arms in turn, every engine alive throughout, the start-up heap
-  frozen as an actor freezes it (asyncrl/core/heap.py); ratios are medians of the per-round
+  frozen as an actor freezes it (asyncrl/core/runtime/heap.py); ratios are medians of the per-round
   ratios. Each arm also records the CPU seconds of the client and of each child process by
   name (``CpuMeter``). ``--model`` (a preset such as ``smollm2``, or any ``model.path``:
   benchmarks/real_model.py) measures a real model; on the demo's addition task it gets
@@ -23,15 +23,15 @@ actor: completion tokens/s of bare ``vllm.LLM.generate`` (offline batch), ``Acto
   ratio to the first dtype's. The JSON's ``pinning`` and the console say how the processes
   and threads were pinned; a plot of every round goes next to the JSON.
 own: the actor's own CPU per group, with no model: ``Actor.produce`` (everything the actor
-  arm does but vLLM) over ``asyncrl.actors.sim_engine.SimEngine`` at 1e9 tokens/s, so completions of
+  arm does but vLLM) over ``asyncrl.actors.engine.sim.SimEngine`` at 1e9 tokens/s, so completions of
   the demo's mean length come back at once, into a real redis-server; ``--prompts`` groups per
   round (default 1000 here), ``--rounds`` rounds; CPU ms per group of the client and of
   redis-server, all on ``--core``. Not part of ``all``.
 learner: seconds per step on one batch of demo-sized groups, under ``torchrun
   --nproc_per_node=--nproc``, of
   - bare:   FSDP2 forward + REINFORCE-style token loss + backward + AdamW step;
-  - ours:   ``asyncrl.learner.step.train_on_batch`` (advantages, registry loss, grad clip, metrics);
-  - gather: ``asyncrl.learner.model.full_named_tensors`` (what precedes every weight sync).
+  - ours:   ``asyncrl.learner.compute.step.train_on_batch`` (advantages, registry loss, grad clip, metrics);
+  - gather: ``asyncrl.learner.compute.model.full_named_tensors`` (what precedes every weight sync).
   For a real model's long-tailed batches against a hand-written loop, use
   ``benchmarks.learner.throughput --preset smollm2``.
 """
@@ -66,10 +66,10 @@ def _config(args, extra: list[str], tmp: str, count: int):
 
 def own_part(args) -> dict:
     """``Actor.produce`` over an instant ``SimEngine``: the actor's own work per group."""
-    from asyncrl.actors.sim_engine import SimEngine
-    from asyncrl.actors.tasks import build_prompt_source
+    from asyncrl.actors.data.tasks import build_prompt_source
+    from asyncrl.actors.engine.sim import SimEngine
     from asyncrl.buffer import codec
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
     from benchmarks.parts.overheads_actor import actor_round
 
     os.sched_setaffinity(0, {args.core})
@@ -154,8 +154,8 @@ def _say_actor(d: str, block: dict, rounds: int) -> None:
 
 
 def actor_part(args) -> dict:
-    from asyncrl.buffer.server import RedisServer
-    from asyncrl.core.config_checks import parse_cores
+    from asyncrl.buffer.service.server import RedisServer
+    from asyncrl.core.config.checks import parse_cores
     from benchmarks.parts.overheads_actor import interleaved, pinning, task_prompts
 
     # --engine-core: vLLM's engine core and worker there; the client on --core, apart unless
@@ -181,7 +181,7 @@ def actor_part(args) -> dict:
     print(f"pinned: {pins['layout']}; vLLM's OMP threads bound to {bind}; the client's torch "
           f"threads {pins['client_torch_threads']}; redis-server on core {pins['redis_core']}",
           flush=True)  # fmt: skip
-    from asyncrl.core.config import engine_batch
+    from asyncrl.core.config.job import engine_batch
 
     a, s, first = cfg.actor, cfg.sampling, dtypes[0]
     out = {"model": cfg.model.path, "task": cfg.task.name, "prompts": len(prompts),
@@ -232,7 +232,7 @@ def plot_actor(res: dict, path: Path) -> None:
 
 
 def learner_part(args) -> dict:
-    from asyncrl.core.torchrun import free_port as _free_port
+    from asyncrl.core.runtime.torchrun import free_port as _free_port
     from benchmarks.real_model import model_overrides
 
     with tempfile.TemporaryDirectory() as tmp:

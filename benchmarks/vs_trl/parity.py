@@ -33,7 +33,7 @@ def check(trainer, cfg, model_dir: str, prompts: list, reward_fn, cases: int = 2
     """``{"passed", "summary", "failures", "cases"}``: see the module docstring."""
     from transformers import AutoTokenizer
 
-    from asyncrl.actors.tasks import build_prompt_source
+    from asyncrl.actors.data.tasks import build_prompt_source
 
     ours_tok = AutoTokenizer.from_pretrained(model_dir)  # what the actor loads
     source = build_prompt_source(cfg, model_dir)  # a fresh stream, as an actor builds it
@@ -92,7 +92,7 @@ def _order(trainer, cfg, cases: int) -> list[str]:
 
 def _val_prompts(trainer, cfg, model_dir: str, ours_tok) -> list[str]:
     """TRL's validation prompts (token ids) against a fresh asyncrl validation source."""
-    from asyncrl.actors.tasks import build_val_source
+    from asyncrl.actors.data.tasks import build_val_source
     from asyncrl.actors.validation import validation_size
 
     source = build_val_source(cfg, model_dir, log=lambda _: None)
@@ -121,7 +121,7 @@ def _completions(target: str, eos: int, encode, rng: random.Random, vocab: int) 
 
 
 def _rewards(trainer, source, ours_tok, reward_fn, cases: int) -> tuple[int, list[str]]:
-    from asyncrl.actors.reward_calls import score_call
+    from asyncrl.actors.rewards.calls import score_call
 
     rng, out, compared = random.Random(0), [], 0
     for i in range(cases):
@@ -153,7 +153,7 @@ def _settings(trainer, cfg, model_dir: str, ours_tok) -> tuple[dict, list[str]]:
     warm = max(1, lc.warmup_steps)
     sched = trainer.lr_scheduler
     lrs_trl = [lc.lr * sched.lr_lambdas[0](s) for s in range(warm + 2)] if sched else None
-    from asyncrl.actors.stop_tokens import model_stop_token_ids
+    from asyncrl.actors.engine.stop_tokens import model_stop_token_ids
 
     dtype = next(trainer.model.parameters()).dtype
     val, e = validation_of(trainer), cfg.eval

@@ -40,7 +40,7 @@ rendered text and tokenizes it to the same ids), ``math_reward`` (math-verify, `
 8 prompts x 4 samples, 128 new tokens at temperature 0.7, AdamW lr 1e-5 with the 10-step
 warm-up, the same GRPOConfig fields otherwise, the 32 completions trained in 4 micro-batches
 (``trl_worker.micro_batches``: memory; the loss is still the step's token mean). Completions stop at asyncrl's stop ids
-(``asyncrl.actors.stop_tokens``: here ``<|im_end|>``), which the worker gives TRL as the model's
+(``asyncrl.actors.engine.stop_tokens``: here ``<|im_end|>``), which the worker gives TRL as the model's
 ``generation_config.eos_token_id``. Both validate greedily on the 64 val prompts at steps 0,
 10, 20, ... and the end (asyncrl's ``eval``; TRL: ``vs_trl_validation.GreedyValidation``,
 inside TRL's wall clock), and each run's ``val`` list and ``val_*`` figures report them.
@@ -201,8 +201,8 @@ def reanalyse(args) -> int:
 
 def _prepare_model(overrides: list[str]) -> None:
     """Build (or find cached) the warm-started model once, before anything is timed."""
-    from asyncrl.core.configload import load_config
-    from asyncrl.orchestration.jobs import resolve_model
+    from asyncrl.core.config.load import load_config
+    from asyncrl.orchestration.launch.jobs import resolve_model
 
     resolve_model(load_config(overrides))
 

@@ -20,7 +20,7 @@ step 1), ``reward`` (mean over the step's samples), ``completion_tokens`` (mean)
 
 Stopping: TRL stops a completion at the model's ``generation_config.eos_token_id`` and the
 tokenizer's EOS; the worker sets the former to asyncrl's stop ids
-(``asyncrl.actors.stop_tokens.model_stop_token_ids``: generation-config EOS, tokenizer EOS, chat
+(``asyncrl.actors.engine.stop_tokens.model_stop_token_ids``: generation-config EOS, tokenizer EOS, chat
 end-of-turn), so both end completions at the same tokens (the parity check compares them).
 """
 
@@ -46,7 +46,7 @@ class ProjectReward:
         self.last_mean = self.last_tokens = self.last_p95 = float("nan")
 
     def __call__(self, prompts, completions, completion_ids=None, **columns) -> list[float]:
-        from asyncrl.actors.reward_calls import score_call
+        from asyncrl.actors.rewards.calls import score_call
 
         out = []
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
@@ -146,9 +146,9 @@ def build_trainer(cfg, model_dir: str, out_dir: Path, t0: float, min_prompts=0):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from asyncrl.actors.reward_loading import load_reward_fn
-    from asyncrl.actors.stop_tokens import model_stop_token_ids
-    from asyncrl.actors.tasks import build_prompt_source
+    from asyncrl.actors.data.tasks import build_prompt_source
+    from asyncrl.actors.engine.stop_tokens import model_stop_token_ids
+    from asyncrl.actors.rewards.loading import load_reward_fn
     from benchmarks.vs_trl.validation import GreedyValidation
 
     source = build_prompt_source(cfg, model_dir)
@@ -222,8 +222,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from asyncrl.core.configload import load_config
-    from asyncrl.orchestration.jobs import resolve_model
+    from asyncrl.core.config.load import load_config
+    from asyncrl.orchestration.launch.jobs import resolve_model
     from benchmarks.vs_trl import parity as vs_trl_parity
     from benchmarks.vs_trl.validation import validation_of
 

@@ -4,7 +4,7 @@ asyncrl validates weight version V (V optimizer steps done) greedily on the vali
 (``data.val_files``, file order, the first ``eval.max_prompts``): at V = 0 (``eval.at_start``),
 at the first V of every ``eval.every`` interval and at the end (``eval.at_end``), each prompt
 once at temperature 0 and at most ``sampling.max_tokens`` tokens, scored by the task's reward
-(actors/validation.py), summarised by ``asyncrl.learner.validation.summarize``. ``GreedyValidation``
+(actors/validation.py), summarised by ``asyncrl.learner.hub.validation.summarize``. ``GreedyValidation``
 is a trainer callback doing the same in the TRL process at the same steps: HF ``generate``
 (greedy, left-padded batches of ``VAL_BATCH`` prompts, stopping at asyncrl's stop ids), the
 same prompt token ids (``build_val_source``), the same reward through ``score_call``, the same
@@ -74,7 +74,7 @@ def greedy_generate(model, prompts: list[list[int]], max_new: int, stop_ids: lis
 
 def due(schedule, step: int, start: bool = False, end: bool = False) -> bool:
     """Is ``step`` validated under ``schedule`` (``cfg.eval``)? asyncrl's rule
-    (learner/validation.py ``Validation.due``) on a synchronous trainer: every version's
+    (learner/hub/validation.py ``Validation.due``) on a synchronous trainer: every version's
     weights exist right after its step, so "the first version at/after every N" is each
     multiple of N. (A step already validated is not validated again: the caller's check.)"""
     if (start and schedule.at_start) or (end and schedule.at_end):
@@ -89,7 +89,7 @@ class GreedyValidation:
     def __init__(self, cfg, model_dir: str, reward_fn, stop_ids: list[int], path: Path, t0: float):
         from transformers import AutoTokenizer
 
-        from asyncrl.actors.tasks import build_val_source
+        from asyncrl.actors.data.tasks import build_val_source
         from asyncrl.actors.validation import validation_size
 
         self.schedule, self.max_new_tokens = cfg.eval, cfg.sampling.max_tokens
@@ -122,8 +122,8 @@ class GreedyValidation:
 
     def validate(self, model, step: int) -> dict:
         """Score the current policy; append and return its record."""
-        from asyncrl.actors.reward_calls import score_call
-        from asyncrl.learner.validation import samples_of, summarize
+        from asyncrl.actors.rewards.calls import score_call
+        from asyncrl.learner.hub.validation import samples_of, summarize
 
         start = time.time()
         pad = self.tokenizer.pad_token_id

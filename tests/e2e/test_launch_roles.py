@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from asyncrl.orchestration.launcher import process_tree
+from asyncrl.orchestration.launch.launcher import process_tree
 from tests.e2e.conftest import needs_full_stack, read_summary
 from tests.roles import RoleDied, cmdline
 

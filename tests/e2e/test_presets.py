@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.configload import CONFIG_DIR, load_config
+from asyncrl.core.config.load import CONFIG_DIR, load_config
 from tests.e2e.conftest import REPO, asyncrl_cmd, needs_full_stack, read_metrics, read_summary
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]

@@ -119,7 +119,7 @@ def test_reward_failing_on_most_calls_fails_the_run_naming_function_fraction_and
     out = proc.output()
     assert code == 1, out[-4000:]
     headline = next(ln for ln in out.splitlines() if ln.startswith("[asyncrl] FAILED: "))
-    # a fatal error (asyncrl/core/fatal.py): named in the headline, no restart_max suggestion
+    # a fatal error (asyncrl/core/runtime/fatal.py): named in the headline, no restart_max suggestion
     assert headline.startswith(
         f"[asyncrl] FAILED: actor0 exited with code 1: reward function task.reward_fn={spec}"
     ), headline
@@ -166,11 +166,11 @@ def test_ctrl_c_with_a_reward_sleeping_30s_exits_within_seconds(tmp_path, roles,
 
 
 def _reward_workers(pid: int) -> list[psutil.Process]:
-    """The reward worker processes (actors/reward_worker.py) under process ``pid``."""
+    """The reward worker processes (actors/rewards/worker.py) under process ``pid``."""
     found = []
     for child in psutil.Process(pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if "asyncrl.actors.reward_worker" in child.cmdline():
+            if "asyncrl.actors.rewards.worker" in child.cmdline():
                 found.append(child)
     return found
 

@@ -38,7 +38,7 @@ def test_versions_advanced_and_staleness_bounded(tiny_run):
     assert [r["version"] for r in records] == [1, 2, 3, 4]
     assert summary["max_trained_staleness"] <= 1
     assert all(r["staleness_max"] <= 1 for r in records)
-    # completions cut at sampling.max_tokens, counted every step (learner/truncation.py)
+    # completions cut at sampling.max_tokens, counted every step (learner/algo/truncation.py)
     assert all(0.0 <= r["response/clip_ratio"] <= 1.0 for r in records)
 
 

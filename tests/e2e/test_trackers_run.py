@@ -15,8 +15,8 @@ import subprocess
 import pytest
 import yaml
 
-from asyncrl.core import trackers
-from asyncrl.core.runlog import sample_line
+from asyncrl.core.observe import trackers
+from asyncrl.learner.hub.runlog import sample_line
 from tests import readback
 from tests.e2e.conftest import REPO, asyncrl_cmd
 

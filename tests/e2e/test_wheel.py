@@ -79,12 +79,12 @@ def test_the_wheel_holds_one_name_with_its_configs(installed):
     assert "asyncrl/configs/config.yaml" in names
     assert "asyncrl/configs/model/smollm2.yaml" in names
     assert "asyncrl = asyncrl.orchestration.cli:main" in entry_points
-    assert "asyncrl.actors.vllm_plugin:register" in entry_points
+    assert "asyncrl.actors.weights.plugin:register" in entry_points
 
 
 def test_the_installed_package_prints_its_config_and_trains_a_simulated_run(installed):
     _, python, work = installed
-    where = _run([str(python), "-c", "import asyncrl.learner, asyncrl.core.configload as c; "
+    where = _run([str(python), "-c", "import asyncrl.learner, asyncrl.core.config.load as c; "
                   "print(asyncrl.learner.__file__); print(c.CONFIG_DIR)"],
                  cwd=work, timeout=120).stdout.split()  # fmt: skip
     venv_dir = python.parent.parent

@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from asyncrl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
-from asyncrl.learner.model import build_policy, full_named_tensors  # noqa: E402
+from asyncrl.learner.compute.model import build_policy, full_named_tensors  # noqa: E402
+from asyncrl.learner.state.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from asyncrl.learner.trainer import init_distributed  # noqa: E402
 
 
@@ -113,7 +113,7 @@ def _child(run_dir: str, model_dir: str, max_version: int, log_file: str, fps: s
     """A forked writer: arm its failpoints, run main(), never return into the zygote."""
     import os
 
-    from asyncrl.core import faults
+    from asyncrl.core.runtime import faults
 
     os.environ[faults.ENV] = "" if fps == "-" else fps
     faults.reset()

@@ -43,7 +43,7 @@ def sim_model_dir(tmp_path_factory) -> str:
 @pytest.fixture
 def announced_learner(redis_client, buffer_name):
     """A real ZeroMQ control server announced in the buffer's meta, as the learner does."""
-    from asyncrl.core.control import ControlServer
+    from asyncrl.core.net.control import ControlServer
 
     server = ControlServer()
     redis_client.hset(f"{buffer_name}:meta", mapping=server.meta())

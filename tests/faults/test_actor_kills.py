@@ -30,8 +30,8 @@ LEASE_TTL_S = 2.0
 
 def write_config(run_dir: Path, buffer_name: str, **actor) -> object:
     """A run config for sim actors (``config.json`` in ``run_dir``, as the launcher writes)."""
-    from asyncrl.core.config import Config
-    from asyncrl.core.configload import config_to_json
+    from asyncrl.core.config.job import Config
+    from asyncrl.core.config.load import config_to_json
 
     cfg = Config()
     cfg.run_dir, cfg.metrics_port = str(run_dir), 0

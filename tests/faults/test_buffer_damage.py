@@ -24,7 +24,7 @@ from asyncrl.buffer.codec import encode_group
 from asyncrl.buffer.connection import connect
 from asyncrl.buffer.ledger import LedgerWatch
 from asyncrl.buffer.redis_buffer import TERMINAL_STATES, BufferDamaged, ReplayBuffer
-from asyncrl.buffer.server import RedisServer
+from asyncrl.buffer.service.server import RedisServer
 from asyncrl.buffer.testing import random_group
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis]

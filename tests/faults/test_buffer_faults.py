@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.core.configload import config_to_json
+from asyncrl.core.config.load import config_to_json
 from tests.faults.test_actor_kills import N_SAMPLES, assert_conserved, spawn_actor, write_config
 from tests.roles import Roles
 

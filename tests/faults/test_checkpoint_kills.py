@@ -1,9 +1,9 @@
 """Guarantee 9: a checkpoint write killed at any point never leaves a checkpoint that resume
 would load partially.
 
-A real writer process (FSDP2 over gloo, DCP + HF export through ``asyncrl.learner.checkpoint``) trains
+A real writer process (FSDP2 over gloo, DCP + HF export through ``asyncrl.learner.state.checkpoint``) trains
 and saves one checkpoint per version; it is SIGKILLed either at a random moment or at one of
-the save's phase failpoints (``asyncrl.core.faults``). After every kill:
+the save's phase failpoints (``asyncrl.core.runtime.faults``). After every kill:
 
 * every directory ``latest_checkpoint`` could pick is whole (DCP metadata, HF weights that
   load, state.json naming the same version);
@@ -102,7 +102,7 @@ def check_checkpoints(run_dir: Path) -> int | None:
     """Every checkpoint ``latest_checkpoint`` could choose is whole; returns the latest V."""
     from safetensors.torch import load_file
 
-    from asyncrl.learner.checkpoint import _complete_version, latest_checkpoint
+    from asyncrl.learner.state.checkpoint import _complete_version, latest_checkpoint
 
     root = run_dir / "checkpoints"
     complete = [p for p in root.glob("step_*") if _complete_version(p) is not None]

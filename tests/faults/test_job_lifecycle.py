@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from asyncrl.core import rundir
+from asyncrl.core.runtime import rundir
 from tests.faults.test_checkpoint_kills import pid_alive
 from tests.faults.test_supervision import procs_mentioning
 
@@ -89,14 +89,14 @@ def test_a_second_job_in_a_busy_run_dir_is_refused_and_a_killed_job_frees_it(tmp
     assert (run_dir / "config.json").read_text() == config
     assert len([p for p in _job_procs(run_dir) if "redis-server" in p]) == 1
 
-    # SIGKILL of the launcher: its roles and redis-server die with it (asyncrl/core/lifeline.py)
+    # SIGKILL of the launcher: its roles and redis-server die with it (asyncrl/core/runtime/lifeline.py)
     assert _redis_alive(run_dir), "the check below would be vacuous"
     roles.kill(first)
     left = _gone(run_dir, 60)
     assert not left, f"processes outlived the SIGKILLed launcher: {left}\n{_log_tails(run_dir)}"
     # ...and the kernel dropped the lock with them: a new job may take the directory
     take = (
-        "from asyncrl.core import rundir; import sys; "
+        "from asyncrl.core.runtime import rundir; import sys; "
         "rundir.prepare(sys.argv[1], ('buffer', 'learner', 'actors')); print('locked')"
     )
     res = subprocess.run([sys.executable, "-c", take, str(run_dir)], capture_output=True,
@@ -201,12 +201,12 @@ def test_a_sigkilled_buffer_launcher_takes_its_redis_server_with_it(tmp_path, ro
 
 def _role_pid(run_dir, module: str) -> int:
     """The PID of the role ``python -m MODULE --run-dir RUN_DIR`` (a learner rank, not the
-    ``asyncrl.core.torchrun`` that started it)."""
+    ``asyncrl.core.runtime.torchrun`` that started it)."""
     import psutil
 
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if module in cmd and str(run_dir) in cmd and "asyncrl.core.torchrun" not in cmd:
+        if module in cmd and str(run_dir) in cmd and "asyncrl.core.runtime.torchrun" not in cmd:
             return p.pid
     raise AssertionError(f"no `-m {module}` process of {run_dir}")
 

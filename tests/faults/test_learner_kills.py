@@ -4,7 +4,7 @@ checkpoint, acks every group exactly once, and replays the same batches as an un
 run with the same seed.
 
 Real parts: a real redis-server (the session's), a real learner process (``asyncrl.learner.main``:
-FSDP2 over gloo, the ``Hub``, ``asyncrl.learner.checkpoint``), real SIGKILLs. No actors: the buffer is
+FSDP2 over gloo, the ``Hub``, ``asyncrl.learner.state.checkpoint``), real SIGKILLs. No actors: the buffer is
 pre-filled with valid groups (``asyncrl.buffer.testing.random_group``) in a fixed order and the
 learner runs with ``learner.weight_sync=false``, so arrival order is fixed and the batches of
 an uninterrupted run are a reference. Each step's group ids are recorded with the test-only
@@ -50,7 +50,7 @@ KILL_POINTS = (
 )
 # every killed run completes its first step after resume (kill hits >= 2 for after_read):
 # a batch that crashed the learner twice is a poison suspect and is batched apart
-# (learner/data.py), which is the one case where the replayed batches differ by design
+# (learner/hub/data.py), which is the one case where the replayed batches differ by design
 
 
 def prefill(url: str, name: str, count: int, seed: int) -> dict[str, str]:
@@ -73,8 +73,8 @@ def prefill(url: str, name: str, count: int, seed: int) -> dict[str, str]:
 
 
 def write_config(run_dir: Path, name: str, steps: int, capacity: int) -> None:
-    from asyncrl.core.config import Config
-    from asyncrl.core.configload import config_to_json
+    from asyncrl.core.config.job import Config
+    from asyncrl.core.config.load import config_to_json
 
     cfg = Config()
     cfg.run_dir, cfg.metrics_port, cfg.seed = str(run_dir), 0, 0
@@ -94,12 +94,12 @@ def write_config(run_dir: Path, name: str, steps: int, capacity: int) -> None:
 
 class Learner:
     """One learner run: ``python -m asyncrl.learner.main`` (1 rank) or torchrun (full run, 2 ranks,
-    as asyncrl/orchestration/jobs.py launches it)."""
+    as asyncrl/orchestration/launch/jobs.py launches it)."""
 
     def __init__(self, run_dir: Path, model: str, url: str, failpoints: str, log: Path):
-        from asyncrl.core.torchrun import free_port as _free_port
+        from asyncrl.core.runtime.torchrun import free_port as _free_port
 
-        if FULL:  # the production launch path, as asyncrl/orchestration/jobs.py builds it
+        if FULL:  # the production launch path, as asyncrl/orchestration/launch/jobs.py builds it
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={NPROC}",
                    f"--master_port={_free_port()}", "--master_addr=127.0.0.1"]  # fmt: skip
         else:  # one rank without torchrun's own import (halves the start-up on 2 cores)
@@ -157,7 +157,7 @@ def read_trace(path: Path) -> list[dict]:
 
 def checkpoints_trained_ids(run_dir: Path) -> list[list[str]]:
     """The ``trained_ids`` of every complete checkpoint, oldest first."""
-    from asyncrl.learner.checkpoint import _complete_version
+    from asyncrl.learner.state.checkpoint import _complete_version
 
     done = sorted((v, p) for p in (run_dir / "checkpoints").glob("step_*")
                   if (v := _complete_version(p)) is not None)  # fmt: skip
@@ -203,7 +203,7 @@ def test_learner_sigkilled_resumes_acks_once_and_replays_the_same_batches(
 ):
     from asyncrl.buffer.connection import connect
     from asyncrl.buffer.redis_buffer import ReplayBuffer
-    from asyncrl.learner.checkpoint import _complete_version, latest_checkpoint
+    from asyncrl.learner.state.checkpoint import _complete_version, latest_checkpoint
 
     restarts = fault_count(4, 20)
     steps = fault_count(14, 120)

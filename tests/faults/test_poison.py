@@ -4,7 +4,7 @@ after ``buffer.max_deliveries`` deliveries; every other group is trained exactly
 The learner is a real process (this file run as a script): the learner's own ``GroupSource``
 over a ``ReplayBuffer`` on the session's real redis-server, "training" each batch and acking
 it every ``CKPT_EVERY`` steps (a checkpoint). The poison group arms the failpoint
-``learner.step/<group_id>`` (asyncrl/core/faults.py), which crashes the process right before the
+``learner.step/<group_id>`` (asyncrl/core/runtime/faults.py), which crashes the process right before the
 step: alternately a Python exception and a real SIGKILL. The test restarts it until it exits 0
 and, like actors that keep producing, commits a few new groups before every restart.
 """
@@ -43,7 +43,7 @@ def conserved(s: dict) -> bool:
 
 def _learner_main(url: str, name: str, acked_log: str) -> int:
     """One learner life: resume, train batches, ack every CKPT_EVERY steps; 0 when drained."""
-    from asyncrl.learner.data import GroupSource
+    from asyncrl.learner.hub.data import GroupSource
 
     buf = ReplayBuffer(connect(url), name, CAPACITY, max_deliveries=MAX_DELIVERIES)
     # random_group's tokens come from versions 0-5: a learner of this run reached 5 before

@@ -38,7 +38,7 @@ def _committed_in_redis(run_dir: Path) -> int:
     the AOF in ``run_dir/redis`` with the passwords it kept there)."""
     from asyncrl.buffer.connection import connect
     from asyncrl.buffer.redis_buffer import ReplayBuffer
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
 
     with RedisServer(run_dir / "redis") as server:
         return ReplayBuffer(connect(server.url), "asyncrl", 1).stats()["committed"]
@@ -148,7 +148,7 @@ def test_redis_sigkill_restarts_lose_no_acknowledged_commit(tmp_path, redis_bina
     directory; writer and reader processes keep running; nothing acknowledged is lost."""
     from asyncrl.buffer.connection import connect
     from asyncrl.buffer.redis_buffer import ReplayBuffer
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
 
     kills = counts(5, 20)
     rng = random.Random(3)
@@ -206,7 +206,7 @@ def _damaged_dir(tmp_path: Path, n_keys: int = 200):
     """A run directory whose AOF holds ``n_keys`` SETs (server SIGKILLed), and its incr file."""
     import redis
 
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
 
     server = RedisServer(tmp_path / "redis").start()
     client = redis.Redis.from_url(server.url)
@@ -223,7 +223,7 @@ def test_garbled_aof_stops_startup_with_the_fix(tmp_path, redis_binary):
     `redis-check-aof --fix`, and does not start with missing data; the fix then works."""
     import redis
 
-    from asyncrl.buffer.server import RedisServer, RedisServerError
+    from asyncrl.buffer.service.server import RedisServer, RedisServerError
 
     run_dir, incr = _damaged_dir(tmp_path)
     data = incr.read_bytes()
@@ -253,11 +253,14 @@ def test_torn_aof_tail_drops_only_the_unacknowledged_command(tmp_path, redis_bin
     every complete command before it is kept."""
     import redis
 
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
 
     run_dir, incr = _damaged_dir(tmp_path)
     incr.write_bytes(incr.read_bytes()[:-20])  # cut into the last SET
-    with caplog.at_level("WARNING", logger="asyncrl.buffer.server"), RedisServer(run_dir) as server:
+    with (
+        caplog.at_level("WARNING", logger="asyncrl.buffer.service.server"),
+        RedisServer(run_dir) as server,
+    ):
         client = redis.Redis.from_url(server.url)
         assert client.dbsize() == 199
         assert client.get("k198") == b"x" * 100 and client.get("k199") is None

@@ -2,7 +2,7 @@
 
 Real parts: redis-server and ``ReplayBuffer``, two ``asyncrl.actors.actor.Actor`` producers with the
 simulated engine (real lease/claim/commit path, real admission control), and the learner's
-real ``asyncrl.learner.data.GroupSource`` (the staleness filter) in an in-test training loop that
+real ``asyncrl.learner.hub.data.GroupSource`` (the staleness filter) in an in-test training loop that
 advances the policy version once per batch. Weight sync is the one stand-in: a new version is
 applied to the actors by setting it (as ``ControlPlane.update_weights`` does after a transfer), a
 short while after the learner publishes it. A ledger wraps the buffer to record every
@@ -84,9 +84,9 @@ class Producers(threading.Thread):
 
     async def _main(self) -> None:
         from asyncrl.actors.actor import Actor
-        from asyncrl.actors.addition import AdditionSource
-        from asyncrl.actors.reward_loading import load_reward_fn
-        from asyncrl.actors.sim_engine import SimEngine
+        from asyncrl.actors.data.addition import AdditionSource
+        from asyncrl.actors.engine.sim import SimEngine
+        from asyncrl.actors.rewards.loading import load_reward_fn
 
         reward = load_reward_fn(self.cfg.task.reward_fn)
         vocab = json.loads((Path(self.model_dir) / "config.json").read_text())["vocab_size"]
@@ -130,7 +130,7 @@ class Producers(threading.Thread):
 
 
 def write_cfg(name: str):
-    from asyncrl.core.config import Config
+    from asyncrl.core.config.job import Config
 
     cfg = Config()
     cfg.buffer.name, cfg.buffer.capacity, cfg.buffer.max_staleness = name, CAPACITY, MAX_STALENESS
@@ -175,7 +175,7 @@ def test_no_trained_group_exceeds_max_staleness_under_skew(
 ):
     from asyncrl.buffer.connection import connect
     from asyncrl.buffer.redis_buffer import ReplayBuffer
-    from asyncrl.learner.data import GroupSource
+    from asyncrl.learner.hub.data import GroupSource
 
     steps = fault_count(15, 100)
     cfg = write_cfg(buffer_name)

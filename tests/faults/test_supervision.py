@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.torchrun import free_port
+from asyncrl.core.runtime.torchrun import free_port
 from tests.faults.conftest import FULL
 from tests.faults.test_actor_kills import Reader, assert_conserved, cursor
 from tests.roles import Roles, cmdline
@@ -76,8 +76,8 @@ class Launcher:
 
 def restarts_metric(client, name: str, role: str) -> float | None:
     """``asyncrl_launcher_role_restarts_total{role}`` scraped from the launcher's endpoint."""
-    from asyncrl.core.config_network import NetworkConfig
-    from asyncrl.core.endpoints import launcher_role, read_endpoints
+    from asyncrl.core.config.network import NetworkConfig
+    from asyncrl.core.net.endpoints import launcher_role, read_endpoints
     from asyncrl.orchestration.status import scrape
 
     launcher = read_endpoints(client, name).get(launcher_role("actors", NetworkConfig()))
@@ -175,7 +175,10 @@ def test_run_with_a_killed_learner_rank_exits_nonzero_naming_it(tmp_path, roles)
             poll_s=1.0,
         )
         ranks = launcher.role_pids("asyncrl.learner.main")
-        agents = ("torch.distributed.run", "asyncrl.core.torchrun")  # torchrun itself, not a rank
+        agents = (
+            "torch.distributed.run",
+            "asyncrl.core.runtime.torchrun",
+        )  # torchrun itself, not a rank
         ranks = [p for p in ranks if not any(a in cmdline(p) for a in agents)]
         assert ranks, f"no learner rank process found: {launcher.output[-2000:]}"
         os.kill(ranks[0], signal.SIGKILL)

@@ -2,12 +2,12 @@
 deadline (no hang); the learner rebuilds the group with the survivors and sends again, the
 survivors hold identical weights, and the restarted receiver rejoins with the current weights.
 
-Real parts: ``asyncrl.learner.weight_sender.ActorWeightChannel`` (what ``learner/hub.py`` sends
+Real parts: ``asyncrl.learner.weights.channel.ActorWeightChannel`` (what ``learner/hub/hub.py`` sends
 weights through) over a real ZeroMQ ``ControlServer``, the gloo and the shm transports
-(asyncrl/core/transports/: gloo groups, and /dev/shm files beside them) and
+(asyncrl/core/weights/: gloo groups, and /dev/shm files beside them) and
 receiver processes (tests/faults/weight_receiver.py: an actor's control-plane behaviour with
 a dict of tensors for a model), a real SIGKILL fired inside ``receive_stream`` by the
-failpoint ``receiver.bucket=kill@N`` (``asyncrl.core.faults``), so the kill lands mid-stream.
+failpoint ``receiver.bucket=kill@N`` (``asyncrl.core.runtime.faults``), so the kill lands mid-stream.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def weights(version: int) -> dict[str, torch.Tensor]:
 
 
 def n_buckets() -> int:
-    from asyncrl.core.weights import plan_buckets
+    from asyncrl.core.weights.stream import plan_buckets
 
     return sum(1 for _ in plan_buckets(weights(0).items(), BUCKET_BYTES))
 
@@ -89,7 +89,7 @@ class Receivers:
 def start_with_victim(recv: Receivers, control, roles, victim: int, buckets: int) -> None:
     """Start every receiver, ``victim`` armed to die in the middle of its second sync, and
     wait until all registered."""
-    from asyncrl.core.waiting import Wait
+    from asyncrl.core.runtime.waiting import Wait
 
     for i in range(N_RECEIVERS):
         recv.start(i, kill_at=buckets + buckets // 2 if i == victim else None)
@@ -115,8 +115,8 @@ def wait_versions(recv: Receivers, ids: list[int], version: int) -> dict[int, st
 def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identical(
     tmp_path, roles, transport
 ):
-    from asyncrl.core.control import ControlServer
-    from asyncrl.learner.weight_sender import ActorWeightChannel
+    from asyncrl.core.net.control import ControlServer
+    from asyncrl.learner.weights.channel import ActorWeightChannel
 
     rounds = fault_count(2, 10)
     buckets = n_buckets()
@@ -194,8 +194,8 @@ def test_a_receiver_killed_under_deferred_acks_fails_a_later_settle_and_survivor
     in the ack collected later (``settle``, which the next sync runs first). Either way the
     failure is counted, the next sync re-forms the group with the survivors and sends its
     version in full, and the survivors end identical."""
-    from asyncrl.core.control import ControlServer
-    from asyncrl.learner.weight_sender import ActorWeightChannel
+    from asyncrl.core.net.control import ControlServer
+    from asyncrl.learner.weights.channel import ActorWeightChannel
 
     buckets = n_buckets()
     control = ControlServer()

@@ -3,7 +3,7 @@ control plane, with a dict of tensors in place of the vLLM model.
 
     python tests/faults/weight_receiver.py CONTROL_ADDR ACTOR_ID OUT_DIR
 
-register -> on ``weights_init``: join the group through the transport it names (``asyncrl.core.transports``);
+register -> on ``weights_init``: join the group through the transport it names (``asyncrl.core.weights.transports``);
 on ``update v``: receive every bucket into the model (failpoint
 ``receiver.bucket`` fires before each bucket is loaded: the test SIGKILLs a receiver
 mid-transfer with ``ASYNCRL_FAILPOINTS=receiver.bucket=kill@N``), then write
@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from asyncrl.core import transports  # noqa: E402
-from asyncrl.core.control import ControlClient, Endpoint  # noqa: E402
-from asyncrl.core.faults import failpoint  # noqa: E402
-from asyncrl.core.weights import WeightSyncError  # noqa: E402
+from asyncrl.core.net.control import ControlClient, Endpoint  # noqa: E402
+from asyncrl.core.runtime.faults import failpoint  # noqa: E402
+from asyncrl.core.weights import transports
+from asyncrl.core.weights.stream import WeightSyncError  # noqa: E402
 
 
 def digest(model: dict) -> str:

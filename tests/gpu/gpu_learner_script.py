@@ -20,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]  # runs without an install too
 from fsdp_step_script import load_groups  # noqa: E402
 
-from asyncrl.core.config import AlgorithmConfig  # noqa: E402
-from asyncrl.learner.batch import broadcast_batch, collate  # noqa: E402
-from asyncrl.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
-from asyncrl.learner.device import current_device, init_distributed  # noqa: E402
-from asyncrl.learner.model import build_policy, full_named_tensors  # noqa: E402
-from asyncrl.learner.step import StepContext, reduce_metrics, train_on_batch  # noqa: E402
+from asyncrl.core.config.job import AlgorithmConfig  # noqa: E402
+from asyncrl.learner.compute.batch import broadcast_batch, collate  # noqa: E402
+from asyncrl.learner.compute.device import current_device, init_distributed  # noqa: E402
+from asyncrl.learner.compute.model import build_policy, full_named_tensors  # noqa: E402
+from asyncrl.learner.compute.step import StepContext, reduce_metrics, train_on_batch  # noqa: E402
+from asyncrl.learner.state.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 
 
 def main():

@@ -1,4 +1,4 @@
-"""``model.compile`` on a GPU: the compiled decoder layers (``asyncrl.learner.model.compile_layers``)
+"""``model.compile`` on a GPU: the compiled decoder layers (``asyncrl.learner.compute.model.compile_layers``)
 give the eager log-probs, entropy and gradients on packed rows with flex_attention (compiled
 inside the compiled layer there) and sdpa, in bfloat16, with gradient checkpointing, and over
 two stream lengths (the dynamic-shape recompile). Skipped without a CUDA GPU; the CPU
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.learner.model import compile_layers, enable_gradient_checkpointing
-from asyncrl.learner.packing import set_packed
+from asyncrl.learner.compute.model import compile_layers, enable_gradient_checkpointing
+from asyncrl.learner.compute.packing import set_packed
 
 from .test_packing_gpu import LENGTHS, _run, model_and_rows
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(HERE.parent / "integration"))
 from fsdp_step_script import load_groups, one_update  # noqa: E402
 from test_learner_fsdp import _groups_json  # noqa: E402
 
-from asyncrl.core.config import AlgorithmConfig  # noqa: E402
-from asyncrl.core.torchrun import free_port  # noqa: E402
+from asyncrl.core.config.job import AlgorithmConfig  # noqa: E402
+from asyncrl.core.runtime.torchrun import free_port  # noqa: E402
 
 
 def _run_on_gpu(model_dir: str, tmp_path: Path, algo: AlgorithmConfig, dtype: str):

@@ -1,4 +1,4 @@
-"""Packed sequences on a GPU (learner/packing.py): each row's log-probs, entropy and gradients
+"""Packed sequences on a GPU (learner/compute/packing.py): each row's log-probs, entropy and gradients
 in one packed stream against the row run alone, with flex_attention (its ``BlockMask``), sdpa
 (dense boolean mask) and flash-attn's varlen kernel when flash-attn is installed; bfloat16
 compute, rows longer than flex's 128-token blocks so blocks straddle rows. Skipped on machines
@@ -13,8 +13,8 @@ import importlib.util
 import pytest
 import torch
 
-from asyncrl.learner.model import token_logprobs
-from asyncrl.learner.packing import pack, set_packed
+from asyncrl.learner.compute.model import token_logprobs
+from asyncrl.learner.compute.packing import pack, set_packed
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,6 +1,6 @@
 """One GPU shared by the learner and vLLM (``layout=gpu1``): the learner's memory cap is real
 on a GPU, and the memory the launcher reads from nvidia-smi is the memory torch sees.
-Skipped without a CUDA GPU; the logic is tested on CPU in tests/unit/core/test_gpu_share.py."""
+Skipped without a CUDA GPU; the logic is tested on CPU in tests/unit/orchestration/test_gpu_share.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.learner.device import limit_memory
-from asyncrl.orchestration.gpus import gpu_memory_gib
+from asyncrl.learner.compute.device import limit_memory
+from asyncrl.orchestration.placement.gpus import gpu_memory_gib
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,7 +27,7 @@ def test_the_learner_cap_refuses_an_allocation_past_its_share():
     """In a child process: the cap is per process and stays set."""
     code = (
         "import torch\n"
-        "from asyncrl.learner.device import limit_memory\n"
+        "from asyncrl.learner.compute.device import limit_memory\n"
         "gpu = torch.device('cuda', 0)\n"
         "total = torch.cuda.get_device_properties(gpu).total_memory\n"
         "assert limit_memory(gpu, 0.1)\n"

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from asyncrl.core.config_network import NetworkConfig
-from asyncrl.core.transports.nccl import NcclReceiver, NcclSender
-from asyncrl.core.weights import device_checksum, pack_bucket, unpack_bucket
+from asyncrl.core.config.network import NetworkConfig
+from asyncrl.core.weights.nccl import NcclReceiver, NcclSender
+from asyncrl.core.weights.stream import device_checksum, pack_bucket, unpack_bucket
 from tests.unit.core.fake_nccl import FakeNccl
 
 pytestmark = [

@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from asyncrl.core.config import AlgorithmConfig
+from asyncrl.core.config.job import AlgorithmConfig
 from asyncrl.core.types import Group, Sample
-from asyncrl.learner.batch import broadcast_batch, collate
-from asyncrl.learner.model import build_policy, full_named_tensors
-from asyncrl.learner.step import StepContext, train_on_batch
+from asyncrl.learner.compute.batch import broadcast_batch, collate
+from asyncrl.learner.compute.model import build_policy, full_named_tensors
+from asyncrl.learner.compute.step import StepContext, train_on_batch
 from asyncrl.learner.trainer import init_distributed
 
 

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from asyncrl.buffer.actor_ids import ActorIds, launch_token
-from asyncrl.core.configload import load_config
-from asyncrl.orchestration.actor_ids import IdKeeper, interrupted
+from asyncrl.core.config.load import load_config
+from asyncrl.orchestration.launch.actor_ids import IdKeeper, interrupted
 
 pytestmark = pytest.mark.redis
 
@@ -107,7 +107,7 @@ def test_a_launch_whose_id_was_taken_stops_naming_the_ids(
 
 def test_the_actor_acl_user_can_claim_and_release(redis_server, buffer_name, tmp_path):
     from asyncrl.buffer.connection import connect
-    from asyncrl.buffer.server import RedisServer
+    from asyncrl.buffer.service.server import RedisServer
 
     server = RedisServer(redis_server.run_dir.parent / f"acl-{buffer_name}", key_prefix=buffer_name)
     said: list[str] = []

@@ -19,7 +19,7 @@ from redis.retry import Retry
 from asyncrl.buffer.codec import encode_group
 from asyncrl.buffer.connection import BufferUnavailable, connect
 from asyncrl.buffer.redis_buffer import LeaseExpired, ReplayBuffer
-from asyncrl.buffer.server import RedisServer, RedisServerError
+from asyncrl.buffer.service.server import RedisServer, RedisServerError
 from asyncrl.buffer.staleness import Window, admission_window
 from asyncrl.buffer.testing import random_group
 

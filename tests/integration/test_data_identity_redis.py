@@ -1,4 +1,4 @@
-"""The data identity check at actor start (actors/data_identity.py) against a real redis-server,
+"""The data identity check at actor start (actors/data/identity.py) against a real redis-server,
 as the actor ACL user: the first actor records it, a restart with the same data passes, one
 with other data or another stride is refused naming what changed; ``claim_meta`` gives the
 field to exactly one of many racing callers."""
@@ -10,12 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from asyncrl.actors import data_identity
-from asyncrl.actors.tasks import build_prompt_source
+from asyncrl.actors.data import identity as data_identity
+from asyncrl.actors.data.tasks import build_prompt_source
 from asyncrl.buffer.connection import connect
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.core.configload import load_config
-from asyncrl.core.fatal import FatalError
+from asyncrl.core.config.load import load_config
+from asyncrl.core.runtime.fatal import FatalError
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
 pytestmark = pytest.mark.redis

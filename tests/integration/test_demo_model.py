@@ -1,6 +1,6 @@
 """The demo model directory: loads with transformers, tokenizer round-trips, seeded weights.
 
-vLLM loading is checked by ``python -m asyncrl.orchestration.demo.check_vllm`` (it starts an engine, ~30 s).
+vLLM loading is checked by ``python scripts/check_vllm.py`` (it starts an engine, ~30 s).
 """
 
 from __future__ import annotations

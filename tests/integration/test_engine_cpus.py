@@ -30,7 +30,7 @@ _ACTOR = textwrap.dedent(
     """
     import asyncio, json, os, sys
     import psutil
-    from asyncrl.actors.engine import ActorEngine
+    from asyncrl.actors.engine.vllm_engine import ActorEngine
 
     async def main(model_dir):
         engine_core = max(os.sched_getaffinity(0))

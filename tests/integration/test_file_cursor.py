@@ -12,12 +12,12 @@ from collections import Counter
 import pytest
 
 from asyncrl.actors.actor import Actor
-from asyncrl.actors.math_reward import math_answer_reward
-from asyncrl.actors.sim_engine import SimEngine
-from asyncrl.actors.tasks import build_prompt_source
+from asyncrl.actors.data.tasks import build_prompt_source
+from asyncrl.actors.engine.sim import SimEngine
+from asyncrl.actors.rewards.math_reward import math_answer_reward
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.core.configload import load_config
-from asyncrl.learner.data import DataExhausted, GroupSource
+from asyncrl.core.config.load import load_config
+from asyncrl.learner.hub.data import DataExhausted, GroupSource
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
 pytestmark = pytest.mark.redis

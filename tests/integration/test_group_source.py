@@ -11,7 +11,7 @@ import pytest
 
 from asyncrl.buffer.redis_buffer import ReplayBuffer
 from asyncrl.buffer.testing import add_as_committed, random_group
-from asyncrl.learner.data import GroupSource
+from asyncrl.learner.hub.data import GroupSource
 
 pytestmark = pytest.mark.redis
 
@@ -73,8 +73,8 @@ def test_a_wait_for_data_reports_times_out_with_the_fix_and_stops_on_request(
     import threading
     import time
 
-    from asyncrl.core.waiting import StopRequested
-    from asyncrl.learner.data import DataTimeout
+    from asyncrl.core.runtime.waiting import StopRequested
+    from asyncrl.learner.hub.data import DataTimeout
 
     buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
     _commit(buf, "m0", [1.0, 0.0, 0.0, 1.0])
@@ -103,7 +103,7 @@ def _commit_at(buf: ReplayBuffer, gid: str, version: int) -> None:
 def test_a_group_newer_than_any_version_of_this_run_is_refused_naming_it(redis_client, buffer_name):
     """Issue 29: tokens of a negative staleness are impossible from this run's actors; a group
     from versions this run's learner reached before a restart (``ceiling``) is not foreign."""
-    from asyncrl.core.fatal import FatalError
+    from asyncrl.core.runtime.fatal import FatalError
 
     buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
     _commit_at(buf, "mine", 5)

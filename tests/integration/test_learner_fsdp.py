@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from asyncrl.core.config import AlgorithmConfig
-from asyncrl.core.torchrun import free_port as _free_port
+from asyncrl.core.config.job import AlgorithmConfig
+from asyncrl.core.runtime.torchrun import free_port as _free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_step_script import load_groups, one_update  # noqa: E402
@@ -61,7 +61,7 @@ def test_fsdp2_two_ranks_match_single_process(tiny_model, tmp_path, aggregation,
 
 def test_fsdp2_two_ranks_mask_truncated_rows_as_one_process(tiny_model, tmp_path):
     """``algorithm.truncated=mask``: each rank masks its rows, the aggregation's denominators
-    the whole minibatch's (learner/truncation.py); the batch reaches rank 1 by broadcast."""
+    the whole minibatch's (learner/algo/truncation.py); the batch reaches rank 1 by broadcast."""
     algo = AlgorithmConfig(aggregation="seq_mean_token_mean", minibatches=2, truncated="mask")
     _two_ranks_match_one(tiny_model, tmp_path, algo)
     groups = json.loads((tmp_path / "groups.json").read_text())

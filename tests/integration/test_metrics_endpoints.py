@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.config_network import NetworkConfig
-from asyncrl.core.endpoints import Endpoint, Place, read_endpoints, register_endpoint
-from asyncrl.core.metrics import (
+from asyncrl.core.config.network import NetworkConfig
+from asyncrl.core.net.endpoints import Endpoint, Place, read_endpoints, register_endpoint
+from asyncrl.core.observe.metrics import (
     ACTOR_STATES,
     LEARNER_STATES,
     ActorMetrics,
@@ -27,7 +27,7 @@ from asyncrl.core.metrics import (
     role_port,
     serve,
 )
-from asyncrl.core.torchrun import free_port
+from asyncrl.core.runtime.torchrun import free_port
 from asyncrl.orchestration.status import render_status, scrape
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -232,7 +232,7 @@ def test_status_scrapes_this_hosts_endpoints_and_names_the_host_of_the_others(
     from prometheus_client import CollectorRegistry
 
     from asyncrl.buffer.redis_buffer import ReplayBuffer
-    from asyncrl.core.configload import load_config
+    from asyncrl.core.config.load import load_config
 
     buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
     assert buf.lease(7, timeout_s=1.0) and buf.lease(7, timeout_s=1.0)
@@ -272,7 +272,7 @@ def test_status_of_a_host_with_none_of_the_endpoints_does_not_wait(
 ):
     import time
 
-    from asyncrl.core.configload import load_config
+    from asyncrl.core.config.load import load_config
 
     learner = Endpoint("learner", "127.0.0.1:9491", Place("nodeA", "10.0.0.5", "b/1"), 99)
     netns = Place(socket.gethostname(), "10.0.0.6", "b/2")  # a tests/multihost "host"

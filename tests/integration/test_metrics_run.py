@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.config_checks import format_indices
-from asyncrl.core.torchrun import free_port
+from asyncrl.core.config.checks import format_indices
+from asyncrl.core.runtime.torchrun import free_port
 from asyncrl.orchestration.status import scrape
 from tests.e2e.conftest import needs_full_stack, run_cli
 from tests.integration.test_metrics_endpoints import missing_names
@@ -29,7 +29,7 @@ PINNED = (
 def _endpoints(run_dir: Path) -> dict[str, str]:
     """role -> ``host:port`` of its /metrics."""
     from asyncrl.buffer.connection import connect
-    from asyncrl.core.endpoints import read_endpoints
+    from asyncrl.core.net.endpoints import read_endpoints
 
     url_file = run_dir / "redis" / "redis.url"
     if not url_file.is_file():

@@ -1,4 +1,4 @@
-"""``buffer.tls_dir``: the job's Redis over TLS only (buffer/tls.py, ``RedisServer(tls=)``),
+"""``buffer.tls_dir``: the job's Redis over TLS only (buffer/service/tls.py, ``RedisServer(tls=)``),
 against a real redis-server: the files made or checked, role URLs that verify the server,
 and clear errors for a plain client, a wrong CA and a certificate for another address."""
 
@@ -13,9 +13,9 @@ import redis
 
 from asyncrl.buffer.connection import BufferUnavailable, connect, describe
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.buffer.server import RedisServer
+from asyncrl.buffer.service.server import RedisServer
+from asyncrl.buffer.service.tls import TlsError, ensure
 from asyncrl.buffer.testing import random_group
-from asyncrl.buffer.tls import TlsError, ensure
 
 pytestmark = pytest.mark.redis
 

@@ -38,12 +38,12 @@ from torch.distributed.fsdp import FSDPModule  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from asyncrl.actors.engine import ActorEngine  # noqa: E402
-from asyncrl.core.torchrun import free_port  # noqa: E402
+from asyncrl.actors.engine.vllm_engine import ActorEngine  # noqa: E402
+from asyncrl.core.runtime.torchrun import free_port  # noqa: E402
 from asyncrl.core.types import Group, Sample  # noqa: E402
-from asyncrl.learner.batch import Batch, collate  # noqa: E402
-from asyncrl.learner.logprobs import chunked_token_logprobs  # noqa: E402
-from asyncrl.learner.model import build_policy, full_named_tensors, token_logprobs  # noqa: E402
+from asyncrl.learner.compute.batch import Batch, collate  # noqa: E402
+from asyncrl.learner.compute.logprobs import chunked_token_logprobs  # noqa: E402
+from asyncrl.learner.compute.model import build_policy, full_named_tensors, token_logprobs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_weight_sync import connect  # noqa: E402
@@ -86,7 +86,7 @@ def engine(loop, smollm2_dir):
 
 
 def chat_prompt(tokenizer, question: str) -> list[int]:
-    """The tokens the ``file`` task gives a chat prompt (actors/file_source.py): the rendered
+    """The tokens the ``file`` task gives a chat prompt (actors/data/file_source.py): the rendered
     template, encoded without special tokens."""
     messages = [{"role": "user", "content": question}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -172,10 +172,10 @@ def learner(engine, bf16_rollout, smollm2_dir):
     """The learner's step context on one gloo rank: the ``model=smollm2`` preset at
     ``model.dtype=bfloat16``, which FSDP2 shards even on one rank (float32 master weights,
     bfloat16 compute). After the engines: vLLM's processes must fork without a process group."""
-    from asyncrl.core.configload import load_config
+    from asyncrl.core.config.load import load_config
     from asyncrl.learner.trainer import build_step_context
 
-    # not asyncrl.learner.device.init_distributed: it would leave RANK etc. in this process's environment
+    # not asyncrl.learner.compute.device.init_distributed: it would leave RANK etc. in this process's environment
     address = f"tcp://127.0.0.1:{free_port()}"
     dist.init_process_group("gloo", init_method=address, rank=0, world_size=1)
     try:
@@ -198,7 +198,7 @@ def masked(t: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 @torch.no_grad()
 def learner_logprobs(model, batch: Batch) -> torch.Tensor:
-    """[n] the learner's log-probs of ``batch``'s completion tokens (learner/step.py's call)."""
+    """[n] the learner's log-probs of ``batch``'s completion tokens (learner/compute/step.py's call)."""
     lp, _ = token_logprobs(
         model, batch.input_ids, batch.attention_mask, entropy=False, scored=batch.loss_mask
     )
@@ -257,7 +257,7 @@ def test_version0_vllm_and_learner_logprobs_agree(version0):
 def stepped(learner, rollout, version0) -> dict:
     """One ``train_on_batch`` on the rollout (version 0 -> 1): its metrics and the learner's
     full weights after it (float32 masters)."""
-    from asyncrl.learner.step import train_on_batch
+    from asyncrl.learner.compute.step import train_on_batch
 
     _, ctx = learner
     metrics = train_on_batch(ctx, rollout[1])
@@ -332,7 +332,7 @@ def test_after_a_sync_vllm_is_the_learners_new_version(
 
     # The version-0 samples, scored by vLLM at version 1 and by the learner at version 1. Every
     # position agrees, so the rotary cache vLLM keeps across the sync is right too (the
-    # "RotaryEmbedding: Failed to load weights" it logs: actors/weight_transfer.py).
+    # "RotaryEmbedding: Failed to load weights" it logs: actors/weights/receiver.py).
     async def score():
         return await asyncio.gather(
             *(engine.logprobs_of(s.prompt_ids, s.completion_ids) for g in groups for s in g.samples)
@@ -379,7 +379,7 @@ def test_after_a_sync_vllm_is_the_learners_new_version(
 def test_checkpoint_and_hf_export_keep_the_tie(learner, stepped, smollm2_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from asyncrl.learner.checkpoint import load_checkpoint, save_checkpoint
+    from asyncrl.learner.state.checkpoint import load_checkpoint, save_checkpoint
     from asyncrl.learner.trainer import build_step_context
 
     cfg, ctx = learner

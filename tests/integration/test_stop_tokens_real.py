@@ -1,13 +1,17 @@
 """The stop tokens of the real SmolLM2-135M-Instruct (``smollm2_dir``: converted once from its
 GGUF file into .cache/asyncrl, ~30 s the first time): its generation config's EOS, its
 tokenizer's EOS and the token its chat template closes a turn with are all ``<|im_end|>``
-(id 2), so completions end at the end of the assistant's turn (actors/stop_tokens.py)."""
+(id 2), so completions end at the end of the assistant's turn (actors/engine/stop_tokens.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.stop_tokens import chat_end_of_turn, generation_eos_ids, model_stop_token_ids
+from asyncrl.actors.engine.stop_tokens import (
+    chat_end_of_turn,
+    generation_eos_ids,
+    model_stop_token_ids,
+)
 
 transformers = pytest.importorskip("transformers")
 

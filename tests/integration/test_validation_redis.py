@@ -13,14 +13,14 @@ import threading
 import pytest
 
 from asyncrl.actors.actor import Actor
-from asyncrl.actors.math_reward import math_answer_reward
-from asyncrl.actors.sim_engine import SimEngine
-from asyncrl.actors.tasks import build_val_source
+from asyncrl.actors.data.tasks import build_val_source
+from asyncrl.actors.engine.sim import SimEngine
+from asyncrl.actors.rewards.math_reward import math_answer_reward
 from asyncrl.actors.validation import Validator, validation_size
 from asyncrl.buffer.eval_queue import EvalQueue
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.core.configload import load_config
-from asyncrl.learner.validation import Validation
+from asyncrl.core.config.load import load_config
+from asyncrl.learner.hub.validation import Validation
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
 pytestmark = pytest.mark.redis

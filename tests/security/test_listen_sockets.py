@@ -81,7 +81,7 @@ def test_running_job_listens_on_loopback_only(tmp_path, roles):
     assert len(metrics) >= 3 and control, out[-3000:]  # launcher, learner, actor0
     assert metrics | control | {redis_port} <= ports, (metrics, control, redis_port, ports)
     assert "redis-server" in {name for _, _, _, name in listeners}, listeners
-    agents = [p for p in pids if "asyncrl.core.torchrun" in cmdline(p)]
+    agents = [p for p in pids if "asyncrl.core.runtime.torchrun" in cmdline(p)]
     assert agents and any(pid in agents for _, _, pid, _ in listeners), (
         "torchrun's rendezvous store should be among the (loopback) listeners"
     )

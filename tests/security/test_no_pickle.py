@@ -1,7 +1,7 @@
 """No pickle, ``eval``, ``exec`` or unsafe ``torch.load`` on any network or file path.
 
 Static: an AST scan of asyncrl/ (every part) and benchmarks/. Runtime: the audit-hook
-guard (asyncrl/core/wireguard.py) stops our code paths from unpickling, in real processes."""
+guard (asyncrl/core/net/wireguard.py) stops our code paths from unpickling, in real processes."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ dist.all_gather_object(parts, metrics)
 
 def _run(code: str, env_value: str = "1") -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter. ``TORCH_COMPILE_DISABLE`` is dropped: an engine started
-    earlier in this pytest process sets it (actors/engine.py) and would turn the torch.compile
+    earlier in this pytest process sets it (actors/engine/vllm_engine.py) and would turn the torch.compile
     case into a no-op (CI of 2026-11-27: ``WITHOUT 0``, no cache hit)."""
     env = {**os.environ, "ASYNCRL_FORBID_PICKLE": env_value, "PYTHONPATH": str(ROOT)}
     env.pop("TORCH_COMPILE_DISABLE", None)
@@ -148,7 +148,7 @@ class _Evil:
 
 _AS_OUR_CODE = """
 import asyncrl, asyncrl.buffer.codec, pickle, sys
-from asyncrl.core import wireguard
+from asyncrl.core.net import wireguard
 # Code that lives in buffer/codec.py (its frames carry that file name) unpickles a payload.
 ns = {{}}
 exec(compile("import pickle\\ndef decode(b): return pickle.loads(b)", asyncrl.buffer.codec.__file__,
@@ -190,14 +190,14 @@ def test_guard_scope_ignores_pickle_outside_our_code():
 @pytest.mark.timeout(180)
 def test_guard_allows_distributed_checkpoint_metadata(tmp_path):
     """DCP reads its .metadata with pickle: the guard lets exactly its classes through, in
-    the learner's real save/load path (asyncrl.learner.checkpoint)."""
+    the learner's real save/load path (asyncrl.learner.state.checkpoint)."""
     code = f"""
 import os
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1")
 import asyncrl, torch, torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from asyncrl.core import wireguard
-from asyncrl.learner.checkpoint import _state_dicts
+from asyncrl.core.net import wireguard
+from asyncrl.learner.state.checkpoint import _state_dicts
 assert wireguard.installed()
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
 m = torch.nn.Linear(4, 2)
@@ -215,14 +215,14 @@ os._exit(0)  # gloo's teardown race at interpreter exit (SIGABRT), as in learner
 
 
 def test_guard_is_on_in_this_test_session():
-    from asyncrl.core import wireguard
+    from asyncrl.core.net import wireguard
 
     assert os.environ.get("ASYNCRL_FORBID_PICKLE") == "1" and wireguard.installed()
 
 
 _TASKS = """
 import asyncio, collections, pickle, asyncrl.buffer.codec
-from asyncrl.core import wireguard
+from asyncrl.core.net import wireguard
 payload = pickle.dumps(collections.Counter("ab"))
 ours = {}
 exec(compile('''
@@ -258,7 +258,7 @@ def test_guard_scope_stops_at_task_boundaries():
 
 _FORKED = '''
 import collections, multiprocessing, pickle, asyncrl.buffer.codec
-from asyncrl.core import wireguard
+from asyncrl.core.net import wireguard
 payload = pickle.dumps(collections.Counter("ab"))
 fork = multiprocessing.get_context("fork")
 
@@ -306,16 +306,16 @@ def test_guard_scope_stops_at_a_forked_process_start():
 
 
 _VLLM_INSPECTION = """
-import os, sys, tempfile, asyncrl.actors.engine
-from asyncrl.core import wireguard
-# Our actor's code path (frames of actors/engine.py) makes vLLM inspect a model class with
+import os, sys, tempfile, asyncrl.actors.engine.vllm_engine
+from asyncrl.core.net import wireguard
+# Our actor's code path (frames of actors/engine/vllm_engine.py) makes vLLM inspect a model class with
 # an empty cache: vLLM runs the inspection in a child and reads its answer with pickle.
 ours = {}
 exec(compile('''
 def inspect():
     from vllm.model_executor.models.registry import ModelRegistry
     return ModelRegistry.models["Qwen2ForCausalLM"].inspect_model_cls()
-''', asyncrl.actors.engine.__file__, "exec"), ours)
+''', asyncrl.actors.engine.vllm_engine.__file__, "exec"), ours)
 sites = set(wireguard.ALLOWED_CALL_SITES)
 wireguard.ALLOWED_CALL_SITES.clear()  # first without the exemption: the guard must see it
 os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp()
@@ -347,7 +347,7 @@ def test_guard_lets_vllm_read_its_own_model_inspection_on_a_fresh_cache():
 
 _NEAR_MISSES = """
 import pickle, collections, asyncrl.buffer.codec, vllm.model_executor.models.registry as registry
-from asyncrl.core import wireguard
+from asyncrl.core.net import wireguard
 payload = pickle.dumps(collections.Counter("ab"))
 ours = {}
 # (1) our own code with the exempt function's name; (2) another function in vLLM's registry
@@ -382,13 +382,13 @@ def test_guard_exemption_is_exactly_one_function_in_one_file():
 _INDUCTOR_CACHE = """
 import os, tempfile
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp()
-import torch, asyncrl.learner.model
+import torch, asyncrl.learner.compute.model
 from torch._dynamo.utils import counters
-from asyncrl.core import wireguard
+from asyncrl.core.net import wireguard
 ours = {}  # a compile from the learner's code path, as flex attention's is on a GPU
 exec(compile("import torch\\ndef run(x):\\n    torch._dynamo.reset()\\n"
              "    return torch.compile(lambda t: (t.sin() * 2).sum())(x)\\n",
-             asyncrl.learner.model.__file__, "exec"), ours)
+             asyncrl.learner.compute.model.__file__, "exec"), ours)
 x = torch.randn(64)
 ours["run"](x)  # compiled and written to the cache
 sites = set(wireguard.ALLOWED_CALL_SITES)
@@ -405,7 +405,7 @@ print("WITH", len(wireguard.violations()) - n, "HITS", counters["inductor"]["fxg
 @pytest.mark.timeout(180)
 def test_guard_lets_torch_compile_read_its_own_cache():
     """The first GPU check (2026-11-27) found the guard refusing torch.compile's read of its
-    own FX graph cache (flex attention, learner/logprobs.py on the stack): torch recompiled
+    own FX graph cache (flex attention, learner/compute/logprobs.py on the stack): torch recompiled
     and the test failed. The cache reader is exempt by file and function; without the
     exemption the guard still sees it (so the test would notice a guard that stopped looking)."""
     r = _run(_INDUCTOR_CACHE)

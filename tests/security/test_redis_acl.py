@@ -1,5 +1,5 @@
 """The auto-started Redis requires a password, and its least-privilege ACL users (``actor``,
-``learner``; ``asyncrl.buffer.redis_files.ROLE_USERS``) can do exactly what their role needs."""
+``learner``; ``asyncrl.buffer.service.files.ROLE_USERS``) can do exactly what their role needs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import redis
 from asyncrl.buffer.connection import BufferUnavailable, connect
 from asyncrl.buffer.cursors import PromptCursor, SyncQuota
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.buffer.server import RedisServer
+from asyncrl.buffer.service.server import RedisServer
 from asyncrl.buffer.testing import random_group
 
 pytestmark = pytest.mark.redis

@@ -1,4 +1,4 @@
-"""The sandbox for model-written code (``asyncrl.core.sandbox.run_untrusted``): a fork bomb, an
+"""The sandbox for model-written code (``asyncrl.actors.rewards.sandbox.run_untrusted``): a fork bomb, an
 infinite loop, a socket connect and a write outside its directory are each contained,
 reported with a reason, and finish within the test's bound. Real processes, real kernel."""
 
@@ -12,9 +12,9 @@ import time
 import psutil
 import pytest
 
-import asyncrl.core.cgroup as sandbox_cgroup
-import asyncrl.core.sandbox as sandbox
-from asyncrl.core.sandbox import SandboxError, available_isolation, run_untrusted
+import asyncrl.actors.rewards.cgroup as sandbox_cgroup
+import asyncrl.actors.rewards.sandbox as sandbox
+from asyncrl.actors.rewards.sandbox import SandboxError, available_isolation, run_untrusted
 
 FORK_BOMB = """
 import os, time
@@ -205,11 +205,11 @@ def test_memory_limit(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_python_code_reward_runs_completions_in_the_sandbox():
-    from asyncrl.actors.code_reward import CODE_REQUIRE
+    from asyncrl.actors.rewards.code_reward import CODE_REQUIRE
 
     needs(*CODE_REQUIRE)
-    from asyncrl.actors.code_reward import python_code_reward
-    from asyncrl.actors.reward_calls import score
+    from asyncrl.actors.rewards.calls import score
+    from asyncrl.actors.rewards.code_reward import python_code_reward
 
     good = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
     bad = "```python\ndef add(a, b):\n    return a - b\n```"
@@ -226,10 +226,10 @@ def test_missing_layers_refuse_to_run_the_code(tmp_path, monkeypatch):
     """On a kernel without a required layer (acted out: the child reports it missing), the code
     never runs, ``SandboxError`` names the layer and the fix, and the code reward and the
     launcher's start-up check raise it instead of scoring samples 0."""
-    from asyncrl.actors.code_reward import python_code_reward
-    from asyncrl.actors.reward_calls import score
-    from asyncrl.core.config import Config
-    from asyncrl.orchestration.jobs import check_reward_fn
+    from asyncrl.actors.rewards.calls import score
+    from asyncrl.actors.rewards.code_reward import python_code_reward
+    from asyncrl.core.config.job import Config
+    from asyncrl.orchestration.launch.jobs import check_reward_fn
 
     monkeypatch.setattr(sandbox, "_TEST_WITHOUT", ("landlock",))
     work = tmp_path / "w"

@@ -64,7 +64,7 @@ def test_a_timed_out_wait_shows_where_each_role_waited_and_spares_the_others(tmp
     ``enable_stack_dumps``) writes its threads' stacks to its log, and goes on; a process that
     does not catch it is not sent it (its default action would end it)."""
     role = (
-        "from asyncrl.core.lifeline import enable_stack_dumps\nimport time\n"
+        "from asyncrl.core.runtime.lifeline import enable_stack_dumps\nimport time\n"
         "def waits_for_the_buffer():\n    time.sleep(60)\n"
         "enable_stack_dumps()\nprint('up', flush=True)\nwaits_for_the_buffer()"
     )

@@ -178,7 +178,7 @@ def prepare_demo_model(
     """
     import torch
 
-    from asyncrl.actors.addition import AdditionSource
+    from asyncrl.actors.data.addition import AdditionSource
     from asyncrl.orchestration.demo.model import demo_config, init_model, save_model_dir
     from asyncrl.orchestration.demo.tokenizer import build_tokenizer
 

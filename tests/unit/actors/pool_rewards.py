@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from asyncrl.core.sandbox import SandboxError
+from asyncrl.actors.rewards.sandbox import SandboxError
 
 
 def behave(prompt, completion, **fields):

@@ -18,16 +18,16 @@ import pytest
 
 from asyncrl.actors import main as actor_main
 from asyncrl.actors.actor import Actor
-from asyncrl.actors.addition import AdditionSource, addition_reward
-from asyncrl.actors.datafile import DataError
-from asyncrl.actors.engine import ActorEngine, Completion
-from asyncrl.actors.engine_args import engine_kwargs, sampling_kwargs
+from asyncrl.actors.data.addition import AdditionSource, addition_reward
+from asyncrl.actors.data.datafile import DataError
+from asyncrl.actors.data.tasks import check_context, max_model_len
+from asyncrl.actors.engine.args import engine_kwargs, sampling_kwargs
+from asyncrl.actors.engine.sim import SimEngine
+from asyncrl.actors.engine.vllm_engine import ActorEngine, Completion
 from asyncrl.actors.groups import generate_whole
-from asyncrl.actors.sim_engine import SimEngine
-from asyncrl.actors.tasks import check_context, max_model_len
 from asyncrl.buffer.testing import UnreachableBuffer
-from asyncrl.core.config import Config
-from asyncrl.core.configload import ConfigError, load_config
+from asyncrl.core.config.job import Config
+from asyncrl.core.config.load import ConfigError, load_config
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
 GIB = 2**30

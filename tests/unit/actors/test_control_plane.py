@@ -8,9 +8,9 @@ import asyncio
 
 from asyncrl.actors.actor import ActorState
 from asyncrl.actors.control_plane import ControlPlane
-from asyncrl.core.configload import load_config
-from asyncrl.core.metrics import ACTOR_STATES, ActorMetrics, StateClock
-from asyncrl.core.weights import WeightSyncError
+from asyncrl.core.config.load import load_config
+from asyncrl.core.observe.metrics import ACTOR_STATES, ActorMetrics, StateClock
+from asyncrl.core.weights.stream import WeightSyncError
 
 
 class ScriptedClient:

@@ -1,4 +1,4 @@
-"""actors/cpu_layout.py ``engine_on`` (``actor.engine_cpus``): processes started inside run on
+"""actors/engine/cpu_layout.py ``engine_on`` (``actor.engine_cpus``): processes started inside run on
 the engine's cores, and afterwards every thread of the starting process, those started
 meanwhile too, runs on the cores left; bad core lists fail before anything starts. The layout
 runs in a child interpreter so that this test process keeps its own cores. The real engine's
@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from asyncrl.actors.cpu_layout import engine_on
+from asyncrl.actors.engine.cpu_layout import engine_on
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 
@@ -45,7 +45,7 @@ def test_every_core_to_the_engine_is_refused_with_the_fix():
 _LAYOUT = textwrap.dedent(
     """
     import json, os, subprocess, sys, threading
-    from asyncrl.actors.cpu_layout import engine_on
+    from asyncrl.actors.engine.cpu_layout import engine_on
 
     engine = [max(os.sched_getaffinity(0))]
     stop = threading.Event()

@@ -1,4 +1,4 @@
-"""The data identity of a buffer's prompt cursors (actors/data_identity.py): the same data and
+"""The data identity of a buffer's prompt cursors (actors/data/identity.py): the same data and
 settings give the same fingerprint, each part that changes the index -> prompt mapping or the
 actors' stride gives another one and is named in the message, ``data.epochs`` is not a part
 (more epochs keep every existing index's prompt), and ``check`` claims once, then compares.
@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from asyncrl.actors import data_identity
-from asyncrl.actors.tasks import build_prompt_source
-from asyncrl.core.configload import load_config
-from asyncrl.core.fatal import FatalError
+from asyncrl.actors.data import identity as data_identity
+from asyncrl.actors.data.tasks import build_prompt_source
+from asyncrl.core.config.load import load_config
+from asyncrl.core.runtime.fatal import FatalError
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
 ROWS = [{"prompt": f"{'1' * (i + 1)}+1=", "alt": f"{i}+2=", "answer": str(i)} for i in range(6)]

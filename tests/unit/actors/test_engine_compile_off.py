@@ -1,4 +1,4 @@
-"""actors/engine.py ``_new_llm``: an eager engine on a CPU turns ``torch.compile`` off for
+"""actors/engine/vllm_engine.py ``_new_llm``: an eager engine on a CPU turns ``torch.compile`` off for
 itself and its processes (the sampler helpers vLLM compiles cost ~1.9 s of every engine's
 first batch there); a compiled engine and a GPU engine keep it. Fakes stand in for vLLM."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch._dynamo
 
-from asyncrl.actors.engine import _new_llm
+from asyncrl.actors.engine.vllm_engine import _new_llm
 
 
 class FakeLLM:
@@ -32,7 +32,7 @@ def clean(monkeypatch):
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     with torch._dynamo.config.patch(disable=False):  # restored after the test
         yield
-    gc.unfreeze()  # a fork start froze the heap (asyncrl/core/heap.py)
+    gc.unfreeze()  # a fork start froze the heap (asyncrl/core/runtime/heap.py)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])

@@ -1,4 +1,4 @@
-"""actors/engine.py ``ActorEngine._pause``: a weight sync pauses vLLM's scheduler directly
+"""actors/engine/vllm_engine.py ``ActorEngine._pause``: a weight sync pauses vLLM's scheduler directly
 (keeping the mode and clearing the cache as ``pause_generation`` does) without vLLM's closing
 20 ms sleep, and falls back to ``pause_generation`` where a vLLM lacks the scheduler call. The
 real engine's path is checked in tests/integration/test_weight_sync.py. Fakes stand in for vLLM."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncrl.actors.engine import ActorEngine
+from asyncrl.actors.engine.vllm_engine import ActorEngine
 
 
 def _engine(llm) -> ActorEngine:

@@ -1,4 +1,4 @@
-"""The ``file`` task (actors/datafile.py, actors/file_source.py) over real parquet and JSON Lines
+"""The ``file`` task (actors/data/datafile.py, actors/data/file_source.py) over real parquet and JSON Lines
 files and the demo model's real tokenizer: reward fields (dotted keys, reserved names), chat
 and plain prompts, templates, the length filter and its report, seeded epochs, and the
 message of every kind of bad input."""
@@ -13,16 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asyncrl.actors.datafile import DataError, DataKeys, read_rows
-from asyncrl.actors.file_source import FileSource, load_template
-from asyncrl.actors.tasks import (
+from asyncrl.actors.data.datafile import DataError, DataKeys, read_rows
+from asyncrl.actors.data.file_source import FileSource, load_template
+from asyncrl.actors.data.tasks import (
     TASKS,
     build_prompt_source,
     check_data,
     example_fields,
     max_model_len,
 )
-from asyncrl.core.configload import ConfigError, load_config
+from asyncrl.core.config.load import ConfigError, load_config
 from asyncrl.orchestration.demo.tokenizer import CHAT_TEMPLATE, save_tokenizer
 
 VERL_ROWS = [

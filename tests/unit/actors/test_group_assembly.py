@@ -9,11 +9,11 @@ import json
 import pytest
 
 from asyncrl.actors.actor import Actor
-from asyncrl.actors.addition import AdditionSource, addition_reward
-from asyncrl.actors.engine import Completion
-from asyncrl.actors.engine_protocol import Engine
+from asyncrl.actors.data.addition import AdditionSource, addition_reward
+from asyncrl.actors.engine.protocol import Engine
+from asyncrl.actors.engine.vllm_engine import Completion
 from asyncrl.buffer.testing import UnreachableBuffer
-from asyncrl.core.config import Config
+from asyncrl.core.config.job import Config
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
 
 
@@ -69,8 +69,8 @@ def _completion(actor: Actor, text: str, version: int, reason="stop") -> Complet
 
 
 def test_the_fakes_implement_the_engine_protocol():
-    from asyncrl.actors.engine import ActorEngine
-    from asyncrl.actors.sim_engine import SimEngine
+    from asyncrl.actors.engine.sim import SimEngine
+    from asyncrl.actors.engine.vllm_engine import ActorEngine
 
     for engine in (ScriptedEngine(), SimEngine(64, 1e5, 3.0), ActorEngine(llm=None, version=0)):
         assert isinstance(engine, Engine), type(engine).__name__

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from asyncrl.actors.math_reward import extract_final_answer, math_reward
-from asyncrl.actors.reward_calls import score_call
-from asyncrl.actors.reward_loading import load_reward_fn, preflight
+from asyncrl.actors.rewards.calls import score_call
+from asyncrl.actors.rewards.loading import load_reward_fn, preflight
+from asyncrl.actors.rewards.math_reward import extract_final_answer, math_reward
 
 CASES = [
     # completion, reference, expected

@@ -1,4 +1,4 @@
-"""The reward worker pool (actors/reward_pool.py) through ``RewardScorer``: a group's calls run
+"""The reward worker pool (actors/rewards/pool.py) through ``RewardScorer``: a group's calls run
 at once and come back in sample order, for both executors; a process worker past its
 deadline is killed (with what it started) and replaced, one that dies mid-call is replaced
 and the call counts as ``crashed``; error kinds and the first error's traceback come back
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.actors.reward_loading import load_reward_fn
-from asyncrl.actors.reward_pool import ProcessWorker, RewardWorkerError
-from asyncrl.actors.scoring import RewardScorer
-from asyncrl.core.config import TaskConfig
-from asyncrl.core.sandbox import SandboxError
+from asyncrl.actors.rewards.loading import load_reward_fn
+from asyncrl.actors.rewards.pool import ProcessWorker, RewardWorkerError
+from asyncrl.actors.rewards.sandbox import SandboxError
+from asyncrl.actors.rewards.scoring import RewardScorer
+from asyncrl.core.config.job import TaskConfig
 
 SPEC = f"{Path(__file__).with_name('pool_rewards.py')}:behave"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.reward_calls import score_call
-from asyncrl.actors.reward_loading import (
+from asyncrl.actors.rewards.calls import score_call
+from asyncrl.actors.rewards.loading import (
     VerlReward,
     check_signature,
     fn_name,
@@ -14,8 +14,8 @@ from asyncrl.actors.reward_loading import (
     load_reward_fn,
     preflight,
 )
-from asyncrl.core.reward_records import extras_means
 from asyncrl.core.types import MAX_REWARD_EXTRAS, Sample
+from asyncrl.learner.hub.reward_records import extras_means
 
 DEMO = {"a": 12, "b": 30, "answer": "42"}  # the addition task's fields
 DATASET = {

@@ -12,19 +12,19 @@ import time
 
 import pytest
 
-from asyncrl.actors.addition import AdditionSource, addition_reward
-from asyncrl.actors.code_reward import python_code_reward
-from asyncrl.actors.math_reward import extract_final_answer, math_answer_reward
-from asyncrl.actors.reward_calls import score
-from asyncrl.actors.reward_loading import check_signature, load_reward_fn
-from asyncrl.actors.scoring import ErrorWindow, RewardErrorRate, RewardScorer
-from asyncrl.core.config import TaskConfig
-from asyncrl.core.reward_records import REWARD_ERROR_KINDS, RewardErrorTally, error_kind
-from asyncrl.core.sandbox import SandboxError
+from asyncrl.actors.data.addition import AdditionSource, addition_reward
+from asyncrl.actors.rewards.calls import score
+from asyncrl.actors.rewards.code_reward import python_code_reward
+from asyncrl.actors.rewards.loading import check_signature, load_reward_fn
+from asyncrl.actors.rewards.math_reward import extract_final_answer, math_answer_reward
+from asyncrl.actors.rewards.sandbox import SandboxError
+from asyncrl.actors.rewards.scoring import ErrorWindow, RewardErrorRate, RewardScorer
+from asyncrl.core.config.job import TaskConfig
+from asyncrl.learner.hub.reward_records import REWARD_ERROR_KINDS, RewardErrorTally, error_kind
 
 
 def test_load_by_module_spec():
-    assert load_reward_fn("asyncrl.actors.addition:addition_reward") is addition_reward
+    assert load_reward_fn("asyncrl.actors.data.addition:addition_reward") is addition_reward
     assert load_reward_fn("asyncrl.actors.rewards:math_answer_reward") is math_answer_reward
 
 
@@ -70,7 +70,7 @@ def test_missing_attribute():
 
 def test_not_callable():
     with pytest.raises(ValueError, match=r"ADDITION_PARTIAL_WEIGHT is a float, not callable"):
-        load_reward_fn("asyncrl.actors.addition:ADDITION_PARTIAL_WEIGHT")
+        load_reward_fn("asyncrl.actors.data.addition:ADDITION_PARTIAL_WEIGHT")
 
 
 def test_score_passes_fields_and_accepts_dicts():

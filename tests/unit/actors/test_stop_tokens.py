@@ -1,6 +1,6 @@
 """Where completions end (issue 27, "Stopping"): the union of the generation config's EOS ids,
-the tokenizer's EOS and the chat template's end-of-turn token (``asyncrl.actors.stop_tokens``), passed
-as ``stop_token_ids`` of every request (``asyncrl.actors.engine_args.sampling_kwargs``,
+the tokenizer's EOS and the chat template's end-of-turn token (``asyncrl.actors.engine.stop_tokens``), passed
+as ``stop_token_ids`` of every request (``asyncrl.actors.engine.args.sampling_kwargs``,
 ``ActorEngine.generate``), on real tokenizers and model directories written here and on a
 fake ``AsyncLLM``."""
 
@@ -12,14 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncrl.actors.engine import ActorEngine
-from asyncrl.actors.engine_args import sampling_kwargs
-from asyncrl.actors.stop_tokens import (
+from asyncrl.actors.engine.args import sampling_kwargs
+from asyncrl.actors.engine.stop_tokens import (
     chat_end_of_turn,
     generation_eos_ids,
     model_stop_token_ids,
     union_stop_ids,
 )
+from asyncrl.actors.engine.vllm_engine import ActorEngine
 from asyncrl.orchestration.demo.tokenizer import CHAT_TEMPLATE, build_tokenizer
 
 transformers = pytest.importorskip("transformers")

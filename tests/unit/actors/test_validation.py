@@ -1,5 +1,5 @@
 """Validation during training: pass@k, the val/* summary, when the learner validates and how
-long it holds weight syncs (learner/validation.py), and an actor's records
+long it holds weight syncs (learner/hub/validation.py), and an actor's records
 (actors/validation.py) from a scripted engine."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import time
 import pytest
 
 from asyncrl.actors.actor import ActorState
-from asyncrl.actors.addition import AdditionSource, addition_reward
-from asyncrl.actors.engine import Completion
-from asyncrl.actors.scoring import RewardScorer
+from asyncrl.actors.data.addition import AdditionSource, addition_reward
+from asyncrl.actors.engine.vllm_engine import Completion
+from asyncrl.actors.rewards.scoring import RewardScorer
 from asyncrl.actors.validation import Validator, validation_size
-from asyncrl.core.config import Config
-from asyncrl.core.configload import ConfigError, load_config
-from asyncrl.learner.validation import Validation, ks, pass_at_k, samples_of, summarize
+from asyncrl.core.config.job import Config
+from asyncrl.core.config.load import ConfigError, load_config
+from asyncrl.learner.hub.validation import Validation, ks, pass_at_k, samples_of, summarize
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
@@ -79,7 +79,7 @@ class FakeQueue:
 
 
 def _validation(monkeypatch, size=2, **eval_kv) -> tuple[Validation, list, list]:
-    import asyncrl.learner.validation as module
+    import asyncrl.learner.hub.validation as module
 
     monkeypatch.setattr(module, "EvalQueue", lambda buffer: FakeQueue())
     cfg = Config()

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from asyncrl.actors.actor import wait_for_learner
-from asyncrl.core.fatal import FatalError
-from asyncrl.core.waiting import Wait
+from asyncrl.core.runtime.fatal import FatalError
+from asyncrl.core.runtime.waiting import Wait
 
 KEYS = {"server_public": "s", "client_public": "c", "client_secret": "x"}
 

@@ -1,4 +1,4 @@
-"""The gloo weight-stream protocol (asyncrl/core/weights.py) over real gloo, no vLLM.
+"""The gloo weight-stream protocol (asyncrl/core/weights/stream.py) over real gloo, no vLLM.
 
 Sender and receiver are two threads of this process, each with its own gloo group object
 (gloo does not care that the ranks share a process). Deadlines are short so the dead-peer
@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from asyncrl.actors.engine import token_versions_from_spans
-from asyncrl.core.config_network import NetworkConfig
-from asyncrl.core.torchrun import free_port
-from asyncrl.core.transports.gloo import GlooGroup, GlooSender
-from asyncrl.core.weights import (
+from asyncrl.actors.engine.vllm_engine import token_versions_from_spans
+from asyncrl.core.config.network import NetworkConfig
+from asyncrl.core.runtime.torchrun import free_port
+from asyncrl.core.weights.gloo import GlooGroup, GlooSender
+from asyncrl.core.weights.stream import (
     ALIGN,
     KIND_BUCKET,
     KIND_END,

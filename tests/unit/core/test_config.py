@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.actors import addition, tasks
-from asyncrl.core import config as config_module
-from asyncrl.core.config import TaskConfig
-from asyncrl.core.configload import (
+from asyncrl.actors.data import addition, tasks
+from asyncrl.core.config import job as config_module
+from asyncrl.core.config.job import TaskConfig
+from asyncrl.core.config.load import (
     CONFIG_DIR,
     ConfigError,
     config_from_json,
@@ -101,7 +101,7 @@ def test_json_round_trip():
 
 
 def test_task_names_match_the_prompt_sources():
-    """config._TASKS repeats actors/tasks.py's TASKS registry without importing it."""
+    """config._TASKS repeats actors/data/tasks.py's TASKS registry without importing it."""
     sources = tasks.TASKS
     assert set(config_module._TASKS) == set(sources)
     assert re.fullmatch(r"\d+\+\d+=", sources["addition"](load_config()).get(0).text)
@@ -111,7 +111,7 @@ def test_task_names_match_the_prompt_sources():
 def test_a_reward_of_yours_on_the_demo_task_runs_isolated_unless_asked_otherwise():
     """Issue 29: task.reward_fn on the addition task kept the inline executor (no timeout, and
     os._exit in the reward killed the actor); auto now means inline for the built-in only."""
-    from asyncrl.orchestration.model_advice import model_warnings
+    from asyncrl.orchestration.models.advice import model_warnings
 
     assert load_config([]).task.reward_executor == "inline"
     assert load_config(["task.reward_fn=my.py:f"]).task.reward_executor == "process"

@@ -2,7 +2,7 @@
 
 ``BOUNDS`` maps each int / float field (Optional ones too) of the schema to
 ``(last accepted, first refused)`` pairs, one per bounded side; a field added to
-asyncrl/core/config.py without an entry here fails ``test_every_numeric_field_has_bounds``.
+asyncrl/core/config/job.py without an entry here fails ``test_every_numeric_field_has_bounds``.
 Sub-configs are built directly (fast, and clear of Config's cross-field rules); the last
 tests go through ``load_config`` for the text a user sees.
 """
@@ -16,8 +16,8 @@ from dataclasses import fields, is_dataclass
 
 import pytest
 
-from asyncrl.core.config import SEED_MAX, ActorConfig, Config
-from asyncrl.core.configload import ConfigError, load_config
+from asyncrl.core.config.job import SEED_MAX, ActorConfig, Config
+from asyncrl.core.config.load import ConfigError, load_config
 
 NoneType = type(None)
 BOUNDS: dict[str, list[tuple[float, float]]] = {

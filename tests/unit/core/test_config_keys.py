@@ -28,7 +28,7 @@ def key_lines(obj, prefix: str = "") -> list[str]:
 
 
 def current() -> str:
-    from asyncrl.core.configload import load_config
+    from asyncrl.core.config.load import load_config
 
     return "\n".join(key_lines(load_config())) + "\n"
 

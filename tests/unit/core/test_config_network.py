@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from asyncrl.core.config import Config, LearnerConfig
-from asyncrl.core.config_network import NetworkConfig, is_loopback
-from asyncrl.core.configload import ConfigError, config_from_json, config_to_json, load_config
+from asyncrl.core.config.job import Config, LearnerConfig
+from asyncrl.core.config.load import ConfigError, config_from_json, config_to_json, load_config
+from asyncrl.core.config.network import NetworkConfig, is_loopback
 from asyncrl.orchestration.cli import secret_in_argv
 
 
@@ -75,7 +75,7 @@ def test_a_learner_across_nodes_cannot_stay_on_loopback():
 
 
 def test_asyncrl_run_refuses_a_multinode_layout():
-    from asyncrl.orchestration.jobs import run_local
+    from asyncrl.orchestration.launch.jobs import run_local
 
     for extra in (["actor.nnodes=2"], [*MULTINODE, "network.bind=10.0.0.1"]):
         with pytest.raises(ValueError, match="launch buffer\\|learner\\|actors` on each node"):
@@ -131,7 +131,7 @@ def test_tls_dir_with_a_plain_url_is_refused(tmp_path):
 
 
 def test_learner_node_0_must_hold_the_rendezvous_address():
-    from asyncrl.orchestration.jobs import check_rendezvous_host
+    from asyncrl.orchestration.launch.jobs import check_rendezvous_host
 
     shared = ["learner.nnodes=2", "learner.checkpoint_dir=/shared/ckpt", "network.bind=10.0.0.5"]
     here = load_config([*shared, "learner.rdzv_endpoint=127.0.0.1:29500"])

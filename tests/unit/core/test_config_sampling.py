@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from asyncrl.core.config import Config, engine_batch
-from asyncrl.core.configload import (
+from asyncrl.core.config.job import Config, engine_batch
+from asyncrl.core.config.load import (
     CONFIG_DIR,
     MOVED_KEYS,
     ConfigError,

@@ -1,4 +1,4 @@
-"""A ``ControlServer`` (asyncrl/core/control.py) that cannot bind says which address and config key
+"""A ``ControlServer`` (asyncrl/core/net/control.py) that cannot bind says which address and config key
 to fix, and leaves nothing behind: no ZAP authentication thread, no zmq context."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 import pytest
 from zmq.auth.thread import AuthenticationThread
 
-from asyncrl.core.control import ControlServer
-from asyncrl.core.fatal import FatalError
+from asyncrl.core.net.control import ControlServer
+from asyncrl.core.runtime.fatal import FatalError
 
 
 def _auth_threads() -> list[threading.Thread]:

@@ -1,12 +1,12 @@
-"""``asyncrl.core.cores``: ``cpu_affinity: auto`` splits one host's cores between the learner and
+"""``asyncrl.core.config.cores``: ``cpu_affinity: auto`` splits one host's cores between the learner and
 the actors of ``asyncrl run``, never sharing one; otherwise it leaves them unpinned."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncrl.core import cores
-from asyncrl.core.configload import load_config
+from asyncrl.core.config import cores
+from asyncrl.core.config.load import load_config
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_explicit_choices_are_kept():
 
 
 def test_a_bad_value_is_refused():
-    from asyncrl.core.configload import ConfigError
+    from asyncrl.core.config.load import ConfigError
 
     with pytest.raises((ConfigError, ValueError), match="a core list, '' or auto"):
         load_config(["actor.cpu_affinity=everything"])
@@ -105,7 +105,7 @@ def test_engine_cpus_bind_vllm_there_and_must_leave_the_actor_a_core():
     ],
 )
 def test_bad_engine_cpus_are_refused_at_load(overrides, message):
-    from asyncrl.core.configload import ConfigError
+    from asyncrl.core.config.load import ConfigError
 
     with pytest.raises((ConfigError, ValueError), match=message):
         load_config(overrides)

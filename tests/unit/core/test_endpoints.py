@@ -1,4 +1,4 @@
-"""The endpoints hash records (asyncrl/core/endpoints.py): their format, the older plain format, and
+"""The endpoints hash records (asyncrl/core/net/endpoints.py): their format, the older plain format, and
 which endpoints ``asyncrl status`` may scrape from where it runs."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from asyncrl.core.config_network import NetworkConfig
-from asyncrl.core.endpoints import Endpoint, Place, launcher_role, parse_endpoint
+from asyncrl.core.config.network import NetworkConfig
+from asyncrl.core.net.endpoints import Endpoint, Place, launcher_role, parse_endpoint
 
 NODE_A = Place("nodeA", "10.0.0.5", "boot-a/4026531840")
 
@@ -102,7 +102,7 @@ def test_a_process_in_another_network_namespace_is_another_place():
     """``ip netns exec`` hosts (tests/multihost) share the host name but not 127.0.0.1."""
     if shutil.which("unshare") is None:
         pytest.skip("no `unshare` binary (util-linux) to start a process in a new netns")
-    code = "import dataclasses, json; from asyncrl.core.endpoints import Place; "
+    code = "import dataclasses, json; from asyncrl.core.net.endpoints import Place; "
     code += "print(json.dumps(dataclasses.asdict(Place.here())))"
     cmd = ["unshare", "--net", sys.executable, "-c", code]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

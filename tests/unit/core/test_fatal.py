@@ -1,4 +1,4 @@
-"""``asyncrl.core.fatal``: which errors a restart cannot fix, and what a role records for its
+"""``asyncrl.core.runtime.fatal``: which errors a restart cannot fix, and what a role records for its
 launcher (the launcher's side: tests/unit/orchestration/test_supervise.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import errno
 
 import pytest
 
-from asyncrl.core import fatal
+from asyncrl.core.runtime import fatal
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_a_data_error_is_fatal_and_still_a_value_error(tmp_path):
     """Bad data found by an actor at start fails the same way after a restart: it is recorded
     for the launcher (which then does not restart the actor), and callers that catch it as a
     ``ValueError`` still do."""
-    from asyncrl.actors.datafile import DataError
+    from asyncrl.actors.data.datafile import DataError
 
     error = DataError("data.train_files: 'x.csv' has an unknown format '.csv'; give parquet")
     assert fatal.is_fatal(error) and isinstance(error, ValueError)
@@ -54,7 +54,7 @@ def test_an_actor_that_finds_bad_data_at_start_records_it(tmp_path, monkeypatch)
     """The actor entry point: a missing data file is recorded in ``fatal-actor0.txt`` (the
     data is read before the buffer is reached: the URL here leads nowhere)."""
     from asyncrl.actors.main import main
-    from asyncrl.core.configload import config_to_json, load_config
+    from asyncrl.core.config.load import config_to_json, load_config
 
     missing = tmp_path / "missing.jsonl"
     cfg = load_config(["task=file", f"data.train_files=[{missing}]", f"run_dir={tmp_path}"])

@@ -1,4 +1,4 @@
-"""asyncrl/core/heap.py: collection deferred during start-up (not in forked engine processes), then
+"""asyncrl/core/runtime/heap.py: collection deferred during start-up (not in forked engine processes), then
 the start-up heap frozen out of every later collection."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.heap import freeze_startup_heap
+from asyncrl.core.runtime.heap import freeze_startup_heap
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -24,7 +24,7 @@ def restore_gc():
 
 FORK_CHECK = """
 import gc, os
-from asyncrl.core.heap import defer_collection, freeze_startup_heap
+from asyncrl.core.runtime.heap import defer_collection, freeze_startup_heap
 defer_collection()
 deferred = not gc.isenabled()
 read, write = os.pipe()
@@ -80,7 +80,7 @@ def test_the_heap_is_unfrozen_at_exit_so_the_last_collections_free_it():
     triton: hundreds of stderr lines at every role's exit)."""
     code = (
         "import atexit, gc\n"
-        "from asyncrl.core.heap import freeze_startup_heap\n"
+        "from asyncrl.core.runtime.heap import freeze_startup_heap\n"
         "atexit.register(lambda: print('frozen at exit', gc.get_freeze_count()))\n"
         "freeze_startup_heap()\n"
         "print('frozen', gc.get_freeze_count() > 0)\n"

@@ -1,4 +1,4 @@
-"""asyncrl.core.lifeline: a role outlives a dead launcher by a bounded time, even when it cannot act
+"""asyncrl.core.runtime.lifeline: a role outlives a dead launcher by a bounded time, even when it cannot act
 on its SIGTERM. Real processes: a launcher, the lifeline, a role that ignores SIGTERM."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import time
 
 import pytest
 
-from asyncrl.core import lifeline
+from asyncrl.core.runtime import lifeline
 
 # a role whose SIGTERM handler never runs (as when its main thread is blocked in C)
 ROLE = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "from asyncrl.core.lifeline import watch_launcher; "
+    "from asyncrl.core.runtime.lifeline import watch_launcher; "
     "print('watching' if watch_launcher(grace_s=1.0, poll_s=0.1) else 'not watching', "
     "flush=True); time.sleep(60)"
 )
 # a launcher: starts the role under the lifeline, says its PID, then waits to be killed
 LAUNCHER = (
-    "import subprocess, sys, time; from asyncrl.core.lifeline import child_cmd; "
+    "import subprocess, sys, time; from asyncrl.core.runtime.lifeline import child_cmd; "
     "p = subprocess.Popen(child_cmd([sys.executable, '-c', sys.argv[1]]), "
     "stderr=open(sys.argv[2], 'w')); print(p.pid, flush=True); time.sleep(60)"
 )
@@ -87,7 +87,7 @@ def test_a_role_writes_its_stacks_on_the_signal_and_goes_on(tmp_path):
     """``kill -USR1 PID``: every thread's stack in the role's log, and it goes on; only a
     process that catches the signal is reported as catching it."""
     code = (
-        "from asyncrl.core.lifeline import enable_stack_dumps; import time\n"
+        "from asyncrl.core.runtime.lifeline import enable_stack_dumps; import time\n"
         "def in_a_long_call():\n    time.sleep(60)\n"
         "enable_stack_dumps(); print('up', flush=True); in_a_long_call()"
     )

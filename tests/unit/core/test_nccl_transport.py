@@ -1,6 +1,6 @@
 """The nccl transport's control flow with a fake NCCL (tests/unit/core/fake_nccl.py): versions,
 integrity, deadlines, and the channel re-forming the group when a receiver dies. The real
-NCCL path needs two GPUs (not verified here; asyncrl/core/transports/nccl.py says so)."""
+NCCL path needs two GPUs (not verified here; asyncrl/core/weights/nccl.py says so)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from asyncrl.core import transports
-from asyncrl.core.config_network import NetworkConfig
-from asyncrl.core.transports.nccl import NcclReceiver, NcclSender
-from asyncrl.core.weights import WeightSyncError, device_checksum
-from asyncrl.learner.weight_sender import ActorWeightChannel
+from asyncrl.core.config.network import NetworkConfig
+from asyncrl.core.weights import transports
+from asyncrl.core.weights.nccl import NcclReceiver, NcclSender
+from asyncrl.core.weights.stream import WeightSyncError, device_checksum
+from asyncrl.learner.weights.channel import ActorWeightChannel
 from tests.unit.core.fake_nccl import FakeNccl
 
 CPU = torch.device("cpu")
@@ -141,7 +141,7 @@ def test_device_checksum_sees_a_flip_and_a_swap_and_not_the_order_of_chunks(monk
     swapped[0:4], swapped[4:8] = data[4:8].clone(), data[0:4].clone()
     assert base != device_checksum(flipped)
     assert data[0:4].tolist() == data[4:8].tolist() or base != device_checksum(swapped)
-    import asyncrl.core.weights as w
+    import asyncrl.core.weights.stream as w
 
     monkeypatch.setattr(w, "_CHECKSUM_CHUNK", 64)  # many chunks: the same value
     w._weights_cache.clear()

@@ -1,4 +1,4 @@
-"""The shm transport (asyncrl/core/transports/shm.py) with real files and real gloo groups on
+"""The shm transport (asyncrl/core/weights/shm.py) with real files and real gloo groups on
 loopback, sender and receivers as threads: buckets read in place,
 a sync's buckets are files the next sync rewrites in place (views valid until then), a
 receiver that is not on the learner's host refused, a damaged
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core import transports
-from asyncrl.core.config_network import NetworkConfig
-from asyncrl.core.transports.gloo import GlooReceiver, GlooSender
-from asyncrl.core.transports.shm import PREFIX, ShmReceiver, ShmSender, remove_orphans
-from asyncrl.core.weights import WeightSyncError
+from asyncrl.core.config.network import NetworkConfig
+from asyncrl.core.weights import transports
+from asyncrl.core.weights.gloo import GlooReceiver, GlooSender
+from asyncrl.core.weights.shm import PREFIX, ShmReceiver, ShmSender, remove_orphans
+from asyncrl.core.weights.stream import WeightSyncError
 
 TIMEOUT_S = 5.0
 

@@ -1,4 +1,4 @@
-"""How tracker runs end and continue (asyncrl/core/trackers.py): a crashed learner's runs end
+"""How tracker runs end and continue (asyncrl/core/observe/trackers.py): a crashed learner's runs end
 FAILED (MLflow status, W&B exit code 1), not RUNNING forever; a restarted learner in the same
 run_dir writes into the same MLflow run and W&B run id (``<run_dir>/trackers.json``). Each
 is read back from what the real library wrote (tests/readback.py)."""
@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-from asyncrl.core import trackers
-from asyncrl.core.configload import load_config
-from asyncrl.core.runlog import RunLog
+from asyncrl.core.config.load import load_config
+from asyncrl.core.observe import trackers
+from asyncrl.learner.hub.null import NullHub
+from asyncrl.learner.hub.runlog import RunLog
 from asyncrl.learner.main import tracker_runs_failed_on_error
-from asyncrl.learner.null_hub import NullHub
 from tests import readback
 
 
@@ -30,7 +30,7 @@ def _restore_environ(monkeypatch):
 
 
 class FakeHub:
-    """What ``tracker_runs_failed_on_error`` uses of ``asyncrl.learner.hub.Hub``: ``close_log``."""
+    """What ``tracker_runs_failed_on_error`` uses of ``asyncrl.learner.hub.hub.Hub``: ``close_log``."""
 
     def __init__(self, log: RunLog) -> None:
         self.log = log

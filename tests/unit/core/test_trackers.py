@@ -1,4 +1,4 @@
-"""Experiment trackers (asyncrl/core/trackers.py): each backend logs a few steps, the config, two
+"""Experiment trackers (asyncrl/core/observe/trackers.py): each backend logs a few steps, the config, two
 validations' samples and the summary, and the test reads back what the real library wrote
 (TensorBoard event files, the MLflow file store, the W&B offline run file). Also: the
 ``logger`` list's validation, the error naming the pip extra when a library is missing, the
@@ -16,10 +16,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.core import trackers
-from asyncrl.core.config import Config
-from asyncrl.core.configload import ConfigError, config_to_yaml, load_config
-from asyncrl.core.runlog import CONSOLE_TEXT_CHARS, RunLog, console_line, format_duration, shorten
+from asyncrl.core.config.job import Config
+from asyncrl.core.config.load import ConfigError, config_to_yaml, load_config
+from asyncrl.core.observe import trackers
+from asyncrl.learner.hub.runlog import (
+    CONSOLE_TEXT_CHARS,
+    RunLog,
+    console_line,
+    format_duration,
+    shorten,
+)
 from tests import readback
 
 ROOT = Path(__file__).resolve().parents[3]

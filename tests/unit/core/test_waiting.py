@@ -1,8 +1,8 @@
-"""asyncrl.core.waiting.Wait: progress lines, deadline and stop, on a settable clock."""
+"""asyncrl.core.runtime.waiting.Wait: progress lines, deadline and stop, on a settable clock."""
 
 import pytest
 
-from asyncrl.core.waiting import StopRequested, Wait
+from asyncrl.core.runtime.waiting import StopRequested, Wait
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""``asyncrl.core.rundir.write_atomic``: a secret file is written whole or not at all, with mode
+"""``asyncrl.core.runtime.rundir.write_atomic``: a secret file is written whole or not at all, with mode
 0600 from its first byte. A write that fails part way (here: a file size limit, as a full
 disk would) leaves the old file, not a part of a token that a relaunch would take for one."""
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncrl.core.rundir import write_atomic
+from asyncrl.core.runtime.rundir import write_atomic
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -54,7 +54,8 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "secret"
     path.write_text("old secret")
     out = _limited(
-        "from asyncrl.core.rundir import write_atomic", f"write_atomic({str(path)!r}, 'x' * 64)"
+        "from asyncrl.core.runtime.rundir import write_atomic",
+        f"write_atomic({str(path)!r}, 'x' * 64)",
     )
     assert out.startswith("FAILED"), out
     assert path.read_text() == "old secret"

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.learner.advantages import (
+from asyncrl.learner.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
     all_equal_groups,
     dr_grpo,
@@ -21,7 +21,7 @@ from asyncrl.learner.advantages import (
     to_token_level,
     value_loss,
 )
-from asyncrl.learner.losses import make_aggregation
+from asyncrl.learner.algo.losses import make_aggregation
 
 torch.set_num_threads(1)
 D = torch.float64

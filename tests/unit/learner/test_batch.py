@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from asyncrl.core.types import Group, Sample
-from asyncrl.learner.batch import collate, shard_rows
+from asyncrl.learner.compute.batch import collate, shard_rows
 
 
 def _group(gid, prompt, completions, rewards, version=3):

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.learner.model import build_policy, compile_layers, decoder_layers, token_logprobs
+from asyncrl.learner.compute.model import (
+    build_policy,
+    compile_layers,
+    decoder_layers,
+    token_logprobs,
+)
 
 
 def _logprobs_and_grads(model_dir: str, *, compile: bool, ckpt: bool, packed: bool):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.core.configload import ConfigError, load_config
-from asyncrl.learner import model as model_mod
+from asyncrl.core.config.load import ConfigError, load_config
+from asyncrl.learner.compute import model as model_mod
 from tests.unit.learner.test_logprobs import tiny_qwen
 
 
@@ -40,7 +40,7 @@ def test_every_fsdp_unit_gets_the_offload_policy(recorded, offload):
 
 
 def test_offloaded_shards_are_materialised_on_the_host(recorded, monkeypatch, tiny_model):
-    from asyncrl.learner import sharded_load
+    from asyncrl.learner.compute import sharded_load
 
     homes = []
     monkeypatch.setattr(sharded_load, "build_sharded",
@@ -59,7 +59,7 @@ def test_cpu_offload_on_a_cpu_learner_is_refused():
 
 
 def test_cpu_offload_with_device_auto_on_a_machine_without_gpu_is_a_clear_error(tiny_model):
-    from asyncrl.core.fatal import FatalError
+    from asyncrl.core.runtime.fatal import FatalError
     from asyncrl.learner.trainer import build_step_context
 
     if torch.cuda.is_available():

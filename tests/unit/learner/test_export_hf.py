@@ -9,7 +9,7 @@ import json
 import torch
 from safetensors import safe_open
 
-from asyncrl.learner.checkpoint import export_hf
+from asyncrl.learner.state.checkpoint import export_hf
 
 
 def _model(tmp_path):

@@ -1,4 +1,4 @@
-"""``asyncrl.learner.model.fsdp_wanted``: which learner models FSDP2 shards. One float32 rank trains
+"""``asyncrl.learner.compute.model.fsdp_wanted``: which learner models FSDP2 shards. One float32 rank trains
 the plain module (FSDP2's hooks shard nothing there); two or more ranks, 16-bit compute over
 float32 masters, and CPU offload keep FSDP2."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import asyncrl.learner.model as lm
+import asyncrl.learner.compute.model as lm
 
 
 class _Dist:

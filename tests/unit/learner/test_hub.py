@@ -1,4 +1,4 @@
-"""``asyncrl.learner.hub.Hub`` on its parts' fakes (``ListFeed``, ``RecordingPublisher``,
+"""``asyncrl.learner.hub.hub.Hub`` on its parts' fakes (``ListFeed``, ``RecordingPublisher``,
 ``MemoryRecorder``) and a dict-backed buffer: the order of the loop's calls reaches the right
 part, with the right state on the learner's clock. The real parts run in every e2e test."""
 
@@ -8,11 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncrl.core.configload import load_config
-from asyncrl.learner.feed import ListFeed
-from asyncrl.learner.hub import Hub
-from asyncrl.learner.publisher import RecordingPublisher
-from asyncrl.learner.recorder import MemoryRecorder
+from asyncrl.core.config.load import load_config
+from asyncrl.learner.hub.hub import Hub
+from tests.fakes.learner import ListFeed, MemoryRecorder, RecordingPublisher
 from tests.random_groups import random_groups
 
 STATS = {"committed": 8, "trained": 0, "dropped_stale": 0, "dropped_invalid": 0,

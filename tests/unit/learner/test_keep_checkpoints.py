@@ -3,7 +3,7 @@ ones go right after a new one is sealed; incomplete directories are never counte
 
 from __future__ import annotations
 
-from asyncrl.learner.checkpoint import latest_checkpoint, prune_checkpoints
+from asyncrl.learner.state.checkpoint import latest_checkpoint, prune_checkpoints
 
 
 def _ckpt(root, v: int, complete: bool = True):
@@ -34,7 +34,7 @@ def test_zero_keeps_all_and_fewer_than_n_removes_nothing(tmp_path):
 
 
 def _sealed(root, v: int):
-    from asyncrl.learner.checkpoint import write_manifest
+    from asyncrl.learner.state.checkpoint import write_manifest
 
     d = _ckpt(root, v)
     (d / "dcp").mkdir()
@@ -48,8 +48,8 @@ def test_a_truncated_shard_is_named_and_resume_falls_back_to_the_one_before(tmp_
     path and no fallback."""
     import pytest
 
-    from asyncrl.core.fatal import FatalError
-    from asyncrl.learner.checkpoint import latest_good_checkpoint, verify_checkpoint
+    from asyncrl.core.runtime.fatal import FatalError
+    from asyncrl.learner.state.checkpoint import latest_good_checkpoint, verify_checkpoint
 
     good, bad = _sealed(tmp_path, 2), _sealed(tmp_path, 4)
     assert verify_checkpoint(bad) is None

@@ -1,4 +1,4 @@
-"""Chunked log-probs and entropy (learner/logprobs.py via ``token_logprobs``) against the
+"""Chunked log-probs and entropy (learner/compute/logprobs.py via ``token_logprobs``) against the
 closed form on full logits: same values and the same gradient w.r.t. every parameter, in
 float64, tied and untied heads, with and without per-layer gradient checkpointing; and no
 tensor of ``B x L x V`` elements ever exists. Gradient checkpointing of the critic's body.
@@ -11,8 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from asyncrl.learner.logprobs import chunked_token_logprobs
-from asyncrl.learner.model import (
+from asyncrl.learner.compute.logprobs import chunked_token_logprobs
+from asyncrl.learner.compute.model import (
     enable_gradient_checkpointing,
     set_logprob_chunk_tokens,
     token_logprobs,
@@ -41,7 +41,7 @@ def batch(rows: int = 4, length: int = 9, vocab: int = VOCAB):
     mask = torch.ones_like(ids)
     for r, n in enumerate([length, 6, 3, 8][:rows]):
         mask[r, n:] = 0
-    ids = ids * mask  # padding is token 0, as learner/batch.py pads
+    ids = ids * mask  # padding is token 0, as learner/compute/batch.py pads
     w_lp, w_ent = torch.randn(2, rows, length - 1, generator=g, dtype=torch.float64)
     return ids, mask, w_lp, w_ent
 
@@ -107,7 +107,7 @@ def test_fused_head_matches_full_logits(use_entropy):
     ``torch.compile``): the closed form's values and gradients, in float64, over chunks of
     uneven size (5, 5, ..., then the rest: the dynamic-shape recompile); with the entropy in
     the loss (both gradient terms) and without it (the log-probs' alone)."""
-    from asyncrl.learner.logprobs import set_logprob_fused
+    from asyncrl.learner.compute.logprobs import set_logprob_fused
 
     torch._dynamo.reset()
     ids, mask, w_lp, w_ent = batch()
@@ -149,7 +149,7 @@ def test_entropy_detached_or_skipped():
 def test_chunk_size_from_the_model(monkeypatch):
     """``set_logprob_chunk_tokens`` (what build_policy does with ``model.logprob_chunk_tokens``)
     is the default of ``token_logprobs``."""
-    import asyncrl.learner.logprobs
+    import asyncrl.learner.compute.logprobs
 
     sizes = []
 
@@ -157,7 +157,7 @@ def test_chunk_size_from_the_model(monkeypatch):
         sizes.append(chunk)
         return chunked_token_logprobs(hidden, weight, targets, chunk, *args)
 
-    monkeypatch.setattr(asyncrl.learner.logprobs, "chunked_token_logprobs", spy)
+    monkeypatch.setattr(asyncrl.learner.compute.logprobs, "chunked_token_logprobs", spy)
     model = tiny_qwen(False)
     ids, mask, _, _ = batch()
     token_logprobs(model, ids, mask)
@@ -226,7 +226,7 @@ def test_no_tensor_scales_with_batch_times_vocab(checkpointing):
 def test_critic_checkpointing_same_values_and_gradients(tiny_model):
     """``model.gradient_checkpointing`` also checkpoints the critic's body (learner/trainer.py):
     the same values and gradients, with the layers recomputed."""
-    from asyncrl.learner.critic import load_value_model
+    from asyncrl.learner.compute.critic import load_value_model
 
     ids, mask, w, _ = batch(vocab=32)
     runs = []
@@ -250,7 +250,7 @@ def test_config_keys_reach_policy_critic_and_reference(tiny_model):
     """``model.gradient_checkpointing`` and ``model.logprob_chunk_tokens`` through the
     learner's own builder (``build_step_context``): every decoder layer of the policy and of
     the critic checkpoints, the reference does not (no backward), both use the chunk."""
-    from asyncrl.core.configload import load_config
+    from asyncrl.core.config.load import load_config
     from asyncrl.learner.trainer import build_step_context
 
     keys = ["model.gradient_checkpointing=true", "model.logprob_chunk_tokens=7",
@@ -272,7 +272,7 @@ def test_config_keys_reach_policy_critic_and_reference(tiny_model):
 def test_the_learner_scores_at_the_actors_temperature(chunk):
     """pi_theta at ``sampling.temperature``: log_softmax(logits / T), on the chunked and the
     full-logits path, values and gradients (vLLM reports the tempered log-probs as pi_behave)."""
-    from asyncrl.learner.model import set_logprob_temperature
+    from asyncrl.learner.compute.model import set_logprob_temperature
 
     temp = 0.7
     ids, mask, w_lp, w_ent = batch()
@@ -302,8 +302,8 @@ def test_the_learner_scores_at_the_actors_temperature(chunk):
 def test_only_the_scored_positions_are_scored(monkeypatch, packed, chunk):
     """``scored`` (the loss mask: completion tokens) picks the positions: the same values
     there, 0 elsewhere, and only those positions go through the chunked head."""
-    import asyncrl.learner.logprobs
-    from asyncrl.learner.packing import set_packed
+    import asyncrl.learner.compute.logprobs
+    from asyncrl.learner.compute.packing import set_packed
 
     heads = []
 
@@ -311,7 +311,7 @@ def test_only_the_scored_positions_are_scored(monkeypatch, packed, chunk):
         heads.append(hidden.shape[0])
         return chunked_token_logprobs(hidden, *args, **kw)
 
-    monkeypatch.setattr(asyncrl.learner.logprobs, "chunked_token_logprobs", spy)
+    monkeypatch.setattr(asyncrl.learner.compute.logprobs, "chunked_token_logprobs", spy)
     model = tiny_qwen(False)
     set_packed(model, packed)
     ids, mask, _, _ = batch()

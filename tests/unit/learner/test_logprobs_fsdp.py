@@ -1,5 +1,5 @@
 """Chunked log-probs under FSDP2: 2 ranks (gloo), each scoring its own rows through
-``asyncrl.learner.model.shard_model`` (decoder layers + root), give the log-probs, entropy and
+``asyncrl.learner.compute.model.shard_model`` (decoder layers + root), give the log-probs, entropy and
 full-batch gradient that the closed form on full logits gives in one process, in float64,
 tied and untied heads, with and without per-layer gradient checkpointing (enabled before
 and after sharding). Each rank also scores its rows once without gradient first (pi_prox),
@@ -34,7 +34,11 @@ def rank_rows(rank: int, world: int) -> slice:
 
 def run_variant(tied: bool, ckpt: str | None) -> dict[str, torch.Tensor]:
     """This rank's log-probs and entropy and the full gradients (collective)."""
-    from asyncrl.learner.model import enable_gradient_checkpointing, shard_model, token_logprobs
+    from asyncrl.learner.compute.model import (
+        enable_gradient_checkpointing,
+        shard_model,
+        token_logprobs,
+    )
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model = tiny_qwen(tied)
@@ -59,7 +63,7 @@ def run_variant(tied: bool, ckpt: str | None) -> dict[str, torch.Tensor]:
 def test_two_ranks_match_full_logits(tmp_path):
     from safetensors.torch import load_file
 
-    from asyncrl.core.torchrun import free_port
+    from asyncrl.core.runtime.torchrun import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", __file__,

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from asyncrl.learner.aggregation import masked_mean, merge_metrics, weight_stats
-from asyncrl.learner.losses import (
+from asyncrl.learner.algo.aggregation import masked_mean, merge_metrics, weight_stats
+from asyncrl.learner.algo.losses import (
     AGGREGATION_MODES,
     POLICY_LOSSES,
     Aggregation,
@@ -486,7 +486,7 @@ def test_merge_metrics():
 
 
 def test_step_metrics_cover_every_update_not_only_the_last():
-    from asyncrl.learner.aggregation import mean_over_updates
+    from asyncrl.learner.algo.aggregation import mean_over_updates
 
     updates = [
         {"loss": 1.0, "tokens": 10.0, "is_weight_max": 3.0, "clip_frac_high": 0.5},

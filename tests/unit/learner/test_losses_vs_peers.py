@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.learner.advantages import (
+from asyncrl.learner.algo.advantages import (
     dr_grpo,
     gae,
     grpo,
@@ -25,8 +25,8 @@ from asyncrl.learner.advantages import (
     to_token_level,
     value_loss,
 )
-from asyncrl.learner.losses import AGGREGATION_MODES, POLICY_LOSSES, LossParams, kl_penalty
-from asyncrl.learner.losses import make_aggregation as make_agg
+from asyncrl.learner.algo.losses import AGGREGATION_MODES, POLICY_LOSSES, LossParams, kl_penalty
+from asyncrl.learner.algo.losses import make_aggregation as make_agg
 from tests.peers import areal_functional as areal
 from tests.peers import verl_core_algos as verl
 
@@ -570,8 +570,8 @@ def test_gspo_matches_areal_sequence_level_ratio(clip_c):
 def test_default_dual_clip_is_verls_and_bounds_stale_negative_tokens():
     """Decision (issue 15): clip_c defaults to 3 (verl's). A token with A < 0 whose ratio ran to
     10 adds at most -3 A and no gradient; clip_c=None (config null) restores -10 A."""
-    from asyncrl.core.config import AlgorithmConfig
-    from asyncrl.core.configload import load_config
+    from asyncrl.core.config.job import AlgorithmConfig
+    from asyncrl.core.config.load import load_config
 
     assert LossParams().clip_c == 3.0 == AlgorithmConfig().clip_c
     assert load_config(["algorithm.clip_c=null"]).algorithm.clip_c is None

@@ -1,19 +1,19 @@
-"""Micro-batch plans (learner/micro_batches.py): packing by a token budget, splitting to a
+"""Micro-batch plans (learner/compute/micro_batches.py): packing by a token budget, splitting to a
 common count, scattering back to the rows' grid; and the premise that makes trimming exact: a
 right-padded row's outputs on its real tokens do not depend on the padding columns after it."""
 
 import pytest
 import torch
 
-from asyncrl.learner.batch import Batch
-from asyncrl.learner.micro_batches import (
+from asyncrl.learner.compute.batch import Batch
+from asyncrl.learner.compute.micro_batches import (
     plan_micro_batches,
     row_groups,
     run_planned,
     split_to,
     token_groups,
 )
-from asyncrl.learner.model import build_policy, token_logprobs
+from asyncrl.learner.compute.model import build_policy, token_logprobs
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,9 @@ infinite reward, the message blamed ``learner.max_wall_s=0``, which means no lim
 
 from __future__ import annotations
 
-from asyncrl.core.configload import load_config
+from asyncrl.core.config.load import load_config
 from asyncrl.learner import trainer
-from asyncrl.learner.hub import no_batch_text
+from asyncrl.learner.hub.hub import no_batch_text
 
 
 class _Hub:
@@ -53,7 +53,7 @@ def test_a_full_disk_is_recognised_through_torchs_own_error(tmp_path, monkeypatc
     """Issue 29: torch's checkpoint writer said "unexpected pos 704 vs 598" on a full disk."""
     import errno
 
-    from asyncrl.learner import checkpoint
+    from asyncrl.learner.state import checkpoint
 
     full = OSError(errno.ENOSPC, "No space left on device")
     try:

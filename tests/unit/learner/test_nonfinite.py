@@ -1,4 +1,4 @@
-"""The non-finite guards (learner/finite.py) on a tiny random Qwen2, in one process and on 2
+"""The non-finite guards (learner/compute/finite.py) on a tiny random Qwen2, in one process and on 2
 gloo ranks: an update with a NaN loss or gradient is not applied and is counted; weights that
 a step made non-finite are caught; a checkpoint with a NaN/inf weight is refused and the
 previous one stays the newest; every decision is the same on every rank.
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core import faults
-from asyncrl.core.configload import ConfigError, load_config
-from asyncrl.learner.checkpoint import latest_checkpoint, save_checkpoint
-from asyncrl.learner.finite import NonFiniteError, NonFiniteGuard, nonfinite_models
-from asyncrl.learner.model import build_policy, full_named_tensors
-from asyncrl.learner.step import StepContext, train_on_batch
+from asyncrl.core.config.load import ConfigError, load_config
+from asyncrl.core.runtime import faults
+from asyncrl.learner.compute.finite import NonFiniteError, NonFiniteGuard, nonfinite_models
+from asyncrl.learner.compute.model import build_policy, full_named_tensors
+from asyncrl.learner.compute.step import StepContext, train_on_batch
+from asyncrl.learner.state.checkpoint import latest_checkpoint, save_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[3]))  # tests.random_groups, under torchrun too
@@ -149,7 +149,7 @@ def test_a_checkpoint_with_non_finite_weights_is_refused(tiny_model, tmp_path):
 def test_two_ranks_take_the_same_decisions(tiny_model, tmp_path):
     """Rank 1 alone sees a NaN loss, a NaN weight, a flag: both ranks skip the update, find
     the weights broken, refuse the checkpoint and fail with rank 0's message."""
-    from asyncrl.core.torchrun import free_port
+    from asyncrl.core.runtime.torchrun import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", __file__, tiny_model,
@@ -167,7 +167,7 @@ def test_two_ranks_take_the_same_decisions(tiny_model, tmp_path):
 
 def main():
     """torchrun script: each rank writes what it decided to ``rank<r>.json``."""
-    from asyncrl.learner.finite import any_rank
+    from asyncrl.learner.compute.finite import any_rank
     from asyncrl.learner.trainer import _rank0_text, init_distributed
 
     model_dir, out = sys.argv[1:3]

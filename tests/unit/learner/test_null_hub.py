@@ -1,5 +1,5 @@
-"""The ranks other than 0 run the learner loop on a ``NullHub`` (learner/null_hub.py): it must
-offer every ``hub.<method>`` the loop calls, with the signature ``asyncrl.learner.hub.Hub`` has, and
+"""The ranks other than 0 run the learner loop on a ``NullHub`` (learner/hub/null.py): it must
+offer every ``hub.<method>`` the loop calls, with the signature ``asyncrl.learner.hub.hub.Hub`` has, and
 answer neutrally (rank 0's answers are the ones broadcast)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import asyncrl.learner.trainer
-from asyncrl.learner.hub import Hub
-from asyncrl.learner.null_hub import NullHub
+from asyncrl.learner.hub.hub import Hub
+from asyncrl.learner.hub.null import NullHub
 
 
 def _public(cls) -> dict[str, inspect.Signature]:

@@ -1,4 +1,4 @@
-"""Packed sequences (learner/packing.py): a micro-batch's rows as one stream of real tokens with
+"""Packed sequences (learner/compute/packing.py): a micro-batch's rows as one stream of real tokens with
 a document mask. Each row's log-probs, entropy, values and gradients must be those of running
 the row ALONE (not only those of the padded batch), in float64, for every attention the CPU
 can run: sdpa and eager with gradients, flex_attention forward only (torch has no CPU
@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.learner.critic import ValueModel
-from asyncrl.learner.model import (
+from asyncrl.learner.compute.critic import ValueModel
+from asyncrl.learner.compute.model import (
     attention_impl,
     resolve_packing,
     set_logprob_chunk_tokens,
     token_logprobs,
 )
-from asyncrl.learner.packing import document_mask, pack, set_packed
+from asyncrl.learner.compute.packing import document_mask, pack, set_packed
 from tests.unit.learner.test_logprobs import batch, tiny_qwen
 
 

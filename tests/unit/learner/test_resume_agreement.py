@@ -21,7 +21,7 @@ def _complete(root: Path, version: int) -> None:
 
 
 def _run(root: Path, split: bool) -> subprocess.CompletedProcess:
-    from asyncrl.core.torchrun import free_port
+    from asyncrl.core.runtime.torchrun import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", __file__, str(root),
@@ -57,7 +57,7 @@ def test_a_checkpoint_dir_not_shared_fails_every_rank_naming_it(tmp_path, rank1_
 def main(root: str, mode: str) -> None:
     import torch.distributed as dist
 
-    from asyncrl.learner.run_state import agreed_checkpoint as _agreed_checkpoint
+    from asyncrl.learner.state.run_state import agreed_checkpoint as _agreed_checkpoint
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -1,4 +1,4 @@
-"""Sharded loading (learner/sharded_load.py). On 2 FSDP2 ranks (gloo), the policy, the
+"""Sharded loading (learner/compute/sharded_load.py). On 2 FSDP2 ranks (gloo), the policy, the
 reference (bfloat16) and the critic that ``build_*`` load shard by shard equal, bit for bit,
 the models the full load then ``fully_shard`` gives: every parameter and buffer, the forward
 log-probs and values. Checkpoints: float32 untied in one file; bfloat16 tied (the head read
@@ -58,7 +58,7 @@ def _ptr(x):
 
 
 def _full_state(model) -> dict[str, torch.Tensor]:
-    from asyncrl.learner.model import full_named_tensors
+    from asyncrl.learner.compute.model import full_named_tensors
 
     state = {k: v.clone() for k, v in full_named_tensors(model)}
     state.update({f"buffer.{k}": b.clone() for k, b in model.named_buffers()})
@@ -74,9 +74,14 @@ def _rows(rank):
 
 def run_variant(model_dir: str, out: dict, reads: list) -> None:
     """The sharded and the full-then-shard load of the three models (collective)."""
-    from asyncrl.learner.critic import build_critic, load_value_model, shard_value_model
-    from asyncrl.learner.model import build_policy, load_hf_model, shard_model, token_logprobs
-    from asyncrl.learner.reference import build_reference, reference_logprobs
+    from asyncrl.learner.compute.critic import build_critic, load_value_model, shard_value_model
+    from asyncrl.learner.compute.model import (
+        build_policy,
+        load_hf_model,
+        shard_model,
+        token_logprobs,
+    )
+    from asyncrl.learner.compute.reference import build_reference, reference_logprobs
 
     rank = dist.get_rank()
     ids, mask = _rows(rank)
@@ -139,7 +144,7 @@ def checkpoints(tiny_model, tmp_path_factory):
 def test_two_ranks_load_only_their_shards(checkpoints, tmp_path):
     from safetensors.torch import load_file
 
-    from asyncrl.core.torchrun import free_port
+    from asyncrl.core.runtime.torchrun import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}", __file__, str(tmp_path),
@@ -196,7 +201,7 @@ def _empty_policy(model_dir: Path):
     """The tiny model built by ``build_sharded`` in one process (nothing to shard)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from asyncrl.learner.sharded_load import build_sharded
+    from asyncrl.learner.compute.sharded_load import build_sharded
 
     config = AutoConfig.from_pretrained(model_dir)
     construct = lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # noqa: E731
@@ -233,7 +238,7 @@ def test_checkpoint_errors_name_the_tensor_and_the_file(tiny_model, tmp_path, ed
     old per-layer ``inv_freq`` buffers are dropped, as transformers drops them."""
     from transformers import AutoModelForCausalLM
 
-    from asyncrl.learner.sharded_load import SafetensorsCheckpoint, load_local_shards
+    from asyncrl.learner.compute.sharded_load import SafetensorsCheckpoint, load_local_shards
 
     model = _empty_policy(Path(tiny_model))
     with SafetensorsCheckpoint.find(_write(tiny_model, tmp_path / "ckpt", edit)) as checkpoint:
@@ -250,7 +255,11 @@ def test_checkpoint_errors_name_the_tensor_and_the_file(tiny_model, tmp_path, ed
 def test_what_cannot_be_streamed_is_said(tiny_model, tmp_path, capsys):
     """No safetensors, or a model type whose names transformers converts: the builders load
     the full model (``open_streamable`` returns None and says why)."""
-    from asyncrl.learner.sharded_load import NotStreamable, check_streamable, open_streamable
+    from asyncrl.learner.compute.sharded_load import (
+        NotStreamable,
+        check_streamable,
+        open_streamable,
+    )
 
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     assert open_streamable(tmp_path, "qwen2") is None
@@ -265,7 +274,7 @@ def test_what_cannot_be_streamed_is_said(tiny_model, tmp_path, capsys):
 def main():
     from safetensors.torch import save_file
 
-    from asyncrl.learner import sharded_load
+    from asyncrl.learner.compute import sharded_load
     from asyncrl.learner.trainer import init_distributed
 
     out_dir, dirs = Path(sys.argv[1]), sys.argv[2:]

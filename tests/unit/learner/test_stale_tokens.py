@@ -1,4 +1,4 @@
-"""``algorithm.stale_tokens`` (issue 31; learner/stale_tokens.py): tokens older than the bound
+"""``algorithm.stale_tokens`` (issue 31; learner/algo/stale_tokens.py): tokens older than the bound
 leave the loss under ``mask``, the rest of their completion trains; groups are admitted by
 their newest token then. Under ``interpolate`` every token trains with a proximal log-prob
 estimated from its own version (A-3PO). Closed-form cases, and each step's equivalence with a
@@ -12,17 +12,17 @@ import pytest
 import torch
 
 from asyncrl.buffer.staleness import split_by_staleness
-from asyncrl.core.config import AlgorithmConfig
-from asyncrl.core.configload import ConfigError, load_config
-from asyncrl.learner.batch import collate
-from asyncrl.learner.model import build_policy
-from asyncrl.learner.stale_tokens import (
+from asyncrl.core.config.job import AlgorithmConfig
+from asyncrl.core.config.load import ConfigError, load_config
+from asyncrl.learner.algo.stale_tokens import (
     STALE_TOKEN_MODES,
     interpolated_proximal,
     masked_stale,
     stale_loss_mask,
 )
-from asyncrl.learner.step import StepContext, batch_metrics, train_on_batch
+from asyncrl.learner.compute.batch import collate
+from asyncrl.learner.compute.model import build_policy
+from asyncrl.learner.compute.step import StepContext, batch_metrics, train_on_batch
 from tests.random_groups import random_groups
 
 MASK = torch.tensor([[0.0, 1, 1, 1, 1], [0, 0, 1, 1, 0]])
@@ -30,7 +30,7 @@ VERSIONS = torch.tensor([[-1, 3, 4, 5, 6], [-1, -1, 6, 6, -1]])
 
 
 def test_every_mode_the_config_accepts_is_one_the_learner_applies():
-    """The names live once, in core (asyncrl/core/config_algorithm.py); each is used here."""
+    """The names live once, in core (asyncrl/core/config/algorithm.py); each is used here."""
     for mode in STALE_TOKEN_MODES:
         load_config([f"algorithm.stale_tokens={mode}"])
         assert stale_loss_mask(MASK, VERSIONS, 6, 1, mode).shape == MASK.shape

@@ -19,17 +19,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from asyncrl.core.configload import load_config
+from asyncrl.core.config.load import load_config
 from asyncrl.core.types import Group, Sample
-from asyncrl.learner import micro_batches, step
-from asyncrl.learner.aggregation import AGGREGATION_MODES
-from asyncrl.learner.batch import collate
-from asyncrl.learner.critic import build_critic
-from asyncrl.learner.losses import POLICY_LOSSES
-from asyncrl.learner.model import build_policy, full_named_tensors
-from asyncrl.learner.reference import build_reference
-from asyncrl.learner.step import StepContext, train_on_batch
-from asyncrl.learner.targets import uses_critic
+from asyncrl.learner.algo.aggregation import AGGREGATION_MODES
+from asyncrl.learner.algo.losses import POLICY_LOSSES
+from asyncrl.learner.algo.targets import uses_critic
+from asyncrl.learner.compute import micro_batches, step
+from asyncrl.learner.compute.batch import collate
+from asyncrl.learner.compute.critic import build_critic
+from asyncrl.learner.compute.model import build_policy, full_named_tensors
+from asyncrl.learner.compute.reference import build_reference
+from asyncrl.learner.compute.step import StepContext, train_on_batch
 
 VOCAB = 32  # tests/conftest.py's tiny_model
 BUDGET = 24  # tokens: several micro-batches of different widths; the longest rows exceed it
@@ -63,7 +63,7 @@ def one_step(model_dir, algo, budget, rank=0, world=1, batch=None, dtype=torch.f
              packed=False, attn="auto"):  # fmt: skip
     """(metrics, policy and critic gradients of the last update, policy weights) after one
     step with SGD (lr 0.5, no clipping); ``dtype`` of the weights (float32 under FSDP2);
-    ``packed``: every model runs packed streams (asyncrl.learner.packing) with attention ``attn``."""
+    ``packed``: every model runs packed streams (asyncrl.learner.compute.packing) with attention ``attn``."""
     torch.manual_seed(0)
     model = build_policy(model_dir, attn=attn, packed=packed).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -150,7 +150,7 @@ PACKED_CASES = [(loss, mode, attn) for loss, mode in CASES for attn in ("sdpa", 
                          ids=["-".join(c) for c in PACKED_CASES])  # fmt: skip
 def test_packed_step_equals_the_padded_step(tiny_model, loss, mode, attn):
     """The packed path (each micro-batch one stream of real tokens with a document mask,
-    asyncrl.learner.packing) makes the padded path's update: the rows' tokens see only their own row."""
+    asyncrl.learner.compute.packing) makes the padded path's update: the rows' tokens see only their own row."""
     torch.set_num_threads(1)
     algo, level = loss_case(loss, mode)
     padded, g_padded, w_padded = one_step(tiny_model, algo, 0)
@@ -214,7 +214,7 @@ def test_two_ranks_with_different_micro_batch_counts_match_one_process(
     """Rank 0 holds short rows (one micro-batch), rank 1 long ones (several): rank 0 splits
     its micro-batches to rank 1's count, so FSDP2's collectives match, and the update equals
     the one-process padded update (bucketed, or packed streams under FSDP2)."""
-    from asyncrl.core.torchrun import free_port
+    from asyncrl.core.runtime.torchrun import free_port
 
     batch = long_tailed_batch(rank0_short=True)
     algo = load_config(["algorithm=ppo"]).algorithm  # critic, pi_ref, 2 minibatches
@@ -240,7 +240,7 @@ def test_two_ranks_with_different_micro_batch_counts_match_one_process(
 
 
 def main():
-    from asyncrl.learner.step import reduce_metrics
+    from asyncrl.learner.compute.step import reduce_metrics
     from asyncrl.learner.trainer import init_distributed
 
     model_dir, out, packed = sys.argv[1], sys.argv[2], sys.argv[3] == "True"

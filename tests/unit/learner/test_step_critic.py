@@ -7,15 +7,15 @@ import random
 import pytest
 import torch
 
-from asyncrl.core.configload import load_config
+from asyncrl.core.config.load import load_config
 from asyncrl.core.types import Group, Sample
-from asyncrl.learner.batch import collate
-from asyncrl.learner.checkpoint import load_checkpoint, save_checkpoint
-from asyncrl.learner.critic import build_critic, explained_variance
-from asyncrl.learner.model import build_policy
-from asyncrl.learner.reference import build_reference
-from asyncrl.learner.step import StepContext, batch_metrics, train_on_batch
-from asyncrl.learner.targets import compute_targets, uses_critic
+from asyncrl.learner.algo.targets import compute_targets, uses_critic
+from asyncrl.learner.compute.batch import collate
+from asyncrl.learner.compute.critic import build_critic, explained_variance
+from asyncrl.learner.compute.model import build_policy
+from asyncrl.learner.compute.reference import build_reference
+from asyncrl.learner.compute.step import StepContext, batch_metrics, train_on_batch
+from asyncrl.learner.state.checkpoint import load_checkpoint, save_checkpoint
 from tests.random_groups import random_groups
 
 VOCAB = 32

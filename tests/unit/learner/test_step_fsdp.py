@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from asyncrl.core.configload import load_config
-from asyncrl.learner.critic import build_critic
-from asyncrl.learner.model import build_policy, full_named_tensors
-from asyncrl.learner.reference import build_reference
-from asyncrl.learner.step import StepContext, train_on_batch
+from asyncrl.core.config.load import load_config
+from asyncrl.learner.compute.critic import build_critic
+from asyncrl.learner.compute.model import build_policy, full_named_tensors
+from asyncrl.learner.compute.reference import build_reference
+from asyncrl.learner.compute.step import StepContext, train_on_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[3]))  # tests.random_groups, under torchrun too
@@ -49,7 +49,7 @@ def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
 def test_two_ranks_match_one_process(tiny_model, tmp_path, preset):
     from safetensors.torch import load_file
 
-    from asyncrl.core.torchrun import free_port as _free_port
+    from asyncrl.core.runtime.torchrun import free_port as _free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", __file__, tiny_model,

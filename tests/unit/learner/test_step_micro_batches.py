@@ -5,12 +5,12 @@ for every aggregation mode, with one or two minibatches and a reference model's 
 import pytest
 import torch
 
-from asyncrl.core.configload import load_config
-from asyncrl.learner.critic import build_critic
-from asyncrl.learner.model import build_policy
-from asyncrl.learner.reference import build_reference
-from asyncrl.learner.step import StepContext, train_on_batch
-from asyncrl.learner.targets import uses_critic
+from asyncrl.core.config.load import load_config
+from asyncrl.learner.algo.targets import uses_critic
+from asyncrl.learner.compute.critic import build_critic
+from asyncrl.learner.compute.model import build_policy
+from asyncrl.learner.compute.reference import build_reference
+from asyncrl.learner.compute.step import StepContext, train_on_batch
 from tests.unit.learner.test_step_critic import _batch
 
 

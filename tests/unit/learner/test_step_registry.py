@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.core import config as config_module
-from asyncrl.core.config import AlgorithmConfig
-from asyncrl.core.configload import CONFIG_DIR, ConfigError, load_config
-from asyncrl.learner.advantages import ADVANTAGE_ESTIMATORS, grpo, reinforce_pp
-from asyncrl.learner.aggregation import kl_penalty
-from asyncrl.learner.losses import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, LossParams
-from asyncrl.learner.step import loss_params
-from asyncrl.learner.targets import estimator_kwargs, uses_critic
+from asyncrl.core.config import job as config_module
+from asyncrl.core.config.job import AlgorithmConfig
+from asyncrl.core.config.load import CONFIG_DIR, ConfigError, load_config
+from asyncrl.learner.algo.advantages import ADVANTAGE_ESTIMATORS, grpo, reinforce_pp
+from asyncrl.learner.algo.aggregation import kl_penalty
+from asyncrl.learner.algo.losses import AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES, LossParams
+from asyncrl.learner.algo.targets import estimator_kwargs, uses_critic
+from asyncrl.learner.compute.step import loss_params
 
 PRESETS = sorted(p.stem for p in (Path(CONFIG_DIR) / "algorithm").glob("*.yaml"))
 

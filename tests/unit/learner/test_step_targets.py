@@ -1,10 +1,10 @@
-"""asyncrl.learner.targets: rewards -> per-token advantages, checked against values worked by hand."""
+"""asyncrl.learner.algo.targets: rewards -> per-token advantages, checked against values worked by hand."""
 
 import pytest
 import torch
 
-from asyncrl.core.config import AlgorithmConfig
-from asyncrl.learner.targets import compute_targets, overlong_cache_len
+from asyncrl.core.config.job import AlgorithmConfig
+from asyncrl.learner.algo.targets import compute_targets, overlong_cache_len
 
 # 2 groups x 2 samples; rows 0,1 = group 0; rows 2,3 = group 1. T = 4.
 REWARDS = torch.tensor([[1.0, 0.0], [0.5, 0.5]])

@@ -1,7 +1,7 @@
 """At ``max_staleness=0`` the async learner's step is the synchronous on-policy GRPO step.
 
 The reference is an independent implementation: the bare on-policy loop of
-``asyncrl.orchestration.demo.bare_grpo`` (the sync trainer the demo is checked against), which scores,
+``benchmarks.demo.bare_grpo`` (the sync trainer the demo is checked against), which scores,
 normalises rewards per group and takes a PPO-clip step with ``old = logprobs.detach()``. The
 async path is the learner's ``train_on_batch`` with the default preset (``decoupled_ppo`` +
 ``grpo``, truncated importance weights) on the same groups, whose behaviour log-probs are the
@@ -17,13 +17,13 @@ import random
 import pytest
 import torch
 
-from asyncrl.core.configload import load_config
+from asyncrl.core.config.load import load_config
 from asyncrl.core.types import Group, Sample
-from asyncrl.learner.batch import collate
-from asyncrl.learner.model import build_policy
-from asyncrl.learner.step import StepContext, train_on_batch
-from asyncrl.orchestration.demo.bare_grpo import grpo_advantages, ppo_clip_loss
-from asyncrl.orchestration.demo.sampling import completion_logprobs
+from asyncrl.learner.compute.batch import collate
+from asyncrl.learner.compute.model import build_policy
+from asyncrl.learner.compute.step import StepContext, train_on_batch
+from benchmarks.demo.bare_grpo import grpo_advantages, ppo_clip_loss
+from benchmarks.demo.bare_sampling import completion_logprobs
 
 PAD, VOCAB, N, LR = 0, 32, 4, 0.5
 

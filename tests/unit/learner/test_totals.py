@@ -1,4 +1,4 @@
-"""learner/totals.py: a learner restarted from a checkpoint's totals ends with the totals of
+"""learner/hub/totals.py: a learner restarted from a checkpoint's totals ends with the totals of
 one that never stopped."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from asyncrl.learner.totals import RunTotals
+from asyncrl.learner.hub.totals import RunTotals
 
 
 @dataclass
@@ -111,8 +111,8 @@ def test_the_recorder_counts_tokens_masked_as_stale_only_where_they_leave_the_lo
 ):
     """``tokens_masked_stale`` counts the tokens older than the bound; only under mask do they
     leave the loss (under interpolate they train with an estimated pi_prox)."""
-    from asyncrl.core.config import Config
-    from asyncrl.learner.recorder import RunRecorder
+    from asyncrl.core.config.job import Config
+    from asyncrl.learner.hub.recorder import RunRecorder
 
     cfg = Config(metrics_port=0, logger=["jsonl"])
     cfg.algorithm.stale_tokens = mode

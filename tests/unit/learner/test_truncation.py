@@ -1,5 +1,5 @@
 """Completions cut at the length limit (issue 27, "Stopping"): ``response/clip_ratio`` counts
-them, ``algorithm.truncated`` keeps, masks or penalizes them (learner/truncation.py).
+them, ``algorithm.truncated`` keeps, masks or penalizes them (learner/algo/truncation.py).
 
 Closed forms worked by hand for the pure functions and the aggregation; then the real step on
 a tiny model: masking a whole group gives exactly the update of the batch without it, for every
@@ -8,20 +8,20 @@ aggregation mode, with and without micro-batches (gradient accumulation)."""
 import pytest
 import torch
 
-from asyncrl.core.config import AlgorithmConfig
-from asyncrl.core.configload import load_config
+from asyncrl.core.config.job import AlgorithmConfig
+from asyncrl.core.config.load import load_config
 from asyncrl.core.types import Group
-from asyncrl.learner.aggregation import aggregate, make_aggregation
-from asyncrl.learner.batch import collate
-from asyncrl.learner.model import build_policy
-from asyncrl.learner.step import StepContext, batch_metrics, train_on_batch
-from asyncrl.learner.targets import compute_targets
-from asyncrl.learner.truncation import (
+from asyncrl.learner.algo.aggregation import aggregate, make_aggregation
+from asyncrl.learner.algo.targets import compute_targets
+from asyncrl.learner.algo.truncation import (
     TRUNCATION_MODES,
     clip_ratio,
     truncated_loss_mask,
     truncated_rewards,
 )
+from asyncrl.learner.compute.batch import collate
+from asyncrl.learner.compute.model import build_policy
+from asyncrl.learner.compute.step import StepContext, batch_metrics, train_on_batch
 from tests.random_groups import random_groups
 
 NAN = float("nan")
@@ -30,7 +30,7 @@ NAN = float("nan")
 
 
 def test_every_mode_the_config_accepts_is_one_the_learner_applies():
-    """The names live once, in core (asyncrl/core/config_algorithm.py); each is used here."""
+    """The names live once, in core (asyncrl/core/config/algorithm.py); each is used here."""
     assert TRUNCATION_MODES == ("keep", "mask", "penalize")
     rewards, cut = torch.tensor([1.0, 0.5]), torch.tensor([True, False])
     for mode in TRUNCATION_MODES:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import time
 
-from asyncrl.core.transports.base import SendStats
-from asyncrl.learner.weight_sender import ActorWeightChannel, WeightSyncError
+from asyncrl.core.weights.base import SendStats
+from asyncrl.learner.weights.channel import ActorWeightChannel, WeightSyncError
 
 
 class _Control:

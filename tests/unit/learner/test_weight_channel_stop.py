@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from asyncrl.learner.weight_sender import ActorWeightChannel, WeightSyncError
+from asyncrl.learner.weights.channel import ActorWeightChannel, WeightSyncError
 
 
 class _Control:

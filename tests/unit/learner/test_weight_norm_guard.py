@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.learner.finite import WeightNormGuard, weight_norm
+from asyncrl.learner.compute.finite import WeightNormGuard, weight_norm
 
 
 def test_weight_norm_is_the_l2_norm_of_every_parameter():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.actors.addition import REWARD_SPEC, AdditionSource, addition_reward
+from asyncrl.actors.data.addition import REWARD_SPEC, AdditionSource, addition_reward
 
 
 def test_same_seed_and_index_give_the_same_prompt():
@@ -65,7 +65,7 @@ def test_bad_arguments_are_rejected():
 
 
 def test_reward_spec_names_the_addition_reward():
-    assert REWARD_SPEC == "asyncrl.actors.addition:addition_reward"
+    assert REWARD_SPEC == "asyncrl.actors.data.addition:addition_reward"
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.configload import load_config
-from asyncrl.orchestration import cli, gpus, jobs
-from asyncrl.orchestration.launcher import Role
+from asyncrl.core.config.load import load_config
+from asyncrl.orchestration import cli
+from asyncrl.orchestration.launch import jobs
+from asyncrl.orchestration.launch.launcher import Role
+from asyncrl.orchestration.placement import gpus
 
 _GPU_RUN = ["learner=gpu", "actor=gpu", "learner.nproc=2"]
 
@@ -84,7 +86,7 @@ def test_a_refused_layout_fails_the_command_before_anything_starts(command, monk
 def test_nccl_bootstrap_stays_on_loopback_unless_configured(monkeypatch):
     """NCCL picks a routable interface for its bootstrap sockets when not told: every role
     gets ``network.interface`` (``lo`` by default), and a user's own setting wins."""
-    from asyncrl.orchestration.launcher import role_env
+    from asyncrl.orchestration.launch.launcher import role_env
 
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
     assert role_env(load_config([]), "redis://x", 1)["NCCL_SOCKET_IFNAME"] == "lo"

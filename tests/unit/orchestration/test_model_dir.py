@@ -8,7 +8,7 @@ import json
 import pytest
 
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
-from asyncrl.orchestration.model_dir import check_model_dir
+from asyncrl.orchestration.models.directory import check_model_dir
 
 
 def _model(tmp_path, vocab: int | None, tokenizer: bool):

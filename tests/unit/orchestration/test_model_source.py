@@ -1,4 +1,4 @@
-"""model.path's forms (asyncrl/orchestration/model_source.py) and the warnings for settings far
+"""model.path's forms (asyncrl/orchestration/models/source.py) and the warnings for settings far
 outside a pretrained model's range (model_advice.py). The real GGUF conversion of SmolLM2 is
 tested in tests/integration/test_smollm2.py; here the conversion step is a fake that writes a
 marker file, so the caching, locking and errors are tested alone."""
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.core.configload import load_config
-from asyncrl.orchestration import model_source
-from asyncrl.orchestration.jobs import warn_model_settings
-from asyncrl.orchestration.model_advice import model_warnings, placement_warnings
-from asyncrl.orchestration.model_source import (
+from asyncrl.core.config.load import load_config
+from asyncrl.orchestration.launch.jobs import warn_model_settings
+from asyncrl.orchestration.models import source as model_source
+from asyncrl.orchestration.models.advice import model_warnings, placement_warnings
+from asyncrl.orchestration.models.source import (
     ModelSourceError,
     convert_gguf,
     package_file,
@@ -146,7 +146,7 @@ def test_package_file_is_found_without_importing_the_package(tmp_path, monkeypat
 
 _HUB_PROBE = """
 import sys
-from asyncrl.orchestration.model_source import ModelSourceError, resolve_model_path
+from asyncrl.orchestration.models.source import ModelSourceError, resolve_model_path
 try:
     print(resolve_model_path(sys.argv[1], sys.argv[2], lambda t: print("SAY", t)))
 except ModelSourceError as e:

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from asyncrl.core import rundir
-from asyncrl.core.configload import load_config
-from asyncrl.orchestration.jobs import prepare_run_dir
-from asyncrl.orchestration.resume_config import changes, meaningful, refusal
+from asyncrl.core.config.load import load_config
+from asyncrl.core.runtime import rundir
+from asyncrl.orchestration.launch.jobs import prepare_run_dir
+from asyncrl.orchestration.launch.resume_config import changes, meaningful, refusal
 
 
 def _prepare(run_dir, *overrides):

@@ -1,4 +1,4 @@
-"""``asyncrl.orchestration.launcher.supervise`` with real (tiny) child processes: failures name the role and
+"""``asyncrl.orchestration.launch.launcher.supervise`` with real (tiny) child processes: failures name the role and
 how it ended; ``restart_max`` restarts a dead role with a backoff and counts it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from asyncrl.orchestration import launcher
-from asyncrl.orchestration.launcher import Role, describe_exit, spawn, stop_roles, supervise
+from asyncrl.orchestration.launch import launcher
+from asyncrl.orchestration.launch.launcher import Role, describe_exit, spawn, stop_roles, supervise
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +89,7 @@ def test_a_restarted_role_that_then_succeeds_lets_the_job_succeed(tmp_path):
 def test_a_role_with_a_fatal_error_is_not_restarted_and_restart_max_is_not_suggested(tmp_path):
     marker = tmp_path / "starts"
     code = (
-        "from asyncrl.core import fatal; import sys\n"
+        "from asyncrl.core.runtime import fatal; import sys\n"
         f"open({str(marker)!r}, 'a').write('x')\n"
         f"with fatal.recorded({str(tmp_path)!r}, 'actor0'):\n"
         "    raise fatal.FatalError('task.reward_fn failed on 100% of recent rewards')\n"
@@ -112,7 +112,7 @@ def test_torchruns_own_report_becomes_one_line_under_the_ranks_traceback():
     rank = [
         "[rank1]: Traceback (most recent call last):\n",
         '[rank1]:   File "learner/trainer.py", line 175, in run_learner\n',
-        "[rank1]: asyncrl.core.faults.FailpointError: failpoint learner.after_step (hit 2)\n",
+        "[rank1]: asyncrl.core.runtime.faults.FailpointError: failpoint learner.after_step (hit 2)\n",
     ]
     agent = [
         "W1124 05:53:52.430000 23468 .venv/lib/python3.11/site-packages/torch/distributed/"
@@ -144,7 +144,7 @@ def _child_failed(rank: int, exitcode: int):
 def test_a_failed_rank_ends_torchrun_with_one_line_and_no_traceback(capsys, exitcode, how):
     """Issue 29: torchrun's own traceback and report box reached the console on every learner
     failure; the rank's traceback above says what happened."""
-    from asyncrl.core import torchrun
+    from asyncrl.core.runtime import torchrun
 
     def fails():
         raise _child_failed(1, exitcode)

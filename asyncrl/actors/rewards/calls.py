@@ -1,0 +1,94 @@
+"""Calling a reward function safely: one call -> ``Scored`` (value, error kind and reason,
+extras); a user's function never kills the actor.
+
+A call that fails scores 0 with a reason ``"<kind>: <message>"`` (``Sample.reward_error``),
+``<kind>`` one of ``asyncrl.learner.hub.reward_records.REWARD_ERROR_KINDS``; ``error_kind`` there reads it
+back (the learner's summary counts errors by kind). Actors call the function through ``asyncrl.actors.rewards.scoring.RewardScorer``
+(off the event loop, with a deadline).
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+
+from asyncrl.actors.rewards.loading import RewardFn, fn_name
+from asyncrl.actors.rewards.sandbox import SandboxError
+from asyncrl.core.types import MAX_REWARD_EXTRAS
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The outcome of one reward call."""
+
+    value: float
+    """The reward; 0.0 when the call failed."""
+    kind: str = ""
+    """"" on success, else one of ``REWARD_ERROR_KINDS``."""
+    reason: str = ""
+    """"" on success, else ``"<kind>: <message>"`` (one line; stored in the group)."""
+    detail: str = ""
+    """For the actor's log: the traceback of a raise, the repr of a bad return value."""
+    extras: dict[str, float] = field(default_factory=dict)
+    """A dict result's other numeric values (``Sample.reward_extras``); {} on failure."""
+
+
+def score_call(fn: RewardFn, prompt: str, completion: str, fields: dict | None = None) -> Scored:
+    """Call ``fn(prompt, completion, **fields)`` and classify the outcome. Raises only
+    ``SandboxError`` (this machine cannot confine model-written code: no sample can be scored).
+    """
+    try:
+        out = fn(prompt, completion, **(fields or {}))
+    except SandboxError:  # the machine cannot confine code: a setup error, not a 0 reward
+        raise
+    except Exception as exc:  # a user's reward function must not kill the actor
+        message = f"reward function raised {type(exc).__name__}: {exc}"
+        return _failed("raised", message, "".join(traceback.format_exception(exc)))
+
+    def returned() -> str:  # only on a failure: naming the function is not free (~0.3 ms)
+        return f"{fn_name(fn)} returned {_short_repr(out)}"
+
+    if isinstance(out, dict) and "score" not in out:
+        keys = sorted(map(str, out))
+        message = f"reward dict has no 'score' key (keys: {keys})"
+        return _failed("missing_score", message, returned())
+    value = out.get("score") if isinstance(out, dict) else out
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        message = f"reward is {type(value).__name__}, expected a float or a dict with 'score'"
+        return _failed("wrong_type", message, returned())
+    value = float(value)
+    if not math.isfinite(value):
+        return _failed("non_finite", f"reward is not finite: {value}", returned())
+    return Scored(value, extras=reward_extras(out) if isinstance(out, dict) else {})
+
+
+def reward_extras(result: dict) -> dict[str, float]:
+    """A dict result's values other than ``"score"`` that are finite numbers (bools as 0/1),
+    by key; the first ``MAX_REWARD_EXTRAS`` keys in sorted order. Anything else is ignored
+    (``python_code_reward``'s ``"sandbox"`` reason, verl's ``"pred"`` string)."""
+    out = {}
+    for key in sorted(k for k in result if isinstance(k, str) and k and k != "score"):
+        value = result[key]
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[key] = float(value)
+            if len(out) == MAX_REWARD_EXTRAS:
+                break
+    return out
+
+
+def score(
+    fn: RewardFn, prompt: str, completion: str, fields: dict | None = None
+) -> tuple[float, str]:
+    """``score_call`` as ``(reward, "")``, or ``(0.0, reason)`` if the call failed."""
+    s = score_call(fn, prompt, completion, fields)
+    return s.value, s.reason
+
+
+def _failed(kind: str, message: str, detail: str = "") -> Scored:
+    return Scored(0.0, kind, f"{kind}: {' '.join(message.split())[:500]}", detail)
+
+
+def _short_repr(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,115 @@
+"""Turn groups into padded training tensors, and move them between learner ranks.
+
+Layout: each sample becomes one row ``prompt_ids + completion_ids`` right-padded to ``L``.
+Per-token tensors are on the *shifted* grid ``[B, L-1]`` (position t scores token t+1), the
+same grid ``asyncrl.learner.compute.model.token_logprobs`` returns, so masks and log-probs line up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.core.types import Group
+
+
+@dataclass
+class Batch:
+    """B rows = all samples of the step's groups, in group order (G groups x n samples)."""
+
+    input_ids: torch.Tensor
+    """[B, L] int64, right-padded with 0."""
+    attention_mask: torch.Tensor
+    """[B, L] int64, 1 on prompt and completion tokens."""
+    loss_mask: torch.Tensor
+    """[B, L-1] float32, 1 where the scored token is a completion token."""
+    behavior_logprobs: torch.Tensor
+    """[B, L-1] float32, log pi_behave of the completion tokens (0 elsewhere)."""
+    token_versions: torch.Tensor
+    """[B, L-1] int64, version that sampled each completion token (-1 elsewhere)."""
+    rewards: torch.Tensor
+    """[G, n] float32."""
+    truncated: torch.Tensor
+    """[B] float32, 1.0 where the row's completion was cut at the length limit
+    (``finish_reason == "length"``), else 0.0 (``asyncrl.learner.algo.truncation``)."""
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with every tensor on ``device`` (no copy where it already is)."""
+        return Batch(**{f.name: getattr(self, f.name).to(device) for f in fields(Batch)})
+
+    def rows(self, index: torch.Tensor | slice) -> Batch:
+        """A subset of rows (rewards are kept whole: they are per group)."""
+        per_row = {f.name: getattr(self, f.name)[index] for f in fields(Batch)}
+        return Batch(**{**per_row, "rewards": self.rewards})
+
+
+def collate(groups: list[Group]) -> Batch:
+    """Pad all samples of ``groups`` into one ``Batch``. Groups must share the same n."""
+    n = len(groups[0].samples)
+    if any(len(g.samples) != n for g in groups):
+        raise ValueError("all groups of a step must have the same number of samples")
+    samples = [s for g in groups for s in g.samples]
+    length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    b = len(samples)
+    input_ids = torch.zeros(b, length, dtype=torch.long)
+    attention = torch.zeros(b, length, dtype=torch.long)
+    loss_mask = torch.zeros(b, length - 1)
+    behavior = torch.zeros(b, length - 1)
+    versions = torch.full((b, length - 1), -1, dtype=torch.long)
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        input_ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
+        attention[i, : p + c] = 1
+        # completion token j sits at position p+j and is scored at shifted position p+j-1
+        loss_mask[i, p - 1 : p - 1 + c] = 1.0
+        behavior[i, p - 1 : p - 1 + c] = torch.tensor(s.behavior_logprobs)
+        versions[i, p - 1 : p - 1 + c] = torch.tensor(s.token_versions)
+    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+    truncated = torch.tensor([float(s.finish_reason == "length") for s in samples])
+    return Batch(input_ids, attention, loss_mask, behavior, versions, rewards, truncated)
+
+
+def broadcast_batch(batch: Batch | None, src: int = 0) -> Batch:
+    """Broadcast ``batch`` from rank ``src`` to every rank (shapes first, then tensors)."""
+    rank = dist.get_rank()
+    names = [f.name for f in fields(Batch)]
+    shapes = torch.full((len(names), 2), -1, dtype=torch.long)  # -1: no such dimension
+    if rank == src:
+        assert batch is not None
+        for i, name in enumerate(names):
+            shape = getattr(batch, name).shape
+            shapes[i, : len(shape)] = torch.tensor(shape)
+    dist.broadcast(shapes, src)
+    out = {}
+    for i, name in enumerate(names):
+        dtype = getattr(batch, name).dtype if rank == src else _DTYPE_OF[name]
+        shape = tuple(d for d in shapes[i].tolist() if d >= 0)
+        t = getattr(batch, name) if rank == src else torch.empty(shape, dtype=dtype)
+        dist.broadcast(t, src)
+        out[name] = t
+    return Batch(**out)
+
+
+_DTYPE_OF = {
+    "input_ids": torch.long,
+    "attention_mask": torch.long,
+    "loss_mask": torch.float32,
+    "behavior_logprobs": torch.float32,
+    "token_versions": torch.long,
+    "rewards": torch.float32,
+    "truncated": torch.float32,
+}
+
+
+def shard_rows(batch: Batch, rank: int, world: int) -> Batch:
+    """This rank's contiguous slice of rows (every rank gets the same count; B % world == 0)."""
+    if batch.num_rows % world:
+        raise ValueError(f"{batch.num_rows} rows cannot be split evenly over {world} ranks")
+    per = batch.num_rows // world
+    return batch.rows(slice(rank * per, (rank + 1) * per))

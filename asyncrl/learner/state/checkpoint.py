@@ -1,0 +1,413 @@
+"""Atomic checkpoints: DCP (sharded, for resume) + an HF safetensors export + state.json.
+
+Layout: ``<run_dir>/checkpoints/step_<V>/{dcp/, hf/, state.json, COMPLETE}``. A checkpoint is
+written under ``.tmp-step_<V>``; once every file is fsynced, the ``COMPLETE`` marker (holding
+``V``) is written and fsynced, the directory is renamed to ``step_<V>`` (one atomic rename) and
+the parent directory is fsynced. ``latest_checkpoint`` trusts only a ``step_<V>`` whose marker
+says ``V``, so a process killed at any point of a save leaves either the previous checkpoint
+or the new one, never a partial one (tests/faults/test_checkpoint_kills.py kills it at every
+phase). Only after that are the trained groups acknowledged in the buffer (ack-on-checkpoint).
+
+A checkpoint never holds non-finite weights: ``save_checkpoint`` checks every rank's shards
+of each model first and refuses (``NonFiniteError``) before it writes anything, so the previous
+checkpoint stays the newest.
+
+Failpoints (``asyncrl.core.runtime.faults``, test-only) mark the phases: ``checkpoint.begin``,
+``checkpoint.after_dcp``, ``checkpoint.after_hf``, ``checkpoint.before_marker``,
+``checkpoint.before_rename``, ``checkpoint.after_rename``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from asyncrl.core.runtime.fatal import FatalError
+from asyncrl.core.runtime.faults import failpoint
+from asyncrl.learner.compute.finite import NonFiniteError, nonfinite_models
+from asyncrl.learner.compute.model import full_named_tensors
+
+_MARKER = "COMPLETE"
+_STEP = re.compile(r"step_([0-9]+)")
+_WEIGHT_FILES = {
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+}
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """Newest complete checkpoint under ``run_dir/checkpoints`` (None if there is none).
+
+    Complete = named ``step_<V>`` with a ``COMPLETE`` marker that says ``V`` (written last,
+    after every other file is durable). Temporary (``.tmp-*``) and trashed (``.old-*``)
+    directories of interrupted saves are never candidates."""
+    root = Path(run_dir) / "checkpoints"
+    done = [(v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None]
+    return max(done)[1] if done else None
+
+
+def _complete_version(path: Path) -> int | None:
+    """``V`` if ``path`` is ``step_<V>`` with a marker saying ``V``, else None."""
+    m = _STEP.fullmatch(path.name)
+    if m is None:
+        return None
+    try:
+        marker = (path / _MARKER).read_text().strip()
+    except OSError:
+        return None
+    return int(m.group(1)) if marker == str(int(m.group(1))) else None
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    version: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    source_model_dir: str | Path,
+    extra: dict[str, tuple[nn.Module, torch.optim.Optimizer]] | None = None,
+    export_dtype: torch.dtype | None = None,
+) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint directory.
+    ``export_dtype``: the HF export's (the training dtype); None keeps float32.
+
+    ``extra``: more (model, optimizer) pairs saved in the same DCP checkpoint under their
+    name (e.g. ``{"critic": ...}``); only the policy is exported to ``hf/``. Raises
+    ``NonFiniteError``, writing nothing, if a model has a NaN/inf weight on any rank."""
+    import torch.distributed.checkpoint as dcp
+
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{version:06d}"
+    tmp = root / f".tmp-step_{version:06d}"
+    broken = nonfinite_models({"policy": model, **{k: m for k, (m, _) in (extra or {}).items()}})
+    if broken:
+        raise NonFiniteError(
+            f"refusing to write checkpoint {final}: the {' and '.join(broken)} weights are "
+            f"non-finite (NaN/inf); the newest checkpoint stays {latest_checkpoint(run_dir)}"
+        )
+    if _rank() == 0:
+        _remove_leftovers(root)
+        tmp.mkdir(parents=True)
+    _barrier()
+    failpoint("checkpoint.begin", version=version)
+    try:
+        dcp.save(_state_dicts(model, optimizer, extra), checkpoint_id=str(tmp / "dcp"))
+        failpoint("checkpoint.after_dcp", version=version)
+        export_hf(model, tmp / "hf", source_model_dir, export_dtype)
+        failpoint("checkpoint.after_hf", version=version)
+        if _rank() == 0:
+            (tmp / "state.json").write_text(json.dumps(state, indent=2))
+    except Exception as e:
+        if disk_full(e, root):
+            shutil.rmtree(tmp, ignore_errors=True)  # give the space back
+            raise FatalError(
+                f"no space left on {root} while writing checkpoint {final.name} "
+                f"({shutil.disk_usage(root).free >> 20} MiB free; torch said: {e}); free "
+                "space there or set learner.checkpoint_dir to a larger disk; the newest "
+                f"complete checkpoint stays {latest_checkpoint(run_dir)}"
+            ) from e
+        raise
+    _barrier()  # every rank's files are written before rank 0 seals the checkpoint
+    if _rank() == 0:
+        write_manifest(tmp)
+        _fsync_tree(tmp)
+        failpoint("checkpoint.before_marker", version=version)
+        _write_durably(tmp / _MARKER, str(version))
+        failpoint("checkpoint.before_rename", version=version)
+        if final.exists():  # a same-version leftover: move it aside atomically, then delete
+            trash = root / f".old-{final.name}"
+            shutil.rmtree(trash, ignore_errors=True)
+            os.replace(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        failpoint("checkpoint.after_rename", version=version)
+    _barrier()
+    return final
+
+
+MANIFEST = "manifest.json"
+"""Every file of a checkpoint with its size and XXH3-64, written before the marker."""
+
+
+def _xxh3(path: Path) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    skip = {_MARKER, MANIFEST}
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in skip)
+
+
+def write_manifest(root: Path) -> None:
+    """``root/manifest.json``: each file's size and checksum (issue 29: a truncated shard
+    otherwise meets torch's bare "checkpoint file is corrupted" on resume)."""
+    files = {
+        str(p.relative_to(root)): {"bytes": p.stat().st_size, "xxh3": _xxh3(p)}
+        for p in _files(root)
+    }
+    (root / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when every file of ``path`` matches its manifest (or there is no manifest: a
+    checkpoint from before manifests), else what is wrong, naming the file."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as e:
+        return f"its {MANIFEST} cannot be read ({e})"
+    for rel, want in manifest.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if (size := f.stat().st_size) != want["bytes"]:
+            return f"{rel} has {size} bytes, {want['bytes']} were written (truncated?)"
+        if _xxh3(f) != want["xxh3"]:
+            return f"{rel} does not match its checksum (damaged)"
+    return None
+
+
+def latest_good_checkpoint(run_dir: str | Path, say=print) -> Path | None:
+    """The newest complete checkpoint whose files match its manifest; each damaged newer one
+    is named (``say``) and skipped. ``FatalError`` when every one is damaged: starting again
+    from version 0 would silently throw the run away."""
+    root = Path(run_dir) / "checkpoints"
+    done = sorted(
+        ((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None),
+        reverse=True,
+    )
+    damaged = []
+    for _, p in done:
+        problem = verify_checkpoint(p)
+        if problem is None:
+            if damaged:
+                say(f"resuming from {p.name}, the newest checkpoint that is intact")
+            return p
+        damaged.append(f"{p.name}: {problem}")
+        say(f"checkpoint {p} is damaged: {problem}; trying the one before")
+    if damaged:
+        raise FatalError(
+            f"every checkpoint under {root} is damaged ({'; '.join(damaged)}); restore one "
+            "from a backup, or start a new run_dir"
+        )
+    return None
+
+
+LOW_SPACE_BYTES = 64 << 20
+"""A failed write with less free space than this is taken as a full disk."""
+
+
+def disk_full(e: BaseException, where: Path) -> bool:
+    """``e`` (or an error it came from) is ENOSPC/EDQUOT, or ``where``'s file system has less
+    than ``LOW_SPACE_BYTES`` free: torch's checkpoint writer reports a full disk as
+    "unexpected pos 704 vs 598", not as ENOSPC (issue 29)."""
+    import errno
+
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(where).free < LOW_SPACE_BYTES
+    except OSError:
+        return False
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (``keep`` 0: none); returns
+    what was deleted. Incomplete directories are ``_remove_leftovers``' business."""
+    if keep <= 0:
+        return []
+    root = Path(run_dir) / "checkpoints"
+    done = sorted((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None)
+    old = [p for _, p in done[:-keep]]
+    for p in old:
+        trash = root / f".old-{p.name}"  # renamed first: never a half-deleted step_<V>
+        os.replace(p, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return old
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete the ``.tmp-*`` / ``.old-*`` directories of saves that were interrupted."""
+    root.mkdir(parents=True, exist_ok=True)
+    for p in root.iterdir():
+        if p.name.startswith((".tmp-", ".old-")):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+SHARD_BYTES = 4 << 30
+"""Largest safetensors file of an HF export (a tensor larger than this is a shard alone)."""
+
+
+def export_hf(
+    model: nn.Module,
+    out_dir: Path,
+    source_model_dir: str | Path,
+    dtype: torch.dtype | None = None,
+    shard_bytes: int | None = None,
+) -> None:
+    """Collective: write the full weights as safetensors plus the source's config/tokenizer
+    files, in ``dtype`` (the training dtype; floating tensors only; None keeps float32).
+
+    Shard by shard (issue 30): every rank takes part in each tensor's gather, but only rank 0
+    keeps it, and only until its shard (at most ``shard_bytes``) is written, so no rank holds
+    a host copy of the whole model (``shard_bytes``: default ``SHARD_BYTES``). One shard is
+    ``model.safetensors``; several are ``model-0000i-of-0000N.safetensors`` with
+    ``model.safetensors.index.json``, as ``save_pretrained`` writes them. ``config.json`` says
+    the export's dtype."""
+    from safetensors.torch import save_file
+
+    shard_bytes = shard_bytes or SHARD_BYTES
+    rank0 = _rank() == 0
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    shards: list[list[str]] = []
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        if shard:
+            save_file(shard, str(out_dir / f".shard-{len(shards)}"), metadata={"format": "pt"})
+            shards.append(list(shard))
+        shard, size = {}, 0
+
+    if rank0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for name, t in full_named_tensors(model):
+        if not rank0 or (tied and name == "lm_head.weight"):
+            continue  # tied: safetensors refuses shared storage; HF re-ties on load
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        t = t.cpu().contiguous().clone()
+        if shard and size + t.numel() * t.element_size() > shard_bytes:
+            flush()
+        shard[name] = t
+        size += t.numel() * t.element_size()
+    if not rank0:
+        return
+    flush()
+    _name_shards(out_dir, shards)
+    for f in Path(source_model_dir).iterdir():
+        if f.is_file() and not _is_weights(f.name):
+            shutil.copy2(f, out_dir / f.name)
+    if dtype is not None:
+        _set_config_dtype(out_dir / "config.json", dtype)
+
+
+def _is_weights(name: str) -> bool:
+    """A weight file (or its index) of a model directory, in any of HF's namings."""
+    return name in _WEIGHT_FILES or name.endswith((".safetensors", ".bin", ".index.json"))
+
+
+def _name_shards(out_dir: Path, shards: list[list[str]]) -> None:
+    """Rename the written shards as ``save_pretrained`` names them (and write its index)."""
+    if len(shards) == 1:
+        os.replace(out_dir / ".shard-0", out_dir / "model.safetensors")
+        return
+    n, weight_map, total = len(shards), {}, 0
+    for i, names in enumerate(shards):
+        final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        total += (out_dir / f".shard-{i}").stat().st_size
+        os.replace(out_dir / f".shard-{i}", out_dir / final)
+        weight_map |= dict.fromkeys(names, final)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _set_config_dtype(config: Path, dtype: torch.dtype) -> None:
+    """``config.json``'s dtype fields say what the export holds (transformers and vLLM load
+    ``dtype="auto"`` from them)."""
+    if not config.is_file():
+        return
+    data = json.loads(config.read_text())
+    name = str(dtype).removeprefix("torch.")
+    for key in ("torch_dtype", "dtype"):
+        if key in data or key == "torch_dtype":
+            data[key] = name
+    config.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, tuple[nn.Module, torch.optim.Optimizer]] | None = None,
+) -> dict:
+    """Collective: restore model and optimizer shards (and ``extra``'s); returns state.json."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    sd = _state_dicts(model, optimizer, extra)
+    dcp.load(sd, checkpoint_id=str(path / "dcp"))
+    pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
+    for prefix, (m, o) in pairs.items():
+        set_state_dict(
+            m, o, model_state_dict=sd[f"{prefix}model"], optim_state_dict=sd[f"{prefix}optim"]
+        )
+    return json.loads((path / "state.json").read_text())
+
+
+def _state_dicts(model, optimizer, extra) -> dict:
+    """``{"model", "optim"}`` for the policy and ``{"<name>_model", "<name>_optim"}`` per extra."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
+    out = {}
+    for prefix, (m, o) in pairs.items():
+        out[f"{prefix}model"], out[f"{prefix}optim"] = get_state_dict(m, o)
+    return out
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (and ``root`` itself)."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+        elif p.is_dir():
+            _fsync_dir(p)
+    _fsync_dir(root)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` and fsync it."""
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a directory, so the names created or renamed in it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
