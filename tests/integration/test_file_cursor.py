@@ -84,7 +84,7 @@ def test_actors_stop_at_the_end_of_the_data_and_the_learner_ends_the_run(redis_c
     assert len(got) == 12 and len(set(got)) == 12
 
 
-class RecordingEngine(SimEngine):
+class PromptRecordingSim(SimEngine):
     """The simulator, recording the prompt ids of every request."""
 
     def __init__(self) -> None:
@@ -103,7 +103,7 @@ def test_the_chat_templated_tokens_reach_the_engine(redis_client, tmp_path, setu
     data.write_text(json.dumps({"prompt": chat, "answer": "4"}) + "\n")
     cfg.data.train_files = [str(data)]
     src = build_prompt_source(cfg, model_dir, print)
-    engine = RecordingEngine()
+    engine = PromptRecordingSim()
     actor = _actor(cfg, 0, model_dir, ReplayBuffer(redis_client, cfg.buffer.name, 8), src, engine)
     group = asyncio.run(actor.make_group(0))
     want = actor.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)

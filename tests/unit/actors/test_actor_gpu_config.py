@@ -29,6 +29,7 @@ from asyncrl.buffer.testing import UnreachableBuffer
 from asyncrl.core.config.job import Config
 from asyncrl.core.config.load import ConfigError, load_config
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
+from tests.fakes.engines import ScriptedEngine
 
 GIB = 2**30
 
@@ -236,34 +237,15 @@ def test_an_explicit_max_model_len_must_fit_the_model(tmp_path):
 # -- the sampling keys reach the engine --------------------------------------------------------
 
 
-class RecordingEngine:
-    """An ``Engine`` that returns one 1-token completion per sample and records the keyword
-    options of each ``generate`` call."""
-
-    weights_valid = True
-
-    def __init__(self):
-        self.options: list[dict] = []
-
-    async def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None, **options):
-        self.options.append(options)
-        return [Completion([5], [-0.5], [0], "stop") for _ in range(n)]
-
-    async def join_weight_sync(self, init_info):
-        raise AssertionError("no weight sync here")
-
-    async def update_weights(self, version, mode="keep"):
-        raise AssertionError("no weight sync here")
-
-    async def shutdown(self):
-        pass
+def _one_token_each(prompt_ids: list[int], n: int) -> list[Completion]:
+    return [Completion([5], [-0.5], [0], "stop") for _ in range(n)]
 
 
 def test_generate_whole_passes_the_sampling_options_on():
-    engine = RecordingEngine()
+    engine = ScriptedEngine(reply=_one_token_each)
     asyncio.run(generate_whole(engine, [3], 2, 4, 1.0, 0, top_p=0.5, top_k=3, stop=["x"]))
     asyncio.run(generate_whole(engine, [3], 2, 4, 0.0, 0))  # validation's call: none
-    assert engine.options == [{"top_p": 0.5, "top_k": 3, "stop": ["x"]}, {}]
+    assert [c.options for c in engine.calls] == [{"top_p": 0.5, "top_k": 3, "stop": ["x"]}, {}]
 
 
 def test_the_actor_samples_with_the_configured_top_p_top_k_and_stop(tmp_path):
@@ -271,14 +253,14 @@ def test_the_actor_samples_with_the_configured_top_p_top_k_and_stop(tmp_path):
     cfg = Config()
     cfg.sampling.top_p, cfg.sampling.top_k, cfg.sampling.stop = 0.9, 20, ["\n"]
     cfg.task.reward_executor = "thread"
-    engine, prompts = RecordingEngine(), AdditionSource(seed=7, split="train")
+    engine, prompts = ScriptedEngine(reply=_one_token_each), AdditionSource(seed=7, split="train")
     buffer = UnreachableBuffer(cfg.buffer.name)  # make_group reads no buffer
     actor = Actor(cfg, 0, str(tmp_path), buffer, engine, prompts, addition_reward)
     try:
         asyncio.run(actor.make_group(0))
     finally:
         actor.scorer.close()
-    assert engine.options == [{"top_p": 0.9, "top_k": 20, "stop": ["\n"]}]
+    assert [c.options for c in engine.calls] == [{"top_p": 0.9, "top_k": 20, "stop": ["\n"]}]
 
 
 def test_the_sim_engine_accepts_and_ignores_them():

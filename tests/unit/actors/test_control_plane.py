@@ -10,7 +10,7 @@ from asyncrl.actors.actor import ActorState
 from asyncrl.actors.control_plane import ControlPlane
 from asyncrl.core.config.load import load_config
 from asyncrl.core.observe.metrics import ACTOR_STATES, ActorMetrics, StateClock
-from asyncrl.core.weights.stream import WeightSyncError
+from tests.fakes.engines import ScriptedEngine
 
 
 class ScriptedClient:
@@ -27,19 +27,6 @@ class ScriptedClient:
         return self.messages.pop(0) if self.messages else None
 
 
-class ScriptedEngine:
-    def __init__(self, fail_version: int | None = None) -> None:
-        self.joined, self.loaded, self.fail_version = [], [], fail_version
-
-    async def join_weight_sync(self, info: dict) -> None:
-        self.joined.append(info)
-
-    async def update_weights(self, version: int, mode: str) -> None:
-        if version == self.fail_version:
-            raise WeightSyncError(f"checksum mismatch at v{version}")
-        self.loaded.append((version, mode))
-
-
 def _run(messages, engine):
     cfg = load_config(["metrics_port=0"])
     state, pauses = ActorState(actor_id=0), []
@@ -52,7 +39,7 @@ def _run(messages, engine):
 
 
 def test_each_message_gets_its_answer_and_stop_ends_the_loop():
-    engine = ScriptedEngine()
+    engine = ScriptedEngine(syncs=True)
     msgs = [{"type": "weights_init", "rank": 1}, {"type": "ping", "nonce": "n1"},
             {"type": "update", "version": 3}, {"type": "stop"}]  # fmt: skip
     state, client, pauses, changed = _run(msgs, engine)
@@ -65,7 +52,7 @@ def test_each_message_gets_its_answer_and_stop_ends_the_loop():
 
 
 def test_a_failed_receive_is_counted_and_the_actor_serves_on():
-    engine = ScriptedEngine(fail_version=2)
+    engine = ScriptedEngine(syncs=True, fail_version=2)
     msgs = [{"type": "update", "version": 2}, {"type": "update", "version": 4}, {"type": "stop"}]
     state, client, pauses, _ = _run(msgs, engine)
     assert state.weight_sync_failures == 1 and state.version == 4

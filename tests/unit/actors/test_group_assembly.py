@@ -15,29 +15,7 @@ from asyncrl.actors.engine.vllm_engine import Completion
 from asyncrl.buffer.testing import UnreachableBuffer
 from asyncrl.core.config.job import Config
 from asyncrl.orchestration.demo.tokenizer import save_tokenizer
-
-
-class ScriptedEngine:
-    """An ``Engine`` whose ``generate`` returns the next scripted list of completions and
-    records each call; weight syncs are not part of these tests."""
-
-    weights_valid = True
-
-    def __init__(self, *rounds: list[Completion]):
-        self.rounds, self.calls = list(rounds), []
-
-    async def generate(self, prompt_ids, n, max_tokens, temperature=1.0, seed=None, **sampling):
-        self.calls.append((list(prompt_ids), n, max_tokens, temperature, seed))
-        return self.rounds.pop(0)
-
-    async def join_weight_sync(self, init_info):
-        raise AssertionError("no weight sync in these tests")
-
-    async def update_weights(self, version, mode="keep"):
-        raise AssertionError("no weight sync in these tests")
-
-    async def shutdown(self):
-        pass
+from tests.fakes.engines import ScriptedEngine
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +71,8 @@ def test_group_has_every_sample_with_rewards_versions_and_a_deterministic_id(mak
     assert first.behavior_logprobs == [-0.5] * len(right)
     assert first.token_versions == [4] * len(right)
     assert (group.version_min, group.version_max) == (3, 4)
-    (ids, n, max_tokens, temperature, seed) = actor.engine.calls[0]
+    call = actor.engine.calls[0]
+    n, max_tokens, temperature, seed = call.n, call.max_tokens, call.temperature, call.seed
     assert (n, max_tokens, temperature) == (2, actor.cfg.sampling.max_tokens, 1.0)
     assert seed == (actor.cfg.seed * 1_000_003 + 5) % 2**31  # reproducible per prompt
 

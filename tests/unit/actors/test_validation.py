@@ -19,6 +19,7 @@ from asyncrl.actors.validation import Validator, validation_size
 from asyncrl.core.config.job import Config
 from asyncrl.core.config.load import ConfigError, load_config
 from asyncrl.learner.hub.validation import Validation, ks, pass_at_k, samples_of, summarize
+from tests.fakes.engines import ScriptedEngine
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
@@ -222,20 +223,21 @@ def test_eval_log_samples_is_bounded(value):
 # -- the actor's side --------------------------------------------------------------------------
 
 
-class ScriptedEngine:
-    def __init__(self, version: int, texts: list[str], mixed: bool = False):
-        self.version, self.texts, self.mixed, self.calls = version, texts, mixed, []
+def _texts_engine(version: int, texts: list[str], mixed: bool = False) -> ScriptedEngine:
+    """Each call answers with ``texts[:n]`` as character tokens of ``version`` (``mixed``: the
+    last token of each one version newer)."""
 
-    async def generate(self, prompt_ids, n, max_tokens, temperature, seed):
-        self.calls.append((n, max_tokens, temperature, seed))
+    def reply(prompt_ids: list[int], n: int) -> list[Completion]:
         out = []
-        for text in self.texts[:n]:
+        for text in texts[:n]:
             ids = [ord(c) for c in text]
-            versions = [self.version] * len(ids)
-            if self.mixed and versions:
+            versions = [version] * len(ids)
+            if mixed and versions:
                 versions[-1] += 1
             out.append(Completion(ids, [-0.1] * len(ids), versions, "stop"))
         return out
+
+    return ScriptedEngine(reply=reply, version=version)
 
 
 class CharTokenizer:
@@ -272,7 +274,7 @@ def _actor(engine, n_samples=1):
 def test_an_actor_validates_greedily_and_posts_one_record_per_prompt():
     source = AdditionSource(seed=0, split="eval")
     answers = [source.get(i).fields["answer"] for i in range(2)]
-    engine = ScriptedEngine(version=6, texts=[answers[0]])
+    engine = _texts_engine(version=6, texts=[answers[0]])
     actor, queue = _actor(engine), ListQueue()
     validator = Validator(actor, source, 2, queue)
     asyncio.run(validator.score_chunk(range(0, 1), 6))
@@ -280,7 +282,8 @@ def test_an_actor_validates_greedily_and_posts_one_record_per_prompt():
     assert version == 6 and record["index"] == 0 and record["version"] == 6
     assert record["rewards"] == [1.0] and record["lengths"] == [len(answers[0])]
     assert record["errors"] == 0 and record["off_version"] == 0
-    n, max_tokens, temperature, _ = engine.calls[0]
+    call = engine.calls[0]
+    n, max_tokens, temperature = call.n, call.max_tokens, call.temperature
     assert (n, temperature) == (1, 0.0) and max_tokens == actor.cfg.sampling.max_tokens  # greedy
     assert "sample" not in record  # the request asked for no text
 
@@ -288,7 +291,7 @@ def test_an_actor_validates_greedily_and_posts_one_record_per_prompt():
 def test_an_actor_sends_the_text_of_the_prompts_the_request_asks_for():
     source = AdditionSource(seed=0, split="eval")
     long = "9" * 5000  # wrong, and sent whole
-    engine = ScriptedEngine(version=3, texts=[long, "0"])
+    engine = _texts_engine(version=3, texts=[long, "0"])
     actor, queue = _actor(engine, n_samples=2), ListQueue()
     asyncio.run(Validator(actor, source, 3, queue).score_chunk(range(0, 3), 3, samples=2))
     records = [r for _, r in queue.put_records]
@@ -300,13 +303,13 @@ def test_an_actor_sends_the_text_of_the_prompts_the_request_asks_for():
 
 def test_sampled_validation_uses_eval_temperature_and_flags_off_version_tokens():
     source = AdditionSource(seed=0, split="eval")
-    engine = ScriptedEngine(version=2, texts=["1", "22", "333"], mixed=True)
+    engine = _texts_engine(version=2, texts=["1", "22", "333"], mixed=True)
     actor, queue = _actor(engine, n_samples=3), ListQueue()
     actor.cfg.eval.temperature = 0.7
     asyncio.run(Validator(actor, source, 1, queue).score_chunk(range(1), 2))
     record = queue.put_records[0][1]
     assert len(record["rewards"]) == 3 and record["off_version"] == 3
-    assert engine.calls[0][0] == 3 and engine.calls[0][2] == 0.7
+    assert engine.calls[0].n == 3 and engine.calls[0].temperature == 0.7
 
 
 def test_validation_size_caps_a_finite_set_and_sizes_the_endless_one():
@@ -328,7 +331,7 @@ class GatedEngine(ScriptedEngine):
     weights_valid = True
 
     def __init__(self, version: int, fail: bool = False):
-        super().__init__(version, texts=["0"])
+        super().__init__(reply=_texts_engine(version, texts=["0"]).reply, version=version)
         self.gate, self.running, self.peak, self.fail = asyncio.Event(), 0, 0, fail
 
     async def generate(self, *args):
