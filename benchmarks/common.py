@@ -2,11 +2,14 @@
 
 Every benchmark writes ``benchmarks/results/<name>.json`` with ``machine``, ``commit``,
 ``command`` and ``config`` next to its figures, so a number can always be traced to what
-produced it.
+produced it. The per-step traces of whole runs (``runs[i].records``, ``.steps``,
+``.curves``: most of a result's bytes) go beside it, compressed, in
+``<name>.records.json.gz``; ``read_result`` puts them back.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
@@ -108,7 +111,8 @@ def rerun_command() -> str:
 
 
 def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
-    """``<out_dir>/<name>.json`` with ``machine``, ``commit`` and ``command`` added."""
+    """``<out_dir>/<name>.json`` with ``machine``, ``commit`` and ``command`` added (the runs'
+    per-step traces in ``<name>.records.json.gz``: ``split_records``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {
         "name": name,
@@ -120,8 +124,67 @@ def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
         **payload,
     }
     path = out_dir / f"{name}.json"
-    path.write_text(json.dumps(doc, indent=2, default=_jsonable))
+    write_split(path, json.loads(json.dumps(doc, default=_jsonable)))
     return path
+
+
+RECORDS_SUFFIX = ".records.json.gz"
+RECORDS_FILE = "<name>" + RECORDS_SUFFIX  # where a split result's traces are
+TRACE_KEYS = ("records", "steps", "curves")
+"""The keys of a run that hold one entry per step (the sync_vs_async, vs_trl and
+staleness_correction families): the raw traces the figures are computed from."""
+
+
+def split_records(doc: dict) -> tuple[dict, dict | None]:
+    """``doc`` without its runs' per-step traces, and those traces by run index (``"3"``:
+    ``{"records": runs[3]["records"]}``); ``(doc, None)`` when no run has any. Lossless:
+    ``join_records`` of the two equals ``doc``."""
+    runs = doc.get("runs")
+    if not isinstance(runs, list):
+        return doc, None
+    traces = {str(i): _traces_of(r) for i, r in enumerate(runs) if _traces_of(r)}
+    if not traces:
+        return doc, None
+    slim = [
+        {k: v for k, v in r.items() if k not in _traces_of(r)} if isinstance(r, dict) else r
+        for r in runs
+    ]
+    return {**doc, "runs": slim, "records_file": RECORDS_FILE}, traces
+
+
+def _traces_of(run) -> dict:
+    """The per-step lists of one run (a count such as ``"steps": 300`` stays)."""
+    if not isinstance(run, dict):
+        return {}
+    return {k: run[k] for k in TRACE_KEYS if isinstance(run.get(k), list)}
+
+
+def join_records(doc: dict, traces: dict | None) -> dict:
+    """The inverse of ``split_records``."""
+    if traces is None:
+        return doc
+    runs = [{**r, **traces.get(str(i), {})} for i, r in enumerate(doc["runs"])]
+    return {**{k: v for k, v in doc.items() if k != "records_file"}, "runs": runs}
+
+
+def write_split(path: Path, doc: dict) -> None:
+    """Write ``doc`` as ``path`` and, if its runs have traces, ``<stem>.records.json.gz``."""
+    slim, records = split_records(doc)
+    sidecar = path.with_name(path.stem + RECORDS_SUFFIX)
+    if records is not None:
+        data = json.dumps(records, separators=(",", ":")).encode()
+        # mtime=0: the same records give the same bytes (no diff from a rewrite alone)
+        sidecar.write_bytes(gzip.compress(data, mtime=0))
+    path.write_text(json.dumps(slim, indent=2))
+
+
+def read_result(path: Path) -> dict:
+    """A result as its benchmark wrote it, traces included."""
+    doc = json.loads(path.read_text())
+    sidecar = path.with_name(path.stem + RECORDS_SUFFIX)
+    if "records_file" not in doc:
+        return doc
+    return join_records(doc, json.loads(gzip.decompress(sidecar.read_bytes())))
 
 
 def _jsonable(x):

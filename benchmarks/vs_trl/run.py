@@ -59,7 +59,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.common import REPO, RESULTS, write_result
+from benchmarks.common import REPO, RESULTS, read_result, write_result
 from benchmarks.vs_trl.report import analyse, plot
 from benchmarks.vs_trl.runs import check_parity, run_asyncrl, run_trl
 
@@ -181,9 +181,8 @@ def reanalyse(args) -> int:
     """Report the runs of an earlier result at other thresholds (or window): the figures of
     ``vs_trl_report`` recomputed from each run's per-step curve; config, parity and pinning
     are kept, with where they came from."""
-    import json
 
-    doc = json.loads(args.reanalyse.read_text())
+    doc = read_result(args.reanalyse)
     if not args.name_given:
         args.name = f"{doc['name']}_reanalysed"
     window = min(args.window, min(len(r["steps"]) for r in doc["runs"]))
