@@ -36,10 +36,10 @@ def is_demo(cfg) -> bool:
 
 def resolve_model_dir(spec: str | None, extra: list[str] = ()) -> tuple[object, str]:
     """``(config, local model directory)`` of ``spec`` plus ``extra`` overrides, resolved as a
-    run resolves ``model.path`` (``asyncrl.orchestration.launch.jobs.resolve_model``: the demo built,
+    run resolves ``model.path`` (``asyncrl.orchestration.launch.preflight.resolve_model``: the demo built,
     a GGUF file converted once into ``model.cache_dir``)."""
     from asyncrl.core.config.load import load_config
-    from asyncrl.orchestration.launch.jobs import resolve_model
+    from asyncrl.orchestration.launch.preflight import resolve_model
 
     cfg = load_config(["metrics_port=0", *model_overrides(spec), *extra])
     return cfg, resolve_model(cfg)

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     from asyncrl.core.config.load import load_config
-    from asyncrl.orchestration.launch.jobs import resolve_model
+    from asyncrl.orchestration.launch.preflight import resolve_model
 
     resolve_model(load_config(["metrics_port=0"]))  # the demo model, built once if missing
     arms = [a.partition("@") for a in args.arm] or [("this", "", "")]

@@ -18,6 +18,14 @@ import torch.distributed as dist
 from benchmarks.common import timed
 
 
+def _dtype_only(cfg):
+    """``cfg``'s compute dtype, every other key of ``build_policy`` at its default: the bare
+    model (no checkpointing, compile or offload), as this benchmark has always built it."""
+    from asyncrl.core.config.job import Config, ModelConfig
+
+    return Config(model=ModelConfig(dtype=cfg.model.dtype))
+
+
 def _context(cfg, model_dir: str, rank: int, world: int):
     try:  # the loop's own builder where it exists (critic / reference when configured)
         from asyncrl.learner.trainer import build_step_context
@@ -27,7 +35,7 @@ def _context(cfg, model_dir: str, rank: int, world: int):
         from asyncrl.learner.compute.model import build_policy
         from asyncrl.learner.compute.step import StepContext
 
-        model = build_policy(model_dir, cfg.model.dtype)
+        model = build_policy(model_dir, _dtype_only(cfg))
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.learner.lr)
         return StepContext(model, opt, cfg.algorithm, rank, world, cfg.learner.grad_clip)
 
@@ -76,7 +84,7 @@ def main() -> None:
     from asyncrl.learner.compute.model import build_policy, full_named_tensors, token_logprobs
     from asyncrl.learner.compute.step import train_on_batch
     from asyncrl.learner.trainer import init_distributed
-    from asyncrl.orchestration.launch.jobs import resolve_model
+    from asyncrl.orchestration.launch.preflight import resolve_model
 
     rank, world = init_distributed()
     cfg = load_config(["metrics_port=0", f"learner.nproc={world}", *args.set])
@@ -85,7 +93,7 @@ def main() -> None:
     batch = _batch(cfg, vocab, rank)
     ctx = _context(cfg, model_dir, rank, world)
 
-    bare_model = build_policy(model_dir, cfg.model.dtype)
+    bare_model = build_policy(model_dir, _dtype_only(cfg))
     opt = torch.optim.AdamW(bare_model.parameters(), lr=cfg.learner.lr)
     per = batch.num_rows // world
     rows = slice(rank * per, (rank + 1) * per)

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     from asyncrl.core.config.load import load_config
-    from asyncrl.orchestration.launch.jobs import resolve_model
+    from asyncrl.orchestration.launch.preflight import resolve_model
 
     model_dir = str(resolve_model(load_config(["metrics_port=0"])))  # built once, if missing
     order = [m for i in range(args.runs) for m in (("fork", "spawn"), ("spawn", "fork"))[i % 2]]

@@ -44,7 +44,7 @@ def demo_model() -> dict:
     from safetensors.torch import load_file
 
     from asyncrl.core.config.load import load_config
-    from asyncrl.orchestration.launch.jobs import resolve_model
+    from asyncrl.orchestration.launch.preflight import resolve_model
 
     model_dir = resolve_model(load_config([]))
     return load_file(f"{model_dir}/model.safetensors")

@@ -201,7 +201,7 @@ def reanalyse(args) -> int:
 def _prepare_model(overrides: list[str]) -> None:
     """Build (or find cached) the warm-started model once, before anything is timed."""
     from asyncrl.core.config.load import load_config
-    from asyncrl.orchestration.launch.jobs import resolve_model
+    from asyncrl.orchestration.launch.preflight import resolve_model
 
     resolve_model(load_config(overrides))
 

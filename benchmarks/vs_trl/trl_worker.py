@@ -223,7 +223,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from asyncrl.core.config.load import load_config
-    from asyncrl.orchestration.launch.jobs import resolve_model
+    from asyncrl.orchestration.launch.preflight import resolve_model
     from benchmarks.vs_trl import parity as vs_trl_parity
     from benchmarks.vs_trl.validation import validation_of
 

@@ -25,7 +25,7 @@ def result(tmp_path_factory):
     # the demo model first, outside the benchmark's deadline: on a fresh clone its 500-step
     # warm start runs here (~1 min alone, several on a loaded machine), then it is cached
     from asyncrl.core.config.load import load_config
-    from asyncrl.orchestration.launch.jobs import resolve_model
+    from asyncrl.orchestration.launch.preflight import resolve_model
 
     resolve_model(load_config(["metrics_port=0"]))
     out = tmp_path_factory.mktemp("engine_start")

@@ -19,7 +19,7 @@ from redis.retry import Retry
 from asyncrl.buffer.codec import encode_group
 from asyncrl.buffer.connection import BufferUnavailable, connect
 from asyncrl.buffer.redis_buffer import LeaseExpired, ReplayBuffer
-from asyncrl.buffer.service.server import RedisServer, RedisServerError
+from asyncrl.buffer.service.server import RedisOptions, RedisServer, RedisServerError
 from asyncrl.buffer.staleness import Window, admission_window
 from asyncrl.buffer.testing import random_group
 
@@ -511,11 +511,11 @@ def test_unreachable_url_names_masked_url():
 
 def test_missing_binary_says_how_to_install(tmp_path):
     with pytest.raises(RedisServerError, match="apt-get install -y redis-server"):
-        RedisServer(tmp_path, executable="redis-server-not-installed").start()
+        RedisServer(tmp_path, RedisOptions(executable="redis-server-not-installed")).start()
 
 
 def test_unix_socket_server(tmp_path, redis_binary):
-    with RedisServer(tmp_path, unix_socket=True) as server:
+    with RedisServer(tmp_path, RedisOptions(unix_socket=True)) as server:
         assert server.url.startswith("unix://:") and server.url.endswith("redis.sock?db=0")
         client = connect(server.url)
         assert client.config_get("port")["port"] == "0"  # no TCP listener at all

@@ -1,4 +1,4 @@
-"""``buffer.tls_dir``: the job's Redis over TLS only (buffer/service/tls.py, ``RedisServer(tls=)``),
+"""``buffer.tls_dir``: the job's Redis over TLS only (buffer/service/tls.py, ``RedisOptions(tls=)``),
 against a real redis-server: the files made or checked, role URLs that verify the server,
 and clear errors for a plain client, a wrong CA and a certificate for another address."""
 
@@ -13,7 +13,7 @@ import redis
 
 from asyncrl.buffer.connection import BufferUnavailable, connect, describe
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.buffer.service.server import RedisServer
+from asyncrl.buffer.service.server import RedisOptions, RedisServer
 from asyncrl.buffer.service.tls import TlsError, ensure
 from asyncrl.buffer.testing import random_group
 
@@ -47,7 +47,7 @@ def test_roles_reach_a_tls_only_server_and_plain_or_unverified_clients_are_refus
     tmp_path, redis_binary
 ):
     files = ensure(tmp_path / "tls", ["127.0.0.1"], say=_quiet)
-    server = RedisServer(tmp_path / "redis", key_prefix="t", tls=files).start()
+    server = RedisServer(tmp_path / "redis", RedisOptions(tls=files), key_prefix="t").start()
     try:
         assert server.url.startswith("rediss://") and f"ssl_ca_certs={files.ca}" in server.url
         actor = ReplayBuffer(connect(server.url_for("actor")), "t", capacity=4)
@@ -81,7 +81,8 @@ def test_roles_reach_a_tls_only_server_and_plain_or_unverified_clients_are_refus
 
 def test_a_certificate_for_another_address_is_refused_by_name(tmp_path, redis_binary):
     files = ensure(tmp_path / "tls", ["10.9.8.7"], say=_quiet)  # not the address we dial
-    server = RedisServer(tmp_path / "redis", tls=files).start()  # its own check skips names
+    # its own check skips names
+    server = RedisServer(tmp_path / "redis", RedisOptions(tls=files)).start()
     try:
         with pytest.raises(BufferUnavailable, match="does not verify.*IP address mismatch"):
             connect(server.url, timeout_s=5)

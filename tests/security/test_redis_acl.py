@@ -13,7 +13,7 @@ import redis
 from asyncrl.buffer.connection import BufferUnavailable, connect
 from asyncrl.buffer.cursors import PromptCursor, SyncQuota
 from asyncrl.buffer.redis_buffer import ReplayBuffer
-from asyncrl.buffer.service.server import RedisServer
+from asyncrl.buffer.service.server import RedisOptions, RedisServer
 from asyncrl.buffer.testing import random_group
 
 pytestmark = pytest.mark.redis
@@ -108,7 +108,7 @@ def test_role_users_on_a_unix_socket(tmp_path):
     """``url_for`` also works for a unix-socket server (the user travels in the URL)."""
     if shutil.which("redis-server") is None:
         pytest.skip("install redis-server (apt-get install -y redis-server) to run Redis tests")
-    with RedisServer(tmp_path, unix_socket=True, key_prefix=NAME) as s:
+    with RedisServer(tmp_path, RedisOptions(unix_socket=True), key_prefix=NAME) as s:
         actor = connect(s.url_for("actor"))
         assert actor.set(f"{NAME}:k", "1") and _denied(actor, "FLUSHALL")
         assert (tmp_path / "redis.actor.url").read_text().startswith("unix://actor:")

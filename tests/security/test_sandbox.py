@@ -229,7 +229,7 @@ def test_missing_layers_refuse_to_run_the_code(tmp_path, monkeypatch):
     from asyncrl.actors.rewards.calls import score
     from asyncrl.actors.rewards.code_reward import python_code_reward
     from asyncrl.core.config.job import Config
-    from asyncrl.orchestration.launch.jobs import check_reward_fn
+    from asyncrl.orchestration.launch.preflight import check_reward_fn
 
     monkeypatch.setattr(sandbox, "_TEST_WITHOUT", ("landlock",))
     work = tmp_path / "w"

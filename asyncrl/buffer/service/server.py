@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -42,6 +43,7 @@ from asyncrl.core.runtime.rundir import write_atomic
 
 __all__ = [
     "ROLE_USERS",
+    "RedisOptions",
     "RedisServer",
     "RedisServerError",
     "BufferUnavailable",
@@ -61,59 +63,81 @@ class RedisServerError(RuntimeError):
     """The private redis-server is missing or did not start; the message quotes its log."""
 
 
+@dataclass(frozen=True)
+class RedisOptions:
+    """How a private ``redis-server`` listens, stores and starts (``RedisServer(options=)``);
+    the defaults are a loopback TCP server with a generated password and an fsync per write.
+    Bad values raise ``ValueError`` here, before anything starts."""
+
+    port: int = 0
+    """TCP port in [0, 65535]; 0 picks a free one (a restart reuses the previous if free)."""
+    unix_socket: bool = False
+    """Listen on ``run_dir/redis.sock`` only (no TCP; not with ``tls``)."""
+    host: str = "127.0.0.1"
+    """The address the server binds (``network.bind``)."""
+    advertise: str = ""
+    """The host its URLs name, where clients on other hosts connect ('' = ``host``)."""
+    tls: TlsFiles | None = None
+    """Serve TLS only (no plain port); the URLs are ``rediss://`` and carry the CA path
+    clients verify the server with (buffer/service/tls.py)."""
+    password: str | None = None
+    """The admin (``default`` user) password; None = the previous one in ``run_dir``, else a
+    new ``secrets.token_urlsafe``."""
+    maxmemory: str | None = None
+    """Memory bound, e.g. ``"2gb"``; writes are refused (never keys evicted) beyond it."""
+    appendfsync: str = "always"
+    """The AOF's fsync policy: ``always`` (no acknowledged write lost) or ``everysec``."""
+    executable: str = "redis-server"
+    """The server binary, looked up on PATH."""
+    start_timeout_s: float = 10.0
+    """How long ``start()`` waits for the server to answer PING (> 0)."""
+
+    def __post_init__(self) -> None:
+        if self.tls is not None and self.unix_socket:
+            raise ValueError("TLS is for TCP; a unix socket is local (give one or the other)")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
+        if self.appendfsync not in ("always", "everysec"):
+            raise ValueError(
+                f"appendfsync must be 'always' or 'everysec', got {self.appendfsync!r}"
+            )
+
+
 class RedisServer:
     """Owns one ``redis-server`` child process. Use as a context manager or start()/stop().
 
-    ``port=0`` picks a free port; ``unix_socket=True`` listens on ``run_dir/redis.sock``
-    only (no TCP). The server binds ``host`` only (127.0.0.1 by default; ``network.bind``),
-    and its URLs name ``advertise`` (default ``host``): where clients on other hosts connect.
-    It requires a password (``secrets.token_urlsafe``) for every user, appends every write to
-    the AOF, and refuses writes rather than evicting keys when ``maxmemory`` (e.g. ``"2gb"``)
-    is reached.
+    ``options`` (``RedisOptions``) says where it listens: ``port=0`` picks a free port;
+    ``unix_socket=True`` listens on ``run_dir/redis.sock`` only (no TCP). The server binds
+    ``host`` only (127.0.0.1 by default; ``network.bind``), and its URLs name ``advertise``
+    (default ``host``): where clients on other hosts connect. It requires a password
+    (``secrets.token_urlsafe``) for every user, appends every write to the AOF, and refuses
+    writes rather than evicting keys when ``maxmemory`` (e.g. ``"2gb"``) is reached.
     """
 
     def __init__(
         self,
         run_dir: str | os.PathLike,
-        port: int = 0,
-        unix_socket: bool = False,
-        password: str | None = None,
-        executable: str = "redis-server",
-        start_timeout_s: float = 10.0,
-        maxmemory: str | None = None,
-        appendfsync: str = "always",
+        options: RedisOptions | None = None,
+        *,
         key_prefix: str | None = None,
         wrap: Callable[[list[str]], list[str]] | None = None,
         pass_fds: tuple[int, ...] = (),
-        host: str = "127.0.0.1",
-        advertise: str = "",
-        tls: TlsFiles | None = None,
     ) -> None:
-        """``wrap(cmd)`` returns the command line that runs ``cmd`` (the launcher's makes the
-        server die with it: asyncrl/core/runtime/lifeline.py); ``pass_fds`` are inherited by the server.
-        ``tls``: serve TLS only (no plain port); the URLs are ``rediss://`` and carry the CA
-        path clients verify the server with (buffer/service/tls.py)."""
-        if tls is not None and unix_socket:
-            raise ValueError("TLS is for TCP; a unix socket is local (give one or the other)")
-        if not 0 <= port <= 65535:
-            raise ValueError(f"port must be in [0, 65535], got {port}")
-        if start_timeout_s <= 0:
-            raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
-        if appendfsync not in ("always", "everysec"):
-            raise ValueError(f"appendfsync must be 'always' or 'everysec', got {appendfsync!r}")
+        """``key_prefix``: the buffer name whose keys the role ACL users may use
+        (buffer/service/files.py). ``wrap(cmd)`` returns the command line that runs ``cmd``
+        (the launcher's makes the server die with it: asyncrl/core/runtime/lifeline.py);
+        ``pass_fds`` are inherited by the server."""
+        self.options = o = options or RedisOptions()
         self.run_dir = Path(run_dir).resolve()
-        self.host, self.advertise = host, advertise or host
-        self.unix_socket, self.tls = unix_socket, tls
-        self.executable = executable
-        self.start_timeout_s = start_timeout_s
-        self.maxmemory = maxmemory
-        self.appendfsync = appendfsync
+        self.host, self.advertise = o.host, o.advertise or o.host
+        self.unix_socket, self.tls = o.unix_socket, o.tls
         self.key_prefix = key_prefix
         self._wrap = wrap or (lambda cmd: cmd)
         self._pass_fds = pass_fds
-        self._requested_port = port
         self._previous = read_previous_conf(self.conf_path)
-        self.password = password or self._previous.get("requirepass") or secrets.token_urlsafe(24)
+        self.password = o.password or self._previous.get("requirepass") or secrets.token_urlsafe(24)
         self.user_passwords = {
             user: self._previous.get(f"user:{user}") or secrets.token_urlsafe(24)
             for user in ROLE_USERS
@@ -198,7 +222,7 @@ class RedisServer:
             if self._proc.poll() is None:
                 raise RuntimeError("RedisServer already started")
             self._proc = None  # it died: restart from the same directory
-        exe = shutil.which(self.executable)
+        exe = shutil.which(self.options.executable)
         if exe is None:
             raise RedisServerError(_MISSING)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -228,7 +252,7 @@ class RedisServer:
             except RedisServerError:
                 self._proc = None
                 in_use = "Address already in use" in self._log_tail()
-                if not (in_use and self._requested_port == 0 and attempt < 2):
+                if not (in_use and self.options.port == 0 and attempt < 2):
                     raise
         write_atomic(self.run_dir / "redis.url", self.url + "\n")
         for user in ROLE_USERS:
@@ -312,7 +336,7 @@ class RedisServer:
             *port_lines(self.port, self.tls),
             f"requirepass {self.password}",
             "appendonly yes",
-            f"appendfsync {self.appendfsync}",
+            f"appendfsync {self.options.appendfsync}",
             # A torn last command (crash mid-write) was never acknowledged: drop it and start.
             # Damage anywhere else stops startup (see _wait_ready).
             "aof-load-truncated yes",
@@ -324,14 +348,14 @@ class RedisServer:
         ]
         if self.unix_socket:
             lines += [f'unixsocket "{self.socket_path}"', "unixsocketperm 700"]
-        if self.maxmemory:
-            lines.append(f"maxmemory {self.maxmemory}")
+        if self.options.maxmemory:
+            lines.append(f"maxmemory {self.options.maxmemory}")
         lines += acl_lines(self.key_prefix, self.user_passwords)
         return "\n".join(lines) + "\n"
 
     def _choose_port(self) -> int:
-        if self._requested_port:
-            return self._requested_port
+        if self.options.port:
+            return self.options.port
         previous = int(self._previous.get("port", "0"))
         if previous and _port_free(previous, self.host):
             return previous
@@ -341,7 +365,7 @@ class RedisServer:
 
     def _wait_ready(self) -> None:
         assert self._proc is not None
-        deadline = time.monotonic() + self.start_timeout_s
+        deadline = time.monotonic() + self.options.start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 tail = self._log_tail()
@@ -362,7 +386,7 @@ class RedisServer:
         self._proc.wait(timeout=10)
         raise RedisServerError(
             f"redis-server did not answer PING at {mask_url(self.url)} within "
-            f"{self.start_timeout_s}s. Last lines of {self.log_path}:\n{self._log_tail()}"
+            f"{self.options.start_timeout_s}s. Last lines of {self.log_path}:\n{self._log_tail()}"
         )
 
     def _log_tail(self, lines: int = 20) -> str:

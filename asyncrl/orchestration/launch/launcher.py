@@ -1,11 +1,6 @@
-"""Start roles as processes and supervise them (``asyncrl run`` / ``asyncrl launch``).
-
-    asyncrl run
-      ├─ buffer:  private redis-server in <run_dir>/redis (unless buffer.url is set)
-      ├─ learner: torchrun --nproc_per_node=N -m asyncrl.learner.main     (FSDP2 ranks)
-      └─ actors:  K x python -m asyncrl.actors.main                        (one vLLM engine each)
-    learner rank 0 <──ZeroMQ control + weight collective──> actors
-    actors ──groups (Redis Streams, Arrow)──> learner
+"""Start roles as processes and supervise them (``asyncrl run`` / ``asyncrl launch``); which
+processes a launch starts, in which order, is drawn in jobs.py, and each role's command and
+environment are built in roles.py.
 
 A role that exits non-zero stops the whole job, and ``asyncrl run`` exits non-zero with the
 role, its exit code (or the signal that killed it) and the tail of its log, unless the role
@@ -20,7 +15,7 @@ Every role's command is wrapped by ``asyncrl.core.runtime.lifeline`` (``child_cm
 launcher, however the launcher ends (SIGKILL included), and runs on its configured cores
 (``learner.cpu_affinity``, ``actor.cpu_affinity``; inherited by torchrun's ranks and vLLM's
 engine processes). Roles inherit the run directory's lock (asyncrl/core/runtime/rundir.py). On a GPU node
-torchrun and each actor get their own ``CUDA_VISIBLE_DEVICES`` (``role_env``), from the
+torchrun and each actor get their own ``CUDA_VISIBLE_DEVICES`` (roles.py ``role_env``), from the
 node's plan (asyncrl/orchestration/placement/plan.py, checked before anything starts).
 
 A role's output is copied to ``<run_dir>/<role>.log`` and its last lines are kept in memory,
@@ -46,7 +41,6 @@ from pathlib import Path
 from asyncrl.core.runtime import fatal, rundir
 from asyncrl.core.runtime.lifeline import child_cmd
 from asyncrl.core.runtime.rundir import describe_os_error
-from asyncrl.core.runtime.torchrun import free_port
 
 _GRACE_S = 20.0
 _ROOT_GRACE_S = 5.0  # a role's own process stops its children first
@@ -74,31 +68,6 @@ class Role:
     """Why the log file could not be written (its output is then only in ``output``)."""
     pump: threading.Thread | None = None
     """The thread copying the current process's output."""
-
-
-def role_env(
-    cfg, redis_url: str, threads: int, across_nodes: bool = False, gpus: str | None = None
-) -> dict[str, str]:
-    """A role's environment: the buffer URL (never argv: it holds a password), thread counts;
-    NCCL's bootstrap on ``network.interface`` (loopback by default) unless the user set
-    ``NCCL_SOCKET_IFNAME``; for learner ranks on several nodes gloo too (asyncrl/orchestration/launch/hostnet.py).
-    Otherwise gloo's sockets stay on loopback. ``gpus``: the role's
-    ``CUDA_VISIBLE_DEVICES`` (asyncrl/orchestration/placement/plan.py); None = the launcher's, inherited."""
-    from asyncrl.orchestration.launch.hostnet import nccl_env, socket_env
-
-    env = {**nccl_env(cfg.network), **os.environ}
-    if across_nodes:
-        env.update(socket_env(cfg.network))
-    if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpus
-    env.update(
-        ASYNCRL_REDIS_URL=redis_url,
-        OMP_NUM_THREADS=str(threads),
-        MKL_NUM_THREADS=str(threads),
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
 
 
 def _pump(proc: subprocess.Popen, role: Role, show) -> None:
@@ -182,27 +151,6 @@ def spawn(
 
     role.proc, role.respawn = start(), start
     return role
-
-
-def learner_cmd(cfg, run_dir: Path, model_dir: str) -> list[str]:
-    """torchrun for this node's learner ranks; its rendezvous store binds one address only
-    (asyncrl/core/runtime/torchrun.py): loopback on one node, else ``learner.rdzv_endpoint`` (hosted by
-    node 0)."""
-    ln = cfg.learner
-    if ln.nnodes == 1:  # one node: the ranks talk over loopback, whatever network.bind is
-        master = ["--master_addr=127.0.0.1", f"--master_port={free_port()}"]
-    else:
-        host, _, port = ln.rdzv_endpoint.rpartition(":")
-        master = [f"--master_addr={host.strip('[]')}", f"--master_port={port}"]
-    torchrun = [sys.executable, "-m", "asyncrl.core.runtime.torchrun"]
-    nodes = [f"--nnodes={ln.nnodes}", f"--node_rank={ln.node_rank}", f"--nproc_per_node={ln.nproc}"]
-    learner = ["-m", "asyncrl.learner.main", "--run-dir", str(run_dir), "--model-dir", model_dir]
-    return [*torchrun, *nodes, *master, *learner]
-
-
-def actor_cmd(run_dir: Path, model_dir: str, actor_id: int) -> list[str]:
-    dirs = ["--run-dir", str(run_dir), "--model-dir", model_dir]
-    return [sys.executable, "-m", "asyncrl.actors.main", *dirs, "--actor-id", str(actor_id)]
 
 
 def show_progress(line: str) -> bool:

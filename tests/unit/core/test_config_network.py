@@ -131,7 +131,7 @@ def test_tls_dir_with_a_plain_url_is_refused(tmp_path):
 
 
 def test_learner_node_0_must_hold_the_rendezvous_address():
-    from asyncrl.orchestration.launch.jobs import check_rendezvous_host
+    from asyncrl.orchestration.launch.preflight import check_rendezvous_host
 
     shared = ["learner.nnodes=2", "learner.checkpoint_dir=/shared/ckpt", "network.bind=10.0.0.5"]
     here = load_config([*shared, "learner.rdzv_endpoint=127.0.0.1:29500"])

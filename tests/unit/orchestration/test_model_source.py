@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.core.config.load import load_config
-from asyncrl.orchestration.launch.jobs import warn_model_settings
+from asyncrl.orchestration.launch.preflight import warn_model_settings
 from asyncrl.orchestration.models import source as model_source
 from asyncrl.orchestration.models.advice import model_warnings, placement_warnings
 from asyncrl.orchestration.models.source import (

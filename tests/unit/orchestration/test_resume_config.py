@@ -9,8 +9,8 @@ import pytest
 
 from asyncrl.core.config.load import load_config
 from asyncrl.core.runtime import rundir
-from asyncrl.orchestration.launch.jobs import prepare_run_dir
 from asyncrl.orchestration.launch.resume_config import changes, meaningful, refusal
+from asyncrl.orchestration.launch.run_info import prepare_run_dir
 
 
 def _prepare(run_dir, *overrides):
