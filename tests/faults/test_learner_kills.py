@@ -94,12 +94,12 @@ def write_config(run_dir: Path, name: str, steps: int, capacity: int) -> None:
 
 class Learner:
     """One learner run: ``python -m asyncrl.learner.main`` (1 rank) or torchrun (full run, 2 ranks,
-    as asyncrl/orchestration/launch/jobs.py launches it)."""
+    as asyncrl/orchestration/launch/roles.py builds its command)."""
 
     def __init__(self, run_dir: Path, model: str, url: str, failpoints: str, log: Path):
         from asyncrl.core.runtime.torchrun import free_port as _free_port
 
-        if FULL:  # the production launch path, as asyncrl/orchestration/launch/jobs.py builds it
+        if FULL:  # the production launch path, as asyncrl/orchestration/launch/roles.py builds it
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={NPROC}",
                    f"--master_port={_free_port()}", "--master_addr=127.0.0.1"]  # fmt: skip
         else:  # one rank without torchrun's own import (halves the start-up on 2 cores)

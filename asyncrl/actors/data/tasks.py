@@ -61,7 +61,7 @@ def check_context(cfg, model_dir: str) -> None:
     try:
         mc = json.loads(path.read_text())
     except (OSError, ValueError):
-        return  # the launcher checks the model directory itself (asyncrl/orchestration/launch/jobs.py)
+        return  # the launcher checks the model directory itself (orchestration/launch/preflight.py)
     context = mc.get("max_position_embeddings") or (mc.get("text_config") or {}).get(
         "max_position_embeddings"
     )
