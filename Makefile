@@ -1,6 +1,6 @@
 # Two commands for a fresh machine; each does its own (idempotent) setup.
 #   make demo   the CPU demo: async RL of a tiny model (ARGS="mode=sync" etc. to override)
-#   make test   ruff + the whole test suite (unit, integration with real Redis/vLLM, e2e)
+#   make test   ruff, mypy + the whole test suite (unit, integration with real Redis/vLLM, e2e)
 VENV ?= .venv
 ARGS ?=
 PYTEST_ARGS ?=
@@ -26,6 +26,7 @@ test-faults-full: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy  # the files of pyproject.toml's [tool.mypy]
 
 format: setup
 	$(VENV)/bin/ruff format .

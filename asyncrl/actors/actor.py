@@ -46,6 +46,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asyncrl.actors.claims import Claims
 from asyncrl.actors.control_plane import ControlPlane
@@ -55,6 +56,9 @@ from asyncrl.actors.slots import Slots
 from asyncrl.core.config.job import Config
 from asyncrl.core.observe.metrics import ACTOR_STATES, ActorMetrics, StateClock
 from asyncrl.core.types import Group
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import ActorBuffer
 
 
 @dataclass
@@ -85,14 +89,15 @@ class ActorState:
 
 class Actor:
     """One actor: ``produce`` (admission -> lease -> cursor -> group tasks) and
-    ``control_loop`` (weight syncs), over a ``ReplayBuffer`` and an ``Engine``."""
+    ``control_loop`` (weight syncs), over a ``ReplayBuffer`` (its ``ActorBuffer`` face) and
+    an ``Engine``."""
 
     def __init__(
         self,
         cfg: Config,
         actor_id: int,
         model_dir: str,
-        buffer,
+        buffer: ActorBuffer,
         engine: Engine,
         prompts,
         reward_fn,
@@ -343,7 +348,7 @@ class Actor:
         return await self.groups.make(index, generated)
 
 
-async def wait_for_learner(buffer, wait, admission: str = "capacity"):
+async def wait_for_learner(buffer: ActorBuffer, wait, admission: str = "capacity"):
     """The learner publishes its control endpoint (``asyncrl.core.net.control.Endpoint``: address and
     keys) in the buffer's meta; wait for it.
 

@@ -1,16 +1,20 @@
 """An actor's side of the buffer protocol: claim slots and prompts, commit groups.
 
 ``Claims`` owns the prompt cursor and the sync quota of one actor and talks to its
-``ReplayBuffer``; ``actors/actor.py`` calls it from worker threads (every call is blocking).
+``ReplayBuffer`` (the ``ActorBuffer`` face); ``actors/actor.py`` calls it from worker threads (every call is blocking).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from asyncrl.buffer.cursors import PromptCursor, SyncQuota
 from asyncrl.buffer.staleness import Window, within_staleness
 from asyncrl.core.types import Group
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import ActorBuffer
 
 
 class Claims:
@@ -20,7 +24,7 @@ class Claims:
 
     def __init__(
         self,
-        buffer,
+        buffer: ActorBuffer,
         actor_id: int,
         num_actors: int,
         end: int | None,

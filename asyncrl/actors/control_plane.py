@@ -18,10 +18,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from asyncrl.actors.engine.protocol import Engine
 from asyncrl.core.config.job import Config
 from asyncrl.core.runtime.faults import failpoint
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import ActorBuffer
 
 LEARNER_QUIET_S = 5.0
 """No learner message for this long: re-read its address from the buffer meta."""
@@ -37,7 +41,7 @@ class ControlPlane:
         self,
         cfg: Config,
         engine: Engine,
-        buffer,
+        buffer: ActorBuffer,
         state,
         metrics,
         paused: Callable[[bool], None],

@@ -13,8 +13,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncrl.core.runtime.rundir import write_atomic
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import ActorBuffer
 
 
 async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
@@ -74,7 +78,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     return _report(cfg, actor, failed, say)
 
 
-async def _meet_learner(cfg, actor, buffer, say):
+async def _meet_learner(cfg, actor, buffer: ActorBuffer, say):
     """The learner's control-plane endpoint, once it announced itself in the buffer (bounded
     by ``actor.learner_wait_s``); None if the actor was told to stop first."""
     from asyncrl.actors.actor import wait_for_learner
@@ -179,7 +183,7 @@ def _validator(cfg, actor, model_dir: str, say) -> list:
     return [Validator(actor, source, size, EvalQueue(actor.buffer)).run()]
 
 
-def _serve_metrics(cfg, actor, buffer) -> None:
+def _serve_metrics(cfg, actor, buffer: ActorBuffer) -> None:
     from asyncrl.core.net.endpoints import register_endpoint
     from asyncrl.core.observe.metrics import role_port, serve
 

@@ -4,6 +4,7 @@ Public API::
 
     encode_group, decode_group, PayloadError            asyncrl.buffer.codec
     ReplayBuffer, LeaseExpired                          asyncrl.buffer.redis_buffer
+    ActorBuffer, LearnerBuffer, BufferHandle            asyncrl.buffer.faces (its two faces)
     BufferDamaged                                       asyncrl.buffer.store
     Entry                                               asyncrl.buffer.stream_reads
     PromptCursor, SyncQuota                             asyncrl.buffer.cursors
@@ -15,6 +16,7 @@ Public API::
 from asyncrl.buffer.codec import PayloadError, decode_group, encode_group
 from asyncrl.buffer.connection import BufferUnavailable, connect, mask_url
 from asyncrl.buffer.cursors import PromptCursor, SyncQuota
+from asyncrl.buffer.faces import ActorBuffer, BufferHandle, LearnerBuffer
 from asyncrl.buffer.redis_buffer import LeaseExpired, ReplayBuffer
 from asyncrl.buffer.service.server import RedisServer, RedisServerError
 from asyncrl.buffer.staleness import split_by_staleness, staleness, within_staleness
@@ -22,10 +24,13 @@ from asyncrl.buffer.store import BufferDamaged
 from asyncrl.buffer.stream_reads import Entry
 
 __all__ = [
+    "ActorBuffer",
     "BufferDamaged",
+    "BufferHandle",
     "BufferUnavailable",
     "Entry",
     "LeaseExpired",
+    "LearnerBuffer",
     "PayloadError",
     "PromptCursor",
     "RedisServer",

@@ -25,8 +25,12 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from asyncrl.core.runtime.rundir import write_atomic
+
+if TYPE_CHECKING:
+    import redis
 
 # KEYS: the slot key of every id 0..n-1.  ARGV: token, count, ttl_ms.
 # Keeps (and refreshes) the ids this token holds, up to count, then takes free ones
@@ -90,7 +94,9 @@ return freed
 class ActorIds:
     """Claims of ids ``0 .. total-1`` in buffer ``name`` for one launch (``token``)."""
 
-    def __init__(self, client, name: str, total: int, token: str, ttl_s: float) -> None:
+    def __init__(
+        self, client: redis.Redis, name: str, total: int, token: str, ttl_s: float
+    ) -> None:
         if total < 1:
             raise ValueError(f"total must be >= 1, got {total}")
         self.client, self.name, self.total, self.token = client, name, total, token
@@ -120,7 +126,8 @@ class ActorIds:
 
     def holders(self) -> dict[int, str]:
         """id -> token of every held id (for messages and tests)."""
-        values = self.client.mget([self._key(i) for i in range(self.total)])
+        keys = [self._key(i) for i in range(self.total)]
+        values = cast("list[bytes | None]", self.client.mget(keys))  # a bytes client (no decode)
         return {i: v.decode() for i, v in enumerate(values) if v}
 
 

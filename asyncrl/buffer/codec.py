@@ -256,7 +256,7 @@ def _check_schema(schema: pa.Schema) -> dict:
     except UnicodeDecodeError:
         raise PayloadError("schema metadata is not valid utf-8") from None
     version = meta.get("asyncrl.schema_version")
-    expected = _SCHEMAS.get(version)
+    expected = _SCHEMAS.get(version) if version is not None else None
     if expected is None:
         raise PayloadError(
             f"schema version is {version!r}, expected {str(SCHEMA_VERSION)!r} (or '1')"

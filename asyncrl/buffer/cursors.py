@@ -26,6 +26,13 @@ That holds while the mapping index -> prompt and the stride ``K`` stay fixed
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+    from asyncrl.buffer.faces import BufferHandle
+
 # KEYS: cursor, inflight   ARGV: actor_id, num_actors, end (-1 = endless), count
 # Claims the next ``count`` indices of this actor's stride and records them as in flight,
 # atomically; returns them (fewer, or none, once the stride reaches ``end``, where the
@@ -59,12 +66,15 @@ def inflight_key(name: str, actor_id: int) -> str:
 class PromptCursor:
     """Actor ``actor_id``'s exactly-once claim of prompt indices (module docstring).
 
-    ``buffer`` is a ``ReplayBuffer``: its client and its reconnect-and-retry policy are used.
+    ``buffer`` is a ``ReplayBuffer`` (a ``BufferHandle``): its client and its
+    reconnect-and-retry policy are used.
     ``end`` (None = endless) is the first index a finite source does not have. Calls are
     blocking; one thread at a time (the actor runs them one by one in worker threads).
     """
 
-    def __init__(self, buffer, actor_id: int, num_actors: int, end: int | None) -> None:
+    def __init__(
+        self, buffer: BufferHandle, actor_id: int, num_actors: int, end: int | None
+    ) -> None:
         if actor_id < 0 or num_actors < 1:
             raise ValueError(
                 f"need actor_id >= 0 and num_actors >= 1, got {actor_id}, {num_actors}"
@@ -74,7 +84,8 @@ class PromptCursor:
         self.buffer = buffer
         self.actor_id, self.num_actors, self.end = actor_id, num_actors, end
         self.keys = [cursor_key(buffer.name, actor_id), inflight_key(buffer.name, actor_id)]
-        self._script = None  # registered on first claim: building a cursor touches no Redis
+        # registered on first claim: building a cursor touches no Redis
+        self._script: Script | None = None
         self._leftover: list[int] | None = None  # resume()d, not yet handed out again
 
     def claimed(self) -> int:
@@ -116,11 +127,12 @@ class PromptCursor:
 
     def claim_many(self, count: int) -> list[int]:
         """Claim up to ``count`` new indices in one script (``CLAIM_INDEX``)."""
-        if self._script is None:
-            self._script = self.buffer.client.register_script(CLAIM_INDEX)
+        script = self._script
+        if script is None:
+            script = self._script = self.buffer.client.register_script(CLAIM_INDEX)
         end = -1 if self.end is None else self.end
         args = [self.actor_id, self.num_actors, end, count]
-        return [int(i) for i in self._redis(lambda: self._script(self.keys, args))]
+        return [int(i) for i in self._redis(lambda: script(self.keys, args))]
 
     def done(self, index: int) -> None:
         """The group of ``index`` is in the buffer: it is no longer in flight."""
@@ -161,11 +173,11 @@ class SyncQuota:
     leave the version short of a full batch.
     """
 
-    def __init__(self, buffer, per_version: int) -> None:
+    def __init__(self, buffer: BufferHandle, per_version: int) -> None:
         if per_version < 1:
             raise ValueError(f"per_version must be >= 1, got {per_version}")
         self.buffer, self.per_version = buffer, per_version
-        self._script = None
+        self._script: Script | None = None
 
     def take(self, version: int) -> bool:
         """Admit one group under ``version`` if its quota is not used up."""
@@ -174,10 +186,11 @@ class SyncQuota:
     def take_many(self, version: int, count: int) -> int:
         """Admit up to ``count`` groups under ``version`` (one script, ``TAKE_QUOTA``: the
         counter holds exactly the groups admitted); returns how many."""
-        if self._script is None:
-            self._script = self.buffer.client.register_script(TAKE_QUOTA)
+        script = self._script
+        if script is None:
+            script = self._script = self.buffer.client.register_script(TAKE_QUOTA)
         key = quota_key(self.buffer.name, version)
-        return int(self._script([key], [self.per_version, count]))
+        return int(script([key], [self.per_version, count]))
 
     def give_back(self, version: int, count: int) -> None:
         """Return ``count`` admissions of ``version`` that found no buffer slot."""

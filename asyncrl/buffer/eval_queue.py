@@ -21,12 +21,16 @@ learner clears every key here before its first request.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import BufferHandle
 
 
 class EvalQueue:
     """The board of one buffer; ``buffer`` is a ``ReplayBuffer`` (its client and retries)."""
 
-    def __init__(self, buffer) -> None:
+    def __init__(self, buffer: BufferHandle) -> None:
         self._buffer = buffer
         self.client = buffer.client
         self._prefix = f"{buffer.name}:eval"

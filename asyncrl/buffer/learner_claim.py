@@ -28,6 +28,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import redis
 
 DEFAULT_TTL_S = 30.0
 
@@ -56,7 +60,9 @@ def claim_key(buffer_name: str) -> str:
 class LearnerClaim:
     """This learner's claim on buffer ``name`` (see the module docstring)."""
 
-    def __init__(self, client, name: str, run_dir: str, ttl_s: float = DEFAULT_TTL_S) -> None:
+    def __init__(
+        self, client: redis.Redis, name: str, run_dir: str, ttl_s: float = DEFAULT_TTL_S
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
         self.client, self.name, self.ttl_s = client, name, ttl_s

@@ -18,6 +18,8 @@ printing totals that do not add up; it also lists the buffer's repairs of outsid
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from asyncrl.buffer.redis_buffer import TERMINAL_STATES
 
 
@@ -54,7 +56,7 @@ class LedgerWatch:
         self.imbalanced_steps = saved.get("imbalanced_steps", 0)
         self.repairs = list(saved.get("repairs", []))
 
-    def check(self, audit: dict, step: int, repairs: list[str] = ()) -> list[str]:
+    def check(self, audit: dict, step: int, repairs: Sequence[str] = ()) -> list[str]:
         """Record one ``ReplayBuffer.audit()`` at ``step``; returns the lines to print: each
         new repair of the buffer, and the imbalance when it appears, changes or clears."""
         lines = [f"WARNING: {r}" for r in repairs[self._repairs_seen :]]

@@ -271,7 +271,7 @@ class ReplayBuffer:
         """
         payload = encode_group(group)
         keys = [self._k[k] for k in ("leases", "stream", "meta", "stats", "group_ids", "commits")]
-        args = [lease_id, group.group_id, payload]
+        args: list[str | bytes | int] = [lease_id, group.group_id, payload]
         if in_flight is not None:
             keys.append(in_flight[0])
             args.append(in_flight[1])

@@ -208,7 +208,8 @@ class StreamReads:
 
     def _fields(self, ids: list[str]) -> dict[str, dict]:
         """{entry id: fields} for the still-existing ``ids`` (XRANGE, counts no delivery)."""
-        wanted, out = set(ids), {}
+        wanted = set(ids)
+        out: dict[str, dict] = {}
         lo, hi = min(ids, key=_id_key), max(ids, key=_id_key)
         while rows := self.store.call(
             lambda lo=lo: self.store.client.xrange(self.store.keys["stream"], lo, hi, count=1000)
@@ -220,7 +221,8 @@ class StreamReads:
     def _delivered(self, consumer: str, ids: list[str]) -> dict[str, bytes | None]:
         """Record ``ids`` as delivered to ``consumer`` (meta ``delivered_upto``, which
         ``BufferStore.regroup`` needs) and return {entry id: seq that commit() gave it, or None}."""
-        keys, out = [self.store.keys["meta"], self.store.keys["commits"]], {}
+        keys = [self.store.keys["meta"], self.store.keys["commits"]]
+        out: dict[str, bytes | None] = {}
         for i in range(0, len(ids), 1000):  # bounded script arguments
             chunk = ids[i : i + 1000]
             seqs = self.store.run("DELIVERED", keys, [consumer, *chunk])

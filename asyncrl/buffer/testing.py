@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import random
 import struct
+from typing import TYPE_CHECKING
 
 from asyncrl.core.types import FINISH_REASONS, Group, Sample
+
+if TYPE_CHECKING:
+    import redis
 
 
 def f32(x: float) -> float:
@@ -67,7 +71,7 @@ return id
 """
 
 
-def add_as_committed(client, name: str, fields: dict[bytes, bytes]) -> str:
+def add_as_committed(client: redis.Redis, name: str, fields: dict[bytes, bytes]) -> str:
     """XADD ``fields`` into buffer ``name``'s stream as ``ReplayBuffer.commit`` would (counted
     committed, a ``seq`` field and its commit record), but without validating anything: how
     a test plants a bad payload that the buffer must treat as a committed group. Returns the

@@ -15,6 +15,12 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asyncrl.core.config.job import Config
+    from asyncrl.learner.hub.hub import Hub
+    from asyncrl.learner.hub.protocol import LearnerHub
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     # rank 0 records an error a restart cannot fix (a diverged loss, a damaged buffer) for
     # the launcher
     with fatal.recorded(args.run_dir, "learner") if rank == 0 else contextlib.nullcontext():
+        hub: LearnerHub
         if rank == 0:
             hub = _rank0_hub(cfg, args.run_dir, args.model_dir, url)
         else:
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _rank0_hub(cfg, run_dir: str, model_dir: str, url: str):
+def _rank0_hub(cfg: Config, run_dir: str, model_dir: str, url: str) -> Hub:
     """Rank 0's ``asyncrl.learner.hub.hub.Hub`` (its SIGTERM/SIGINT handler asks the loop to stop)."""
     from asyncrl.learner.hub.hub import connect_hub
 
@@ -80,7 +87,7 @@ def _rank0_hub(cfg, run_dir: str, model_dir: str, url: str):
 
 
 @contextlib.contextmanager
-def tracker_runs_failed_on_error(hub) -> Iterator[None]:
+def tracker_runs_failed_on_error(hub: LearnerHub) -> Iterator[None]:
     """An exception leaving the block ends the experiment trackers' runs as ``FAILED`` (MLflow
     status, W&B exit code 1: asyncrl/core/observe/trackers.py) before it propagates; a restarted learner
     reopens the same runs. A ``NullHub`` (ranks other than 0) has nothing to close."""

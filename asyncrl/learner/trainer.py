@@ -35,13 +35,10 @@ from asyncrl.learner.compute.finite import (
     nonfinite_models,
     weight_norm,
 )
-from asyncrl.learner.compute.model import (
-    build_policy,
-    enable_gradient_checkpointing,
-    resolve_packing,
-)
+from asyncrl.learner.compute.model import build_policy, resolve_packing
 from asyncrl.learner.compute.reference import build_reference
 from asyncrl.learner.compute.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
+from asyncrl.learner.hub.protocol import LearnerHub
 from asyncrl.learner.state.checkpoint import latest_checkpoint
 from asyncrl.learner.state.run_state import LearnerState, maybe_resume, save_run_checkpoint
 
@@ -72,7 +69,7 @@ def _rank0_text(text: str) -> str:
     return bytes(data.tolist()).decode()
 
 
-def _start_or_stop(hub, version: int) -> bool:
+def _start_or_stop(hub: LearnerHub, version: int) -> bool:
     """Rank 0: ``hub.start`` (waits for the actors); True if a stop request ended the wait."""
     try:
         hub.start(version)
@@ -82,7 +79,7 @@ def _start_or_stop(hub, version: int) -> bool:
     return False
 
 
-def _read_or_stop(hub, version: int, stop: bool) -> tuple[list | None, bool]:
+def _read_or_stop(hub: LearnerHub, version: int, stop: bool) -> tuple[list | None, bool]:
     """Rank 0 reads the next batch before the ranks decide whether to go on: (groups, stop).
 
     A stop request during the read ends it; the groups read so far stay pending in the buffer
@@ -102,7 +99,7 @@ def _read_or_stop(hub, version: int, stop: bool) -> tuple[list | None, bool]:
 def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> StepContext:
     """Policy + optimizer, and only what the algorithm needs: a critic for an estimator that
     takes values (gae), the frozen reference policy when ``kl_coef > 0``."""
-    algo, lc, mc = cfg.algorithm, cfg.learner, cfg.model
+    algo, lc = cfg.algorithm, cfg.learner
     device = current_device()
     if lc.cpu_offload and device.type != "cuda":
         raise FatalError(
@@ -110,45 +107,10 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
             "(FSDP2 offloads shards from an accelerator only): set learner.cpu_offload=false"
         )
     packed = resolve_packing(lc.pack_sequences, lc.max_tokens_per_micro_batch, device)
-    offload = lc.cpu_offload
-    model = build_policy(
-        model_dir,
-        mc.dtype,
-        mc.attn_implementation,
-        gradient_checkpointing=mc.gradient_checkpointing,
-        logprob_chunk_tokens=mc.logprob_chunk_tokens,
-        temperature=cfg.sampling.temperature,
-        packed=packed,
-        offload=offload,
-        compile=mc.compile,
-    )
+    model = build_policy(model_dir, cfg, packed=packed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
-    critic = reference = None
-    if uses_critic(algo.advantage):
-        lr = algo.critic_lr or lc.lr
-        critic = build_critic(
-            model_dir,
-            cfg.model.dtype,
-            lr=lr,
-            weight_decay=lc.weight_decay,
-            value_clip=algo.value_clip,
-            grad_clip=lc.grad_clip,
-            attn=cfg.model.attn_implementation,
-            packed=packed,
-            offload=offload,
-        )
-        if mc.gradient_checkpointing:
-            enable_gradient_checkpointing(critic.model.body)
-    if algo.kl_coef > 0:
-        reference = build_reference(
-            model_dir,
-            mc.dtype,
-            mc.attn_implementation,
-            logprob_chunk_tokens=mc.logprob_chunk_tokens,
-            temperature=cfg.sampling.temperature,
-            packed=packed,
-            offload=offload,
-        )
+    critic = build_critic(model_dir, cfg, packed=packed) if uses_critic(algo.advantage) else None
+    reference = build_reference(model_dir, cfg, packed=packed) if algo.kl_coef > 0 else None
     return StepContext(
         model,
         optimizer,
@@ -185,7 +147,7 @@ class _Loop:
 
     cfg: Config
     ctx: StepContext
-    hub: object
+    hub: LearnerHub
     """Rank 0's ``Hub``; a ``NullHub`` on the other ranks."""
     rank: int
     state: LearnerState
@@ -213,7 +175,7 @@ class _Loop:
         save_run_checkpoint(self.ckpt_dir, self.ctx, self.state, self.model_dir, self.hub, *opts)
 
 
-def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
+def run_learner(cfg: Config, model_dir: str, run_dir: str, hub: LearnerHub) -> LearnerState:
     """Train until ``learner.steps`` (or ``max_wall_s``).
 
     ``hub`` is rank 0's I/O (``asyncrl.learner.hub.hub.Hub``: the buffer, the control plane, the weight
@@ -250,7 +212,7 @@ def run_learner(cfg: Config, model_dir: str, run_dir: str, hub) -> LearnerState:
     return state
 
 
-def _prepare(cfg: Config, model_dir: str, run_dir: str, hub) -> _Loop:
+def _prepare(cfg: Config, model_dir: str, run_dir: str, hub: LearnerHub) -> _Loop:
     """Join the process group, build the model and optimizer, resume if a checkpoint is there."""
     rank, world = init_distributed(cfg.learner.device, cfg.learner.gpu_memory_fraction)
     torch.set_num_threads(cfg.learner.cpu_threads)
@@ -326,7 +288,7 @@ def _collate(groups: list | None):
     return None if groups is None else collate(groups)
 
 
-def _untrained(cfg: Config, hub, rank: int, elapsed_s: float) -> Exception:
+def _untrained(cfg: Config, hub: LearnerHub, rank: int, elapsed_s: float) -> Exception:
     """The error of a run that ended before its first step (same text on every rank): fatal
     on rank 0 when ``learner.max_wall_s`` ran out or the groups did (it would again after a
     restart), not on a stop request; the other ranks leave quietly with rank 0's text
@@ -347,7 +309,7 @@ def _untrained(cfg: Config, hub, rank: int, elapsed_s: float) -> Exception:
     return FatalError(text) if rank == 0 and not stopped else StoppedUntrained(text)
 
 
-def _nonfinite(problem: str, state: LearnerState, metrics: dict, hub, groups, run_dir):
+def _nonfinite(problem: str, state: LearnerState, metrics: dict, hub: LearnerHub, groups, run_dir):
     """The ``NonFiniteError`` of a failed step (rank 0's text on every rank); rank 0 logs the
     step's record first and names its groups."""
     hub.after_step(state, metrics)  # the failed step's record, in metrics.jsonl
@@ -379,7 +341,7 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def _sync_weights(model, hub, version: int) -> None:
+def _sync_weights(model, hub: LearnerHub, version: int) -> None:
     """Send ``version`` to the actors (collective). Every rank gathers each full tensor as
     rank 0 streams it, so no rank ever holds the whole model gathered (nor a host copy of
     it: the gloo transport copies one tensor at a time, nccl sends from the GPU). A failed

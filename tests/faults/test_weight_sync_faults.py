@@ -116,7 +116,7 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
     tmp_path, roles, transport
 ):
     from asyncrl.core.net.control import ControlServer
-    from asyncrl.learner.weights.channel import ActorWeightChannel
+    from asyncrl.learner.weights.channel import ActorWeightChannel, ChannelOptions
 
     rounds = fault_count(2, 10)
     buckets = n_buckets()
@@ -128,9 +128,10 @@ def test_receiver_killed_mid_transfer_fails_fast_group_rebuilt_survivors_identic
         if "failed" in text:
             failed_at.append(time.monotonic())
 
-    channel = ActorWeightChannel(control, timeout_s=TIMEOUT_S, ping_s=PING_S,
-                                 bucket_bytes=BUCKET_BYTES, log=on_log,
-                                 transport=transport)  # fmt: skip
+    options = ChannelOptions(
+        transport=transport, timeout_s=TIMEOUT_S, ping_s=PING_S, bucket_bytes=BUCKET_BYTES
+    )
+    channel = ActorWeightChannel(control, options, log=on_log)
     figures = []
     try:
         victim = 1
@@ -195,15 +196,20 @@ def test_a_receiver_killed_under_deferred_acks_fails_a_later_settle_and_survivor
     failure is counted, the next sync re-forms the group with the survivors and sends its
     version in full, and the survivors end identical."""
     from asyncrl.core.net.control import ControlServer
-    from asyncrl.learner.weights.channel import ActorWeightChannel
+    from asyncrl.learner.weights.channel import ActorWeightChannel, ChannelOptions
 
     buckets = n_buckets()
     control = ControlServer()
     recv = Receivers(json.dumps(control.meta()), tmp_path, roles)
     said: list[str] = []
-    channel = ActorWeightChannel(control, timeout_s=TIMEOUT_S, ping_s=PING_S,
-                                 bucket_bytes=BUCKET_BYTES, log=said.append,
-                                 transport="shm", defer_ack=True)  # fmt: skip
+    options = ChannelOptions(
+        transport="shm",
+        timeout_s=TIMEOUT_S,
+        ping_s=PING_S,
+        bucket_bytes=BUCKET_BYTES,
+        defer_ack=True,
+    )
+    channel = ActorWeightChannel(control, options, log=said.append)
     assert channel.defer_ack
     try:
         victim = 1

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]  # runs without an install too
 from fsdp_step_script import load_groups  # noqa: E402
 
-from asyncrl.core.config.job import AlgorithmConfig  # noqa: E402
+from asyncrl.core.config.job import AlgorithmConfig, Config, ModelConfig  # noqa: E402
 from asyncrl.learner.compute.batch import broadcast_batch, collate  # noqa: E402
 from asyncrl.learner.compute.device import current_device, init_distributed  # noqa: E402
 from asyncrl.learner.compute.model import build_policy, full_named_tensors  # noqa: E402
@@ -33,7 +33,8 @@ def main():
     rank, world = init_distributed("cuda")
     device = current_device()
     torch.manual_seed(0)
-    model = build_policy(model_dir, dtype)
+    cfg = Config(model=ModelConfig(dtype=dtype))
+    model = build_policy(model_dir, cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     algo = AlgorithmConfig(**json.loads(Path(out, "algo.json").read_text()))
     ctx = StepContext(model, opt, algo, rank, world, grad_clip=1e9)
@@ -43,7 +44,7 @@ def main():
     param = next(model.parameters())
 
     save_checkpoint(out, 1, model, opt, {"version": 1}, model_dir)
-    fresh = build_policy(model_dir, dtype)
+    fresh = build_policy(model_dir, cfg)
     fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.5)
     load_checkpoint(latest_checkpoint(out), fresh, fresh_opt)
     restored = {k: v.detach().cpu() for k, v in full_named_tensors(fresh)}

@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from asyncrl.actors.engine.vllm_engine import ActorEngine  # noqa: E402
+from asyncrl.core.config.job import Config, ModelConfig  # noqa: E402
 from asyncrl.core.runtime.torchrun import free_port  # noqa: E402
 from asyncrl.core.types import Group, Sample  # noqa: E402
 from asyncrl.learner.compute.batch import Batch, collate  # noqa: E402
@@ -188,7 +189,7 @@ def learner(engine, bf16_rollout, smollm2_dir):
 @pytest.fixture(scope="module")
 def fp32_policy(learner, smollm2_dir):
     """The learner's float32 policy (one float32 rank: the plain module)."""
-    return build_policy(smollm2_dir, "float32", logprob_chunk_tokens=1024)
+    return build_policy(smollm2_dir, Config(model=ModelConfig(logprob_chunk_tokens=1024)))
 
 
 def masked(t: torch.Tensor, batch: Batch) -> torch.Tensor:

@@ -36,8 +36,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncrl.core.runtime.fatal import FatalError
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import ActorBuffer
 
 META_KEY = "data_identity"
 """The buffer meta field holding ``{"fingerprint": ..., "parts": {...}}`` as JSON."""
@@ -100,7 +104,7 @@ def differences(old: dict, new: dict) -> list[str]:
     return out
 
 
-def check(buffer, parts: dict, say=lambda text: None) -> bool:
+def check(buffer: ActorBuffer, parts: dict, say=lambda text: None) -> bool:
     """Claim the buffer's data identity with ``parts``, or check ``parts`` against the one
     claimed before; True when this call claimed it. ``FatalError`` naming what changed and the
     fix when it differs (or when the stored value is not one this module wrote)."""

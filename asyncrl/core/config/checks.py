@@ -6,6 +6,10 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 def require(ok: bool, message: str) -> None:
@@ -13,7 +17,7 @@ def require(ok: bool, message: str) -> None:
         raise ValueError(f"invalid config: {message}")
 
 
-def require_finite(cfg: object, group: str) -> None:
+def require_finite(cfg: DataclassInstance, group: str) -> None:
     """Refuse nan / inf / -inf in every float field of the dataclass ``cfg`` (Optional ones
     when set): no range check below catches ``inf > 0``, and a non-finite lr or timeout only
     fails later, as a NaN loss or an overflowing deadline. Call first in ``__post_init__``."""

@@ -46,7 +46,7 @@ def load_config(overrides: list[str] | None = None, config_dir: Path | None = No
         reject_targets(raw)
         # re-merge into the schema: `+key=value` appends bypass struct mode, this catches them
         checked = OmegaConf.merge(OmegaConf.structured(Config), raw)
-        return OmegaConf.to_object(checked)
+        return typing.cast(Config, OmegaConf.to_object(checked))  # a structured Config's object
     except (HydraException, OmegaConfBaseException) as e:
         message = _first_line(e, Path(cdir))
         raise ConfigError(f"{message}\n  (see `asyncrl run --help` and configs/)") from e
@@ -84,7 +84,12 @@ def _not_allowed(key: str) -> str:
     )
 
 
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_TYPE_WORDS: dict[object, str] = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+}
 
 
 def _expected(key: str) -> str | None:
@@ -110,7 +115,9 @@ def _type_error(e: BaseException | None) -> str | None:
 
     while e is not None and not isinstance(e, ValidationError):
         e = e.__cause__ or e.__context__
-    expected = _expected(e.full_key) if e is not None and e.full_key else None
+    if e is None:
+        return None
+    expected = _expected(e.full_key) if e.full_key else None
     if expected is None:
         return None
     got = repr(e.value) if e.value is not None else "null"
@@ -233,4 +240,4 @@ def config_from_json(text: str) -> Config:
     reject_targets(raw)
     base = OmegaConf.structured(Config)
     merged = OmegaConf.merge(base, OmegaConf.create(raw))
-    return OmegaConf.to_object(merged)
+    return typing.cast(Config, OmegaConf.to_object(merged))  # a structured Config's object

@@ -23,9 +23,13 @@ from __future__ import annotations
 import errno
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:
+    import zmq.asyncio
 
 from asyncrl.core.runtime.fatal import FatalError
 
@@ -117,7 +121,8 @@ class ControlServer:
         self.keys = keys or ControlKeys.generate()
         self._ctx = zmq.Context()
         self._auth = ThreadAuthenticator(self._ctx)
-        self._sock = None
+        # a socket once __init__ returns; None only for close() on the failure path below
+        self._sock: zmq.Socket = None  # type: ignore[assignment]
         try:  # a failed bind must not leave the auth thread and the context behind
             self._auth.start()
             self._auth.configure_curve_callback("*", _OnlyKey(self.keys.client_public))
@@ -178,7 +183,8 @@ def _bind(sock, host: str, port: int) -> int:
             return port
         return sock.bind_to_random_port(f"tcp://{host}")
     except zmq.ZMQError as e:
-        said = f"the control plane cannot bind tcp://{host}:{port or '*'} ({zmq.strerror(e.errno)})"
+        code = cast(int, e.errno)  # ZMQError takes zmq_errno() when raised without one
+        said = f"the control plane cannot bind tcp://{host}:{port or '*'} ({zmq.strerror(code)})"
         if e.errno == errno.EADDRNOTAVAIL:
             raise FatalError(
                 f"{said}: network.bind={host!r} is not an address of this host; set "
@@ -193,7 +199,7 @@ class ControlClient:
 
     def __init__(self, endpoint: Endpoint, actor_id: int) -> None:
         self.actor_id = actor_id
-        self._sock = None
+        self._sock: zmq.asyncio.Socket = None  # type: ignore[assignment]  # connect() sets it
         self.connect(endpoint)
 
     def connect(self, endpoint: Endpoint) -> None:

@@ -45,6 +45,7 @@ import logging
 import os
 import sys
 import threading
+from types import FrameType
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def _our_frame() -> str | None:
     output handler, or its engine core forked from our actor) is not our code path just
     because our frames are further down the same stack (a forked child keeps its parent's).
     """
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
         path = code.co_filename

@@ -81,7 +81,7 @@ class StateClock:
     (the scrape thread reads while the role's loop switches states).
     """
 
-    def __init__(self, states: Iterable[str], initial: str, now: Callable[[], float] = None):
+    def __init__(self, states: Iterable[str], initial: str, now: Callable[[], float] | None = None):
         self.states = tuple(states)
         if initial not in self.states:
             raise ValueError(f"initial state {initial!r} not in {self.states}")

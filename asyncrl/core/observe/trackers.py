@@ -51,6 +51,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -82,6 +83,9 @@ class TrackerUnavailable(RuntimeError):
 
 
 class Tracker(Protocol):
+    run_id: str
+    """The id a restart continues (``<run_dir>/trackers.json``); "" when the run dir is it."""
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         """Scalars (already named: ``train/loss``) at ``step``."""
 
@@ -171,7 +175,7 @@ def samples_markdown(samples: list[dict], version: int) -> str:
 
 def flatten(d: dict, sep: str, prefix: str = "") -> dict:
     """``{"a": {"b": 1}}`` -> ``{"a<sep>b": 1}``."""
-    out = {}
+    out: dict = {}
     for k, v in d.items():
         key = f"{prefix}{sep}{k}" if prefix else str(k)
         out |= flatten(v, sep, key) if isinstance(v, dict) else {key: v}
@@ -200,7 +204,7 @@ def open_trackers(cfg, run_dir: str | Path) -> list:
     run_dir = Path(run_dir)
     project, name = cfg.project_name, cfg.experiment_name or run_dir.name
     ids = read_run_ids(run_dir)
-    makers = {
+    makers: dict[str, Callable[[], Tracker]] = {
         "tensorboard": lambda: TensorBoardTracker(run_dir),
         "wandb": lambda: WandbTracker(run_dir, project, name, ids.get("wandb")),
         "mlflow": lambda: MlflowTracker(run_dir, project, name, ids.get("mlflow")),

@@ -52,7 +52,8 @@ def _patch_static_rendezvous() -> None:
             kwargs["master_listen_fd"] = listen_fd(host, port)
         return original(host, port, world_size, is_master, *args, **kwargs)
 
-    static.TCPStore = bound_store
+    # a monkeypatch: the rendezvous module calls TCPStore(...), a function does as well
+    static.TCPStore = bound_store  # type: ignore[misc, assignment]
 
 
 def main() -> None:

@@ -66,8 +66,10 @@ class GlooGroup(BroadcastPayloads):
         try:
             # Rank 0 hosts the store and waits (bounded) until every receiver has connected.
             # It listens on ``address`` only (TCPStore alone would bind every interface).
-            bound = {"master_listen_fd": listen_fd(bind or address, port)} if rank == 0 else {}
-            self._store = dist.TCPStore(
+            bound: dict[str, Any] = (
+                {"master_listen_fd": listen_fd(bind or address, port)} if rank == 0 else {}
+            )
+            store = dist.TCPStore(
                 address,
                 port,
                 world_size,
@@ -76,11 +78,14 @@ class GlooGroup(BroadcastPayloads):
                 wait_for_workers=True,
                 **bound,
             )
-            opts = dist.ProcessGroupGloo._Options()
+            self._store: dist.TCPStore | None = store
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, unstubbed
             opts._timeout = self.timeout
             opts._devices = [_gloo_device(local_address or address)]
-            prefix = dist.PrefixStore("asyncrl/weights", self._store)
-            self._pg = dist.ProcessGroupGloo(prefix, rank, world_size, opts)
+            prefix = dist.PrefixStore("asyncrl/weights", store)
+            # Any: the backend's own collectives with options (broadcast, allreduce) are not
+            # in torch's stubs; None once closed
+            self._pg: Any = dist.ProcessGroupGloo(prefix, rank, world_size, opts)
         except Exception as e:  # DistStoreError, DistNetworkError, RuntimeError from gloo
             raise WeightSyncError(
                 f"gloo weight group rendezvous failed at {address}:{port} "
@@ -102,7 +107,8 @@ class GlooGroup(BroadcastPayloads):
         """All-reduce MAX of one int over the group."""
         t = torch.tensor([value], dtype=torch.int64)
         opts = dist.AllreduceOptions()
-        opts.reduceOp, opts.timeout = dist.ReduceOp.MAX, self.timeout
+        # torch's stubs type ReduceOp.MAX as RedOpType; the binding takes it as a ReduceOp
+        opts.reduceOp, opts.timeout = dist.ReduceOp.MAX, self.timeout  # type: ignore[assignment]
         self._wait(self._pg.allreduce([t], opts), "all-reduce")
         return int(t.item())
 

@@ -179,7 +179,7 @@ class NcclGroup(BroadcastPayloads):
 
     def close(self) -> None:
         """Abort and drop the communicator (idempotent)."""
-        comm, self.comm = self.comm, None
+        comm, self.comm = self.comm, None  # type: ignore[assignment]  # no collective after close
         if comm is not None:
             comm.destroy()
 

@@ -6,11 +6,11 @@ Three policies, named by whose log-probs they are (all ``[B, T]``, log pi(y_t | 
                                     ``None`` means pi_prox := pi_behave (no recompute).
   ``logprobs``           pi_theta:  the weights being trained (carries the gradient).
 ``advantages [B, T]`` (sequence advantages broadcast by the caller), ``loss_mask [B, T]``
-(nonzero = completion token that counts; prompt and padding are 0).
+(nonzero = completion token that counts; prompt and padding are 0). They travel together in
+one ``LossInputs`` record (each field documented with its shape); the scalar knobs in
+``LossParams``.
 
-Every loss has the signature
-  ``fn(logprobs, proximal_logprobs, behavior_logprobs, advantages, loss_mask, agg, params,
-       *, ref_logprobs=None, entropy=None) -> LossOutput``
+Every loss has the signature ``fn(inputs: LossInputs, params: LossParams) -> LossOutput``
 and is  ``aggregate(w * l_pg) + kl_coef * aggregate(KL) - entropy_coef * aggregate(H)``  where
 ``w`` is a detached behaviour weight built from pi_prox/pi_behave and ``l_pg`` the per-token
 policy term; docs/algorithms.md gives each formula. Invariants: no gradient reaches
@@ -29,7 +29,7 @@ KL(pi_behave || pi_theta)); ``kl_ref`` and ``entropy`` (token means) when given.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -54,8 +54,10 @@ __all__ = [
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "Aggregation",
+    "LossInputs",
     "LossOutput",
     "LossParams",
+    "PolicyLoss",
     "aggregate",
     "kl_penalty",
     "make_aggregation",
@@ -101,6 +103,36 @@ class LossParams:
                 raise ValueError(f"LossParams: {message} (got {self})")
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """One micro-batch's inputs of a policy loss. Token tensors are ``[B, T]``: B sequences
+    (this micro-batch's rows), T completion positions, right-padded; positions outside
+    ``loss_mask`` never reach a result, whatever they hold. Only ``logprobs`` may carry a
+    gradient; the losses detach every other tensor. A new per-token input (e.g. a multi-turn
+    mask) is one more field here, not one more argument of every loss."""
+
+    logprobs: Tensor
+    """``[B, T]`` log pi_theta: the weights being trained (the only input with a gradient)."""
+    proximal_logprobs: Tensor | None
+    """``[B, T]`` log pi_prox: the learner's weights at the start of the optimizer step
+    (recomputed, no grad); None means pi_prox := pi_behave (no recompute)."""
+    behavior_logprobs: Tensor
+    """``[B, T]`` log pi_behave: the actor that sampled the tokens, as sampled."""
+    advantages: Tensor
+    """``[B, T]`` per-token advantages (sequence advantages broadcast by the caller)."""
+    loss_mask: Tensor
+    """``[B, T]`` bool or float; nonzero = a completion token that counts (not a weight)."""
+    agg: Aggregation
+    """The denominators of the WHOLE optimizer step (``make_aggregation`` over every rank's
+    rows), so the micro-batches' losses sum to the step's loss."""
+    ref_logprobs: Tensor | None = None
+    """``[B, T]`` log pi_ref (the frozen reference) for the KL term; None = no KL metric,
+    and required when ``kl_coef > 0`` with ``kl_mode="loss"``."""
+    entropy: Tensor | None = None
+    """``[B, T]`` per-token entropy of pi_theta; None = no entropy metric, and required when
+    ``entropy_coef != 0``."""
+
+
 class _Tokens(NamedTuple):
     """Inputs after cleaning: float32 or wider, zero outside the mask, constants detached."""
 
@@ -111,7 +143,10 @@ class _Tokens(NamedTuple):
     mask: Tensor  # bool
 
 
-def _clean(lp: Tensor, prox: Tensor | None, behave: Tensor, adv: Tensor, mask: Tensor) -> _Tokens:
+def _clean(inputs: LossInputs, prox: Tensor | None) -> _Tokens:
+    """``inputs``' tensors with ``prox`` as pi_prox (None: pi_behave), cleaned (``_Tokens``)."""
+    lp, behave = inputs.logprobs, inputs.behavior_logprobs
+    adv, mask = inputs.advantages, inputs.loss_mask
     prox = behave if prox is None else prox
     for name, t in (("proximal", prox), ("behavior", behave), ("advantages", adv), ("mask", mask)):
         if t.shape != lp.shape:
@@ -179,15 +214,10 @@ def _clip_metrics(clipped: dict[str, Tensor], m: Tensor, dtype: torch.dtype) -> 
 
 
 def _finish(
-    token_loss: Tensor,
-    x: _Tokens,
-    agg: Aggregation,
-    p: LossParams,
-    metrics: dict[str, Tensor],
-    ref_logprobs: Tensor | None,
-    entropy: Tensor | None,
+    token_loss: Tensor, x: _Tokens, inputs: LossInputs, p: LossParams, metrics: dict[str, Tensor]
 ) -> LossOutput:
     """Aggregate, add the KL and entropy terms, turn metrics into floats (one device sync)."""
+    agg, ref_logprobs, entropy = inputs.agg, inputs.ref_logprobs, inputs.entropy
     pg_loss = aggregate(token_loss, x.mask, agg)
     loss = pg_loss
     if p.kl_coef > 0 and p.kl_mode == "loss" and ref_logprobs is None:
@@ -213,50 +243,18 @@ def _finish(
     return LossOutput(loss=loss, metrics=dict(zip(keys, values.tolist(), strict=True)))
 
 
-def decoupled_ppo(
-    logprobs: Tensor,
-    proximal_logprobs: Tensor | None,
-    behavior_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    agg: Aggregation,
-    params: LossParams,
-    *,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-) -> LossOutput:
+def decoupled_ppo(inputs: LossInputs, params: LossParams) -> LossOutput:
     """AReaL decoupled PPO: ``-min(rho, is_cap) * max(-A r, -A clip(r))``, r = pi_theta/pi_prox."""
-    x = _clean(logprobs, proximal_logprobs, behavior_logprobs, advantages, loss_mask)
+    x = _clean(inputs, inputs.proximal_logprobs)
     w, metrics = _behavior_weight(x.prox - x.behave, x.mask, params, "truncate")
     pg, clip = _ppo_clip(_exp(x.lp - x.prox), x.adv, x.mask, params)
-    return _finish(w * pg, x, agg, params, metrics | clip, ref_logprobs, entropy)
+    return _finish(w * pg, x, inputs, params, metrics | clip)
 
 
-def bypass_ppo(
-    logprobs: Tensor,
-    proximal_logprobs: Tensor | None,
-    behavior_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    agg: Aggregation,
-    params: LossParams,
-    *,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-) -> LossOutput:
+def bypass_ppo(inputs: LossInputs, params: LossParams) -> LossOutput:
     """Two-policy PPO clipped around pi_behave: decoupled_ppo with pi_prox := pi_behave (w = 1).
-    ``proximal_logprobs`` is ignored (may be None)."""
-    return decoupled_ppo(
-        logprobs,
-        None,
-        behavior_logprobs,
-        advantages,
-        loss_mask,
-        agg,
-        params,
-        ref_logprobs=ref_logprobs,
-        entropy=entropy,
-    )
+    ``inputs.proximal_logprobs`` is ignored (may be None)."""
+    return decoupled_ppo(replace(inputs, proximal_logprobs=None), params)
 
 
 def _objective_proximal(proximal_logprobs: Tensor | None, p: LossParams) -> Tensor | None:
@@ -282,88 +280,42 @@ def _corrected(x: _Tokens, p: LossParams, kind: str) -> tuple[Tensor, dict[str, 
     return w * pg, metrics | clip
 
 
-def tis(
-    logprobs: Tensor,
-    proximal_logprobs: Tensor | None,
-    behavior_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    agg: Aggregation,
-    params: LossParams,
-    *,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-) -> LossOutput:
+def tis(inputs: LossInputs, params: LossParams) -> LossOutput:
     """Truncated IS, token level by default: ``-min(rho, is_cap) * l`` (see _corrected)."""
     if params.is_cap is None:
         raise ValueError("tis needs is_cap (the truncation level)")
-    prox = _objective_proximal(proximal_logprobs, params)
-    x = _clean(logprobs, prox, behavior_logprobs, advantages, loss_mask)
+    x = _clean(inputs, _objective_proximal(inputs.proximal_logprobs, params))
     token_loss, metrics = _corrected(x, params, "truncate")
-    return _finish(token_loss, x, agg, params, metrics, ref_logprobs, entropy)
+    return _finish(token_loss, x, inputs, params, metrics)
 
 
-def masked_is(
-    logprobs: Tensor,
-    proximal_logprobs: Tensor | None,
-    behavior_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    agg: Aggregation,
-    params: LossParams,
-    *,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-) -> LossOutput:
+def masked_is(inputs: LossInputs, params: LossParams) -> LossOutput:
     """Masked IS: ``-rho * [mask_low <= rho <= mask_high] * l``; out-of-bounds tokens (or whole
     sequences at is_level="sequence", rho = geometric mean) get weight 0 but still count in the
     aggregation denominators."""
-    prox = _objective_proximal(proximal_logprobs, params)
-    x = _clean(logprobs, prox, behavior_logprobs, advantages, loss_mask)
+    x = _clean(inputs, _objective_proximal(inputs.proximal_logprobs, params))
     token_loss, metrics = _corrected(x, params, "mask")
-    return _finish(token_loss, x, agg, params, metrics, ref_logprobs, entropy)
+    return _finish(token_loss, x, inputs, params, metrics)
 
 
-def gspo(
-    logprobs: Tensor,
-    proximal_logprobs: Tensor | None,
-    behavior_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    agg: Aggregation,
-    params: LossParams,
-    *,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-) -> LossOutput:
+def gspo(inputs: LossInputs, params: LossParams) -> LossOutput:
     """GSPO(-token): s_i = exp(mean_t log(pi_theta/pi_prox)) clipped per sequence; token t uses
     s_i * pi_theta / sg(pi_theta) (value s_i, gradient s_i * grad log pi_t). Times w as in
     decoupled_ppo. With seq_mean_token_mean and per-sequence A this is exactly GSPO."""
-    x = _clean(logprobs, proximal_logprobs, behavior_logprobs, advantages, loss_mask)
+    x = _clean(inputs, inputs.proximal_logprobs)
     w, metrics = _behavior_weight(x.prox - x.behave, x.mask, params, "truncate")
     seq_log = ((x.lp - x.prox).sum(-1) / x.mask.sum(-1).clamp(min=1)).detach()
     seq_log = seq_log.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(seq_log[:, None] + x.lp - x.lp.detach())
     pg, clip = _ppo_clip(ratio, x.adv, x.mask, params)
-    return _finish(w * pg, x, agg, params, metrics | clip, ref_logprobs, entropy)
+    return _finish(w * pg, x, inputs, params, metrics | clip)
 
 
-def cispo(
-    logprobs: Tensor,
-    proximal_logprobs: Tensor | None,
-    behavior_logprobs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    agg: Aggregation,
-    params: LossParams,
-    *,
-    ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
-) -> LossOutput:
+def cispo(inputs: LossInputs, params: LossParams) -> LossOutput:
     """CISPO (MiniMax-M1, Eq. 4, token level): ``-w * sg(clip(r, 1-cispo_eps_low,
     1+cispo_eps_high)) * A * log pi_theta``, r = pi_theta/pi_prox. Clipped tokens keep their
     gradient (only the weight is clipped). No lower bound by default, as in the paper."""
-    x = _clean(logprobs, proximal_logprobs, behavior_logprobs, advantages, loss_mask)
+    x = _clean(inputs, inputs.proximal_logprobs)
     w, metrics = _behavior_weight(x.prox - x.behave, x.mask, params, "truncate")
     r = _exp(x.lp - x.prox).detach()
     low = None if params.cispo_eps_low is None else 1 - params.cispo_eps_low
@@ -371,10 +323,11 @@ def cispo(
     pg = -r.clamp(min=low, max=high) * x.adv * x.lp
     below = torch.zeros_like(x.mask) if low is None else r < low
     clip = _clip_metrics({"low": below, "high": r > high}, x.mask, r.dtype)
-    return _finish(w * pg, x, agg, params, metrics | clip, ref_logprobs, entropy)
+    return _finish(w * pg, x, inputs, params, metrics | clip)
 
 
-PolicyLoss = Callable[..., LossOutput]
+PolicyLoss = Callable[[LossInputs, LossParams], LossOutput]
+"""Every entry of ``POLICY_LOSSES``: ``loss(inputs, params) -> LossOutput``."""
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "decoupled_ppo": decoupled_ppo,
     "bypass_ppo": bypass_ppo,

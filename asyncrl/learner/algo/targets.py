@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -121,5 +122,5 @@ def compute_targets(
         return Targets(adv, returns, metrics)
     if kl is not None:
         seq_rewards = kl_penalized_rewards(seq_rewards, kl, loss_mask, algo.kl_coef)
-    adv = fn(seq_rewards.reshape(rewards.shape), **kwargs)
+    adv = cast(Tensor, fn(seq_rewards.reshape(rewards.shape), **kwargs))  # one [G, n]: not gae
     return Targets(to_token_level(adv, loss_mask), None, metrics)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from asyncrl.core.config.job import Config
 from asyncrl.learner.algo.advantages import value_loss
 from asyncrl.learner.algo.losses import make_aggregation, merge_metrics
 from asyncrl.learner.compute.device import current_device
@@ -28,6 +29,7 @@ from asyncrl.learner.compute.model import (
     DTYPES,
     attention_impl,
     check_model_dir,
+    enable_gradient_checkpointing,
     fsdp_wanted,
     shard_model,
 )
@@ -193,27 +195,28 @@ def load_sharded_value_model(
 
 
 def build_critic(
-    model_dir: str | Path,
-    dtype: str,
-    lr: float,
-    weight_decay: float,
-    value_clip: float | None,
-    grad_clip: float,
-    attn: str = "auto",
-    packed: bool = False,
-    offload: bool = False,
+    model_dir: str | Path, cfg: Config | None = None, *, packed: bool = False
 ) -> Critic:
-    """Load float32 master weights on the learner's device computing in ``dtype`` (under a
-    process group that ``fsdp_wanted`` each rank loads only its shards,
-    ``load_sharded_value_model``), and give the
-    critic its own AdamW. ``packed``, ``offload``: as the policy's (``build_policy``)."""
+    """Load float32 master weights on the learner's device computing in ``model.dtype`` (under
+    a process group that ``fsdp_wanted`` each rank loads only its shards,
+    ``load_sharded_value_model``), and give the critic its own AdamW at ``algorithm.critic_lr``
+    (null = ``learner.lr``) with ``learner.weight_decay``; its updates clip values at
+    ``algorithm.value_clip`` and gradients at ``learner.grad_clip``. ``cfg`` (None: the
+    defaults) and ``packed``: as the policy's (``build_policy``), of which the critic also
+    reads ``model.attn_implementation``, ``model.gradient_checkpointing`` and
+    ``learner.cpu_offload``."""
+    cfg = cfg or Config()
+    mc, lc, algo = cfg.model, cfg.learner, cfg.algorithm
     device = current_device()
-    attn_impl = attention_impl(attn, dtype, device, packed)
-    if fsdp_wanted(dtype, offload):
-        model = load_sharded_value_model(model_dir, attn_impl, device, dtype, offload)
+    attn_impl = attention_impl(mc.attn_implementation, mc.dtype, device, packed)
+    if fsdp_wanted(mc.dtype, lc.cpu_offload):
+        model = load_sharded_value_model(model_dir, attn_impl, device, mc.dtype, lc.cpu_offload)
     else:
         model = load_value_model(model_dir, "float32", attn_impl).to(device)
     set_packed(model, packed)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    return Critic(model, optimizer, value_clip, grad_clip)
+    if mc.gradient_checkpointing:
+        enable_gradient_checkpointing(model.body)
+    lr = algo.critic_lr or lc.lr
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=lc.weight_decay)
+    return Critic(model, optimizer, algo.value_clip, lc.grad_clip)

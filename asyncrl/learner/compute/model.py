@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from asyncrl.core.config.job import Config
 from asyncrl.learner.compute.logprobs import (  # re-exported: the learner's callers import them from here
     set_logprob_chunk_tokens,
     set_logprob_fused,
@@ -166,43 +167,40 @@ def load_sharded_hf_model(
 
 
 def build_policy(
-    model_dir: str | Path,
-    dtype: str = "float32",
-    attn: str = "auto",
-    *,
-    gradient_checkpointing: bool = False,
-    logprob_chunk_tokens: int | None = None,
-    temperature: float = 1.0,
-    packed: bool = False,
-    offload: bool = False,
-    compile: bool = False,
+    model_dir: str | Path, cfg: Config | None = None, *, packed: bool = False
 ) -> nn.Module:
-    """Load float32 master weights on the learner's device, computing in ``dtype``; under a
-    process group that ``fsdp_wanted`` each rank loads only its shards
-    (``load_sharded_hf_model``), else the plain module on the device; train mode, no
-    dropout. ``gradient_checkpointing``: recompute each decoder layer in backward;
-    ``logprob_chunk_tokens``: ``token_logprobs``'s chunk for this model (None = the config
-    default); ``temperature``: the actors' sampling temperature, which ``token_logprobs``
-    scores at (``set_logprob_temperature``); ``packed``: forwards on packed streams
-    (``asyncrl.learner.compute.packing``); ``offload``: FSDP2 CPU offload (``shard_model``); ``compile``:
-    ``compile_layers``, and the log-prob head's fused kernels (``set_logprob_fused``)."""
+    """Load float32 master weights on the learner's device, computing in ``model.dtype``; under
+    a process group that ``fsdp_wanted`` each rank loads only its shards
+    (``load_sharded_hf_model``), else the plain module on the device; train mode, no dropout.
+
+    ``model_dir``: the resolved HF directory (``model.path`` may name one to build or fetch).
+    ``cfg`` (None: every key at its default) gives ``model.attn_implementation``,
+    ``model.gradient_checkpointing`` (recompute each decoder layer in backward),
+    ``model.logprob_chunk_tokens`` (``token_logprobs``'s chunk for this model),
+    ``sampling.temperature`` (the actors' temperature, which ``token_logprobs`` scores at:
+    ``set_logprob_temperature``), ``learner.cpu_offload`` (FSDP2 CPU offload, ``shard_model``)
+    and ``model.compile`` (``compile_layers``, and the log-prob head's fused kernels:
+    ``set_logprob_fused``). ``packed``: forwards on packed streams
+    (``asyncrl.learner.compute.packing``), as ``resolve_packing`` decided for this device."""
     from asyncrl.learner.compute.device import current_device
 
+    cfg = cfg or Config()
+    mc, offload = cfg.model, cfg.learner.cpu_offload
     device = current_device()
-    attn_impl = attention_impl(attn, dtype, device, packed)
-    if fsdp_wanted(dtype, offload):
+    attn_impl = attention_impl(mc.attn_implementation, mc.dtype, device, packed)
+    if fsdp_wanted(mc.dtype, offload):
         model = load_sharded_hf_model(
-            model_dir, "float32", attn_impl, device, compute_dtype=dtype, offload=offload
+            model_dir, "float32", attn_impl, device, compute_dtype=mc.dtype, offload=offload
         )
     else:
         model = load_hf_model(model_dir, "float32", attn_impl).to(device)
-    if gradient_checkpointing:
+    if mc.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    if compile:
+    if mc.compile:
         compile_layers(model)
-    set_logprob_fused(model, compile)
-    set_logprob_chunk_tokens(model, logprob_chunk_tokens)
-    set_logprob_temperature(model, temperature)
+    set_logprob_fused(model, mc.compile)
+    set_logprob_chunk_tokens(model, mc.logprob_chunk_tokens)
+    set_logprob_temperature(model, cfg.sampling.temperature)
     set_packed(model, packed)
     model.train()
     return model

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from asyncrl.core.config.job import Config
 from asyncrl.learner.compute.device import current_device
 from asyncrl.learner.compute.model import (
     attention_impl,
@@ -25,30 +26,27 @@ from asyncrl.learner.compute.packing import set_packed
 
 
 def build_reference(
-    model_dir: str | Path,
-    dtype: str = "float32",
-    attn: str = "auto",
-    *,
-    logprob_chunk_tokens: int | None = None,
-    temperature: float = 1.0,
-    packed: bool = False,
-    offload: bool = False,
+    model_dir: str | Path, cfg: Config | None = None, *, packed: bool = False
 ) -> nn.Module:
-    """Load ``model_dir`` frozen in ``dtype`` (no gradients, no optimizer, so no float32 master
-    copy), eval mode, on the learner's device; FSDP2-sharded where ``fsdp_wanted`` (2+ ranks,
-    or offload), each rank loading only its shards (``asyncrl.learner.compute.model.load_sharded_hf_model``).
-    ``logprob_chunk_tokens``, ``temperature``, ``packed``, ``offload``: as the policy's
-    (``asyncrl.learner.compute.model.build_policy``)."""
+    """Load ``model_dir`` frozen in ``model.dtype`` (no gradients, no optimizer, so no float32
+    master copy), eval mode, on the learner's device; FSDP2-sharded where ``fsdp_wanted`` (2+
+    ranks, or offload), each rank loading only its shards
+    (``asyncrl.learner.compute.model.load_sharded_hf_model``). ``cfg`` (None: the defaults)
+    and ``packed``: as the policy's (``asyncrl.learner.compute.model.build_policy``), of
+    which the reference reads ``model.dtype``, ``model.attn_implementation``,
+    ``model.logprob_chunk_tokens``, ``sampling.temperature`` and ``learner.cpu_offload``."""
+    cfg = cfg or Config()
+    mc, offload = cfg.model, cfg.learner.cpu_offload
     device = current_device()
-    attn_impl = attention_impl(attn, dtype, device, packed)
+    attn_impl = attention_impl(mc.attn_implementation, mc.dtype, device, packed)
     if fsdp_wanted("float32", offload):  # frozen: it computes in the dtype it is loaded in
         model = load_sharded_hf_model(
-            model_dir, dtype, attn_impl, device, trainable=False, offload=offload
+            model_dir, mc.dtype, attn_impl, device, trainable=False, offload=offload
         )
     else:
-        model = load_hf_model(model_dir, dtype, attn_impl).to(device).requires_grad_(False)
-    set_logprob_chunk_tokens(model, logprob_chunk_tokens)
-    set_logprob_temperature(model, temperature)
+        model = load_hf_model(model_dir, mc.dtype, attn_impl).to(device).requires_grad_(False)
+    set_logprob_chunk_tokens(model, mc.logprob_chunk_tokens)
+    set_logprob_temperature(model, cfg.sampling.temperature)
     set_packed(model, packed)
     return model.eval()
 

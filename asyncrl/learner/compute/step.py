@@ -35,6 +35,7 @@ from asyncrl.core.runtime.faults import failpoint
 from asyncrl.learner.algo.aggregation import mean_over_updates
 from asyncrl.learner.algo.losses import (
     POLICY_LOSSES,
+    LossInputs,
     LossParams,
     kl_penalty,
     make_aggregation,
@@ -276,17 +277,17 @@ def _policy_loss(ctx: StepContext, sh: _Shard, micro: MicroBatch, agg):
     else:
         proximal = logprobs.detach() if sh.proximal is None else micro.tokens(sh.proximal)
     ref = None if sh.ref is None else micro.tokens(sh.ref)
-    return POLICY_LOSSES[algo.policy_loss](
-        logprobs,
-        proximal,
-        mb.behavior_logprobs,
-        micro.tokens(sh.advantages),
-        mb.loss_mask,
-        agg,
-        loss_params(algo),
+    inputs = LossInputs(
+        logprobs=logprobs,
+        proximal_logprobs=proximal,
+        behavior_logprobs=mb.behavior_logprobs,
+        advantages=micro.tokens(sh.advantages),
+        loss_mask=mb.loss_mask,
+        agg=agg,
         ref_logprobs=ref,
         entropy=entropy if algo.entropy_coef else entropy.detach(),
     )
+    return POLICY_LOSSES[algo.policy_loss](inputs, loss_params(algo))
 
 
 def _rank_rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Rank 0's I/O for the learner loop (``LearnerHub`` is the protocol the loop holds).
 
+protocol        ``LearnerHub``: every call the loop makes on its hub
 hub             ``Hub``: the feed, the publisher and the recorder, composed
 null            ``NullHub``: the same calls on the other ranks, answered neutrally
 feed, data      each step's groups from the buffer; stale ones dropped and counted

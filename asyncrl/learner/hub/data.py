@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -54,6 +55,9 @@ from asyncrl.core.runtime.fatal import FatalError
 from asyncrl.core.runtime.faults import failpoint
 from asyncrl.core.runtime.waiting import StopRequested, Wait, never
 from asyncrl.learner.algo.advantages import all_equal_groups
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import LearnerBuffer
 
 _UNIFORM_ACK_STATE = "dropped_uniform"  # terminal state of groups dropped as all-equal
 _UNIFORM_ATOL = 1e-6  # rewards closer than this are "equal" (float noise of reward functions)
@@ -75,7 +79,7 @@ class DataExhausted(StopRequested):
 class GroupSource:
     """Pulls entries for one learner job (consumer ``consumer`` of the buffer's group)."""
 
-    buffer: object
+    buffer: LearnerBuffer
     consumer: str
     vocab_size: int | None
     max_staleness: int
@@ -229,7 +233,8 @@ class GroupSource:
         lets the innocent ones complete a step and clear their count.
         """
         suspect_in_batch = any(self._suspect(e) for e in batch)
-        taken, kept = [], []
+        taken: list = []
+        kept: list = []
         for e in self._pending:
             suspect = self._suspect(e)
             if len(taken) < want and not (suspect and suspect_in_batch):

@@ -8,10 +8,13 @@ the part of it that ``asyncrl.learner.hub.hub.Hub`` uses.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.core.config.job import Config
 from asyncrl.learner.hub.data import GroupSource
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import LearnerBuffer
 
 
 class Feed(Protocol):
@@ -54,7 +57,7 @@ class DataFeed:
     (counts each read) go to the source; the run ends when every actor is exhausted."""
 
     def __init__(
-        self, buffer, cfg: Config, vocab_size: int, *, stop, say, interrupt, on_read
+        self, buffer: LearnerBuffer, cfg: Config, vocab_size: int, *, stop, say, interrupt, on_read
     ) -> None:
         b = cfg.buffer
         self.buffer = buffer

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncrl.buffer import codec
 from asyncrl.buffer.staleness import staleness, within_staleness
@@ -27,6 +29,13 @@ from asyncrl.learner.hub.feed import DataFeed, Feed
 from asyncrl.learner.hub.recorder import Recorder, RunRecorder
 from asyncrl.learner.hub.reward_records import extras_means
 from asyncrl.learner.weights.publisher import Publisher, WeightPublisher
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from asyncrl.buffer.faces import LearnerBuffer
+    from asyncrl.core.types import Group
+    from asyncrl.learner.state.run_state import LearnerState
 
 
 def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> Hub:
@@ -84,7 +93,8 @@ class _StopFlag:
 
 
 class Hub:
-    """The loop's calls (module docstring) on the parts. ``validation`` is None without
+    """``asyncrl.learner.hub.protocol.LearnerHub``: the loop's calls (module docstring) on the
+    parts. ``validation`` is None without
     ``eval``; ``claim`` the buffer's learner claim (released at the end) or None; ``stop``
     the flag that stop requests set."""
 
@@ -92,7 +102,7 @@ class Hub:
         self,
         cfg: Config,
         run_dir: str,
-        buffer,
+        buffer: LearnerBuffer,
         feed: Feed,
         publisher: Publisher,
         recorder: Recorder,
@@ -146,7 +156,7 @@ class Hub:
         """The step of the last batch ran: a crash from here on is not its data's fault."""
         self.feed.step_done()
 
-    def next_groups(self, version: int) -> list | None:
+    def next_groups(self, version: int) -> list[Group] | None:
         """The step's groups, or None: send weights first (an actor rejoined), then ask again."""
         with self.recorder.timed("waiting_data"):
             entries = self.feed.next_entries(version, self.cfg.learner.batch_groups)
@@ -155,7 +165,9 @@ class Hub:
         self._entries, self._entries_version = entries, version
         return [e.group for e in entries]
 
-    def send_weights(self, named, version: int, attempt: int = 0) -> bool:
+    def send_weights(
+        self, named: Iterable[tuple[str, Tensor]], version: int, attempt: int = 0
+    ) -> bool:
         """One try of a weight sync (``ActorWeightChannel.attempt``); True when another try
         should follow (the ranks gather the tensors again). Counted once it ends."""
         pub, rec = self.publisher, self.recorder
@@ -171,7 +183,7 @@ class Hub:
         rec.count_sync(0, 0, pub.last_sync())
         return False
 
-    def after_step(self, state, metrics: dict) -> None:
+    def after_step(self, state: LearnerState, metrics: dict) -> None:
         """Check the ledger, mark the step's groups trained, log the step's record."""
         # one round trip: counters + integrity (BufferDamaged names a wiped or edited key)
         stats = self.buffer.audit()
@@ -279,7 +291,7 @@ class Hub:
         if self.claim is not None:
             self.claim.release()
 
-    def finish(self, state) -> dict:
+    def finish(self, state: LearnerState) -> dict:
         """Stop the actors, write summary.json and reward.png, print the summary; returns it."""
         if self.validation is not None:
             self.validation.abandon(state.version - 1)
@@ -317,7 +329,7 @@ class Hub:
         return summary
 
 
-def _validation(cfg: Config, buffer, log_val, say):
+def _validation(cfg: Config, buffer: LearnerBuffer, log_val, say):
     """``asyncrl.learner.hub.validation.Validation`` when ``eval`` asks for it, else None."""
     if not cfg.eval.enabled:
         return None
@@ -330,7 +342,7 @@ def _say(text: str) -> None:
     print(f"[learner] {text}", flush=True)
 
 
-def _claim_buffer(buffer, name: str, run_dir: str, lost, say):
+def _claim_buffer(buffer: LearnerBuffer, name: str, run_dir: str, lost, say):
     """This learner's ``LearnerClaim`` on the buffer, renewed from now on; ``FatalError``
     naming the holder when another run's learner has it (issue 29)."""
     from asyncrl.buffer.learner_claim import ClaimRefused, LearnerClaim

@@ -9,9 +9,17 @@ the value returned here is ignored. Light on purpose: no torch, Redis or zmq imp
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from asyncrl.learner.state.run_state import LearnerState
+
 
 class NullHub:
-    """The ``asyncrl.learner.hub.hub.Hub`` interface of the loop, doing nothing (ranks other than 0)."""
+    """``asyncrl.learner.hub.protocol.LearnerHub``, doing nothing (ranks other than 0)."""
 
     def say(self, text: str) -> None:
         """Rank 0 says what happens; the other ranks stay quiet."""
@@ -37,13 +45,15 @@ class NullHub:
     def step_done(self) -> None:
         pass
 
-    def send_weights(self, named, version: int, attempt: int = 0) -> bool:
+    def send_weights(
+        self, named: Iterable[tuple[str, Tensor]], version: int, attempt: int = 0
+    ) -> bool:
         """Take part in the gather only (rank 0 sends); rank 0 says whether to try again."""
         for _ in named:
             pass
         return False
 
-    def after_step(self, state, metrics: dict) -> None:
+    def after_step(self, state: LearnerState, metrics: dict) -> None:
         pass
 
     def weights_at_actors(self, version: int, start: bool = False) -> None:
@@ -77,5 +87,5 @@ class NullHub:
     def close_log(self, status: str) -> None:
         pass
 
-    def finish(self, state) -> dict:
+    def finish(self, state: LearnerState) -> dict:
         return {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.buffer.ledger import LedgerWatch
 from asyncrl.core.config.job import Config
@@ -36,6 +36,9 @@ from asyncrl.core.observe.metrics import (
 from asyncrl.core.observe.trackers import open_trackers
 from asyncrl.learner.hub.runlog import RunLog
 from asyncrl.learner.hub.totals import RunTotals
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import LearnerBuffer
 
 
 class Recorder(Protocol):
@@ -85,7 +88,7 @@ class RunRecorder(TimedMarks):
     """The run log, the learner's Prometheus metrics, the state clock, the run totals and the
     ledger watch of one learner run."""
 
-    def __init__(self, cfg: Config, run_dir: str, buffer, say) -> None:
+    def __init__(self, cfg: Config, run_dir: str, buffer: LearnerBuffer, say) -> None:
         self.totals = RunTotals()
         self.clock = StateClock(LEARNER_STATES, "starting")
         self.log = RunLog(

@@ -23,6 +23,8 @@ without the restart.
 
 from __future__ import annotations
 
+from typing import Any
+
 from asyncrl.learner.hub.reward_records import RewardErrorTally
 
 
@@ -35,7 +37,7 @@ class RunTotals:
         self.masked_stale = 0  # tokens of trained groups left out of the loss as stale
         self.token_staleness: dict[int, int] = {}
         self.lengths: dict[str, dict[int, int]] = {"read": {}, "trained": {}}
-        self.base = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
+        self.base: dict[str, Any] = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
         self.reward_errors = RewardErrorTally()  # over the samples trained
 
     def count_read(self, groups: list) -> None:

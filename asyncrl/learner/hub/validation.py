@@ -29,8 +29,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeGuard
 
 from asyncrl.buffer.eval_queue import EvalQueue
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import LearnerBuffer
 
 REQUEUE_FRACTION = 4
 """No prompt back for ``eval.timeout_s / REQUEUE_FRACTION`` (75 s by default): the chunks still
@@ -98,14 +102,16 @@ def samples_of(by_index: dict[int, dict], count: int) -> list[dict]:
     return out
 
 
-def _is_number(x) -> bool:
+def _is_number(x) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 class Validation:
     """Rank 0's validation state. ``log(record)`` receives each finished validation."""
 
-    def __init__(self, cfg, buffer, log: Callable[[dict], None], say: Callable[[str], None]):
+    def __init__(
+        self, cfg, buffer: LearnerBuffer, log: Callable[[dict], None], say: Callable[[str], None]
+    ):
         self.cfg = cfg
         self.queue = EvalQueue(buffer)
         self.buffer = buffer
@@ -215,6 +221,7 @@ class Validation:
 
     def _finish(self, step: int, complete: bool) -> None:
         a, self.active = self.active, None
+        assert a is not None, "poll() finishes only a validation under way"
         seconds = time.monotonic() - a["t0"]
         self.queue.finish(a["version"])
         self.done_versions.add(a["version"])

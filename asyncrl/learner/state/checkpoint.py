@@ -202,7 +202,7 @@ def latest_good_checkpoint(run_dir: str | Path, say=print) -> Path | None:
         ((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None),
         reverse=True,
     )
-    damaged = []
+    damaged: list[str] = []
     for _, p in done:
         problem = verify_checkpoint(p)
         if problem is None:
@@ -223,7 +223,7 @@ LOW_SPACE_BYTES = 64 << 20
 """A failed write with less free space than this is taken as a full disk."""
 
 
-def disk_full(e: BaseException, where: Path) -> bool:
+def disk_full(e: BaseException | None, where: Path) -> bool:
     """``e`` (or an error it came from) is ENOSPC/EDQUOT, or ``where``'s file system has less
     than ``LOW_SPACE_BYTES`` free: torch's checkpoint writer reports a full disk as
     "unexpected pos 704 vs 598", not as ENOSPC (issue 29)."""
@@ -331,7 +331,8 @@ def _name_shards(out_dir: Path, shards: list[list[str]]) -> None:
     if len(shards) == 1:
         os.replace(out_dir / ".shard-0", out_dir / "model.safetensors")
         return
-    n, weight_map, total = len(shards), {}, 0
+    n, total = len(shards), 0
+    weight_map: dict[str, str] = {}
     for i, names in enumerate(shards):
         final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
         total += (out_dir / f".shard-{i}").stat().st_size
@@ -379,7 +380,7 @@ def _state_dicts(model, optimizer, extra) -> dict:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
-    out = {}
+    out: dict = {}
     for prefix, (m, o) in pairs.items():
         out[f"{prefix}model"], out[f"{prefix}optim"] = get_state_dict(m, o)
     return out

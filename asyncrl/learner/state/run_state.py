@@ -22,6 +22,7 @@ from asyncrl.learner.state.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from asyncrl.learner.state.checkpoint_hub import CheckpointHub
 
 
 @dataclass
@@ -49,7 +50,7 @@ def save_run_checkpoint(
     ctx: StepContext,
     state: LearnerState,
     model_dir,
-    hub,
+    hub: CheckpointHub,
     keep: int = 0,
     export_dtype: torch.dtype | None = None,
 ) -> None:
@@ -82,7 +83,7 @@ def save_run_checkpoint(
             hub.say(f"removed checkpoint {old.name} (learner.keep_checkpoints={keep})")
 
 
-def start_from(path: Path, ctx: StepContext, hub) -> LearnerState:
+def start_from(path: Path, ctx: StepContext, hub: CheckpointHub) -> LearnerState:
     """``learner.resume_from``: another run's checkpoint as this run's start (weights,
     optimizer, version); checked first, on every rank (the path must be the same for all)."""
     problem = None
@@ -131,7 +132,9 @@ def agreed_checkpoint(run_dir: str, rank: int, say=print) -> Path | None:
     return mine
 
 
-def maybe_resume(run_dir: str, ctx: StepContext, hub, resume_from: str = "") -> LearnerState:
+def maybe_resume(
+    run_dir: str, ctx: StepContext, hub: CheckpointHub, resume_from: str = ""
+) -> LearnerState:
     path = agreed_checkpoint(run_dir, ctx.rank, hub.say)
     if path is None and resume_from:
         return start_from(Path(resume_from), ctx, hub)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,7 +28,51 @@ from asyncrl.core.weights.stream import DEFAULT_TIMEOUT_S, WeightSyncError
 if TYPE_CHECKING:
     from asyncrl.core.weights.base import Sender
 
-__all__ = ["ActorWeightChannel", "SendStats", "WeightSyncError"]
+__all__ = ["ActorWeightChannel", "ChannelOptions", "SendStats", "WeightSyncError"]
+
+
+@dataclass(frozen=True)
+class ChannelOptions:
+    """What an ``ActorWeightChannel`` sends over and how long it waits; the learner fills it
+    from ``learner.*`` (``asyncrl.learner.weights.publisher.open_weight_channel``)."""
+
+    transport: str = "gloo"
+    """A name in ``asyncrl.core.weights.transports.TRANSPORTS``."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """Deadline of each rendezvous and each collective (seconds)."""
+    ping_s: float | None = None
+    """Deadline of a liveness round (seconds); None = ``timeout_s + 5``."""
+    max_attempts: int = 3
+    """Tries of one version before ``WeightSyncError``."""
+    bucket_bytes: int | None = None
+    """The transport's bucket size; None = the transport's default."""
+    wire_dtype: torch.dtype | None = None
+    """The dtype the tensors travel in (the actors'); None = as given."""
+    network: NetworkConfig | None = None
+    """Where the group binds and what the actors are told (its ``address``); None = loopback."""
+    workers_per_actor: int = 1
+    """Receiver ranks per actor, one per vLLM worker (e.g. tensor parallel); >= 1."""
+    device: torch.device | None = None
+    """The learner's device (nccl sends from it)."""
+    defer_ack: bool = False
+    """A try returns once every byte is sent, and the receivers' ack is collected in a thread
+    (``settle``), where the transport can (``defers_ack``: gloo, shm); otherwise each try
+    waits for it."""
+
+    def __post_init__(self) -> None:
+        if self.workers_per_actor < 1:
+            raise ValueError(f"workers_per_actor must be >= 1, got {self.workers_per_actor}")
+
+    def build_sender(self) -> Sender:
+        """A new transport sender with these options."""
+        sizes = {} if self.bucket_bytes is None else {"bucket_bytes": self.bucket_bytes}
+        return transports.sender(
+            self.transport,
+            timeout_s=self.timeout_s,
+            wire_dtype=self.wire_dtype,
+            device=self.device,
+            **sizes,
+        )
 
 
 class ActorWeightChannel:
@@ -64,43 +109,29 @@ class ActorWeightChannel:
     def __init__(
         self,
         control,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        ping_s: float | None = None,
-        max_attempts: int = 3,
-        bucket_bytes: int | None = None,
-        log=print,
-        wire_dtype: torch.dtype | None = None,
+        options: ChannelOptions | None = None,
+        *,
+        log: Callable[[str], None] = print,
         stop: Callable[[], bool] = lambda: False,
-        network: NetworkConfig | None = None,
-        transport: str = "gloo",
-        workers_per_actor: int = 1,
-        device: torch.device | None = None,
         sender: Sender | None = None,
-        defer_ack: bool = False,
     ) -> None:
-        """``network``: where the group binds and what the actors are told (its
-        ``address``); loopback by default. ``transport``: a name in
-        ``asyncrl.core.weights.transports.TRANSPORTS``; ``bucket_bytes`` None = the transport's default;
-        ``device``: the learner's device (nccl sends from it); ``sender``: a ready sender
-        (tests), instead of building one. ``defer_ack``: a try returns once every byte is
-        sent, and the receivers' ack is collected in a thread (``settle``), where the
-        transport can (``defers_ack``: gloo, shm); otherwise each try waits for it."""
-        if workers_per_actor < 1:
-            raise ValueError(f"workers_per_actor must be >= 1, got {workers_per_actor}")
+        """``options``: the transport and the bounds (``ChannelOptions``; None = its defaults).
+        ``log``: where the channel's lines go; ``stop``: see ``self.stop``; ``sender``: a
+        ready sender (tests), instead of one built from ``options``."""
+        options = options or ChannelOptions()
+        self.options = options
         self.control = control
-        self.network = network or NetworkConfig()
+        self.network = options.network or NetworkConfig()
         self.stop = stop
         """True once the learner is asked to stop: a failed sync is then not retried and a
         liveness round ends at once (the actors are being stopped too)."""
-        sizes = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
-        self.sender: Sender = sender or transports.sender(
-            transport, timeout_s=timeout_s, wire_dtype=wire_dtype, device=device, **sizes
-        )
-        self.workers_per_actor = workers_per_actor
+        self.sender: Sender = sender or options.build_sender()
+        self.workers_per_actor = options.workers_per_actor
         # a survivor may sit in the failed collective until its own deadline before it can
         # answer, so the liveness round outlasts the collective deadline
-        self.ping_s = timeout_s + 5.0 if ping_s is None else ping_s
-        self.timeout_s, self.max_attempts = timeout_s, max_attempts
+        timeout_s = options.timeout_s
+        self.ping_s = timeout_s + 5.0 if options.ping_s is None else options.ping_s
+        self.timeout_s, self.max_attempts = timeout_s, options.max_attempts
         self.log = log
         self.members: list[int] = []
         self.failures = 0
@@ -110,7 +141,7 @@ class ActorWeightChannel:
         self.last_stats = SendStats(bytes=0, tensors=0, seconds=0.0)
         """What the last successful try sent (zeros when it had no live actor)."""
         self._dirty = True
-        self.defer_ack = defer_ack and getattr(self.sender, "defers_ack", False)
+        self.defer_ack = options.defer_ack and getattr(self.sender, "defers_ack", False)
         self._ack: PendingAck | None = None
         self._regroup = False  # a deferred ack failed: re-form the group with a ping round
 

@@ -126,7 +126,7 @@ def open_weight_channel(control: ControlServer, cfg: Config, say, stop=lambda: F
     from asyncrl.core.weights import transports
     from asyncrl.learner.compute.device import current_device
     from asyncrl.learner.compute.model import DTYPES
-    from asyncrl.learner.weights.channel import ActorWeightChannel
+    from asyncrl.learner.weights.channel import ActorWeightChannel, ChannelOptions
 
     device = current_device()
     # a shared GPU (learner.share_gpu): NCCL cannot join two ranks on one device
@@ -135,18 +135,16 @@ def open_weight_channel(control: ControlServer, cfg: Config, say, stop=lambda: F
     )
     name = transports.resolve(cfg.learner.weight_transport, gpus_both_ends, cfg.network.local)
     # float32 masters go out in the actors' dtype (model.dtype): half the bytes for bf16
-    channel = ActorWeightChannel(
-        control,
-        timeout_s=cfg.learner.weight_sync_timeout_s,
-        log=say,
-        wire_dtype=DTYPES[cfg.model.dtype],
-        stop=stop,
-        network=cfg.network,
+    options = ChannelOptions(
         transport=name,
+        timeout_s=cfg.learner.weight_sync_timeout_s,
+        wire_dtype=DTYPES[cfg.model.dtype],
+        network=cfg.network,
         workers_per_actor=cfg.actor.tensor_parallel_size,
         device=device,
         defer_ack=cfg.learner.defer_weight_ack,
     )
+    channel = ActorWeightChannel(control, options, log=say, stop=stop)
     say(f"weights travel over {name} (learner.weight_transport={cfg.learner.weight_transport})")
     return channel.open()
 

@@ -16,7 +16,7 @@ from asyncrl.core.config.network import NetworkConfig
 from asyncrl.core.weights import transports
 from asyncrl.core.weights.nccl import NcclReceiver, NcclSender
 from asyncrl.core.weights.stream import WeightSyncError, device_checksum
-from asyncrl.learner.weights.channel import ActorWeightChannel
+from asyncrl.learner.weights.channel import ActorWeightChannel, ChannelOptions
 from tests.unit.core.fake_nccl import FakeNccl
 
 CPU = torch.device("cpu")
@@ -216,8 +216,8 @@ def test_the_channel_re_forms_the_group_without_a_dead_receiver_and_resends():
     said: list[str] = []
     sender = NcclSender(bucket_bytes=1 << 10, timeout_s=TIMEOUT_S, device=CPU,
                         factory=net.factory, unique_id=net.unique_id, fence=net.fence)  # fmt: skip
-    channel = ActorWeightChannel(actors, timeout_s=TIMEOUT_S, ping_s=TIMEOUT_S + 2,
-                                 log=said.append, sender=sender).open()  # fmt: skip
+    options = ChannelOptions(timeout_s=TIMEOUT_S, ping_s=TIMEOUT_S + 2)
+    channel = ActorWeightChannel(actors, options, log=said.append, sender=sender).open()
     try:
         channel.sync(model(1), version=1)
         settled(lambda: actors.versions == {0: 1, 1: 1, 2: 1})
@@ -242,7 +242,8 @@ def test_two_workers_per_actor_take_consecutive_ranks():
 
     sender = NcclSender(device=CPU, factory=net.factory, unique_id=net.unique_id)
     sender.connect = lambda: None  # no receivers here: only the plan is checked
-    channel = ActorWeightChannel(Control(), sender=sender, workers_per_actor=2).open()
+    channel = ActorWeightChannel(Control(), ChannelOptions(workers_per_actor=2), sender=sender)
+    channel.open()
     inits = [(a, m["rank_offset"], m["world_size"]) for a, m in sent]
     assert inits == [(3, 1, 5), (5, 3, 5)]
     assert channel.transport == "nccl"

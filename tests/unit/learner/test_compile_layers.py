@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from asyncrl.core.config.job import Config, ModelConfig
 from asyncrl.learner.compute.model import (
     build_policy,
     compile_layers,
@@ -16,7 +17,8 @@ from asyncrl.learner.compute.model import (
 
 def _logprobs_and_grads(model_dir: str, *, compile: bool, ckpt: bool, packed: bool):
     torch.manual_seed(0)
-    model = build_policy(model_dir, gradient_checkpointing=ckpt, packed=packed, compile=compile)
+    cfg = Config(model=ModelConfig(gradient_checkpointing=ckpt, compile=compile))
+    model = build_policy(model_dir, cfg, packed=packed)
     ids = torch.randint(0, 32, (3, 12))
     mask = torch.ones_like(ids)
     mask[1, 9:] = 0  # a shorter row: padding, or a shorter document when packed

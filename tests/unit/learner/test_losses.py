@@ -12,6 +12,7 @@ from asyncrl.learner.algo.losses import (
     AGGREGATION_MODES,
     POLICY_LOSSES,
     Aggregation,
+    LossInputs,
     LossParams,
     aggregate,
     kl_penalty,
@@ -42,7 +43,8 @@ def run(name, lp, prox, behave, adv, mask, agg=None, params=None, **kw):
     """Call a loss with a leaf ``lp``; returns (LossOutput, grad wrt lp)."""
     lp = lp.clone().requires_grad_(True)
     agg = agg or make_aggregation("token_mean", mask)
-    out = POLICY_LOSSES[name](lp, prox, behave, adv, mask, agg, params or LossParams(), **kw)
+    inputs = LossInputs(lp, prox, behave, adv, mask, agg, **kw)
+    out = POLICY_LOSSES[name](inputs, params or LossParams())
     (grad,) = torch.autograd.grad(out.loss, lp)
     return out, grad
 
@@ -106,7 +108,7 @@ def test_micro_batches_sum_to_full_batch(name, mode, level):
     agg = make_aggregation(mode, mask)  # global denominators, built once for the step
     full_lp = lp.clone().requires_grad_(True)
     extra = {"ref_logprobs": ref, "entropy": ent}
-    full = POLICY_LOSSES[name](full_lp, prox, behave, adv, mask, agg, params, **extra)
+    full = POLICY_LOSSES[name](LossInputs(full_lp, prox, behave, adv, mask, agg, **extra), params)
     (full_grad,) = torch.autograd.grad(full.loss, full_lp)
 
     total, grads = torch.zeros((), dtype=D), []
@@ -115,10 +117,11 @@ def test_micro_batches_sum_to_full_batch(name, mode, level):
         cols = slice(0, int(used.max()) + 1 if used.numel() else 1)  # own padding width only
         part = lambda x, r=rows, c=cols: x[r, c]  # noqa: E731
         mb_lp = part(lp).clone().requires_grad_(True)
-        out = POLICY_LOSSES[name](
-            mb_lp, part(prox), part(behave), part(adv), part(mask), agg, params,
+        inputs = LossInputs(
+            mb_lp, part(prox), part(behave), part(adv), part(mask), agg,
             ref_logprobs=part(ref), entropy=part(ent),
         )  # fmt: skip
+        out = POLICY_LOSSES[name](inputs, params)
         (g,) = torch.autograd.grad(out.loss, mb_lp)
         total = total + out.loss.detach()
         grads.append(torch.nn.functional.pad(g, (0, 6 - g.shape[1])))
@@ -235,7 +238,8 @@ def test_no_gradient_into_weights_advantages_or_reference(name, objective):
     lp = LP.clone().requires_grad_(True)
     params = LossParams(is_objective=objective, kl_coef=0.1)
     agg = make_aggregation("token_mean", MASK)
-    POLICY_LOSSES[name](lp, prox, behave, adv, MASK, agg, params, ref_logprobs=ref).loss.backward()
+    inputs = LossInputs(lp, prox, behave, adv, MASK, agg, ref_logprobs=ref)
+    POLICY_LOSSES[name](inputs, params).loss.backward()
     assert all(x.grad is None for x in (prox, behave, adv, ref))
     assert lp.grad is not None and lp.grad.abs().sum() > 0
     assert torch.all(lp.grad[~MASK] == 0)
@@ -420,10 +424,9 @@ def test_kl_term_and_entropy_bonus_by_hand():
     # d k3 / d log pi_theta = 1 - pi_ref / pi_theta
     close(grad, [[(-1 + 0.1 * (1 - 0.5)) / 2, -1 / 2, 0.0]])
     close([out.metrics["kl_ref"], out.metrics["entropy"]], [sum(k3) / 2, 1.5])
-    (ent_grad,) = torch.autograd.grad(
-        POLICY_LOSSES["bypass_ppo"](lp, None, lp, adv, mask, make_aggregation("token_mean", mask),
-                                    params, ref_logprobs=ref, entropy=ent).loss, ent
-    )  # fmt: skip
+    agg = make_aggregation("token_mean", mask)
+    inputs = LossInputs(lp, None, lp, adv, mask, agg, ref_logprobs=ref, entropy=ent)
+    (ent_grad,) = torch.autograd.grad(POLICY_LOSSES["bypass_ppo"](inputs, params).loss, ent)
     close(ent_grad, [[-0.005, -0.005, 0.0]])
 
 

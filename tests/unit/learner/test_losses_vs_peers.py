@@ -25,7 +25,13 @@ from asyncrl.learner.algo.advantages import (
     to_token_level,
     value_loss,
 )
-from asyncrl.learner.algo.losses import AGGREGATION_MODES, POLICY_LOSSES, LossParams, kl_penalty
+from asyncrl.learner.algo.losses import (
+    AGGREGATION_MODES,
+    POLICY_LOSSES,
+    LossInputs,
+    LossParams,
+    kl_penalty,
+)
 from asyncrl.learner.algo.losses import make_aggregation as make_agg
 from tests.peers import areal_functional as areal
 from tests.peers import verl_core_algos as verl
@@ -85,8 +91,8 @@ def ours(name, b, mode, params, prox="prox", behave="behave", adv=None, **kw):
     lp = b["lp"].clone().requires_grad_(True)
     adv = b["adv"] if adv is None else adv
     prox_t = None if prox is None else b[prox]
-    out = POLICY_LOSSES[name](lp, prox_t, b[behave], adv, b["mask"], make_agg(mode, b["mask"]),
-                              params, **kw)  # fmt: skip
+    inputs = LossInputs(lp, prox_t, b[behave], adv, b["mask"], make_agg(mode, b["mask"]), **kw)
+    out = POLICY_LOSSES[name](inputs, params)
     (grad,) = torch.autograd.grad(out.loss, lp)
     return out, grad
 

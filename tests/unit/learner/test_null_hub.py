@@ -1,35 +1,67 @@
-"""The ranks other than 0 run the learner loop on a ``NullHub`` (learner/hub/null.py): it must
-offer every ``hub.<method>`` the loop calls, with the signature ``asyncrl.learner.hub.hub.Hub`` has, and
-answer neutrally (rank 0's answers are the ones broadcast)."""
+"""The ranks other than 0 run the learner loop on a ``NullHub`` (learner/hub/null.py), rank 0 on a
+``Hub`` (learner/hub/hub.py): both must be what the loop holds, a ``LearnerHub``
+(learner/hub/protocol.py), and the loop, the learner's main and the checkpoint code must call
+nothing else on it. mypy checks both statically (tests/unit/conformance.py and the annotated
+callers; ``make lint`` checks the same with every type followed). A ``NullHub`` answers
+neutrally (rank 0's answers are the ones broadcast)."""
 
 from __future__ import annotations
 
-import inspect
-import re
-from pathlib import Path
-
-import asyncrl.learner.trainer
-from asyncrl.learner.hub.hub import Hub
 from asyncrl.learner.hub.null import NullHub
+from tests.unit.typecheck import CONFORMANCE, mypy
+
+SEAM = [
+    "asyncrl/learner/state/checkpoint_hub.py",
+    "asyncrl/learner/hub/protocol.py",
+    "asyncrl/learner/hub/hub.py",
+    "asyncrl/learner/hub/null.py",
+]
+CALLERS = [
+    "asyncrl/learner/trainer.py",
+    "asyncrl/learner/main.py",
+    "asyncrl/learner/state/run_state.py",
+]
+
+DRIFTED = """
+from collections.abc import Iterable
+
+from asyncrl.learner.hub.null import NullHub
+from asyncrl.learner.hub.protocol import LearnerHub
 
 
-def _public(cls) -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(fn)
-        for name, fn in vars(cls).items()
-        if callable(fn) and not name.startswith("_")
-    }
+class Quiet:  # a hub that only says
+    def say(self, text: str) -> None: ...
 
 
-def test_every_hub_call_of_the_loop_exists_on_both_with_the_same_signature():
-    source = Path(asyncrl.learner.trainer.__file__).read_text()
-    called = set(re.findall(r"(?<![.\w])hub\.(\w+)", source))
-    hub, null = _public(Hub), _public(NullHub)
-    assert called, "the loop calls no hub method?"
-    assert called <= set(null), f"NullHub lacks {sorted(called - set(null))}"
-    assert set(null) <= set(hub), f"Hub lacks {sorted(set(null) - set(hub))}"
-    for name, sig in null.items():
-        assert list(sig.parameters) == list(hub[name].parameters), name
+class NoRetry(NullHub):  # send_weights without its attempt
+    def send_weights(self, named: Iterable, version: int) -> bool:  # type: ignore[override]  # the drift
+        return False
+
+
+def loop(hub: LearnerHub) -> None:
+    hub.pause_actors()  # not a call of the protocol
+
+
+quiet: LearnerHub = Quiet()
+no_retry: LearnerHub = NoRetry()
+"""
+
+
+def test_hub_and_null_hub_are_learner_hubs_and_the_loop_calls_nothing_else(tmp_path):
+    status, report = mypy([*SEAM, *CALLERS, CONFORMANCE], tmp_path / "cache")
+    assert status == 0, report
+
+
+def test_the_check_sees_a_missing_method_a_drifted_signature_and_an_unknown_call(tmp_path):
+    drifted = tmp_path / "drifted.py"
+    drifted.write_text(DRIFTED)
+    status, report = mypy([*SEAM, drifted], tmp_path / "cache")
+    assert status == 1, report
+    errors = [line for line in report.splitlines() if ": error: " in line]
+    assert any('"LearnerHub" has no attribute "pause_actors"' in e for e in errors), report
+    assert any('"Quiet", variable has type "LearnerHub"' in e for e in errors), report
+    assert any('"NoRetry", variable has type "LearnerHub"' in e for e in errors), report
+    assert len(errors) == 3, report
 
 
 def test_null_answers_are_neutral():

@@ -74,6 +74,7 @@ def _rows(rank):
 
 def run_variant(model_dir: str, out: dict, reads: list) -> None:
     """The sharded and the full-then-shard load of the three models (collective)."""
+    from asyncrl.core.config.job import AlgorithmConfig, Config, LearnerConfig, ModelConfig
     from asyncrl.learner.compute.critic import build_critic, load_value_model, shard_value_model
     from asyncrl.learner.compute.model import (
         build_policy,
@@ -100,14 +101,18 @@ def run_variant(model_dir: str, out: dict, reads: list) -> None:
     for name, model in (("new", policy), ("old", full)):
         tensors[f"lp.policy.{name}"] = token_logprobs(model, ids, mask)[0].detach()
 
-    ref_new = build_reference(model_dir, "bfloat16")
+    ref_new = build_reference(model_dir, Config(model=ModelConfig(dtype="bfloat16")))
     ref_old = shard_model(load_hf_model(model_dir, "bfloat16").requires_grad_(False)).eval()
     for name, model in (("new", ref_new), ("old", ref_old)):
         tensors |= {f"ref.{name}.{k}": v for k, v in _full_state(model).items()}
         tensors[f"lp.ref.{name}"] = reference_logprobs(model, ids, mask)
     out["ref_grad"] = any(p.requires_grad for p in ref_new.parameters())
 
-    critic_new = build_critic(model_dir, "float32", 1e-3, 0.0, None, 1.0).model
+    critic_cfg = Config(
+        algorithm=AlgorithmConfig(critic_lr=1e-3, value_clip=None),
+        learner=LearnerConfig(grad_clip=1.0),
+    )
+    critic_new = build_critic(model_dir, critic_cfg).model
     critic_old = shard_value_model(load_value_model(model_dir))
     for name, model in (("new", critic_new), ("old", critic_old)):
         tensors |= {f"critic.{name}.{k}": v for k, v in _full_state(model).items()}

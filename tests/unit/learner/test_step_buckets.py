@@ -13,12 +13,14 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from asyncrl.core.config.job import Config, LearnerConfig, ModelConfig
 from asyncrl.core.config.load import load_config
 from asyncrl.core.types import Group, Sample
 from asyncrl.learner.algo.aggregation import AGGREGATION_MODES
@@ -65,14 +67,19 @@ def one_step(model_dir, algo, budget, rank=0, world=1, batch=None, dtype=torch.f
     step with SGD (lr 0.5, no clipping); ``dtype`` of the weights (float32 under FSDP2);
     ``packed``: every model runs packed streams (asyncrl.learner.compute.packing) with attention ``attn``."""
     torch.manual_seed(0)
-    model = build_policy(model_dir, attn=attn, packed=packed).to(dtype)
+    cfg = Config(
+        model=ModelConfig(attn_implementation=attn),
+        algorithm=replace(algo, critic_lr=0.5),
+        learner=LearnerConfig(grad_clip=1e9),
+    )
+    model = build_policy(model_dir, cfg, packed=packed).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     ref = None
     if algo.kl_coef > 0:
-        ref = build_reference(model_dir, attn=attn, packed=packed).to(dtype)
+        ref = build_reference(model_dir, cfg, packed=packed).to(dtype)
     critic = None
     if uses_critic(algo.advantage):
-        critic = build_critic(model_dir, "float32", 0.5, 0.0, algo.value_clip, 1e9, attn, packed)
+        critic = build_critic(model_dir, cfg, packed=packed)
         critic.model.to(dtype)
         critic.optimizer = torch.optim.SGD(critic.model.parameters(), lr=0.5)
     ctx = StepContext(model, opt, algo, rank, world, 1e9, critic=critic, reference=ref,

@@ -3,10 +3,12 @@ values start at 0 and the value loss falls; every preset's step runs and exports
 diagnostics; the critic is checkpointed and restored with the policy."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
+from asyncrl.core.config.job import AlgorithmConfig, Config, LearnerConfig
 from asyncrl.core.config.load import load_config
 from asyncrl.core.types import Group, Sample
 from asyncrl.learner.algo.targets import compute_targets, uses_critic
@@ -31,12 +33,18 @@ def _batch(n_groups=4, n=4, seed=0):
     return collate(random_groups(n_groups, n, seed, VOCAB))
 
 
+def critic_config(algo: AlgorithmConfig, lr: float, grad_clip: float) -> Config:
+    """The keys ``build_critic`` reads: ``algo`` (its ``value_clip``), AdamW at ``lr`` without
+    weight decay, gradients clipped at ``grad_clip``; every other key at its default."""
+    return Config(algorithm=replace(algo, critic_lr=lr), learner=LearnerConfig(grad_clip=grad_clip))
+
+
 def _context(model_dir, algo, lr=1e-3):
     torch.manual_seed(0)
     model = build_policy(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     critic = (
-        build_critic(model_dir, "float32", lr, 0.0, algo.value_clip, 1.0)
+        build_critic(model_dir, critic_config(algo, lr, 1.0))
         if uses_critic(algo.advantage)
         else None
     )
@@ -47,7 +55,7 @@ def _context(model_dir, algo, lr=1e-3):
 def test_values_start_at_zero_and_the_value_loss_falls(tiny_model):
     torch.set_num_threads(1)
     algo = load_config(["algorithm=ppo"]).algorithm
-    critic = build_critic(tiny_model, "float32", 3e-3, 0.0, algo.value_clip, 1.0)
+    critic = build_critic(tiny_model, critic_config(algo, 3e-3, 1.0))
     batch = _batch()
     v0 = critic.values(batch.input_ids, batch.attention_mask)
     assert v0.shape == batch.loss_mask.shape and torch.all(v0 == 0)

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from asyncrl.core.config.job import AlgorithmConfig
 from asyncrl.core.config.load import load_config
 from asyncrl.learner.compute.critic import build_critic
 from asyncrl.learner.compute.model import build_policy, full_named_tensors
@@ -22,7 +23,7 @@ from asyncrl.learner.compute.step import StepContext, train_on_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[3]))  # tests.random_groups, under torchrun too
-from test_step_critic import _batch  # noqa: E402
+from test_step_critic import _batch, critic_config  # noqa: E402
 
 
 def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
@@ -32,7 +33,7 @@ def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
     torch.manual_seed(0)
     model = build_policy(model_dir)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    critic = build_critic(model_dir, "float32", 0.5, 0.0, algo.value_clip, 1e9)
+    critic = build_critic(model_dir, critic_config(algo, 0.5, 1e9))
     critic.optimizer = torch.optim.SGD(critic.model.parameters(), lr=0.5)  # AdamW ~ sign(g)
     ref = build_reference(model_dir) if algo.kl_coef > 0 else None
     ctx = StepContext(model, opt, algo, rank, world, 1e9, critic=critic, reference=ref,
@@ -70,7 +71,8 @@ def test_two_ranks_match_one_process(tiny_model, tmp_path, preset):
             torch.testing.assert_close(got[name], ref, rtol=1e-4, atol=1e-5, msg=name)
         assert float(values["head.weight"].abs().max()) > 1e-4, "the critic did not move"
         body = [k for k in values if k.startswith("body.layers.0.")]
-        fresh = build_critic(tiny_model, "float32", 0.5, 0.0, None, 1e9).model.state_dict()
+        unclipped = AlgorithmConfig(value_clip=None)
+        fresh = build_critic(tiny_model, critic_config(unclipped, 0.5, 1e9)).model.state_dict()
         assert any(not torch.equal(values[k], fresh[k]) for k in body), "body did not train"
 
 

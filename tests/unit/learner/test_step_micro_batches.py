@@ -11,7 +11,7 @@ from asyncrl.learner.compute.critic import build_critic
 from asyncrl.learner.compute.model import build_policy
 from asyncrl.learner.compute.reference import build_reference
 from asyncrl.learner.compute.step import StepContext, train_on_batch
-from tests.unit.learner.test_step_critic import _batch
+from tests.unit.learner.test_step_critic import _batch, critic_config
 
 
 def _step(model_dir, algo, micro_batch_rows):
@@ -21,7 +21,7 @@ def _step(model_dir, algo, micro_batch_rows):
     ref = build_reference(model_dir) if algo.kl_coef > 0 else None
     critic = None
     if uses_critic(algo.advantage):
-        critic = build_critic(model_dir, "float32", 1e-3, 0.0, algo.value_clip, 1e9)
+        critic = build_critic(model_dir, critic_config(algo, 1e-3, 1e9))
     ctx = StepContext(model, opt, algo, 0, 1, grad_clip=1e9, reference=ref, max_tokens=5,
                       micro_batch_rows=micro_batch_rows, critic=critic)  # fmt: skip
     metrics = train_on_batch(ctx, _batch(n_groups=4, n=4))

@@ -8,7 +8,7 @@ import threading
 import time
 
 from asyncrl.core.weights.base import SendStats
-from asyncrl.learner.weights.channel import ActorWeightChannel, WeightSyncError
+from asyncrl.learner.weights.channel import ActorWeightChannel, ChannelOptions, WeightSyncError
 
 
 class _Control:
@@ -58,8 +58,8 @@ class _Sender:
 
 def _channel(stop=lambda: False):
     control, sender, said = _Control(), _Sender(), []
-    channel = ActorWeightChannel(control, log=said.append, stop=stop, sender=sender,
-                                 defer_ack=True, ping_s=0.2)  # fmt: skip
+    options = ChannelOptions(defer_ack=True, ping_s=0.2)
+    channel = ActorWeightChannel(control, options, log=said.append, stop=stop, sender=sender)
     channel.members, channel._dirty = [0, 1], False
     return channel, control, sender, said
 
@@ -106,7 +106,7 @@ def test_a_stop_abandons_a_pending_ack_at_once():
 def test_without_the_transport_capability_each_sync_waits_for_its_ack():
     control, sender = _Control(), _Sender()
     sender.defers_ack = False
-    channel = ActorWeightChannel(control, sender=sender, defer_ack=True)
+    channel = ActorWeightChannel(control, ChannelOptions(defer_ack=True), sender=sender)
     channel.members, channel._dirty = [0], False
     channel.attempt([], 1, 0)
     assert not channel.defer_ack and sender.sent == [(1, True)] and channel._ack is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from asyncrl.learner.weights.channel import ActorWeightChannel, WeightSyncError
+from asyncrl.learner.weights.channel import ActorWeightChannel, ChannelOptions, WeightSyncError
 
 
 class _Control:
@@ -36,7 +36,7 @@ class _DeadPeer:
 
 def _channel(stop) -> tuple[ActorWeightChannel, _Control, list[str]]:
     control, said = _Control(), []
-    channel = ActorWeightChannel(control, timeout_s=5.0, log=said.append, stop=stop)
+    channel = ActorWeightChannel(control, ChannelOptions(timeout_s=5.0), log=said.append, stop=stop)
     channel.sender, channel.members, channel._dirty = _DeadPeer(), [0], False
     return channel, control, said
 
