@@ -122,17 +122,9 @@ class Actor:
         self._inflight = 0
         self._paused = False
         self._blocked = "idle"
-        # the stride: every actor of the job (num_actors on each of actor.nnodes hosts)
-        self.claims = Claims(
-            buffer,
-            actor_id,
-            num_actors=cfg.actor.total,
-            end=prompts.end,
-            batch_groups=cfg.learner.batch_groups,
-            max_staleness=cfg.buffer.max_staleness,
-            sync=cfg.mode.name == "sync",
-            window=(lambda: self.state.version) if cfg.buffer.admission == "window" else None,
-        )
+        paced = cfg.buffer.admission == "window"
+        window = (lambda: self.state.version) if paced else None
+        self.claims = Claims(buffer, actor_id, cfg, prompts.end, window)
         self.cursor = self.claims.cursor
         self.control = ControlPlane(
             cfg, engine, buffer, self.state, self.metrics, self._set_paused, self._version_changed

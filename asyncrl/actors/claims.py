@@ -1,7 +1,8 @@
 """An actor's side of the buffer protocol: claim slots and prompts, commit groups.
 
 ``Claims`` owns the prompt cursor and the sync quota of one actor and talks to its
-``ReplayBuffer`` (the ``ActorBuffer`` face); ``actors/actor.py`` calls it from worker threads (every call is blocking).
+``ReplayBuffer`` (the ``ActorBuffer`` face); ``actors/actor.py`` calls it from worker threads
+(every call is blocking).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from asyncrl.core.types import Group
 
 if TYPE_CHECKING:
     from asyncrl.buffer.faces import ActorBuffer
+    from asyncrl.core.config.job import Config
 
 
 class Claims:
@@ -26,17 +28,17 @@ class Claims:
         self,
         buffer: ActorBuffer,
         actor_id: int,
-        num_actors: int,
+        cfg: Config,
         end: int | None,
-        batch_groups: int,
-        max_staleness: int,
-        sync: bool,
         window: Callable[[], int] | None = None,
     ) -> None:
+        """``cfg`` gives the stride (``actor.total``: every actor of the job), the batch, the
+        staleness bound and the mode; ``end``: the prompt source's end (None: endless)."""
         self.buffer, self.actor_id = buffer, actor_id
-        self.cursor = PromptCursor(buffer, actor_id, num_actors, end)
-        self.quota = SyncQuota(buffer, batch_groups)  # used in mode=sync only
-        self.max_staleness, self.sync = max_staleness, sync
+        self.cursor = PromptCursor(buffer, actor_id, cfg.actor.total, end)
+        self.quota = SyncQuota(buffer, cfg.learner.batch_groups)  # used in mode=sync only
+        self.max_staleness, self.sync = cfg.buffer.max_staleness, cfg.mode.name == "sync"
+        batch_groups, max_staleness = cfg.learner.batch_groups, self.max_staleness
         self.paced = (lambda: Window(window(), max_staleness, batch_groups)) if window else None
         """``buffer.admission=window`` (``window()``: the version of the weights the actor
         holds): the admission window of each try of a lease, which stays within it."""
