@@ -59,6 +59,7 @@ from asyncrl.core.types import Group
 
 if TYPE_CHECKING:
     from asyncrl.buffer.faces import ActorBuffer
+    from asyncrl.core.net.control import ControlClient
 
 
 @dataclass
@@ -163,7 +164,7 @@ class Actor:
         self._paused = paused
         self._refresh_state()
 
-    async def control_loop(self, client) -> None:
+    async def control_loop(self, client: ControlClient) -> None:
         """Serve the learner's messages until ``stop`` (actors/control_plane.py)."""
         await self.control.run(client)
 

@@ -26,6 +26,7 @@ from asyncrl.core.runtime.faults import failpoint
 
 if TYPE_CHECKING:
     from asyncrl.buffer.faces import ActorBuffer
+    from asyncrl.core.net.control import ControlClient
 
 LEARNER_QUIET_S = 5.0
 """No learner message for this long: re-read its address from the buffer meta."""
@@ -54,7 +55,7 @@ class ControlPlane:
     def _say(self, text: str) -> None:
         print(f"[actor {self.state.actor_id}] {text}", flush=True)
 
-    async def run(self, client) -> None:
+    async def run(self, client: ControlClient) -> None:
         """Register, then serve messages until ``stop`` (module docstring)."""
         from asyncrl.core.weights.stream import WeightSyncError
 
@@ -75,7 +76,7 @@ class ControlPlane:
                 self._say(f"{e}; waiting for the learner to rebuild the weight group")
         self.version_changed.set()
 
-    async def _follow_learner(self, client) -> None:
+    async def _follow_learner(self, client: ControlClient) -> None:
         """After a quiet spell, re-read the learner's address from the buffer meta: a learner
         that restarted (or a run dir reused, whose meta held the previous learner's address
         until the new one published its own) listens elsewhere. Re-register there; it sends
@@ -91,7 +92,7 @@ class ControlPlane:
             client.connect(endpoint)
             await client.send({"type": "register"})
 
-    async def _on_message(self, client, msg: dict) -> None:
+    async def _on_message(self, client: ControlClient, msg: dict) -> None:
         kind = msg["type"]
         if kind == "weights_init":
             info = {k: v for k, v in msg.items() if k != "type"}

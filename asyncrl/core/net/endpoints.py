@@ -27,8 +27,12 @@ import os
 import socket
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncrl.core.config.network import NetworkConfig, is_loopback
+
+if TYPE_CHECKING:
+    import redis
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,12 @@ def launcher_role(role: str, network: NetworkConfig) -> str:
 
 
 def register_endpoint(
-    client, buffer_name: str, role: str, port: int, network: NetworkConfig, gpus: str | None = None
+    client: redis.Redis,
+    buffer_name: str,
+    role: str,
+    port: int,
+    network: NetworkConfig,
+    gpus: str | None = None,
 ) -> None:
     """Record that ``role`` serves ``/metrics`` on ``network.metrics:port`` of this host
     (nothing when ``port`` is 0: metrics off), with its GPUs: ``gpus``, None = this
@@ -133,7 +142,12 @@ def parse_endpoint(role: str, raw: str) -> Endpoint:
     return Endpoint(role, str(value.get("metrics", "")), place, pid, gpus)
 
 
-def read_endpoints(client, buffer_name: str) -> dict[str, Endpoint]:
+def read_endpoints(client: redis.Redis, buffer_name: str) -> dict[str, Endpoint]:
     """role -> ``Endpoint`` for every process of the job that registered one."""
     raw = client.hgetall(f"{buffer_name}:endpoints")
-    return {k.decode(): parse_endpoint(k.decode(), v.decode()) for k, v in raw.items()}
+    return {_text(k): parse_endpoint(_text(k), _text(v)) for k, v in raw.items()}
+
+
+def _text(x: bytes | str) -> str:
+    """A reply of a client with or without ``decode_responses``."""
+    return x.decode() if isinstance(x, bytes) else x

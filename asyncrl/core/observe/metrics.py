@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -123,6 +124,13 @@ class _ClockCollector:
         yield fam
 
 
+class BufferStats(Protocol):
+    """What the metrics read of the buffer (``asyncrl.buffer.faces.LearnerBuffer`` has it;
+    core cannot import the buffer's layer)."""
+
+    def stats(self) -> dict[str, int]: ...
+
+
 class _BufferCollector:
     """Buffer depth and counters, read from Redis at scrape time (one atomic snapshot)."""
 
@@ -133,7 +141,7 @@ class _BufferCollector:
         "capacity": ("asyncrl_buffer_capacity_slots", "Admission limit: leased + unread."),
     }
 
-    def __init__(self, buffer) -> None:
+    def __init__(self, buffer: BufferStats) -> None:
         self.buffer = buffer
 
     def collect(self):
@@ -198,7 +206,7 @@ _CLIP_SIDES = ("low", "high", "dual")
 class LearnerMetrics:
     """Learner rank 0. ``clock`` is the learner's busy/waiting/sync/checkpoint StateClock."""
 
-    def __init__(self, info: dict, clock: StateClock, buffer=None) -> None:
+    def __init__(self, info: dict, clock: StateClock, buffer: BufferStats | None = None) -> None:
         r = self.registry = _registry("learner", info)
         self.version = _g(r, "asyncrl_learner_version", "Policy version (optimizer steps).")
         self.steps = _c(r, "asyncrl_learner_steps", "Optimizer steps taken by this process.")

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from asyncrl.core.config.job import Config
 from asyncrl.core.net.control import ControlServer
 from asyncrl.core.runtime.waiting import Wait
+
+if TYPE_CHECKING:
+    from asyncrl.buffer.faces import LearnerBuffer
 
 
 class Publisher(Protocol):
@@ -51,7 +54,13 @@ class WeightPublisher:
     """The control server (every actor follows the learner through it, with or without
     weight sync) and, once ``open`` saw the actors register, the ``ActorWeightChannel``."""
 
-    def __init__(self, cfg: Config, buffer, say: Callable[[str], None], stop) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        buffer: LearnerBuffer,
+        say: Callable[[str], None],
+        stop: Callable[[], bool],
+    ) -> None:
         self.cfg, self.buffer, self.say, self.stop = cfg, buffer, say, stop
         net = cfg.network
         self.control = ControlServer(net.bind, advertise=net.advertise)
