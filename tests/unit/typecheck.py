@@ -28,3 +28,10 @@ def mypy(files: list[str | Path], cache_dir: Path) -> tuple[int, str]:
     ]
     out, err, status = api.run(args)
     return status, out + err
+
+
+def rejected(files: list[str | Path], cache_dir: Path) -> tuple[list[str], str]:
+    """The error lines of mypy on ``files``, which must fail, and its whole report."""
+    status, report = mypy(files, cache_dir)
+    assert status == 1, report
+    return [line for line in report.splitlines() if ": error: " in line], report
