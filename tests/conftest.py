@@ -18,7 +18,7 @@ import pytest
 # A fresh vLLM cache for every test session, in this process and every role a test starts:
 # vLLM inspects a model class in a subprocess (reading the answer with pickle) only when its
 # cache lacks the answer, so a cache warmed by earlier runs hid that path from the pickle
-# guard (issue 11). .ci/run also points the HF, XDG and torch caches at fresh directories.
+# guard. .ci/run also points the HF, XDG and torch caches at fresh directories.
 _VLLM_CACHE = tempfile.mkdtemp(prefix="asyncrl-test-vllm-cache-")
 os.environ["VLLM_CACHE_ROOT"] = _VLLM_CACHE
 atexit.register(shutil.rmtree, _VLLM_CACHE, True)

@@ -2,7 +2,7 @@
 
 A test that waits on one process while another has died must not wait for its deadline: it
 fails within ``POLL_S`` of the death, naming the dead process, how it ended and the tail of
-its log (issue 11: a learner waited 600 s for an actor that had died at start). Every test
+its log (a learner once waited 600 s for an actor that had died at start). Every test
 that starts processes and waits on them goes through ``Roles``::
 
     roles = Roles(tmp_path)                  # or the ``roles`` fixture (tests/conftest.py)

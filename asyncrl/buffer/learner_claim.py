@@ -1,6 +1,6 @@
 """One buffer, one learner: the learner's claim on a buffer, held in Redis with a lease.
 
-Issue 29: a second ``asyncrl launch learner`` on a buffer another learner was training from
+Formerly, a second ``asyncrl launch learner`` on a buffer another learner was training from
 was accepted. It took the first one's pending groups, reset the shared ``learner_version``
 and trained the other policy's groups. Now each learner claims ``<buffer.name>:learner``
 before it reads anything:

@@ -14,7 +14,7 @@
 Every multi-key change is one Lua script (``buffer/scripts.py``), so no reader ever sees a
 half-applied state and ``stats()`` is a consistent snapshot.
 
-Damage from outside the job (issue 12; tests/faults/test_buffer_damage.py): a
+Damage from outside the job (tests/faults/test_buffer_damage.py): a
 consumer group destroyed by hand is rebuilt exactly where it was (``BufferStore.regroup``, a warning);
 an entry that commit() did not add, or whose seq is not the one commit() gave it, is
 dead-lettered as invalid and counted; state that is missing or not a number (a FLUSHDB, a

@@ -303,7 +303,7 @@ def _untrained(cfg: Config, hub: LearnerHub, rank: int, elapsed_s: float) -> Exc
             "before the first step (its clock starts once the model is loaded and includes the "
             "wait for the actors); raise it, or set 0 for no limit"
         )
-    else:  # no time limit hit: the groups ran out (issue 29: it blamed max_wall_s=0)
+    else:  # no time limit hit: the groups ran out (the message once blamed max_wall_s=0)
         why = hub.no_batch_reason() or f"the run ended after {elapsed_s:.1f} s"
     text = _rank0_text(f"no step was trained: {why}")
     return FatalError(text) if rank == 0 and not stopped else StoppedUntrained(text)

@@ -6,9 +6,9 @@
 
 Each arm is ``asyncrl run`` with the config defaults plus the arm's overrides (and
 ``learner.checkpoint_every=0 metrics_port=0``, as ``benchmarks/vs_trl/run.py``). The default arms
-are the choices issue 17 asks about, each differing from its neighbour in one thing:
+are the candidate defaults, each differing from its neighbour in one thing:
 
-  r2_free        learner.nproc=2, nothing pinned (the defaults before issue 17)
+  r2_free        learner.nproc=2, nothing pinned (the old defaults)
   r1_free        learner.nproc=1, nothing pinned
   r1_split       learner.nproc=1, learner on the first half of the usable cores, the actor on
                  the second (``learner.cpu_affinity``, ``actor.cpu_affinity``)

@@ -1,5 +1,5 @@
 """Own-task runs with real vLLM and the demo model: do reward and validation reward rise, and
-what does validation cost in training steps/s? (issue 13)
+what does validation cost in training steps/s?
 
     python -m benchmarks.demo.own_task                    # -> results/own_task.{json,png}
     python -m benchmarks.demo.own_task --steps 60 --reps 1 --every 10

@@ -1,6 +1,6 @@
-"""The demo's learner steps/s before and after issue 15, side by side in one run.
+"""The demo's learner steps/s before and after the real-scale learner changes, in one run.
 
-Issue 15's learner changes (chunked log-probs from the final hidden states,
+Those learner changes (chunked log-probs from the final hidden states,
 ``model.logprob_chunk_tokens``; scoring at ``sampling.temperature``; micro-batch planning;
 sharded loading; packing) start at commit 1f45a05. This script checks out ``--base``
 (default ``1f45a05^``, the commit before them) in a temporary ``git worktree`` (removed at the

@@ -18,7 +18,7 @@ fresh process (the kernel's ``VmHWM``, which exec resets, unlike ``getrusage``'s
 ``torch.set_num_threads(--threads)`` (default 1) in every process, and ``--core C`` binds
 the process to one core (``os.sched_setaffinity``); both are in the JSON.
 
-The batch mirrors issue 15's H100 batch scaled by 1/16: 16 groups x 8 samples, a 16-token
+The batch mirrors the GPU presets' H100 batch scaled by 1/16: 16 groups x 8 samples, a 16-token
 prompt, completions ~ Exp(mean 44) capped at 192 (there: 256, mean 700, cap 3,072). GPU
 timing is not measured here.
 

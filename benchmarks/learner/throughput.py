@@ -1,5 +1,5 @@
 """Learner throughput on a long-tailed RL batch: asyncrl's learner step, the padded path and a
-bare hand-written loop, side by side in one run (issue 15).
+bare hand-written loop, side by side in one run.
 
     python -m benchmarks.learner.throughput --preset qwen2.5-1.5b   # one GPU
     python -m benchmarks.learner.throughput --preset cpu --cores 1 --rounds 3   # 11 min here

@@ -13,7 +13,7 @@ from pathlib import Path
 
 QWEN = {"model_type": "qwen2", "vocab_size": 151_936, "max_position_embeddings": 32_768,
         "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}  # fmt: skip
-GPU_BATCH = {"groups": 16, "n": 8, "prompt": 256, "mean": 700.0, "cap": 3072}  # issue 15's
+GPU_BATCH = {"groups": 16, "n": 8, "prompt": 256, "mean": 700.0, "cap": 3072}  # the H100 batch
 PRESETS: dict[str, dict] = {
     "qwen2.5-0.5b": {
         "model": {**QWEN, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
@@ -46,7 +46,7 @@ PRESETS: dict[str, dict] = {
         # model=smollm2` trains it on the CPU: 8 groups x 4 of examples/smollm2_math, whose chat
         # prompts are 59-64 tokens (62 on average), completions 20 + Exp(80) capped at
         # sampling.max_tokens=256; the run's token budget (configs/learner/cpu.yaml) and log-prob
-        # chunk (configs/model/smollm2.yaml); issue 27's target: >= 0.9x the bare loop
+        # chunk (configs/model/smollm2.yaml); its target: >= 0.9x the bare loop
         "model_path": "smollm2",
         "batch": {"groups": 8, "n": 4, "prompt": 62, "floor": 20, "mean": 80.0, "cap": 256},
         "budget": 512, "chunk": 1024, "checkpointing": False, "fit_max_groups": 32,

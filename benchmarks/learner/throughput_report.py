@@ -1,7 +1,7 @@
 """The learner-throughput benchmark's report (``benchmarks.learner.throughput``): the stated
 peak FLOPS behind MFU, per-arm figures from the workers' results with ratios against
-``padded`` and ``bare`` and, per round, against each learner arm's own bare reference, issue
-15's targets (or the preset's ``target_vs_bare``), the markdown tables, the result file and
+``padded`` and ``bare`` and, per round, against each learner arm's own bare reference, the
+default targets (or the preset's ``target_vs_bare``), the markdown tables, the result file and
 its plot."""
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def _vs_ref(name: str, arms: dict) -> dict | None:
 
 
 def targets(arms: dict, cfg: dict, real: int) -> list[dict]:
-    """A preset's ``target_vs_bare`` (issue 27, smollm2: every learner arm >= 0.9x its bare
-    reference, median of per-round ratios) or else issue 15's, where this run's arms can say:
+    """A preset's ``target_vs_bare`` (smollm2: every learner arm >= 0.9x its bare
+    reference, median of per-round ratios) or else the default ones, where this run's arms can say:
     asyncrl >= 2x padded tokens/s at <= 1/3 of its peak memory (the CPU criterion), asyncrl
     >= 1.5x the bare loop (the GPU one)."""
     bound = cfg.get("target_vs_bare")

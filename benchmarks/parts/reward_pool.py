@@ -1,4 +1,4 @@
-"""Does a slow reward stall generation? (issue 13)
+"""Does a slow reward stall generation?
 
     python -m benchmarks.parts.reward_pool                 # -> results/reward_pool.{json,png}
     python -m benchmarks.parts.reward_pool --window 10 --reps 5 --core 0
@@ -12,7 +12,7 @@ encode, commit into a real redis-server) on the simulated engine (``actors/engin
     instant            addition_reward (microseconds), the default pool (4 processes)
     sleep50_process    a reward that sleeps 50 ms, 4 worker processes (the default)
     sleep50_thread     the same, 4 threads
-    sleep50_thread1    the same, 1 thread: one call at a time, as before issue 13
+    sleep50_thread1    the same, 1 thread: one call at a time, as before the reward pool
 
 Per arm: the actor's completion tokens/s over a ``--window`` s window (from the first to
 the last group it finished in it) after a ``--warmup`` s warm-up (worker processes start, the engine's queue fills); the figure is the ratio of a

@@ -102,8 +102,8 @@ def run_figures(r: dict, target: float) -> dict:
         "groups_trained": s["groups_trained"],
         "reward_initial": s["reward_initial"],
         "reward_final": s["reward_final"],
-        # issue 31: trained / read completion tokens, trained / read mean length (None: a run
-        # from before the learner counted reads)
+        # admission figures: trained / read completion tokens, trained / read mean length
+        # (None: a run from before the learner counted reads)
         "trained_token_frac": s.get("trained_token_frac"),
         "length_bias": s.get("length_bias"),
         "tokens_masked_stale": s.get("trained_tokens_masked_stale"),

@@ -124,7 +124,7 @@ def arm_overrides(
 
 
 SMOLLM2 = ["model=smollm2", "experiment=smollm2_math", "eval.at_start=false", "eval.every=3"]
-"""``--setting smollm2``: the real model on examples/smollm2_math (issue 27), validated every
+"""``--setting smollm2``: the real model on examples/smollm2_math, validated every
 3 versions and at the end; version 0 is validated once, not in every run (``--v0-pass1``)."""
 SMOLLM2_V0_PASS1 = 0.125
 """Greedy val pass@1 of SmolLM2-135M-Instruct at version 0 on examples/smollm2_math's 64 val
@@ -229,10 +229,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stale-tokens", nargs="+", default=["drop_group"],
                    choices=("drop_group", "mask", "interpolate"),
                    help="algorithm.stale_tokens options: an async arm per bound and option "
-                        "(issue 31's ablation; default drop_group only)")  # fmt: skip
+                        "(the stale-token ablation; default drop_group only)")  # fmt: skip
     p.add_argument("--admission", nargs="+", default=["capacity"],
                    choices=("capacity", "window"),
-                   help="buffer.admission options: the async arms again per option (issue 31; "
+                   help="buffer.admission options: the async arms again per option ("
                         "default capacity only)")  # fmt: skip
     p.add_argument("--arms", help="comma-separated subset of arms to run, in this order "
                    "(default: all)")  # fmt: skip

@@ -1,4 +1,4 @@
-"""Issue 27's SmolLM2 comparison on one clock: validation pass@1 against wall-clock time for
+"""The SmolLM2 comparison on one clock: validation pass@1 against wall-clock time for
 every arm of ``sync_vs_async --setting smollm2`` and both sides of ``vs_trl --setting
 smollm2``, read from their committed results (nothing is rerun).
 

@@ -1,4 +1,4 @@
-"""Reward functions that fail in the ways users meet (issue 12), for
+"""Reward functions that fail in the ways users meet, for
 tests/e2e/test_reward_failures.py; specs ``tests/e2e/bad_rewards.py:<name>``."""
 
 import itertools

@@ -1,4 +1,4 @@
-"""``benchmarks/sync_vs_async/run.py --tiny``: every figure the issue asks for is in the JSON.
+"""``benchmarks/sync_vs_async/run.py --tiny``: every figure the report needs is in the JSON.
 
 A schema check on a few steps of the tiny preset, not a measurement: no number is asserted
 beyond being present and well-formed. The actors use the simulated engine

@@ -59,7 +59,7 @@ def test_ctrl_c_while_the_vllm_engine_starts_stops_everything_within_seconds(tmp
     """Ctrl-C while the actor's vLLM engine is starting (and the learner waits for it): the
     launcher stops the actor first and kills what its death left behind (the engine core
     still starting) instead of waiting out the grace period; no traceback reaches the
-    console (issue 12: it took 22 s)."""
+    console (it once took 22 s)."""
     needs_full_stack()
     run_dir = tmp_path / "run"
     proc = roles.cli("run", "run", "experiment=tiny", "learner.steps=100000", f"run_dir={run_dir}")

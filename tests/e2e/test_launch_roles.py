@@ -112,7 +112,7 @@ def test_a_waiting_learner_reports_its_wait_and_stops_promptly_on_sigterm(
 
 @pytest.mark.timeout(300)
 def test_a_second_learner_on_a_buffer_is_refused_naming_the_first(tmp_path, roles, redis_server):
-    """Issue 29: a second `launch learner` on a buffer (another run_dir) took the first one's
+    """Formerly, a second `launch learner` on a buffer (another run_dir) took the first one's
     pending groups and reset its version. Now it is refused at once, naming the holder, and
     the first learner goes on waiting."""
     first = _learner(roles, tmp_path, redis_server.url, "twolearners")

@@ -99,7 +99,7 @@ def test_nan_losses_in_a_row_fail_the_run_and_no_checkpoint_is_non_finite(tmp_pa
 @pytest.mark.timeout(150)
 def test_weights_made_non_finite_fail_the_run_before_a_sync_or_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    # learner.lr is bounded (<= 1) since issue 29; a weight decay of 1e300 makes AdamW's
+    # learner.lr is bounded (<= 1); a weight decay of 1e300 makes AdamW's
     # decay factor (1 - lr * wd) -inf in float32, so the first step's weights are non-finite
     code, out = _run(run_dir, "learner.nproc=1", "learner.steps=4", "learner.lr=1",
                      "learner.weight_decay=1e300", "learner.warmup_steps=0")  # fmt: skip
@@ -143,7 +143,7 @@ def test_a_skipped_step_is_counted_and_the_run_goes_on(tmp_path):
 
 @pytest.mark.timeout(150)
 def test_weights_that_explode_but_stay_finite_fail_the_run_naming_the_lr(tmp_path):
-    """Issue 29: ``learner.lr=1e30`` ran until the weights were 1e29, then failed on NaN steps
+    """Formerly, ``learner.lr=1e30`` ran until the weights were 1e29, then failed on NaN steps
     pointing at a checkpoint of those weights. The highest lr accepted now is 1, and at 1 the
     first step's jump in the weights' norm fails the run before a sync or checkpoint."""
     run_dir = tmp_path / "run"

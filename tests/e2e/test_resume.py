@@ -25,7 +25,7 @@ def test_a_second_run_in_the_same_directory_resumes_and_actors_follow_the_new_le
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-4000:]
     assert "resumed from" in out and "at version 6" in out, out[-3000:]
-    parts = sorted((run_dir / "config-parts").glob("part-*.json"))  # issue 29: each part kept
+    parts = sorted((run_dir / "config-parts").glob("part-*.json"))  # each part kept
     second_part = json.loads(parts[-1].read_text())
     assert len(parts) == 2 and second_part["from_version"] == 6, parts
     assert second_part["changed"] == {"learner.steps": [6, 10]}, second_part["changed"]
@@ -52,7 +52,7 @@ def test_a_second_run_in_the_same_directory_resumes_and_actors_follow_the_new_le
 
 @pytest.mark.timeout(400)
 def test_a_new_run_dir_starts_from_another_runs_checkpoint(tmp_path):
-    """``learner.resume_from=.../step_V`` (issue 30): weights, optimizer and version from that
+    """``learner.resume_from=.../step_V``: weights, optimizer and version from that
     checkpoint, in a new run_dir with its own buffer; a path that is not a checkpoint is
     refused naming it."""
     needs_full_stack()

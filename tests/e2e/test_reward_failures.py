@@ -1,4 +1,4 @@
-"""A broken reward function, as a user meets it through `asyncrl run` (issue 12): a wrong
+"""A broken reward function, as a user meets it through `asyncrl run`: a wrong
 signature stops the run at start; a reward that raises, returns a string or NaN scores 0, its
 first error of each kind is shown with the traceback and summary.json counts them; one that
 fails on most calls fails the run, naming the function, the fraction, the first error and the
@@ -157,7 +157,7 @@ def test_ctrl_c_with_a_reward_sleeping_30s_exits_within_seconds(tmp_path, roles,
     assert code == 130, proc.tail()
     _, alive = psutil.wait_procs(workers, timeout=5)
     assert not alive, f"reward worker processes outlived the run: {alive}"
-    # before issue 12: ~21 s (the actor's loop sat in the reward; the launcher's grace, then
+    # formerly ~21 s (the actor's loop sat in the reward; the launcher's grace, then
     # SIGKILL); now the actor stops at once, killing its reward worker processes (process)
     # or leaving its stuck reward threads behind (thread)
     assert took < 10, f"Ctrl-C took {took:.1f} s\n{proc.tail()}"
@@ -179,7 +179,7 @@ def _reward_workers(pid: int) -> list[psutil.Process]:
 @pytest.mark.parametrize("executor", ["process", "thread"])
 def test_slow_rewards_under_the_timeout_do_not_hold_up_weight_syncs(tmp_path, roles, executor):
     """Each reward call takes 1 s (task.reward_timeout_s=10): a group of 2 takes 2 s to score,
-    during which the learner finishes a step and sends weights. Before issue 12 that sync
+    during which the learner finishes a step and sends weights. Formerly that sync
     waited for the actor's event loop (~2 s per sync); now the actor receives at once."""
     run_dir = tmp_path / "run"
     proc = roles.cli(

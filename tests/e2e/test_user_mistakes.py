@@ -1,4 +1,4 @@
-"""Mistakes a person makes and faults a machine causes outside the role code (issue 12):
+"""Mistakes a person makes and faults a machine causes outside the role code:
 model directories that cannot be loaded, run directories that cannot be written, a full disk
 under a role's log, `asyncrl status` on a job that has ended or a directory that does not
 exist. Each gives one clear message (no traceback) and loses nothing.

@@ -1,6 +1,6 @@
-"""Fault-injection tests (issue 5): real redis-server, real processes, real signals.
+"""Fault-injection tests: real redis-server, real processes, real signals.
 
-Counts are reduced by default so ``make test`` stays well under CI's budget; the issue's full
+Counts are reduced by default so ``make test`` stays well under CI's budget; the full
 counts (50 actor kills, 20 learner restarts, 20 Redis restarts, ...) run with
 ``make test-faults-full`` (``ASYNCRL_FAULTS_FULL=1``). Every test has a hard wall-clock bound.
 """

@@ -1,4 +1,4 @@
-"""Issue 12: damage to the buffer's own state is detected, named, and never silently
+"""Damage to the buffer's own state is detected, named, and never silently
 miscounted. Each case damages a real redis-server from outside, as a user's admin client
 would, and checks what every role that touches the damaged state does:
 

@@ -1,4 +1,4 @@
-"""What a person or a machine does to a whole job (issue 12): a second job in the same run
+"""What a person or a machine does to a whole job: a second job in the same run
 directory, a SIGKILLed launcher, two Ctrl-C in quick succession, a signal in the first
 moments. Real launchers (``asyncrl run``, ``asyncrl launch buffer``) with the simulated
 engine, a real redis-server and real learner ranks.
@@ -146,7 +146,7 @@ def test_two_ctrl_c_within_0_2s_still_stop_redis_cleanly(tmp_path, roles):
 
 @pytest.mark.timeout(300)
 def test_a_ctrl_c_to_the_whole_process_group_stops_redis_last(tmp_path, roles):
-    """Issue 29: a terminal's Ctrl-C (or `timeout`, a batch scheduler) signals the launcher's
+    """A terminal's Ctrl-C (or `timeout`, a batch scheduler) signals the launcher's
     whole process group; redis-server shared it, died first, and was restarted by the buffer
     supervisor in the middle of the shutdown, so no summary.json was written. Now it runs in
     a session of its own and the launcher stops it after the roles."""

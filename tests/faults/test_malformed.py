@@ -1,6 +1,6 @@
 """Guarantee 6: malformed payloads are dead-lettered with a reason naming the defect.
 
-Seeded generators build bad stream entries of every kind the issue names (random bytes,
+Seeded generators build bad stream entries of every kind (random bytes,
 truncated Arrow IPC, wrong schema version, offsets out of range, token ids outside the
 vocabulary, length mismatches, oversized payloads, missing fields, ...). They are XADDed
 straight into a real buffer stream on a real redis-server, mixed with valid groups committed

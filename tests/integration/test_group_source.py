@@ -101,7 +101,7 @@ def _commit_at(buf: ReplayBuffer, gid: str, version: int) -> None:
 
 
 def test_a_group_newer_than_any_version_of_this_run_is_refused_naming_it(redis_client, buffer_name):
-    """Issue 29: tokens of a negative staleness are impossible from this run's actors; a group
+    """Tokens of a negative staleness are impossible from this run's actors; a group
     from versions this run's learner reached before a restart (``ceiling``) is not foreign."""
     from asyncrl.core.runtime.fatal import FatalError
 

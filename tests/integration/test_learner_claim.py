@@ -1,4 +1,4 @@
-"""One buffer, one learner (buffer/learner_claim.py; issue 29: a second learner on a buffer
+"""One buffer, one learner (buffer/learner_claim.py; a second learner on a buffer
 took the first one's groups and reset its version), on a real redis-server."""
 
 from __future__ import annotations

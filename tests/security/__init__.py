@@ -1,1 +1,1 @@
-"""Security tests (issue 5): listening sockets, no pickle, config targets, sandbox."""
+"""Security tests: listening sockets, no pickle, config targets, sandbox."""

@@ -334,7 +334,7 @@ print("INSPECTED", info.architecture, sorted(os.listdir(os.path.join(root, "mode
 @pytest.mark.vllm
 @pytest.mark.timeout(180)
 def test_guard_lets_vllm_read_its_own_model_inspection_on_a_fresh_cache():
-    """Issue 11: on a machine without vLLM's model-info cache, vLLM unpickles its own
+    """On a machine without vLLM's model-info cache, vLLM unpickles its own
     inspection child's answer while our actor's frames are on the stack. That is not one of
     our wires: the one call site is exempt (wireguard.ALLOWED_CALL_SITES). Without the
     exemption the guard blocks it, so this test would notice a guard that stopped looking."""

@@ -241,7 +241,7 @@ class RedisServer:
                 cmd = self._wrap([exe, str(self.conf_path)])
                 # a session of its own: a signal to the launcher's whole process group (a
                 # terminal's Ctrl-C, `timeout`, a batch scheduler) must not stop Redis before
-                # the launcher has stopped the roles (issue 29); it still dies with the
+                # the launcher has stopped the roles; it still dies with the
                 # launcher (``wrap``: asyncrl/core/runtime/lifeline.py) and is stopped by ``stop()``
                 self._proc = subprocess.Popen(
                     cmd, stdout=log, stderr=log, pass_fds=self._pass_fds, start_new_session=True

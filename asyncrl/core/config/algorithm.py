@@ -106,7 +106,7 @@ class AlgorithmConfig:
     reward shaping and the advantage."""
     truncated_reward: float = 0.0
     """penalize: the reward a truncated completion gets (0 = scored as a failed answer)."""
-    # -- tokens older than buffer.max_staleness (learner/algo/stale_tokens.py; issue 31)
+    # -- tokens older than buffer.max_staleness (learner/algo/stale_tokens.py)
     stale_tokens: str = "drop_group"
     """``drop_group``: a group is trained or dropped whole by its oldest token. ``mask``: it is
     admitted while its newest token is within ``buffer.max_staleness``, and each older token

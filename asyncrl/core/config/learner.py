@@ -138,7 +138,7 @@ class LearnerConfig:
     """Checkpoint (and ack trained groups) every this many steps; 0 = only at the end."""
     resume_from: str = ""
     """A checkpoint directory (``.../checkpoints/step_<V>``) to start a new run_dir from: its
-    weights, optimizer state and version V (issue 30). Used only when this run_dir has no
+    weights, optimizer state and version V. Used only when this run_dir has no
     checkpoint of its own (then that one is resumed, as always); the buffer's state (acked
     groups, tallies) belongs to the other run and is not carried over."""
     keep_checkpoints: int = 0

@@ -40,7 +40,7 @@ class TaskConfig:
     """Where an actor runs reward calls, off its event loop (actors/rewards/scoring.py). ``auto`` (the
     addition task's): ``inline`` for the built-in addition reward (``INLINE_SAFE_REWARDS``),
     ``process`` for any other, so a user's reward on the demo task is isolated and timed out
-    (issue 29: it ran inline, and ``os._exit`` in it killed the actor). ``process``
+    (it ran inline, and ``os._exit`` in it killed the actor). ``process``
     (default): worker processes, each calling the function one call at a time in its main
     thread, so it need not be thread-safe, CPU-bound Python (math-verify) runs in parallel,
     signal-based timeouts work and a timed-out call is killed; fields and results travel as

@@ -19,7 +19,7 @@ Scope (documented in docs/reliability.md, Security):
   time a machine sees an architecture, and reads the child's answer back with pickle from a
   file in a ``TemporaryDirectory`` (mode 0700) it created a moment before; the answer is then
   cached as JSON under ``$VLLM_CACHE_ROOT/modelinfos``. Only a machine without that cache
-  takes this path (issue 11: CI with a warm cache hid it). The exemption matches the file
+  takes this path (CI with a warm cache hid it). The exemption matches the file
   *and* the function name of the unpickler's direct caller, so our own code calling pickle
   (or any other vLLM function doing so on our behalf) is still blocked. And torch's compile
   cache (``torch/_inductor/codecache.py``): ``torch.compile`` (flex attention in the packed

@@ -69,7 +69,7 @@ def run(torchrun_main) -> None:
     agent having stopped the ranks by then: a SIGTERM/SIGINT (the launcher stopping the job)
     exits ``128 + signal``; a failed rank (``ChildFailedError``: the rank printed its own
     traceback above) exits 1, as torchrun does, without the agent's traceback and report box
-    (issue 29: they reached the console on every learner failure)."""
+    (they reached the console on every learner failure)."""
     import signal
 
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -1,4 +1,4 @@
-"""Stale tokens, per token (``algorithm.stale_tokens``; issue 31; docs/algorithms.md).
+"""Stale tokens, per token (``algorithm.stale_tokens``; docs/algorithms.md).
 
 With ``actor.update_mode=keep`` one completion can span several policy versions: a long answer
 started two versions ago is mostly fresh tokens behind a stale head. ``token_versions`` is a

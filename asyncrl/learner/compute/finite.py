@@ -7,7 +7,7 @@
                 a huge lr) -> fail before the weights are synced or checkpointed
     checkpoint: ``save_checkpoint`` checks the weights again before it writes anything
     jump:       the weights' norm grew more than ``learner.max_weight_norm_jump`` times in one
-                step (finite but exploded, e.g. ``learner.lr=1e30`` reached 1e29: issue 29)
+                step (finite but exploded, e.g. ``learner.lr=1e30`` reached 1e29)
                 -> fail before the weights are synced or checkpointed, naming learner.lr
 
 Every decision is collective and the same on every rank (FSDP2 ranks must take the same

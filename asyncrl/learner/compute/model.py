@@ -116,7 +116,7 @@ def fsdp_wanted(compute_dtype: str = "float32", offload: bool = False) -> bool:
     """Whether a learner model is FSDP2-sharded: under a process group of 2+ ranks, or on one
     rank for what only FSDP2 gives it (a 16-bit ``compute_dtype`` over float32 master weights,
     CPU offload). One float32 rank trains the plain module: there FSDP2's hooks shard nothing
-    and only cost time (issue 17: the demo's default is one rank)."""
+    and only cost time (the demo's default is one rank)."""
     if not dist.is_initialized():
         return False
     return dist.get_world_size() > 1 or compute_dtype != "float32" or offload

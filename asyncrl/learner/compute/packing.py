@@ -7,7 +7,7 @@ A micro-batch of ``k`` right-padded rows ``input_ids [k, width]`` becomes one ro
           [b0 b1 b2 b3 ]      pos     [ 0  1  2  0  1  2  3]
 
 Restarting position ids alone do not stop a token from attending to the rows packed before
-it (measured on an H100 with transformers 5.17, sdpa and flex_attention: issue 15), so every
+it (measured on an H100 with transformers 5.17, sdpa and flex_attention), so every
 attention gets an explicit document mask, causal within a row and nothing across rows:
 
   ``flash_attention_2``  no mask: transformers sees the restarting position ids and calls

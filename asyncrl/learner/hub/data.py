@@ -33,7 +33,7 @@ read, an empty read after it means nothing more can arrive, so ``next_batch`` ra
 ``DataExhausted`` (a ``StopRequested``: the loop ends with its final checkpoint, like on a
 stop). The groups of a last, partial batch stay pending (verl's ``drop_last``).
 
-Versions ahead of the learner (issue 29): actors only hold weights the learner sent, so no
+Versions ahead of the learner: actors only hold weights the learner sent, so no
 token is newer than the learner's version V, or than ``ceiling``, the version this run's
 learner had reached before this one started (a learner restarted from an older checkpoint
 meets groups of the versions it rolled back; learner/hub/hub.py recognises the run by its

@@ -128,7 +128,7 @@ class Hub:
         cfg, pub = self.cfg, self.publisher
         run, meta, ceiling = str(self.run_dir.resolve()), self.buffer.meta(), None
         if meta.get("learner_run_dir") == run:  # a restart of this run: the versions it sent
-            sent = int(meta.get("weights_sent_max", -1))  # before are not foreign (issue 29)
+            sent = int(meta.get("weights_sent_max", -1))  # before are not foreign
             ceiling = pub.sent_max = max(sent, self.buffer.learner_version())
         self.buffer.set_meta(
             **pub.meta(),
@@ -344,7 +344,7 @@ def _say(text: str) -> None:
 
 def _claim_buffer(buffer: LearnerBuffer, name: str, run_dir: str, lost, say):
     """This learner's ``LearnerClaim`` on the buffer, renewed from now on; ``FatalError``
-    naming the holder when another run's learner has it (issue 29)."""
+    naming the holder when another run's learner has it (one learner per buffer)."""
     from asyncrl.buffer.learner_claim import ClaimRefused, LearnerClaim
     from asyncrl.core.runtime.fatal import FatalError
 

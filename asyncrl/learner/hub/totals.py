@@ -5,7 +5,7 @@ resumed run's summary covers the whole run (as its steps and rewards do).
 group and per token, reward errors), what the learner read (trained or dropped as stale or
 uniform: the generated groups that reached it) and the weight syncs; ``to_dict`` adds the
 learner's seconds per state and its training wall time to those saved before a resume
-(``restore``), and the two admission figures of issue 31:
+(``restore``), and the two admission figures (stale tokens and admission):
 
     trained_token_frac  trained completion tokens / read completion tokens
     length_bias         trained mean completion length / read mean completion length
@@ -104,7 +104,8 @@ class RunTotals:
         self.trained = dict(saved["trained_totals"])
         self.sync.update(saved.get("weight_sync", {}))  # absent before 2026-11-23
         self.reward_errors = RewardErrorTally(saved.get("reward_errors"))  # absent: from 0
-        hist = saved.get("trained_token_staleness_histogram", {})  # absent before issue 31
+        # absent in checkpoints written before the per-token staleness histogram
+        hist = saved.get("trained_token_staleness_histogram", {})
         self.token_staleness = {int(k): n for k, n in hist.items()}
         self.read = dict(saved.get("read_totals", self.read))
         self.masked_stale = saved.get("trained_tokens_masked_stale", 0)  # absent: none masked

@@ -164,7 +164,7 @@ def _files(root: Path) -> list[Path]:
 
 
 def write_manifest(root: Path) -> None:
-    """``root/manifest.json``: each file's size and checksum (issue 29: a truncated shard
+    """``root/manifest.json``: each file's size and checksum (a truncated shard
     otherwise meets torch's bare "checkpoint file is corrupted" on resume)."""
     files = {
         str(p.relative_to(root)): {"bytes": p.stat().st_size, "xxh3": _xxh3(p)}
@@ -226,7 +226,7 @@ LOW_SPACE_BYTES = 64 << 20
 def disk_full(e: BaseException | None, where: Path) -> bool:
     """``e`` (or an error it came from) is ENOSPC/EDQUOT, or ``where``'s file system has less
     than ``LOW_SPACE_BYTES`` free: torch's checkpoint writer reports a full disk as
-    "unexpected pos 704 vs 598", not as ENOSPC (issue 29)."""
+    "unexpected pos 704 vs 598", not as ENOSPC."""
     import errno
 
     while e is not None:
@@ -276,7 +276,7 @@ def export_hf(
     """Collective: write the full weights as safetensors plus the source's config/tokenizer
     files, in ``dtype`` (the training dtype; floating tensors only; None keeps float32).
 
-    Shard by shard (issue 30): every rank takes part in each tensor's gather, but only rank 0
+    Shard by shard: every rank takes part in each tensor's gather, but only rank 0
     keeps it, and only until its shard (at most ``shard_bytes``) is written, so no rank holds
     a host copy of the whole model (``shard_bytes``: default ``SHARD_BYTES``). One shard is
     ``model.safetensors``; several are ``model-0000i-of-0000N.safetensors`` with

@@ -77,7 +77,7 @@ class ChannelOptions:
 
 class ActorWeightChannel:
     """Learner rank 0's weight channel to the actors: the control plane + a transport
-    ``Sender`` whose group is re-formed when a receiver dies (issue 5, guarantee 8).
+    ``Sender`` whose group is re-formed when a receiver dies (docs/reliability.md, guarantee 8).
 
     One try of ``attempt(named, version, n)`` (``sync`` loops over tries for callers in one
     process):

@@ -1,4 +1,4 @@
-"""A run resumed with another configuration (issue 29): ``algorithm=rloo`` after grpo, or another
+"""A run resumed with another configuration: ``algorithm=rloo`` after grpo, or another
 ``learner.batch_groups``, silently mixed the two, and ``config.json`` was overwritten, so the
 run directory no longer said what its first part had used.
 

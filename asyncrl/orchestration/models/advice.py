@@ -2,7 +2,7 @@
 
 The demo's values (lr 2e-4, 8-token answers) are right for its 0.75M-parameter character model
 and wrong for a pretrained one: at lr 2e-4 SmolLM2-135M-Instruct sent every validation answer
-to the length limit within 10 steps (issue 27). The model presets (configs/model/) carry their
+to the length limit within 10 steps. The model presets (configs/model/) carry their
 own values; these checks catch an override or a hand-made config that brings the toy's back.
 They warn rather than refuse: a user may mean it (docs/models.md says how to choose).
 """
@@ -15,7 +15,7 @@ from asyncrl.core.config.job import Config
 
 MAX_PRETRAINED_LR = 1e-4
 """Far above verl's and TRL's GRPO default (1e-6) and 10x model=smollm2's 1e-5; at 2e-4
-SmolLM2-135M's answers all ran to the length limit within 10 steps (issue 27)."""
+SmolLM2-135M's answers all ran to the length limit within 10 steps."""
 MIN_PRETRAINED_TOKENS = 32
 """Below this, most answers of a pretrained chat model are cut at the limit."""
 

@@ -1,4 +1,4 @@
-"""A model directory checked as one unit before anything starts (issue 29): its config, its
+"""A model directory checked as one unit before anything starts: its config, its
 weights, its tokenizer, and the tokenizer's size against the model's vocabulary."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenize
 
 def check_tokenizer(path: Path, key: str, vocab_size: int) -> None:
     """Raise naming the fix when ``path`` has no tokenizer, or one whose ids run past the
-    model's ``vocab_size`` embedding rows (issue 29: without tokenizer files transformers
+    model's ``vocab_size`` embedding rows (without tokenizer files transformers
     built an empty tokenizer, every prompt was empty, and the run hung or crashed later)."""
     if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         raise FileNotFoundError(

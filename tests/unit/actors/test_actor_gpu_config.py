@@ -1,4 +1,4 @@
-"""The vLLM actor's engine and sampling options (issue 16, part 3), without starting vLLM.
+"""The vLLM actor's engine and sampling options, without starting vLLM.
 
 ``engine_kwargs`` turns the ``actor.*`` engine keys into ``AsyncEngineArgs`` for the platform
 (CPU vs GPU passed in); ``sampling_kwargs`` builds ``SamplingParams`` arguments (top-k off,

@@ -151,7 +151,7 @@ def test_long_prompts_are_dropped_at_load_counted_and_one_is_shown(tmp_path, mod
 
 
 def test_empty_prompts_are_dropped_at_load_counted_and_one_is_shown(tmp_path, model_dir):
-    """Issue 29: an empty prompt reached vLLM ("decoder prompt cannot be empty") 89 s in."""
+    """Formerly, an empty prompt reached vLLM ("decoder prompt cannot be empty") 89 s in."""
     rows = [{"prompt": p, "answer": "x"} for p in ("12", "", "  ", "34")]
     chats = [{"prompt": [{"role": "user", "content": c}], "answer": "x"} for c in (" ", "")]
     f = write_parquet(tmp_path / "t.parquet", rows)

@@ -1,4 +1,4 @@
-"""Where completions end (issue 27, "Stopping"): the union of the generation config's EOS ids,
+"""Where completions end: the union of the generation config's EOS ids,
 the tokenizer's EOS and the chat template's end-of-turn token (``asyncrl.actors.engine.stop_tokens``), passed
 as ``stop_token_ids`` of every request (``asyncrl.actors.engine.args.sampling_kwargs``,
 ``ActorEngine.generate``), on real tokenizers and model directories written here and on a

@@ -1,5 +1,5 @@
 """benchmarks/sync_vs_async/run.py's arms: one async arm per staleness bound,
-``algorithm.stale_tokens`` option and ``buffer.admission`` (issue 31's ablation), the
+``algorithm.stale_tokens`` option and ``buffer.admission``, the
 default's names unchanged."""
 
 from __future__ import annotations

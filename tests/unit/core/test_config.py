@@ -36,7 +36,7 @@ def test_default_is_the_cpu_demo():
     cfg = load_config()
     assert cfg.model.path == "demo"
     assert cfg.mode.name == "async"
-    assert cfg.learner.nproc == 1  # one rank pinned apart from the actor (issue 17)
+    assert cfg.learner.nproc == 1  # one rank pinned apart from the actor
     assert (cfg.learner.cpu_affinity, cfg.actor.cpu_affinity) == ("auto", "auto")
 
 
@@ -109,7 +109,7 @@ def test_task_names_match_the_prompt_sources():
 
 
 def test_a_reward_of_yours_on_the_demo_task_runs_isolated_unless_asked_otherwise():
-    """Issue 29: task.reward_fn on the addition task kept the inline executor (no timeout, and
+    """Formerly, task.reward_fn on the addition task kept the inline executor (no timeout, and
     os._exit in the reward killed the actor); auto now means inline for the built-in only."""
     from asyncrl.orchestration.models.advice import model_warnings
 

@@ -1,4 +1,4 @@
-"""The ``sampling`` group (issue 28): one home for what the actors sample and the learner
+"""The ``sampling`` group: one home for what the actors sample and the learner
 scores; the keys it took from ``actor`` are refused naming their new place, and a run
 directory written before reads with them moved."""
 

@@ -1,4 +1,4 @@
-"""The HF export of a checkpoint (issue 30): in the training dtype, shard by shard (only rank
+"""The HF export of a checkpoint: in the training dtype, shard by shard (only rank
 0 keeps a tensor, and only until its shard is written), named as ``save_pretrained`` names
 shards, and loaded back by transformers with the same values."""
 

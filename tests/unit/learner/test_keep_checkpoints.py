@@ -1,4 +1,4 @@
-"""``learner.keep_checkpoints=N`` (issue 30): the newest N complete checkpoints stay, older
+"""``learner.keep_checkpoints=N``: the newest N complete checkpoints stay, older
 ones go right after a new one is sealed; incomplete directories are never counted."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _sealed(root, v: int):
 
 
 def test_a_truncated_shard_is_named_and_resume_falls_back_to_the_one_before(tmp_path):
-    """Issue 29: a truncated shard met torch's bare "checkpoint file is corrupted", with no
+    """Formerly, a truncated shard met torch's bare "checkpoint file is corrupted", with no
     path and no fallback."""
     import pytest
 

@@ -248,7 +248,7 @@ def test_kl_estimators_match_verl(ours_name, verl_name):
 
 
 def test_k1_k2_keep_their_gradient_beyond_20_nats_and_k3_is_clamped_as_verl():
-    """Decision (issue 15): no clamp on k1/k2, so the tokens that drifted furthest still get
+    """Decision: no clamp on k1/k2, so the tokens that drifted furthest still get
     the full gradient; k3 keeps verl's clamps (x at +-20 before exp, the value at 10)."""
     lp = KL_LP.clone().requires_grad_(True)
     x = KL_X[0]
@@ -369,7 +369,7 @@ def gae_batch(seed: int = 2):
 @pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
 def test_gae_matches_verl(gamma, lam):
     """Returns equal verl's; raw advantages equal verl's returns - values (verl always whitens);
-    whitened: ours = (A - mean)/(std + 1e-6) with the SAMPLE std (the decision of issue 15),
+    whitened: ours = (A - mean)/(std + 1e-6) with the SAMPLE std (our decision),
     verl = (A - mean) * rsqrt(var + 1e-8) with the sample var (convention: eps placement)."""
     mask, rewards, values = gae_batch()
     m, mi = mask, mask.long()  # verl's response_mask: int64 (a slice of the attention mask)
@@ -574,7 +574,7 @@ def test_gspo_matches_areal_sequence_level_ratio(clip_c):
 
 
 def test_default_dual_clip_is_verls_and_bounds_stale_negative_tokens():
-    """Decision (issue 15): clip_c defaults to 3 (verl's). A token with A < 0 whose ratio ran to
+    """Decision: clip_c defaults to 3 (verl's). A token with A < 0 whose ratio ran to
     10 adds at most -3 A and no gradient; clip_c=None (config null) restores -10 A."""
     from asyncrl.core.config.job import AlgorithmConfig
     from asyncrl.core.config.load import load_config

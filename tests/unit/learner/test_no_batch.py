@@ -1,4 +1,4 @@
-"""A run that ends before its first step says why (issue 29: with every group dropped for an
+"""A run that ends before its first step says why (with every group dropped for an
 infinite reward, the message blamed ``learner.max_wall_s=0``, which means no limit)."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_the_text_names_each_drop_reason_and_its_fix():
 
 
 def test_a_full_disk_is_recognised_through_torchs_own_error(tmp_path, monkeypatch):
-    """Issue 29: torch's checkpoint writer said "unexpected pos 704 vs 598" on a full disk."""
+    """Torch's checkpoint writer said "unexpected pos 704 vs 598" on a full disk."""
     import errno
 
     from asyncrl.learner.state import checkpoint

@@ -1,4 +1,4 @@
-"""``algorithm.stale_tokens`` (issue 31; learner/algo/stale_tokens.py): tokens older than the bound
+"""``algorithm.stale_tokens`` (learner/algo/stale_tokens.py): tokens older than the bound
 leave the loss under ``mask``, the rest of their completion trains; groups are admitted by
 their newest token then. Under ``interpolate`` every token trains with a proximal log-prob
 estimated from its own version (A-3PO). Closed-form cases, and each step's equivalence with a

@@ -1,4 +1,4 @@
-"""Completions cut at the length limit (issue 27, "Stopping"): ``response/clip_ratio`` counts
+"""Completions cut at the length limit: ``response/clip_ratio`` counts
 them, ``algorithm.truncated`` keeps, masks or penalizes them (learner/algo/truncation.py).
 
 Closed forms worked by hand for the pure functions and the aggregation; then the real step on

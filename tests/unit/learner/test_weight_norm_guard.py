@@ -1,4 +1,4 @@
-"""The weight-norm jump guard (issue 29: ``learner.lr=1e30`` trained until the weights were
+"""The weight-norm jump guard (``learner.lr=1e30`` trained until the weights were
 1e29 and the failure pointed at a checkpoint of them)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One GPU for the learner and a vLLM actor (issue 30, item 1): the memory split is checked with
+"""One GPU for the learner and a vLLM actor: the memory split is checked with
 numbers before anything starts (asyncrl/orchestration/placement/share.py), the launcher reads the GPU's memory
 and the model's size for it (asyncrl/orchestration/placement/gpus.py, model_dir.py), and the learner
 caps its own allocations (learner/compute/device.py). No GPU here: nvidia-smi's text and torch.cuda

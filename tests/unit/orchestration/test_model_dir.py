@@ -1,5 +1,5 @@
 """``check_model_dir`` checks a model directory as one unit before anything starts: config,
-weights, tokenizer, and the tokenizer's size against the model's vocabulary (issue 29)."""
+weights, tokenizer, and the tokenizer's size against the model's vocabulary."""
 
 from __future__ import annotations
 

@@ -241,12 +241,12 @@ def test_bad_gpu_keys_name_the_problem(overrides, message):
 
 
 def test_an_actor_gets_one_gpu_per_tensor_parallel_worker():
-    """Derived, not a second key that had to match (issue 28)."""
+    """Derived, not a second key that had to match."""
     assert load_config([]).actor.gpus_per_actor == 1
     assert load_config(["actor.tensor_parallel_size=2"]).actor.gpus_per_actor == 2
 
 
-# --- the layouts users have (issue 30) ---
+# --- the layouts users have ---
 
 
 @pytest.mark.parametrize(("n", "layout"), [(8, "node8"), (4, "node4"), (2, "node2")])
@@ -276,7 +276,7 @@ def test_too_many_gpus_asked_proposes_the_layout_that_fits():
     assert one.endswith("or for the learner and one vLLM actor sharing the GPU: layout=gpu1")
 
 
-# --- one GPU for both (issue 30, item 1) ---
+# --- one GPU for both ---
 
 
 def test_layout_gpu1_puts_the_learner_and_the_actor_on_the_one_gpu():

@@ -1,4 +1,4 @@
-"""A run resumed with another configuration (issue 29): every part's config is kept with the
+"""A run resumed with another configuration: every part's config is kept with the
 version it started from; a change of what the run means is refused unless asked for."""
 
 from __future__ import annotations

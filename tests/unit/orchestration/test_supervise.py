@@ -142,7 +142,7 @@ def _child_failed(rank: int, exitcode: int):
 
 @pytest.mark.parametrize(("exitcode", "how"), [(1, "exit code 1"), (-9, "signal SIGKILL")])
 def test_a_failed_rank_ends_torchrun_with_one_line_and_no_traceback(capsys, exitcode, how):
-    """Issue 29: torchrun's own traceback and report box reached the console on every learner
+    """Formerly, torchrun's own traceback and report box reached the console on every learner
     failure; the rank's traceback above says what happened."""
     from asyncrl.core.runtime import torchrun
 
