@@ -1,3 +1,10 @@
-"""The core layer: types, config, wire formats, transports and process helpers that every
-other part of asyncrl imports (docs/architecture.md, "Code layers"). It imports nothing of
-asyncrl's buffer, roles or orchestration."""
+"""The core layer, which every other part of asyncrl imports and which imports none of them
+(docs/architecture.md, "The map"). Its rooms, lowest first:
+
+    types.py   the shared records: ``Sample``, ``Group``
+    config/    the schema (a dataclass per Hydra group), loading and checks
+    runtime/   fatal errors, waits with deadlines, lifelines, the run directory
+    observe/   Prometheus metrics, experiment trackers
+    net/       the control plane, the metrics endpoints' registry, the no-pickle guard
+    weights/   the weight stream's format and its transports (gloo, shm, nccl)
+"""

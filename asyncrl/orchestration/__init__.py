@@ -1,6 +1,9 @@
-"""The top layer: the CLI, jobs, the launcher, status and the demo. It imports the roles
-(``actors``, ``learner``) and the buffer; nothing below imports it.
+"""The top layer: the ``asyncrl`` CLI and what it starts. It imports the roles (``actors``,
+``learner``) and the buffer; nothing imports it. Its rooms, lowest first:
 
-Layers, each importing only those before it: ``asyncrl`` core (types, config, wire formats) <
-``buffer`` < roles (``actors``, ``learner``) < ``asyncrl.orchestration``.
+    models/     ``model.path`` found, checked, advised on
+    demo/       the demo's own tokenizer, model and warm start
+    placement/  which GPUs each process of a node gets
+    launch/     ``asyncrl run`` / ``asyncrl launch``: checks, buffer, roles, supervision
+    cli.py, status.py
 """
