@@ -4,10 +4,8 @@
 ``nccl``) and the control plane. It decides who is in the weight group, tells each member
 where to join (``weights_init``), announces each version (``update``) and re-forms the group
 when a receiver dies. The transport moves the bytes; nothing here depends on which one.
-
-For code written against vLLM's own trainer API, ``asyncrl.learner.vllm_trainer`` wraps the gloo
-sender as vLLM's ``TrainerWeightTransferEngine`` (a module of its own, so importing the
-learner does not import vLLM).
+The learner never goes through vLLM's trainer-side weight-transfer API: only the receiving
+end is registered in vLLM (asyncrl/actors/weights/plugin.py).
 """
 
 from __future__ import annotations
