@@ -28,7 +28,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     from asyncrl.actors.rewards.loading import check_signature, load_reward_fn, preflight
     from asyncrl.actors.rewards.scoring import RewardErrorRate
     from asyncrl.buffer.connection import BufferUnavailable, connect
-    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
     from asyncrl.core.net.control import ControlClient
     from asyncrl.core.runtime.faults import failpoint
     from asyncrl.core.runtime.heap import freeze_startup_heap
@@ -41,7 +41,10 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     preflight(reward_fn)  # e.g. no sandbox for model-written code: fail now, not score 0
     failpoint("actor.start", actor_id=actor_id)  # tests: an actor that dies at start
     buffer = ReplayBuffer(
-        connect(url), b.name, b.capacity, b.lease_ttl_s, reconnect_s=b.reconnect_s
+        connect(url),
+        b.name,
+        b.capacity,
+        BufferOptions(lease_ttl_s=b.lease_ttl_s, reconnect_s=b.reconnect_s),
     )
     # the data the buffer's prompt cursors count in: FatalError if it changed since they began
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)

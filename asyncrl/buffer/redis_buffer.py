@@ -28,6 +28,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import redis
 
@@ -71,6 +72,30 @@ __all__ = ["TERMINAL_STATES", "BufferDamaged", "Entry", "LeaseExpired", "ReplayB
 
 class LeaseExpired(RuntimeError):
     """A commit came after its lease expired and the buffer had no free slot: not stored."""
+
+
+@dataclass(frozen=True)
+class BufferOptions:
+    """How one process uses the buffer, past its name and capacity (config: ``buffer.*``)."""
+
+    lease_ttl_s: float = 60.0
+    """A leased slot not committed within this is freed (its actor presumed dead)."""
+    consumer_group: str = "learner"
+    """The Redis Streams consumer group the learner reads with."""
+    max_payload_bytes: int = DEFAULT_MAX_BYTES
+    """A group larger than this is refused at commit and dead-lettered at read."""
+    reconnect_s: float = 5.0
+    """How long a call retries a lost Redis before it fails (``BufferUnavailable``)."""
+    max_deliveries: int = 3
+    """A payload delivered this often without an ack is poison: dead-lettered, counted."""
+
+    def __post_init__(self) -> None:
+        if self.lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be > 0, got {self.lease_ttl_s}")
+        if self.max_deliveries < 1:
+            raise ValueError(f"max_deliveries must be >= 1, got {self.max_deliveries}")
+        if not self.consumer_group:
+            raise ValueError("name and consumer_group must be non-empty")
 
 
 class ReplayBuffer:
@@ -124,23 +149,22 @@ class ReplayBuffer:
         client: redis.Redis,
         name: str,
         capacity: int,
-        lease_ttl_s: float = 60.0,
-        consumer_group: str = "learner",
-        max_payload_bytes: int = DEFAULT_MAX_BYTES,
-        reconnect_s: float = 5.0,
-        max_deliveries: int = 3,
+        options: BufferOptions | None = None,
+        *,
         stop: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``capacity``: the admission limit (leased + unread slots); ``options``: leases,
+        retries and payload bounds (``BufferOptions``' defaults when None); ``stop``: ends a
+        reconnect wait (a role sets it to its stop flag)."""
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if lease_ttl_s <= 0:
-            raise ValueError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
-        if max_deliveries < 1:
-            raise ValueError(f"max_deliveries must be >= 1, got {max_deliveries}")
-        if not name or not consumer_group:
+        if not name:
             raise ValueError("name and consumer_group must be non-empty")
         if client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ValueError("ReplayBuffer needs a client with decode_responses=False (payloads)")
+        o = options or BufferOptions()
+        lease_ttl_s, consumer_group, reconnect_s = o.lease_ttl_s, o.consumer_group, o.reconnect_s
+        max_deliveries, max_payload_bytes = o.max_deliveries, o.max_payload_bytes
         self.lease_ttl_s = lease_ttl_s
         self.store = BufferStore(client, name, consumer_group, capacity, reconnect_s, stop)
         self.reads = StreamReads(self.store, max_deliveries, max_payload_bytes)

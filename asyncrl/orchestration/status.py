@@ -100,13 +100,13 @@ def _ended_run(cfg: Config) -> str | None:
 
 def render_status(cfg: Config, window_s: float = _WINDOW_S) -> str:
     from asyncrl.buffer.connection import connect, mask_url
-    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
 
     url, name = job_url(cfg), cfg.buffer.name
     client = connect(url)
     # the job's own capacity: constructing ReplayBuffer with ours would overwrite it
     capacity = int(client.hget(f"{name}:meta", "capacity") or cfg.buffer.capacity)
-    buf = ReplayBuffer(client, name, capacity, cfg.buffer.lease_ttl_s)
+    buf = ReplayBuffer(client, name, capacity, BufferOptions(lease_ttl_s=cfg.buffer.lease_ttl_s))
     stats, meta, leases = buf.stats(), buf.meta(), buf.leases_by_actor()
     endpoints = sorted(read_endpoints(client, name).values(), key=lambda e: _role_order(e.role))
     here = Place.here()

@@ -122,13 +122,15 @@ class Reader(threading.Thread):
 def test_actor_sigkill_storm_loses_and_duplicates_nothing(
     redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path, roles
 ):
-    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
 
     kills = fault_count(10, 50)
     run_dir = tmp_path / "run"
     cfg = write_config(run_dir, buffer_name)
     k = cfg.actor.num_actors
-    buf = ReplayBuffer(redis_client, buffer_name, cfg.buffer.capacity, LEASE_TTL_S)
+    buf = ReplayBuffer(
+        redis_client, buffer_name, cfg.buffer.capacity, BufferOptions(lease_ttl_s=LEASE_TTL_S)
+    )
     buf.set_learner_version(0)
     reader = Reader(buf, N_SAMPLES)
     reader.start()
@@ -202,7 +204,7 @@ def test_vllm_actor_sigkilled_once_is_restarted_and_resumes(
     predecessor had claimed, each once."""
     import psutil
 
-    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
     from tests.e2e.conftest import needs_full_stack
     from tests.faults.test_supervision import Launcher, procs_mentioning
 
@@ -214,7 +216,7 @@ def test_vllm_actor_sigkilled_once_is_restarted_and_resumes(
         "actor.max_inflight=4", "buffer.capacity=4", "buffer.lease_ttl_s=5", "metrics_port=0",
         f"run_dir={run_dir}",
     )  # fmt: skip
-    buf = ReplayBuffer(redis_client, buffer_name, 4, 5.0)
+    buf = ReplayBuffer(redis_client, buffer_name, 4, BufferOptions(lease_ttl_s=5.0))
     buf.set_learner_version(0)
     reader = Reader(buf, 8)
     reader.start()

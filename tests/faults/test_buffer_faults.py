@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
 from asyncrl.core.config.load import config_to_json
 from tests.faults.test_actor_kills import N_SAMPLES, assert_conserved, spawn_actor, write_config
 from tests.roles import Roles
@@ -108,7 +108,7 @@ def test_backpressure_blocks_real_actors_and_loses_nothing(
     cfg.buffer.capacity, cfg.buffer.lease_ttl_s = CAPACITY, LEASE_TTL_S
     (run_dir / "config.json").write_text(config_to_json(cfg))
     vocab = json.loads((Path(sim_model_dir) / "config.json").read_text())["vocab_size"]
-    buf = ReplayBuffer(redis_client, buffer_name, CAPACITY, LEASE_TTL_S)
+    buf = ReplayBuffer(redis_client, buffer_name, CAPACITY, BufferOptions(lease_ttl_s=LEASE_TTL_S))
     buf.set_learner_version(0)
     url = redis_server.url_for("actor")  # actors use the least-privilege actor ACL user
     k = cfg.actor.num_actors

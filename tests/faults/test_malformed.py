@@ -24,7 +24,7 @@ import pytest
 
 from asyncrl.buffer.codec import encode_group
 from asyncrl.buffer.connection import connect
-from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
 from asyncrl.buffer.testing import add_as_committed, random_group
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis]
@@ -289,7 +289,9 @@ def test_malformed_payloads_are_dead_lettered_with_a_reason(redis_server, counts
     n_bad = counts(360, 1200)
     rng = random.Random(SEED)
     name = f"malformed-{os.getpid()}-{time.monotonic_ns()}"
-    buf = ReplayBuffer(connect(redis_server.url), name, 10_000, max_payload_bytes=MAX_BYTES)
+    buf = ReplayBuffer(
+        connect(redis_server.url), name, 10_000, BufferOptions(max_payload_bytes=MAX_BYTES)
+    )
     expected: dict[str, tuple[str, str]] = {}  # entry id -> (generator, reason regex)
     valid: dict[str, object] = {}  # group id -> Group
     delivered: dict[str, object] = {}

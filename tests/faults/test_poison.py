@@ -22,7 +22,7 @@ import pytest
 
 from asyncrl.buffer.codec import decode_group
 from asyncrl.buffer.connection import connect
-from asyncrl.buffer.redis_buffer import ReplayBuffer
+from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
 from asyncrl.buffer.testing import random_group
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis]
@@ -45,7 +45,7 @@ def _learner_main(url: str, name: str, acked_log: str) -> int:
     """One learner life: resume, train batches, ack every CKPT_EVERY steps; 0 when drained."""
     from asyncrl.learner.hub.data import GroupSource
 
-    buf = ReplayBuffer(connect(url), name, CAPACITY, max_deliveries=MAX_DELIVERIES)
+    buf = ReplayBuffer(connect(url), name, CAPACITY, BufferOptions(max_deliveries=MAX_DELIVERIES))
     # random_group's tokens come from versions 0-5: a learner of this run reached 5 before
     source = GroupSource(buf, "learner", VOCAB, max_staleness=1000, timeout_s=5.0, ceiling=5)
     source.resume()
@@ -85,7 +85,9 @@ def test_poison_group_is_dead_lettered_after_max_deliveries(
 ):
     rounds, n_valid = counts(1, 3), 6
     rng = random.Random(20261122)
-    buf = ReplayBuffer(connect(redis_server.url), buffer_name, CAPACITY, max_deliveries=3)
+    buf = ReplayBuffer(
+        connect(redis_server.url), buffer_name, CAPACITY, BufferOptions(max_deliveries=3)
+    )
     poison, valid, crashes = [], [], []
     acked_log, t0 = tmp_path / "acked.txt", time.monotonic()
     for r in range(rounds):  # one poison group per round, amid valid ones

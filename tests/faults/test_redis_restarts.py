@@ -47,10 +47,12 @@ def _committed_in_redis(run_dir: Path) -> int:
 def _buffer(url: str):
     """A ReplayBuffer on ``url`` that rides out a restart (retries for ``RECONNECT_S``)."""
     from asyncrl.buffer.connection import connect
-    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
 
     client = connect(url, timeout_s=RECONNECT_S, socket_timeout_s=10.0)
-    return ReplayBuffer(client, NAME, CAPACITY, lease_ttl_s=600, reconnect_s=RECONNECT_S)
+    return ReplayBuffer(
+        client, NAME, CAPACITY, BufferOptions(lease_ttl_s=600, reconnect_s=RECONNECT_S)
+    )
 
 
 def writer_main(url: str, ledger: str, stop_file: str, max_groups: int) -> None:

@@ -174,14 +174,19 @@ def test_no_trained_group_exceeds_max_staleness_under_skew(
     redis_server, buffer_name, sim_model_dir
 ):
     from asyncrl.buffer.connection import connect
-    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
     from asyncrl.learner.hub.data import GroupSource
 
     steps = fault_count(15, 100)
     cfg = write_cfg(buffer_name)
 
     def new_buffer():
-        return ReplayBuffer(connect(redis_server.url, timeout_s=5.0), buffer_name, CAPACITY, 10.0)
+        return ReplayBuffer(
+            connect(redis_server.url, timeout_s=5.0),
+            buffer_name,
+            CAPACITY,
+            options=BufferOptions(lease_ttl_s=10.0),
+        )
 
     buf = new_buffer()
     buf.set_learner_version(0)

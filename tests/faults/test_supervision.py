@@ -101,7 +101,7 @@ def sigkill_actor(launcher: Launcher, actor_id: int) -> int:
 def test_dead_actor_is_restarted_counted_then_fails_the_job(
     redis_server, redis_client, buffer_name, sim_model_dir, announced_learner, tmp_path, roles
 ):
-    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
 
     run_dir = tmp_path / "run"
     launcher = Launcher(
@@ -111,7 +111,7 @@ def test_dead_actor_is_restarted_counted_then_fails_the_job(
         "actor.sim_tokens_per_s=150", "actor.sim_mean_len=4", "buffer.capacity=4",
         "buffer.lease_ttl_s=2", f"metrics_port={free_port()}", f"run_dir={run_dir}",
     )  # fmt: skip
-    buf = ReplayBuffer(redis_client, buffer_name, 4, 2.0)
+    buf = ReplayBuffer(redis_client, buffer_name, 4, BufferOptions(lease_ttl_s=2.0))
     buf.set_learner_version(0)
     reader = Reader(buf, 4)
     reader.start()

@@ -18,7 +18,7 @@ from redis.retry import Retry
 
 from asyncrl.buffer.codec import encode_group
 from asyncrl.buffer.connection import BufferUnavailable, connect
-from asyncrl.buffer.redis_buffer import LeaseExpired, ReplayBuffer
+from asyncrl.buffer.redis_buffer import BufferOptions, LeaseExpired, ReplayBuffer
 from asyncrl.buffer.service.server import RedisOptions, RedisServer, RedisServerError
 from asyncrl.buffer.staleness import Window, admission_window
 from asyncrl.buffer.testing import random_group
@@ -197,7 +197,9 @@ def test_a_lease_waiting_for_the_window_sees_the_actors_new_weights(redis_client
 def test_a_commit_marks_its_prompt_done_in_the_same_script(redis_client, buffer_name):
     """``commit(..., in_flight=(key, index))``: a stored or duplicate group takes ``index``
     out of the set; a commit that stores nothing (lease gone, buffer full) leaves it."""
-    buf = ReplayBuffer(redis_client, buffer_name, capacity=1, lease_ttl_s=0.2)
+    buf = ReplayBuffer(
+        redis_client, buffer_name, capacity=1, options=BufferOptions(lease_ttl_s=0.2)
+    )
     key = f"{buffer_name}:inflight:0"
     redis_client.sadd(key, 3, 4, 5)
     assert buf.commit(buf.lease(0, 1.0), _group("0:3"), (key, 3)) is True
@@ -266,7 +268,9 @@ def test_a_waiting_lease_blocks_in_redis_and_wakes_on_a_read_or_a_release(
 
 def test_release_and_renew(redis_client, buffer_name):
     # a 2 s TTL with 1.2 s steps: each check has 0.8 s of slack for a stall on a busy machine
-    buf = ReplayBuffer(redis_client, buffer_name, capacity=1, lease_ttl_s=2.0)
+    buf = ReplayBuffer(
+        redis_client, buffer_name, capacity=1, options=BufferOptions(lease_ttl_s=2.0)
+    )
     lease = buf.lease(0, 1.0)
     assert buf.lease(1, 0.0) is None
     assert buf.release(lease) is True and buf.release(lease) is False
@@ -280,13 +284,17 @@ def test_release_and_renew(redis_client, buffer_name):
 
 
 def test_lease_expiry_reclaims_slots(redis_client, buffer_name):
-    buf = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=1.0)
+    buf = ReplayBuffer(
+        redis_client, buffer_name, capacity=2, options=BufferOptions(lease_ttl_s=1.0)
+    )
     dead_a, dead_b = buf.lease(0, 1.0), buf.lease(1, 1.0)  # two actors that will "die"
     assert buf.lease(2, timeout_s=0.0) is None
     assert buf.leases_by_actor() == {0: 1, 1: 1}
     time.sleep(1.1)
     assert buf.stats()["leased"] == 0 and buf.leases_by_actor() == {}
-    patient = ReplayBuffer(redis_client, buffer_name, capacity=2, lease_ttl_s=30.0)
+    patient = ReplayBuffer(
+        redis_client, buffer_name, capacity=2, options=BufferOptions(lease_ttl_s=30.0)
+    )
     live = patient.lease(2, timeout_s=0.0)  # must not expire during the rest of the test
     assert live is not None and buf.leases_by_actor() == {2: 1}
     # A late commit on an expired lease is stored only while a slot is free...
@@ -452,8 +460,10 @@ def test_versions_and_meta(redis_client, buffer_name):
 
 
 def test_one_consumer_group_per_buffer(redis_client, buffer_name):
-    ReplayBuffer(redis_client, buffer_name, 2, consumer_group="job-a").read("c", 1, 0)
-    other = ReplayBuffer(redis_client, buffer_name, 2, consumer_group="job-b")
+    ReplayBuffer(redis_client, buffer_name, 2, BufferOptions(consumer_group="job-a")).read(
+        "c", 1, 0
+    )
+    other = ReplayBuffer(redis_client, buffer_name, 2, BufferOptions(consumer_group="job-b"))
     with pytest.raises(ValueError, match="consumed by group 'job-a'"):
         other.read("c", 1, 0)
 
@@ -536,7 +546,9 @@ def test_restart_keeps_data_and_clients_reconnect(tmp_path, redis_binary):
     assert [e.group.group_id for e in buf.read("c", 5, 0)] == ["0:1", "0:2"]
     restarted.stop()
     with pytest.raises(BufferUnavailable, match=r"redis://:\*\*\*@127.0.0.1") as err:
-        ReplayBuffer(buf.client, "r", capacity=4, reconnect_s=0.3)  # contacts Redis at once
+        ReplayBuffer(
+            buf.client, "r", capacity=4, options=BufferOptions(reconnect_s=0.3)
+        )  # contacts Redis at once
     assert restarted.password not in str(err.value)
 
 
@@ -574,8 +586,7 @@ def test_a_stop_request_ends_the_reconnect_retries_within_a_second(tmp_path, red
     actor and the learner outlived their launcher by 60 s."""
     server = RedisServer(tmp_path).start()
     stopping = threading.Event()
-    buf = ReplayBuffer(connect(server.url), "r", capacity=4, reconnect_s=60.0,
-                       stop=stopping.is_set)  # fmt: skip
+    buf = ReplayBuffer(connect(server.url), "r", capacity=4, options=BufferOptions(reconnect_s=60.0), stop=stopping.is_set)  # fmt: skip
     _fill(buf, ["0:1"])
     server.stop()
     threading.Timer(0.5, stopping.set).start()
@@ -612,7 +623,9 @@ def test_encoded_payload_is_what_is_stored(redis_client, buffer_name):
 def test_a_read_whose_reply_was_lost_is_recovered(redis_client, buffer_name):
     """Redis ran XREADGROUP but the connection dropped before the reply: the entries are
     pending for the consumer and nobody holds them. The next read hands them out (once)."""
-    buf = ReplayBuffer(redis_client, buffer_name, capacity=8, reconnect_s=2.0)
+    buf = ReplayBuffer(
+        redis_client, buffer_name, capacity=8, options=BufferOptions(reconnect_s=2.0)
+    )
     _fill(buf, [f"0:{i}" for i in range(5)])
     first = buf.read("c0", count=1, block_ms=100, vocab_size=100)
     real, lost = redis_client.xreadgroup, []

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from asyncrl.buffer.faces import LearnerBuffer
+    from asyncrl.buffer.learner_claim import LearnerClaim
     from asyncrl.core.types import Group
+    from asyncrl.learner.hub.validation import Validation
     from asyncrl.learner.state.run_state import LearnerState
 
 
@@ -43,16 +46,16 @@ def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> H
     (``FatalError`` when another run's learner holds it), serves metrics, and installs the
     SIGTERM/SIGINT handler that asks the loop to stop."""
     from asyncrl.buffer.connection import connect
-    from asyncrl.buffer.redis_buffer import ReplayBuffer
+    from asyncrl.buffer.redis_buffer import BufferOptions, ReplayBuffer
 
     b, stop = cfg.buffer, _StopFlag()
     buffer = ReplayBuffer(
         connect(redis_url),
         b.name,
         b.capacity,
-        b.lease_ttl_s,
-        max_deliveries=b.max_deliveries,
-        reconnect_s=b.reconnect_s,
+        BufferOptions(
+            lease_ttl_s=b.lease_ttl_s, max_deliveries=b.max_deliveries, reconnect_s=b.reconnect_s
+        ),
         stop=stop,
     )
     claim = _claim_buffer(buffer, b.name, run_dir, stop.lost, _say)
@@ -68,7 +71,8 @@ def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> H
         on_read=recorder.totals.count_read,
     )
     validation = _validation(cfg, buffer, recorder.log.log_val, _say)
-    hub = Hub(cfg, run_dir, buffer, feed, publisher, recorder, validation, claim, stop)
+    parts = HubParts(feed, publisher, recorder, validation, claim)
+    hub = Hub(cfg, run_dir, buffer, parts, stop)
     signal.signal(signal.SIGTERM, stop.set)
     signal.signal(signal.SIGINT, stop.set)
     return hub
@@ -92,6 +96,20 @@ class _StopFlag:
         self.value = True
 
 
+@dataclass(frozen=True)
+class HubParts:
+    """What a ``Hub`` is made of (``connect_hub`` builds the real ones; unit tests pass the
+    fakes of tests/fakes/learner.py)."""
+
+    feed: Feed
+    publisher: Publisher
+    recorder: Recorder
+    validation: Validation | None = None
+    """None without ``eval``."""
+    claim: LearnerClaim | None = None
+    """The buffer's learner claim, released at the end; None in unit tests."""
+
+
 class Hub:
     """``asyncrl.learner.hub.protocol.LearnerHub``: the loop's calls (module docstring) on the
     parts. ``validation`` is None without
@@ -103,16 +121,12 @@ class Hub:
         cfg: Config,
         run_dir: str,
         buffer: LearnerBuffer,
-        feed: Feed,
-        publisher: Publisher,
-        recorder: Recorder,
-        validation=None,
-        claim=None,
-        stop=None,
+        parts: HubParts,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         self.cfg, self.run_dir, self.buffer = cfg, Path(run_dir), buffer
-        self.feed, self.publisher, self.recorder = feed, publisher, recorder
-        self.validation, self.claim = validation, claim
+        self.feed, self.publisher, self.recorder = parts.feed, parts.publisher, parts.recorder
+        self.validation, self.claim = parts.validation, parts.claim
         self._stop = stop or _StopFlag()
         self._entries: list = []
         self._entries_version = 0
@@ -252,9 +266,11 @@ class Hub:
 
     def validate_final(self, version: int) -> None:
         """Validate the final weights (at the actors now) and wait for the result."""
+        v = self.validation
+        assert v is not None, "validate_final without eval: end_validation_due said no"
         self._settle_weights()
-        self.validation.request(version)
-        self.validation.wait(version - 1, self.stop_requested)
+        v.request(version)
+        v.wait(version - 1, self.stop_requested)
 
     # ---- checkpoints, the end --------------------------------------------------------------
     def no_batch_reason(self) -> str:

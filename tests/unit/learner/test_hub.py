@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from asyncrl.core.config.load import load_config
-from asyncrl.learner.hub.hub import Hub
+from asyncrl.learner.hub.hub import Hub, HubParts
 from tests.fakes.learner import ListFeed, MemoryRecorder, RecordingPublisher
 from tests.random_groups import random_groups
 
@@ -48,7 +48,7 @@ def _hub(tmp_path, publisher=None, meta=None, overrides=()):
     cfg = load_config(["metrics_port=0", "learner.batch_groups=2", *overrides])
     entries = [SimpleNamespace(group=g, entry_id=f"e{i}") for i, g in enumerate(random_groups(4))]
     feed, pub, rec = ListFeed(entries), publisher or RecordingPublisher(), MemoryRecorder()
-    return Hub(cfg, str(tmp_path), DictBuffer(meta), feed, pub, rec), feed, pub, rec
+    return Hub(cfg, str(tmp_path), DictBuffer(meta), HubParts(feed, pub, rec)), feed, pub, rec
 
 
 def _state(version: int):
