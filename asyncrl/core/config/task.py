@@ -93,6 +93,11 @@ class TaskConfig:
             f"task.reward_fn={self.reward_fn!r}: asyncrl's parts moved into the package; write "
             f"'asyncrl.{self.reward_fn}' (docs/architecture.md, 'One package')",
         )
+        _require(
+            target not in MOVED_MODULES,
+            f"task.reward_fn={self.reward_fn!r}: that module moved; write "
+            f"'{MOVED_MODULES.get(target)}:{self.reward_fn.rpartition(':')[2]}'",
+        )
         _bound(self, "task.seed", ge=0, le=SEED_MAX, hint=" or null")
         _bound(self, "task.reward_workers", ge=1, le=256)
         _require(
@@ -107,6 +112,13 @@ class TaskConfig:
 
 MOVED_PACKAGES = ("actors", "buffer", "learner")
 """Top-level names of earlier versions, now ``asyncrl.<name>``: a spec naming one is refused."""
+MOVED_MODULES = {
+    "asyncrl.actors.addition": "asyncrl.actors.data.addition",
+    "asyncrl.actors.math_reward": "asyncrl.actors.rewards.math_reward",
+    "asyncrl.actors.code_reward": "asyncrl.actors.rewards.code_reward",
+}
+"""Reward modules of the flat layout before the folders by concern, and where they are now (a
+spec naming one, e.g. in a resumed run's config, is refused with the new name)."""
 INLINE_SAFE_REWARDS = ("asyncrl.actors.data.addition:addition_reward",)
 """Rewards ``task.reward_executor=auto`` runs inline: ours, microseconds a call, never raising."""
 

@@ -130,6 +130,16 @@ def test_a_reward_spec_of_the_old_top_level_packages_names_the_new_path():
     assert load_config(["task.reward_fn=learner.py:f"]).task.reward_fn  # a file of yours
 
 
+def test_a_reward_spec_of_the_flat_layout_names_where_the_module_is_now():
+    want = "that module moved; write 'asyncrl.actors.data.addition:addition_reward'"
+    with pytest.raises(ConfigError, match=re.escape(want)):
+        load_config(["task.reward_fn=asyncrl.actors.addition:addition_reward"])
+    want = "write 'asyncrl.actors.rewards.math_reward:math_reward'"
+    with pytest.raises(ConfigError, match=re.escape(want)):
+        load_config(["task.reward_fn=asyncrl.actors.math_reward:math_reward"])
+    assert load_config(["task.reward_fn=asyncrl.actors.data.addition:addition_reward"]).task
+
+
 def test_the_smollm2_recipe_written_out_in_docs_models_is_the_preset():
     """docs/models.md's command-line form of experiment=smollm2_math sets what the preset
     sets (a key added to the preset and not to the docs fails here)."""
