@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from benchmarks.common import read_result
 from tests.e2e.conftest import REPO, needs_full_stack
 
 pytest.importorskip("trl", reason="needs TRL: pip install -e '.[bench]' (make test installs it)")
@@ -36,7 +37,7 @@ def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("vs_trl")
     proc = _run(out)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return out, json.loads((out / "vs_trl_tiny.json").read_text()), proc.stdout
+    return out, read_result(out / "vs_trl_tiny.json"), proc.stdout  # with its per-step traces
 
 
 def test_provenance_config_and_pinning(result):
@@ -127,7 +128,7 @@ def test_reanalyse_reports_the_same_runs_at_other_thresholds(result):
            "--thresholds", "0.0", "0.99", "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    again = json.loads((out / "vs_trl_tiny_reanalysed.json").read_text())
+    again = read_result(out / "vs_trl_tiny_reanalysed.json")
     assert again["reanalysed_from"]["commit"] == doc["commit"]
     assert again["runs"] == doc["runs"] and again["config"]["thresholds"] == [0.0, 0.99]
     for fig in again["per_run"]:
