@@ -334,7 +334,10 @@ class Actor:
         """What this actor did, for ``<run_dir>/actor<i>.json`` (benchmarks read it)."""
         from dataclasses import asdict
 
-        return {**asdict(self.state), "time_s": self.clock.totals()}
+        out = {**asdict(self.state), "time_s": self.clock.totals()}
+        if self.groups.episodes is not None:  # multi-turn: how the episodes ended
+            out["episodes"] = self.groups.episodes.counts.to_dict()
+        return out
 
     async def make_group(self, index: int, generated: Callable[[], None] = lambda: None) -> Group:
         """Prompt ``index`` -> one scored Group (``asyncrl.actors.groups.GroupMaker.make``)."""

@@ -1,8 +1,11 @@
 """Prompt -> group: an actor's ``n_samples`` whole completions of one prompt, scored, as one
-``asyncrl.core.types.Group`` (what the actor commits to the buffer)."""
+``asyncrl.core.types.Group`` (what the actor commits to the buffer). With ``episode.env`` or
+``episode.tools`` set each sample is a multi-turn episode instead
+(``asyncrl.actors.episodes.group.EpisodeGroups``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +26,8 @@ class GroupMaker:
     ) -> None:
         self.cfg, self.actor_id, self.engine = cfg, actor_id, engine
         self.prompts, self.tokenizer, self.scorer = prompts, tokenizer, scorer
+        self.eval_episodes = None  # set with ``episodes``: validation's sampling
+        self.episodes = episode_groups(cfg, self) if cfg.episode.enabled else None
 
     async def make(self, index: int, generated: Callable[[], None] = lambda: None) -> Group:
         """Prompt ``index`` -> ``n_samples`` whole completions -> rewards -> one Group.
@@ -34,9 +39,15 @@ class GroupMaker:
         Too many failures among the recent rewards raise ``asyncrl.actors.rewards.scoring.RewardErrorRate``.
         """
         prompt = self.prompts.get(index)
+        group_id = f"{self.cfg.task.seed}:{index}"
+        seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
+        if self.episodes is not None:
+            n = self.cfg.sampling.n_samples
+            samples = await self.episodes.samples(prompt, group_id, seed, n)
+            generated()
+            return Group(group_id, index, self.actor_id, samples)
         ids = prompt.token_ids  # set by a source that tokenized it (a chat template)
         prompt_ids = ids if ids is not None else self.tokenizer.encode(prompt.text)
-        seed = (self.cfg.seed * 1_000_003 + index) % (2**31)
         s = self.cfg.sampling
         completions = await generate_whole(  # abort-mode cuts resubmitted
             self.engine,
@@ -63,7 +74,53 @@ class GroupMaker:
             )
             for c, scored in zip(completions, rewards, strict=True)
         ]
-        return Group(f"{self.cfg.task.seed}:{index}", index, self.actor_id, samples)
+        return Group(group_id, index, self.actor_id, samples)
+
+    async def close(self) -> None:
+        """Stop the environment processes of multi-turn episodes (a no-op without)."""
+        if self.episodes is not None:
+            await self.episodes.host.shutdown()
+
+
+def episode_groups(cfg: Config, maker: GroupMaker):
+    """The multi-turn episode maker of ``maker``'s engine, tokenizer and scorer: an
+    environment pool (``episode.env_workers`` processes), the chat renderer of each tool set,
+    the tool-call parser and the limits (asyncrl/actors/episodes/)."""
+    from asyncrl.actors.episodes.env import TOOLS_ONLY
+    from asyncrl.actors.episodes.env_pool import EnvPool
+    from asyncrl.actors.episodes.group import EpisodeGroups
+    from asyncrl.actors.episodes.render import ChatRenderer
+    from asyncrl.actors.episodes.runner import Limits, Turn
+    from asyncrl.actors.episodes.tool_calls import get_parser
+
+    e, s, tok = cfg.episode, cfg.sampling, maker.tokenizer
+    pool = EnvPool(e.env or TOOLS_ONLY, list(e.tools), e.env_workers, e.env_timeout_s)
+    renderers: dict[str, ChatRenderer] = {}
+
+    def renderer(schemas: list[dict]) -> ChatRenderer:
+        key = json.dumps(schemas, sort_keys=True)
+        if key not in renderers:
+            renderers[key] = ChatRenderer(tok, schemas)
+        return renderers[key]
+
+    def turn(temperature: float, options: dict) -> Turn:
+        async def generate(ids: list[int], max_tokens: int, seed: int):
+            out = await generate_whole(
+                maker.engine, ids, 1, max_tokens, temperature, seed % (2**31), **options
+            )
+            return out[0]
+
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+        return Turn(generate, decode, renderer, get_parser(e.tool_parser))
+
+    budget = e.token_budget(s.max_tokens)
+    limits = Limits(e.max_turns, budget, s.max_tokens, cfg.data.max_prompt_length)
+    version = lambda: maker.engine.version  # noqa: E731
+    train = turn(s.temperature, s.engine_options())
+    groups = EpisodeGroups(pool, train, limits, maker.scorer.score_all, version, tok.eos_token_id)
+    ev = cfg.eval  # validation samples as it does one completion: greedy for one sample
+    maker.eval_episodes = groups.with_turn(turn(0.0 if ev.n_samples == 1 else ev.temperature, {}))
+    return groups
 
 
 async def generate_whole(

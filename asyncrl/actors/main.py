@@ -59,6 +59,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     buffer.stop = lambda: actor.state.stop  # a stopping actor does not wait for Redis
     endpoint = await _meet_learner(cfg, actor, buffer, say)
     if endpoint is None:  # told to stop first
+        await actor.groups.close()
         await engine.shutdown()
         return 0
     say(f"engine ready; learner control plane at {endpoint.address}")
@@ -77,6 +78,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     finally:
         client.close()
         actor.scorer.close()  # kills reward worker processes (and a call stuck in one)
+        await actor.groups.close()  # and the environment processes of multi-turn episodes
         await engine.shutdown()
     return _report(cfg, actor, failed, say)
 
@@ -183,7 +185,8 @@ def _validator(cfg, actor, model_dir: str, say) -> list:
     size = validation_size(cfg, source)
     actor.buffer.set_meta(val_prompts=size)
     say(f"validation set: {size} prompt(s), {cfg.eval.n_samples} sample(s) each")
-    return [Validator(actor, source, size, EvalQueue(actor.buffer)).run()]
+    queue, episodes = EvalQueue(actor.buffer), actor.groups.eval_episodes  # None: single-turn
+    return [Validator(actor, source, size, queue, episodes).run()]
 
 
 def _serve_metrics(cfg, actor, buffer: ActorBuffer) -> None:

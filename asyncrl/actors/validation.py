@@ -34,8 +34,11 @@ class Validator:
     """``source.get(i)`` for ``0 <= i < size`` are the validation prompts (a pure function of
     ``i``, the same in every actor)."""
 
-    def __init__(self, actor, source, size: int, queue) -> None:
+    def __init__(self, actor, source, size: int, queue, episodes=None) -> None:
         self.actor = actor
+        self.episodes = episodes
+        """Multi-turn: the ``EpisodeGroups`` validating with eval's sampling; None = one
+        completion per sample."""
         self.cfg = actor.cfg
         self.source = source
         self.size = size
@@ -105,6 +108,8 @@ class Validator:
         ``with_text``."""
         a, e = self.actor, self.cfg.eval
         prompt = self.source.get(index)
+        if self.episodes is not None:
+            return await self.score_episodes(prompt, version, with_text)
         ids = prompt.token_ids
         prompt_ids = ids if ids is not None else a.tokenizer.encode(prompt.text)
         temperature = 0.0 if e.n_samples == 1 else e.temperature
@@ -131,6 +136,54 @@ class Validator:
             first = {"prompt": prompt.text, "completion": texts[0], "reward": scored[0].value}
             record["sample"] = first
         return record
+
+    async def score_episodes(self, prompt, version: int, with_text: bool) -> dict:
+        """One validation prompt's ``eval.n_samples`` multi-turn episodes -> its record: the
+        module docstring's, ``lengths`` counting model tokens, with the episodes' ``turns``,
+        ``tool_call_rate`` (0/1 per episode), ``tool_calls`` and ``truncated`` (0/1: any end
+        but ``done``) among the extras; the logged sample is the whole conversation."""
+        from asyncrl.actors.episodes.group import conversation_text
+        from asyncrl.core.types import TRUNCATED_ENDS
+
+        seed = (self.cfg.seed * 1_000_003 + prompt.index) % (2**31)
+        group_id = f"val:{version}:{prompt.index}"
+        n = self.cfg.eval.n_samples
+        episodes, samples = await self.episodes.run(prompt, group_id, seed, n)
+        extras: dict[str, list[float]] = {}
+        for s in samples:
+            per = {
+                **s.reward_extras,
+                "turns": float(s.turns),
+                "tool_calls": float(s.tool_calls),
+                "tool_call_rate": float(s.tool_calls > 0),
+                "truncated": float(s.episode_end in TRUNCATED_ENDS),
+            }
+            for key, value in per.items():
+                extras.setdefault(key, []).append(value)
+        record = {
+            "index": prompt.index,
+            "version": version,
+            "rewards": [s.reward for s in samples],
+            "lengths": [s.model_tokens for s in samples],
+            "extras": extras,
+            "errors": sum(1 for s in samples if s.reward_error),
+            "off_version": sum(1 for s in samples if _off(s, version)),
+        }
+        if with_text:
+            text = conversation_text(episodes[0])
+            record["sample"] = {
+                "prompt": prompt.text,
+                "completion": text,
+                "reward": samples[0].reward,
+            }
+        return record
+
+
+def _off(sample, version: int) -> bool:
+    """Whether a model token of ``sample`` was sampled under another version."""
+    return any(
+        v != version for v, m in zip(sample.token_versions, sample.loss_mask, strict=True) if m
+    )
 
 
 def validation_size(cfg, source) -> int:

@@ -4,7 +4,7 @@ Wire format (Arrow IPC *stream* format, exactly one record batch, one row per sa
 
     column             type             per row
     prompt_ids         list<int32>      [P] prompt token ids (P >= 1, same in every row)
-    completion_ids     list<int32>      [C] sampled token ids (C >= 1)
+    completion_ids     list<int32>      [C] token ids after the prompt (C >= 1)
     behavior_logprobs  list<float32>    [C] log pi_behave, finite and <= 0
     token_versions     list<int32>      [C] policy version that sampled each token, >= 0
     reward             float32          finite scalar reward
@@ -13,13 +13,21 @@ Wire format (Arrow IPC *stream* format, exactly one record batch, one row per sa
     reward_extras      map<string,      the reward dict's other numeric values by key
                            float64>     (``Sample.reward_extras``): finite, distinct keys,
                                         at most ``MAX_REWARD_EXTRAS``; {} for none
+    loss_mask          list<int8>       [C] 1 = model token, 0 = template/environment
+                                        token; values in {0, 1}, the first 1
+    turns              int16            model turns of the episode, >= 1
+    tool_calls         int32            tool calls the model made, >= 0
+    tool_errors        int32            of those, answered with an error: 0..tool_calls
+    episode_end        int8             index into ``asyncrl.core.types.EPISODE_ENDS``
 
 Group-level fields live in the schema metadata (not as constant columns: they are scalars
 of the group, and metadata keeps them out of the per-row buffers)::
 
-    asyncrl.schema_version  "2" ("1": the same without reward_extras, written before it
-                            existed; still decoded, with {} extras, so a buffer kept
-                            across an upgrade stays readable)
+    asyncrl.schema_version  "3". Older versions, written before their columns existed,
+                            are still decoded, so a buffer kept across an upgrade stays
+                            readable: "2" without the five episode columns (a one-turn
+                            episode: mask all 1, 1 turn, 0 calls, "done"), "1" without
+                            reward_extras too ({} extras)
     asyncrl.group_id        non-empty utf-8 string
     asyncrl.prompt_index    decimal int >= 0
     asyncrl.actor_id        decimal int >= 0
@@ -40,11 +48,18 @@ import struct
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from asyncrl.core.types import FINISH_REASONS, MAX_REWARD_EXTRAS, Group, Sample
+from asyncrl.core.types import (
+    EPISODE_ENDS,
+    FINISH_REASONS,
+    MAX_REWARD_EXTRAS,
+    Group,
+    Sample,
+    episode_problem,
+)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-"""64 MiB: 16x a large group (64 samples x 16k tokens x 12 bytes/token is ~12 MiB)."""
+"""64 MiB: 5x a large group (64 samples x 16k tokens x 13 bytes/token is ~13 MiB)."""
 
 _INT_RE = re.compile(r"-?[0-9]{1,18}")
 _INT_META = ("prompt_index", "actor_id", "version_min", "version_max")
@@ -59,11 +74,18 @@ SCHEMA = pa.schema(
         pa.field("finish_reason", pa.int8()),
         pa.field("reward_error", pa.string()),
         pa.field("reward_extras", pa.map_(pa.string(), pa.float64())),
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("turns", pa.int16()),
+        pa.field("tool_calls", pa.int32()),
+        pa.field("tool_errors", pa.int32()),
+        pa.field("episode_end", pa.int8()),
     ]
 )
 """The exact column schema (metadata aside) every payload ``encode_group`` writes has."""
-_SCHEMAS = {str(SCHEMA_VERSION): SCHEMA, "1": pa.schema(list(SCHEMA)[:-1])}
+_SCHEMAS = {"3": SCHEMA, "2": pa.schema(list(SCHEMA)[:8]), "1": pa.schema(list(SCHEMA)[:7])}
 """The column schema each readable ``asyncrl.schema_version`` must have."""
+_ONE_TURN = {"turns": 1, "tool_calls": 0, "tool_errors": 0, "episode_end": 0}
+"""A version 1 or 2 row's episode columns (loss_mask: all ones)."""
 
 
 class PayloadError(ValueError):
@@ -92,7 +114,7 @@ def encode_group(group: Group) -> bytes:
             raise ValueError(
                 f"sample {i}: finish_reason {s.finish_reason!r} not in {FINISH_REASONS}"
             )
-        if reason := _extras_problem(list(s.reward_extras.items())):
+        if reason := _extras_problem(list(s.reward_extras.items())) or episode_problem(s):
             raise ValueError(f"group {group.group_id!r} sample {i}: {reason}")
     ss = group.samples
     columns = [
@@ -104,6 +126,11 @@ def encode_group(group: Group) -> bytes:
         [FINISH_REASONS.index(s.finish_reason) for s in ss],
         [s.reward_error for s in ss],
         [list(s.reward_extras.items()) for s in ss],
+        [s.loss_mask if s.loss_mask is not None else [1] * len(s.completion_ids) for s in ss],
+        [s.turns for s in ss],
+        [s.tool_calls for s in ss],
+        [s.tool_errors for s in ss],
+        [EPISODE_ENDS.index(s.episode_end) for s in ss],
     ]
     arrays = [pa.array(col, type=f.type) for col, f in zip(columns, SCHEMA, strict=True)]
     meta = {"asyncrl.schema_version": str(SCHEMA_VERSION), "asyncrl.group_id": group.group_id}
@@ -146,12 +173,21 @@ def decode_group(
         raise PayloadError(f"invalid utf-8 in a name or string value: {e}") from None
     if any(p != cols["prompt_ids"][0] for p in cols["prompt_ids"]):
         raise PayloadError("prompt_ids differ between samples of one group")
-    extras = cols.get("reward_extras", [[]] * batch.num_rows)  # version 1: none
+    rows = batch.num_rows
+    extras = cols.get("reward_extras", [[]] * rows)  # version 1: none
+    for name, default in _ONE_TURN.items():  # versions 1 and 2: one-turn episodes
+        cols.setdefault(name, [default] * rows)
     for i, items in enumerate(extras):
         if reason := _extras_problem(items):
             raise PayloadError(f"row {i}: {reason}")
-    samples = [
-        Sample(
+    return Group(samples=[_sample(cols, i, extras[i]) for i in range(rows)], **meta)
+
+
+def _sample(cols: dict[str, list], i: int, extras: list) -> Sample:
+    """Row ``i`` as a ``Sample``, whose constructor checks the episode fields (the rule lives
+    in ``asyncrl.core.types.episode_problem``): a bad one is a PayloadError naming the row."""
+    try:
+        return Sample(
             prompt_ids=cols["prompt_ids"][i],
             completion_ids=cols["completion_ids"][i],
             behavior_logprobs=cols["behavior_logprobs"][i],
@@ -159,11 +195,15 @@ def decode_group(
             reward=cols["reward"][i],
             finish_reason=FINISH_REASONS[cols["finish_reason"][i]],
             reward_error=cols["reward_error"][i],
-            reward_extras=dict(extras[i]),
+            reward_extras=dict(extras),
+            loss_mask=cols["loss_mask"][i] if "loss_mask" in cols else None,
+            turns=cols["turns"][i],
+            tool_calls=cols["tool_calls"][i],
+            tool_errors=cols["tool_errors"][i],
+            episode_end=EPISODE_ENDS[cols["episode_end"][i]],
         )
-        for i in range(batch.num_rows)
-    ]
-    return Group(samples=samples, **meta)
+    except ValueError as e:
+        raise PayloadError(f"row {i}: {e}") from None
 
 
 def _read_single_batch(payload: bytes) -> pa.RecordBatch:
@@ -259,7 +299,7 @@ def _check_schema(schema: pa.Schema) -> dict:
     expected = _SCHEMAS.get(version) if version is not None else None
     if expected is None:
         raise PayloadError(
-            f"schema version is {version!r}, expected {str(SCHEMA_VERSION)!r} (or '1')"
+            f"schema version is {version!r}, expected {str(SCHEMA_VERSION)!r} (or '2', '1')"
         )
     if not schema.remove_metadata().equals(expected):
         missing = [n for n in expected.names if n not in schema.names]
@@ -288,11 +328,12 @@ def _check_values(batch: pa.RecordBatch, vocab_size: int | None) -> None:
         col = batch.column(name)
         if col.null_count or (pa.types.is_list(col.type) and col.flatten().null_count):
             raise PayloadError(f"column {name} contains nulls")
-    lengths = {n: pc.list_value_length(batch.column(n)) for n in SCHEMA.names[:4]}
+    per_token = [*SCHEMA.names[:4], *(["loss_mask"] if "loss_mask" in batch.schema.names else [])]
+    lengths = {n: pc.list_value_length(batch.column(n)) for n in per_token}
     c_len = lengths["completion_ids"]
     if pc.min(c_len).as_py() < 1:
         raise PayloadError("empty completion: every sample needs >= 1 completion token")
-    for other in ("behavior_logprobs", "token_versions"):
+    for other in per_token[2:]:
         if not pc.all(pc.equal(c_len, lengths[other])).as_py():
             row = pc.index(pc.equal(c_len, lengths[other]), False).as_py()
             raise PayloadError(
@@ -317,6 +358,10 @@ def _check_values(batch: pa.RecordBatch, vocab_size: int | None) -> None:
     lo, hi = _min_max(batch.column("finish_reason"))
     if lo < 0 or hi >= len(FINISH_REASONS):
         raise PayloadError(f"finish_reason code out of range [0, {len(FINISH_REASONS)})")
+    if "episode_end" in batch.schema.names:  # version 3
+        lo, hi = _min_max(batch.column("episode_end"))
+        if lo < 0 or hi >= len(EPISODE_ENDS):
+            raise PayloadError(f"episode_end code out of range [0, {len(EPISODE_ENDS)})")
 
 
 def _extras_problem(items: list[tuple[str, float | None]]) -> str:

@@ -7,7 +7,7 @@ import random
 import struct
 from typing import TYPE_CHECKING
 
-from asyncrl.core.types import FINISH_REASONS, Group, Sample
+from asyncrl.core.types import EPISODE_ENDS, FINISH_REASONS, Group, Sample
 
 if TYPE_CHECKING:
     import redis
@@ -26,11 +26,14 @@ def random_group(
     vocab_size: int = 100,
     versions: tuple[int, int] = (0, 5),
     max_len: int = 16,
+    multi_turn: bool = False,
 ) -> Group:
     """A valid group: ``n`` samples (1..8 if None) sharing one prompt, completions of
     1..``max_len`` tokens in ``[0, vocab_size)``, per-token versions in ``versions`` (inclusive,
     non-decreasing along a completion as in vLLM), float32-exact logprobs <= 0 and rewards,
     and reward extras (``acc``, ``len``) on the samples whose reward did not fail.
+    ``multi_turn``: every sample an episode too (``_as_episode``); else one-turn episodes, and
+    a seed's groups are what they always were.
     """
     n = n if n is not None else rng.randint(1, 8)
     prompt_index = rng.randrange(10**6)
@@ -58,8 +61,28 @@ def random_group(
                 reward_extras={} if error else {"acc": float(reward > 0), "len": float(length)},
             )
         )
+        if multi_turn:
+            _as_episode(rng, samples[-1])
     gid = group_id if group_id is not None else f"{actor_id}:{prompt_index}"
     return Group(group_id=gid, prompt_index=prompt_index, actor_id=actor_id, samples=samples)
+
+
+def _as_episode(rng: random.Random, s: Sample) -> None:
+    """Make ``s`` a multi-turn episode in place: a random ``loss_mask`` (runs of model and
+    environment tokens, starting with a model token), its environment tokens carrying log-prob
+    0.0 and the version of the model token before them; turns = the model runs, random tool
+    calls (<= turns) and errors (<= calls) and a random end."""
+    mask = [1]
+    for _ in s.completion_ids[1:]:
+        mask.append(1 - mask[-1] if rng.random() < 0.3 else mask[-1])
+    for j, m in enumerate(mask):
+        if not m:
+            s.behavior_logprobs[j], s.token_versions[j] = 0.0, s.token_versions[j - 1]
+    s.loss_mask = mask
+    s.turns = 1 + sum(1 for a, b in zip(mask, mask[1:], strict=False) if (a, b) == (0, 1))
+    s.tool_calls = rng.randint(0, s.turns)
+    s.tool_errors = rng.randint(0, s.tool_calls)
+    s.episode_end = rng.choice(EPISODE_ENDS)
 
 
 # KEYS: stream, stats, commits   ARGV: field, value, ...   (COMMIT's bookkeeping, no checks)

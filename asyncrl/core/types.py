@@ -5,9 +5,16 @@ their rewards and the policy versions that produced every completion token. Acto
 groups, the buffer stores one group per stream entry (one Arrow record batch, see
 ``buffer/codec.py``), the learner trains on groups.
 
+A multi-turn episode is one ``Sample`` (a single-turn completion is an episode of one turn):
+``prompt_ids`` is the first rendered prompt, ``completion_ids`` everything after it, the model
+turns and between them the tokens the chat template adds for tool/environment messages and
+the next generation prompt; ``loss_mask`` tells the two apart (1 = sampled by the model and
+trained, 0 = template/environment, never trained).
+
 Versions: the learner's policy version ``V`` is the number of optimizer steps applied.
 Every completion token is tagged with the version of the weights that sampled it
-(``token_versions``); a group records ``version_min``/``version_max`` over all its tokens.
+(``token_versions``; a non-model token carries the version of the last model token before
+it); a group records ``version_min``/``version_max`` over all its tokens.
 A group may be trained at learner version ``V`` only if ``V - version_min <= max_staleness``
 (the rule lives in ``buffer/staleness.py``).
 """
@@ -24,24 +31,47 @@ FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 MAX_REWARD_EXTRAS = 32
 """Most ``Sample.reward_extras`` keys: each becomes a ``reward/<key>`` column of every
 metrics.jsonl record, so a reward returning a large dict cannot flood the log."""
+EPISODE_ENDS: tuple[str, ...] = (
+    "done",
+    "length",
+    "max_turns",
+    "max_tokens",
+    "env_timeout",
+    "env_error",
+)
+"""Why an episode ended (``Sample.episode_end``; stored as int8 codes, index in this tuple):
+``done`` the environment (or the single turn) ended it; ``length`` the last model turn hit
+``sampling.max_tokens``; ``max_turns`` / ``max_tokens`` a limit of the episode cut it;
+``env_timeout`` an environment step or tool overran its deadline; ``env_error`` the
+environment raised or its process died."""
+TRUNCATED_ENDS: tuple[str, ...] = EPISODE_ENDS[1:]
+"""The ends that cut an episode short: the learner treats such a sample as truncated
+(``algorithm.truncated``), as a completion cut at the length limit."""
 
 
 @dataclass
 class Sample:
-    """One completion of a prompt.
+    """One completion of a prompt: an episode of one or more model turns (module docstring).
 
     Invariants: ``len(completion_ids) == len(behavior_logprobs) == len(token_versions) >= 1``;
-    ``len(reward_extras) <= MAX_REWARD_EXTRAS``, its values finite.
+    ``len(reward_extras) <= MAX_REWARD_EXTRAS``, its values finite (checked by the codec).
+    Checked here, with a ``ValueError`` naming the field: ``len(loss_mask) ==
+    len(completion_ids)``, its values in {0, 1} and the first 1 (an episode starts with a
+    model token); ``turns >= 1``; ``0 <= tool_errors <= tool_calls``; ``episode_end`` in
+    ``EPISODE_ENDS``. Non-model tokens (mask 0) carry ``behavior_logprobs`` 0.0.
     """
 
     prompt_ids: list[int]
     """[P] prompt token ids (same for every sample of a group)."""
     completion_ids: list[int]
-    """[C] sampled token ids."""
+    """[C] token ids after the prompt: the model's turns and, between them, the template's
+    tool/environment messages and next generation prompt (``loss_mask`` 0)."""
     behavior_logprobs: list[float]
-    """[C] log pi_behave(token) as reported by vLLM when it sampled the token."""
+    """[C] log pi_behave(token) as reported by vLLM when it sampled the token (0.0 on a
+    non-model token)."""
     token_versions: list[int]
-    """[C] policy version of the weights that sampled each token."""
+    """[C] policy version of the weights that sampled each token (on a non-model token: that
+    of the last model token before it)."""
     reward: float
     """Scalar reward (0.0 when the reward function failed; see ``reward_error``)."""
     finish_reason: str = "stop"
@@ -51,6 +81,52 @@ class Sample:
     reward_extras: dict[str, float] = field(default_factory=dict)
     """The reward dict's other numeric values by key (e.g. verl's ``acc``; ``{}`` for a float
     reward or a failed call): the learner logs their per-step means as ``reward/<key>``."""
+    loss_mask: list[int] | None = None
+    """[C] 1 = model token (sampled, trained), 0 = template/environment token (never
+    trained). A response may open with 0s (what an episode's own first prompt holds beyond
+    its group's shared prompt) and may be all 0 (an episode that ended before its first
+    model turn: a placeholder that trains nothing). None -> ``[1] * C`` (one turn: every token
+    sampled)."""
+    turns: int = 1
+    """Model turns in the episode (>= 1)."""
+    tool_calls: int = 0
+    """Tool calls the model made (parsed), >= 0."""
+    tool_errors: int = 0
+    """Of those, the calls that answered an error (<= ``tool_calls``)."""
+    episode_end: str = "done"
+    """One of ``EPISODE_ENDS``: why the episode ended."""
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:
+            self.loss_mask = [1] * len(self.completion_ids)
+        if reason := episode_problem(self):
+            raise ValueError(f"Sample.{reason}")
+
+    @property
+    def model_tokens(self) -> int:
+        """Completion tokens the model sampled (``sum(loss_mask)``): the tokens trained."""
+        return sum(self.loss_mask or ())
+
+
+def episode_problem(s: Sample) -> str:
+    """What is wrong with ``s``'s episode fields ("" if nothing), starting with the field's
+    name: the ``Sample`` checks, run again by the codec's encoder (a sample is mutable)."""
+    mask = s.loss_mask if s.loss_mask is not None else [1] * len(s.completion_ids)
+    if len(mask) != len(s.completion_ids):
+        return f"loss_mask has {len(mask)} values but completion_ids {len(s.completion_ids)}"
+    if not set(mask) <= {0, 1}:  # a set, not a loop: a mask may be 100k tokens
+        return f"loss_mask values must be 0 or 1, got {sorted(set(mask))}"
+    if not isinstance(s.turns, int) or s.turns < 1:
+        return f"turns is {s.turns!r}, expected an int >= 1"
+    for name in ("tool_calls", "tool_errors"):
+        n = getattr(s, name)
+        if not isinstance(n, int) or n < 0:
+            return f"{name} is {n!r}, expected an int >= 0"
+    if s.tool_errors > s.tool_calls:
+        return f"tool_errors ({s.tool_errors}) exceeds tool_calls ({s.tool_calls})"
+    if s.episode_end not in EPISODE_ENDS:
+        return f"episode_end {s.episode_end!r} not in {EPISODE_ENDS}"
+    return ""
 
 
 @dataclass

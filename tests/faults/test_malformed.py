@@ -108,7 +108,7 @@ def gen_bit_flips_in_header(rng: random.Random, gid: str) -> Case:
 
 
 def gen_schema_version(rng: random.Random, gid: str) -> Case:
-    version = rng.choice(["0", "3", "", "1.0", "01", "999"])
+    version = rng.choice(["0", "4", "", "1.0", "01", "999"])
     batch = _with_meta(_batch(rng, gid), schema_version=version)
     if rng.random() < 0.3:
         batch = _with_meta(batch, schema_version=None)
@@ -183,6 +183,7 @@ def gen_oversized(rng: random.Random, gid: str) -> Case:
     for s in group.samples:  # a valid group, just too big for max_payload_bytes
         k = MAX_BYTES // 8
         s.completion_ids[:] = [1] * k
+        s.loss_mask = [1] * k
         s.behavior_logprobs[:] = [-0.5] * k
         s.token_versions[:] = [group.version_min] * k
     return _fields(gid, encode_group(group)), rf"over the {MAX_BYTES}-byte limit"
@@ -230,7 +231,8 @@ def gen_missing(rng: random.Random, gid: str) -> Case:
 
 def gen_bad_values(rng: random.Random, gid: str) -> Case:
     batch = _batch(rng, gid)
-    kind = rng.choice(["nan_logprob", "pos_logprob", "nan_reward", "finish", "nulls", "type"])
+    kinds = ["nan_logprob", "pos_logprob", "nan_reward", "finish", "nulls", "type", "episode"]
+    kind = rng.choice(kinds)
     if kind in ("nan_logprob", "pos_logprob"):
         rows = batch.column("behavior_logprobs").to_pylist()
         rows[0][0] = float("nan") if kind == "nan_logprob" else 0.5
@@ -247,11 +249,31 @@ def gen_bad_values(rng: random.Random, gid: str) -> Case:
         rows = batch.column("completion_ids").to_pylist()
         rows[0] = None if rng.random() < 0.5 else [None] + rows[0][1:]
         bad, reason = _list_col(batch, "completion_ids", rows), r"contains nulls"
+    elif kind == "episode":
+        bad, reason = _bad_episode(rng, batch)
     else:
         rows = batch.column("prompt_ids").to_pylist()
         bad = _list_col(batch, "prompt_ids", rows, pa.list_(pa.int64()))
         reason = r"schema mismatch"
     return _fields(gid, _ipc(bad)), reason
+
+
+def _bad_episode(rng: random.Random, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, str]:
+    """One episode column of one row out of its range (codec schema version 3)."""
+    r = rng.randrange(batch.num_rows)
+    name = rng.choice(["loss_mask", "turns", "tool_errors", "episode_end"])
+    values = batch.column(name).to_pylist()
+    if name == "loss_mask":
+        values[r] = [rng.choice([0, 2, -1])] + values[r][1:]
+        return _list_col(batch, name, values), rf"row {r}: Sample\.loss_mask"
+    if name == "tool_errors":
+        values[r] = batch.column("tool_calls")[r].as_py() + rng.randint(1, 9)
+        return _replace(batch, name, pa.array(values, pa.int32())), rf"row {r}: Sample\.tool_errors"
+    if name == "turns":
+        values[r] = rng.choice([0, -3])
+        return _replace(batch, name, pa.array(values, pa.int16())), rf"row {r}: Sample\.turns"
+    values[r] = rng.choice([-1, 6, 127])
+    return _replace(batch, name, pa.array(values, pa.int8())), r"episode_end code out of range"
 
 
 def gen_framing(rng: random.Random, gid: str) -> Case:

@@ -30,6 +30,11 @@ EVAL_FRACTION = 0.1
 """Fraction of the problem space held out for the eval split."""
 REWARD_SPEC = "asyncrl.actors.data.addition:addition_reward"
 """The reward function that scores this task's completions."""
+CHAT_QUESTION = "what is {a}+{b}? answer with the number only."
+"""The user message of the demo model's chat-formatted SFT examples
+(asyncrl/orchestration/demo/warmstart.py; examples/own_task/make_data.py asks the same), so the
+demo model, like a real instruct model, knows its chat template; the multi-turn demo
+(asyncrl/actors/data/chain.py) asks it too."""
 
 
 def _in_eval_split(a: int, b: int, eval_fraction: float) -> bool:

@@ -25,6 +25,8 @@ class Engine(Protocol):
 
     weights_valid: bool
     """False after a failed weight sync: the weights may be half-updated."""
+    version: int
+    """The version of the weights it holds now (what its next token is tagged with)."""
 
     async def generate(
         self,

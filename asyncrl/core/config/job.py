@@ -20,6 +20,7 @@ from asyncrl.core.config.algorithm import (  # noqa: F401 (registry names: tests
 from asyncrl.core.config.checks import bound as _bound
 from asyncrl.core.config.checks import require as _require
 from asyncrl.core.config.checks import require_finite as _require_finite
+from asyncrl.core.config.episode import EpisodeConfig
 from asyncrl.core.config.learner import LEARNER_DEVICES, LearnerConfig, ModelConfig  # noqa: F401
 from asyncrl.core.config.network import (
     NetworkConfig,
@@ -42,8 +43,12 @@ _METRICS_PORTS_BEYOND_ACTORS = 2
 
 def derived_max_model_len(cfg: Config) -> int:
     """The context the data needs: the longest prompt kept plus the longest response. vLLM's
-    ``max_model_len`` is this unless ``actor.max_model_len`` sets more (actors/data/tasks.py)."""
-    return cfg.data.max_prompt_length + cfg.sampling.max_tokens
+    ``max_model_len`` is this unless ``actor.max_model_len`` sets more (actors/data/tasks.py).
+    An episode's response is its whole token budget (``episode.max_tokens``)."""
+    response = cfg.sampling.max_tokens
+    if cfg.episode.enabled:
+        response = cfg.episode.token_budget(cfg.sampling.max_tokens)
+    return cfg.data.max_prompt_length + response
 
 
 def engine_batch(cfg: Config) -> int:
@@ -134,6 +139,7 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -213,6 +219,13 @@ class Config:
         _check_network(self)
         _check_max_model_len(self)
         _require(
+            not (self.episode.enabled and self.algorithm.overlong_frac > 0),
+            "algorithm.overlong_frac > 0 penalizes one completion's length against "
+            "sampling.max_tokens, which is per turn in a multi-turn episode (episode.env / "
+            "episode.tools set); turn it off (0) and use algorithm.truncated for episodes cut "
+            "by a limit",
+        )
+        _require(
             not self.learner.share_gpu
             or self.learner.gpu_memory_fraction + self.actor.gpu_memory_utilization < 1,
             f"learner.share_gpu=true: learner.gpu_memory_fraction="
@@ -241,9 +254,16 @@ def _check_max_model_len(cfg: Config) -> None:
     _require(
         a.max_model_len == 0 or a.max_model_len >= need,
         f"actor.max_model_len={a.max_model_len} is shorter than the data needs: "
-        f"data.max_prompt_length={cfg.data.max_prompt_length} + sampling.max_tokens="
-        f"{cfg.sampling.max_tokens} = {need}; give 0 (derived) or at least {need}",
+        f"data.max_prompt_length={cfg.data.max_prompt_length} + "
+        f"{_response_key(cfg)} = {need}; give 0 (derived) or at least {need}",
     )
+
+
+def _response_key(cfg: Config) -> str:
+    """The key that sets the response length, and its value (for messages)."""
+    if cfg.episode.enabled:
+        return f"the episode budget {cfg.episode.token_budget(cfg.sampling.max_tokens)}"
+    return f"sampling.max_tokens={cfg.sampling.max_tokens}"
 
 
 def _check_data(cfg: Config) -> None:

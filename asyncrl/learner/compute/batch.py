@@ -3,6 +3,10 @@
 Layout: each sample becomes one row ``prompt_ids + completion_ids`` right-padded to ``L``.
 Per-token tensors are on the *shifted* grid ``[B, L-1]`` (position t scores token t+1), the
 same grid ``asyncrl.learner.compute.model.token_logprobs`` returns, so masks and log-probs line up.
+
+A multi-turn episode is one row like any other: its template/environment tokens (the sample's
+``loss_mask`` 0) are in the row, so the model sees them as context, but out of the loss mask,
+with no behaviour log-prob and no version (never trained, never judged for staleness).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.distributed as dist
 
-from asyncrl.core.types import Group
+from asyncrl.core.types import TRUNCATED_ENDS, Group, Sample
 
 
 @dataclass
@@ -24,16 +28,19 @@ class Batch:
     attention_mask: torch.Tensor
     """[B, L] int64, 1 on prompt and completion tokens."""
     loss_mask: torch.Tensor
-    """[B, L-1] float32, 1 where the scored token is a completion token."""
+    """[B, L-1] float32, 1 where the scored token is a model token (a completion token with
+    ``Sample.loss_mask`` 1); 0 on prompt, template/environment and padding tokens."""
     behavior_logprobs: torch.Tensor
-    """[B, L-1] float32, log pi_behave of the completion tokens (0 elsewhere)."""
+    """[B, L-1] float32, log pi_behave of the model tokens (0 elsewhere)."""
     token_versions: torch.Tensor
-    """[B, L-1] int64, version that sampled each completion token (-1 elsewhere)."""
+    """[B, L-1] int64, version that sampled each model token (-1 elsewhere)."""
     rewards: torch.Tensor
     """[G, n] float32."""
     truncated: torch.Tensor
-    """[B] float32, 1.0 where the row's completion was cut at the length limit
-    (``finish_reason == "length"``), else 0.0 (``asyncrl.learner.algo.truncation``)."""
+    """[B] float32, 1.0 where the row was cut short: its completion at the length limit
+    (``finish_reason == "length"``) or its episode by a limit or a failure (``episode_end`` in
+    ``TRUNCATED_ENDS``), else 0.0. ``algorithm.truncated`` (keep/mask/penalize) treats both
+    alike (``asyncrl.learner.algo.truncation``)."""
 
     @property
     def num_rows(self) -> int:
@@ -50,7 +57,10 @@ class Batch:
 
 
 def collate(groups: list[Group]) -> Batch:
-    """Pad all samples of ``groups`` into one ``Batch``. Groups must share the same n."""
+    """Pad all samples of ``groups`` into one ``Batch``. Groups must share the same n.
+
+    Only the model tokens (``Sample.loss_mask`` 1) enter ``loss_mask``, ``behavior_logprobs``
+    and ``token_versions``; the other completion tokens are context only."""
     n = len(groups[0].samples)
     if any(len(g.samples) != n for g in groups):
         raise ValueError("all groups of a step must have the same number of samples")
@@ -67,12 +77,20 @@ def collate(groups: list[Group]) -> Batch:
         input_ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
         attention[i, : p + c] = 1
         # completion token j sits at position p+j and is scored at shifted position p+j-1
-        loss_mask[i, p - 1 : p - 1 + c] = 1.0
-        behavior[i, p - 1 : p - 1 + c] = torch.tensor(s.behavior_logprobs)
-        versions[i, p - 1 : p - 1 + c] = torch.tensor(s.token_versions)
+        mask = torch.tensor(s.loss_mask if s.loss_mask is not None else [1] * c).bool()
+        span = slice(p - 1, p - 1 + c)
+        loss_mask[i, span] = mask.float()
+        behavior[i, span] = torch.where(mask, torch.tensor(s.behavior_logprobs), 0.0)
+        versions[i, span] = torch.where(mask, torch.tensor(s.token_versions), -1)
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-    truncated = torch.tensor([float(s.finish_reason == "length") for s in samples])
+    truncated = torch.tensor([float(_cut_short(s)) for s in samples])
     return Batch(input_ids, attention, loss_mask, behavior, versions, rewards, truncated)
+
+
+def _cut_short(s: Sample) -> bool:
+    """The sample's completion hit the length limit, or its episode ended by a limit or a
+    failure: either way its reward does not judge a finished answer."""
+    return s.finish_reason == "length" or s.episode_end in TRUNCATED_ENDS
 
 
 def broadcast_batch(batch: Batch | None, src: int = 0) -> Batch:

@@ -312,8 +312,9 @@ def batch_metrics(batch: Batch, version: int, max_staleness: int | None = None) 
     """Per-batch data statistics: groups, token staleness (``version`` - the version that
     sampled each completion token), completion lengths (mean, max, p95; with several ranks the
     p95 is the largest rank's, an upper estimate), ``response/clip_ratio``, the
-    fraction of completions cut at the length limit (whatever ``algorithm.truncated`` does
-    with them), and with ``max_staleness`` ``tokens_masked_stale``: the completion tokens
+    fraction of completions cut at the length limit, or episodes cut by a limit or ended by
+    their environment (``asyncrl.core.types.TRUNCATED_ENDS``; whatever ``algorithm.truncated``
+    does with them), and with ``max_staleness`` ``tokens_masked_stale``: the completion tokens
     older than the bound (0 under ``stale_tokens=drop_group``: such groups are not admitted;
     left out of the loss under ``mask``)."""
     m = batch.loss_mask != 0

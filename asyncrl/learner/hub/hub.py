@@ -29,6 +29,7 @@ from asyncrl.core.config.job import Config
 from asyncrl.learner.hub.feed import DataFeed, Feed
 from asyncrl.learner.hub.recorder import Recorder, RunRecorder
 from asyncrl.learner.hub.reward_records import extras_means
+from asyncrl.learner.hub.totals import episode_metrics
 from asyncrl.learner.weights.publisher import Publisher, WeightPublisher
 
 if TYPE_CHECKING:
@@ -210,7 +211,8 @@ class Hub:
         self.feed.mark_trained(entries)
         stale = [staleness(v, e.group.version_min) for e in entries]
         groups = [e.group for e in entries]
-        reward = sum(sum(g.rewards) for g in groups) / sum(len(g.samples) for g in groups)
+        samples = [s for g in groups for s in g.samples]
+        reward = sum(s.reward for s in samples) / len(samples)
         fields = {
             "step": state.version - 1,
             "version": state.version,
@@ -220,9 +222,10 @@ class Hub:
             "dropped_stale": dropped["stale"],
             "dropped_invalid": stats["dropped_invalid"],
             "ledger_imbalance": stats["imbalance"],
-            "reward_errors": sum(1 for g in groups for s in g.samples if s.reward_error),
+            "reward_errors": sum(1 for s in samples if s.reward_error),
             **self.feed.epoch_of(groups),
-            **extras_means(s for g in groups for s in g.samples),  # reward/<key>: a dict's extras
+            **extras_means(samples),  # reward/<key>: a dict's extras
+            **episode_metrics(samples),  # episode/*: multi-turn runs only
             "wall_s": state.wall_s,
         }
         self.recorder.step(fields, groups, stale, dropped, metrics)

@@ -2,7 +2,8 @@
 resumed run's summary covers the whole run (as its steps and rewards do).
 
 ``RunTotals`` counts what was trained (groups, samples, tokens, the staleness histograms per
-group and per token, reward errors), what the learner read (trained or dropped as stale or
+group and per model token, reward errors, episodes by how they ended and their tool calls),
+what the learner read (trained or dropped as stale or
 uniform: the generated groups that reached it) and the weight syncs; ``to_dict`` adds the
 learner's seconds per state and its training wall time to those saved before a resume
 (``restore``), and the two admission figures (stale tokens and admission):
@@ -13,7 +14,11 @@ learner's seconds per state and its training wall time to those saved before a r
     completion_lengths  mean and p95 completion length, read and trained (from the
                         histograms ``{read,trained}_length_histogram``: length -> completions)
 
-A trained completion token is one of a trained group that stayed in the loss: under
+Tokens and lengths here are completion tokens (``len(completion_ids)``: in a multi-turn
+episode the template/environment tokens too, the context the learner processes); the
+per-token staleness histogram counts model tokens only (``loss_mask`` 1: the others were not
+sampled by any version). A trained completion token is one of a trained group that stayed in
+the loss: under
 ``algorithm.stale_tokens=mask`` the tokens masked as stale are counted apart
 (``trained_tokens_masked_stale``) and left out of both figures' trained side.
 
@@ -23,8 +28,10 @@ without the restart.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from asyncrl.core.types import EPISODE_ENDS
 from asyncrl.learner.hub.reward_records import RewardErrorTally
 
 
@@ -39,6 +46,7 @@ class RunTotals:
         self.lengths: dict[str, dict[int, int]] = {"read": {}, "trained": {}}
         self.base: dict[str, Any] = {"learner_time_s": {}, "train_wall_s": 0.0}  # before a resume
         self.reward_errors = RewardErrorTally()  # over the samples trained
+        self.episodes = EpisodeTally()  # over the samples trained
 
     def count_read(self, groups: list) -> None:
         """Groups the learner read, before admission (trained or dropped stale or uniform)."""
@@ -49,7 +57,7 @@ class RunTotals:
         self, groups: list, stale: list[int], version: int | None = None, masked_stale: int = 0
     ) -> None:
         """One step's groups and their staleness (learner version - oldest token version);
-        with ``version``, each completion token's staleness too (``version - v``);
+        with ``version``, each model token's staleness too (``version - v``);
         ``masked_stale``: how many of their tokens the loss left out as stale."""
         self.masked_stale += masked_stale
         for s in stale:
@@ -57,14 +65,17 @@ class RunTotals:
         if version is not None:
             for g in groups:
                 for sample in g.samples:
-                    for v in sample.token_versions:
-                        k = version - v
-                        self.token_staleness[k] = self.token_staleness.get(k, 0) + 1
+                    mask = sample.loss_mask or [1] * len(sample.token_versions)
+                    for v, m in zip(sample.token_versions, mask, strict=True):
+                        if m:
+                            k = version - v
+                            self.token_staleness[k] = self.token_staleness.get(k, 0) + 1
         _add(self.trained, groups)
         _count_lengths(self.lengths["trained"], groups)
         for g in groups:
             for s in g.samples:
                 self.reward_errors.add(s.reward_error, g.group_id)
+            self.episodes.add(g.samples)
 
     def count_sync(self, nbytes: int, seconds: float) -> None:
         self.sync["count"] += 1
@@ -94,6 +105,7 @@ class RunTotals:
             **{f"{k}_length_histogram": _keyed(h) for k, h in self.lengths.items()},
             "weight_sync": dict(self.sync),
             "reward_errors": self.reward_errors.to_dict(),
+            "episodes": self.episodes.to_dict(),
             "ledger": ledger,
         }
 
@@ -104,6 +116,7 @@ class RunTotals:
         self.trained = dict(saved["trained_totals"])
         self.sync.update(saved.get("weight_sync", {}))  # absent before 2026-11-23
         self.reward_errors = RewardErrorTally(saved.get("reward_errors"))  # absent: from 0
+        self.episodes = EpisodeTally(saved.get("episodes"))  # absent before multi-turn: from 0
         # absent in checkpoints written before the per-token staleness histogram
         hist = saved.get("trained_token_staleness_histogram", {})
         self.token_staleness = {int(k): n for k, n in hist.items()}
@@ -124,6 +137,56 @@ class RunTotals:
             "trained_token_frac": tokens / r["tokens"],
             "length_bias": (tokens / t["samples"]) / (r["tokens"] / r["samples"]),
         }
+
+
+class EpisodeTally:
+    """Episodes over some samples (summary.json ``episodes``): ``by_end`` (samples per
+    ``Sample.episode_end``, every kind of ``EPISODE_ENDS`` in its order), ``tool_calls`` and
+    ``tool_errors`` (their sums)."""
+
+    def __init__(self, saved: dict | None = None) -> None:
+        saved = saved or {}
+        self.by_end = {k: int(saved.get("by_end", {}).get(k, 0)) for k in EPISODE_ENDS}
+        self.tool_calls = int(saved.get("tool_calls", 0))
+        self.tool_errors = int(saved.get("tool_errors", 0))
+
+    def add(self, samples: Iterable) -> None:
+        for s in samples:
+            self.by_end[s.episode_end] += 1
+            self.tool_calls += s.tool_calls
+            self.tool_errors += s.tool_errors
+
+    def to_dict(self) -> dict:
+        return {
+            "by_end": dict(self.by_end),
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+        }
+
+
+def episode_metrics(samples: list) -> dict[str, float]:
+    """A step's ``episode/*`` metrics (metrics.jsonl), only when some sample is more than a
+    single turn (``turns > 1``, a tool call or an end other than ``done``), so a single-turn
+    run's records stay as they were; ``{}`` otherwise. Per sample: ``turns_mean``,
+    ``tool_calls_mean``, ``tool_call_rate`` (samples with >= 1 call), ``end_<kind>`` (the
+    fraction that ended so, for every kind of ``EPISODE_ENDS``); ``tool_error_rate`` = errors
+    / calls (0 without calls); ``model_token_frac`` = model tokens / completion tokens."""
+    if not any(s.turns > 1 or s.tool_calls or s.episode_end != "done" for s in samples):
+        return {}
+    n = len(samples)
+    calls = sum(s.tool_calls for s in samples)
+    tokens = sum(len(s.completion_ids) for s in samples)
+    return {
+        "episode/turns_mean": sum(s.turns for s in samples) / n,
+        "episode/tool_calls_mean": calls / n,
+        "episode/tool_call_rate": sum(1 for s in samples if s.tool_calls) / n,
+        "episode/tool_error_rate": sum(s.tool_errors for s in samples) / calls if calls else 0.0,
+        "episode/model_token_frac": sum(s.model_tokens for s in samples) / max(tokens, 1),
+        **{
+            f"episode/end_{k}": sum(1 for s in samples if s.episode_end == k) / n
+            for k in EPISODE_ENDS
+        },
+    }
 
 
 def _add(totals: dict[str, int], groups: list) -> None:

@@ -29,12 +29,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from asyncrl.actors.data.addition import CHAT_QUESTION
+
 WARMSTART_VERSION = 5
 """Bump when the SFT recipe or the saved model directory changes so stale cached models are
 not reused (4: the tokenizer carries a chat template; 5: SFT on chat-formatted questions too)."""
-CHAT_QUESTION = "what is {a}+{b}? answer with the number only."
-"""The user message of the chat-formatted SFT examples (examples/own_task/make_data.py asks the
-same), so the demo model, like a real instruct model, knows its chat template."""
 CHAT_BATCH = 16
 """Chat-formatted examples per SFT step, besides ``batch_size`` plain ``a+b=`` ones."""
 CHAT_WEIGHT = 0.25

@@ -33,6 +33,7 @@ MEANING = (
     "learner.lr",
     "learner.weight_decay",
     "sampling.",
+    "episode.",
     "task.",
     "data.",
     "buffer.max_staleness",
@@ -47,6 +48,8 @@ HARMLESS = (
     "task.reward_executor",
     "task.max_reward_error_frac",
     "task.reward_error_window",
+    "episode.env_timeout_s",
+    "episode.env_workers",
 )
 """Exceptions inside ``MEANING``: more epochs keep every earlier prompt index; the reward's
 execution settings do not change its values."""

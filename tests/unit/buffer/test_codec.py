@@ -9,12 +9,16 @@ import pytest
 
 from asyncrl.buffer.codec import SCHEMA, PayloadError, decode_group, encode_group
 from asyncrl.buffer.testing import random_group
-from asyncrl.core.types import FINISH_REASONS, MAX_REWARD_EXTRAS, Group, Sample
+from asyncrl.core.types import EPISODE_ENDS, FINISH_REASONS, MAX_REWARD_EXTRAS, Group, Sample
 
 VOCAB = 50
 
 
 EXTRAS = {"acc": 1.0, "format": 0.5}
+EPISODE = {"loss_mask": [1, 1, 0, 1], "turns": 2, "tool_calls": 1, "tool_errors": 1}
+"""Sample 0 of ``_group``: two model turns around one environment token (a tool's error)."""
+EPISODE_COLUMNS = ["loss_mask", "turns", "tool_calls", "tool_errors", "episode_end"]
+"""What schema version 3 added."""
 
 
 def _group() -> Group:
@@ -23,10 +27,27 @@ def _group() -> Group:
         prompt_index=17,
         actor_id=3,
         samples=[
-            Sample([1, 2, 3], [4, 5, 6], [-0.5, -0.25, -1.0], [2, 2, 3], 1.0, reward_extras=EXTRAS),
+            Sample(
+                [1, 2, 3],
+                [4, 5, 0, 6],
+                [-0.5, -0.25, 0.0, -1.0],
+                [2, 2, 2, 3],
+                1.0,
+                reward_extras=EXTRAS,
+                episode_end="max_turns",
+                **EPISODE,
+            ),
             Sample([1, 2, 3], [7], [-2.0], [2], 0.0, "length", "reward timed out"),
         ],
     )
+
+
+def _one_turn(g: Group) -> Group:
+    """``g`` as versions 1 and 2 decode it: every sample a one-turn episode."""
+    for s in g.samples:
+        s.loss_mask, s.turns, s.tool_calls, s.tool_errors = [1] * len(s.completion_ids), 1, 0, 0
+        s.episode_end = "done"
+    return g
 
 
 def _columns(group: Group) -> dict[str, list]:
@@ -40,12 +61,17 @@ def _columns(group: Group) -> dict[str, list]:
         "finish_reason": [FINISH_REASONS.index(s.finish_reason) for s in ss],
         "reward_error": [s.reward_error for s in ss],
         "reward_extras": [list(s.reward_extras.items()) for s in ss],
+        "loss_mask": [s.loss_mask for s in ss],
+        "turns": [s.turns for s in ss],
+        "tool_calls": [s.tool_calls for s in ss],
+        "tool_errors": [s.tool_errors for s in ss],
+        "episode_end": [EPISODE_ENDS.index(s.episode_end) for s in ss],
     }
 
 
 def _meta(group: Group) -> dict[str, str]:
     return {
-        "asyncrl.schema_version": "2",
+        "asyncrl.schema_version": "3",
         "asyncrl.group_id": group.group_id,
         "asyncrl.prompt_index": str(group.prompt_index),
         "asyncrl.actor_id": str(group.actor_id),
@@ -77,6 +103,23 @@ def test_round_trip_random_groups(seed: int) -> None:
     assert decode_group(encode_group(g), vocab_size=VOCAB) == g
 
 
+@pytest.mark.parametrize("seed", range(100))
+def test_round_trip_random_multi_turn_groups(seed: int) -> None:
+    g = random_group(random.Random(seed), vocab_size=VOCAB, multi_turn=True)
+    assert decode_group(encode_group(g), vocab_size=VOCAB) == g
+
+
+def test_a_multi_turn_sample_round_trips_field_by_field() -> None:
+    s = decode_group(encode_group(_group())).samples[0]
+    got = {k: getattr(s, k) for k in [*EPISODE, "episode_end", "behavior_logprobs"]}
+    assert got == {
+        **EPISODE,
+        "episode_end": "max_turns",
+        "behavior_logprobs": [-0.5, -0.25, 0.0, -1.0],
+    }
+    assert s.model_tokens == 3
+
+
 def _set(col: str, row: int, value):
     def edit(c: dict, m: dict) -> None:
         c[col][row] = value
@@ -104,27 +147,59 @@ def _empty_rows(c: dict, m: dict) -> None:
 
 
 REJECTIONS = {
-    "wrong schema version": (_set_meta("asyncrl.schema_version", "3"), "schema version is '3'"),
+    "wrong schema version": (_set_meta("asyncrl.schema_version", "4"), "schema version is '4'"),
     "v1 with extras": (_set_meta("asyncrl.schema_version", "1"), "schema mismatch"),
+    "v2 with episodes": (_set_meta("asyncrl.schema_version", "2"), "schema mismatch"),
+    "missing loss_mask": (_drop("loss_mask"), "missing column(s) ['loss_mask']"),
+    "mask shorter": (
+        _set("loss_mask", 0, [1, 1, 0]),
+        "row 0: completion_ids has 4 tokens but loss_mask has 3",
+    ),
+    "mask longer": (
+        _set("loss_mask", 1, [1, 1]),
+        "row 1: completion_ids has 1 tokens but loss_mask",
+    ),
+    "mask value 2": (
+        _set("loss_mask", 0, [1, 2, 0, 1]),
+        "row 0: Sample.loss_mask values must be 0 or 1",
+    ),
+    "mask value -1": (_set("loss_mask", 1, [-1]), "row 1: Sample.loss_mask values must be 0 or 1"),
+    "null mask value": (_set("loss_mask", 0, [1, None, 0, 1]), "column loss_mask contains nulls"),
+    "zero turns": (_set("turns", 1, 0), "row 1: Sample.turns is 0, expected an int >= 1"),
+    "negative tool_calls": (_set("tool_calls", 1, -2), "row 1: Sample.tool_calls is -2"),
+    "negative tool_errors": (_set("tool_errors", 1, -1), "row 1: Sample.tool_errors is -1"),
+    "more errors than calls": (
+        _set("tool_errors", 0, 2),
+        "row 0: Sample.tool_errors (2) exceeds tool_calls (1)",
+    ),
+    "episode_end code": (
+        _set("episode_end", 1, len(EPISODE_ENDS)),
+        "episode_end code out of range",
+    ),
+    "negative episode_end": (_set("episode_end", 0, -1), "episode_end code out of range"),
+    "null turns": (_set("turns", 0, None), "column turns contains nulls"),
     "no schema version": (_set_meta("asyncrl.schema_version", None), "schema version is None"),
     "missing column": (_drop("token_versions"), "missing column(s) ['token_versions']"),
-    "token id >= vocab": (_set("completion_ids", 0, [4, VOCAB, 6]), f"token id {VOCAB} >= vocab"),
+    "token id >= vocab": (
+        _set("completion_ids", 0, [4, VOCAB, 9, 6]),
+        f"token id {VOCAB} >= vocab",
+    ),
     "prompt id >= vocab": (_set("prompt_ids", 1, [1, 2, 99]), "prompt_ids: token id 99"),
     "negative token id": (_set("completion_ids", 1, [-3]), "negative token id -3"),
     "logprobs shorter": (
         _set("behavior_logprobs", 0, [-0.5, -0.25]),
-        "row 0: completion_ids has 3 tokens but behavior_logprobs has 2",
+        "row 0: completion_ids has 4 tokens but behavior_logprobs has 2",
     ),
     "versions longer": (
         _set("token_versions", 1, [2, 2]),
         "row 1: completion_ids has 1 tokens but token_versions has 2",
     ),
-    "NaN logprob": (_set("behavior_logprobs", 0, [-0.5, float("nan"), -1.0]), "NaN or infinite"),
+    "NaN logprob": (_set("behavior_logprobs", 0, [-0.5, float("nan"), 0, -1.0]), "NaN or infinite"),
     "inf logprob": (_set("behavior_logprobs", 1, [float("-inf")]), "NaN or infinite"),
     "positive logprob": (_set("behavior_logprobs", 1, [0.5]), "positive log-prob 0.5"),
     "NaN reward": (_set("reward", 0, float("nan")), "reward: NaN or infinite"),
     "empty completion": (
-        lambda c, m: [c[k].__setitem__(1, []) for k in list(c)[1:4]],
+        lambda c, m: [c[k].__setitem__(1, []) for k in [*list(c)[1:4], "loss_mask"]],
         "empty completion",
     ),
     "empty prompt": (
@@ -175,10 +250,53 @@ def test_version_1_payloads_still_decode_without_extras() -> None:
     """Groups written before reward extras existed (a buffer kept across an upgrade)."""
     g = _group()
     columns, meta = _columns(g), _meta(g) | {"asyncrl.schema_version": "1"}
-    del columns["reward_extras"]
+    for name in ["reward_extras", *EPISODE_COLUMNS]:
+        del columns[name]
     decoded = decode_group(_payload(columns, meta), vocab_size=VOCAB)
     g.samples[0].reward_extras = {}
-    assert decoded == g
+    assert decoded == _one_turn(g)
+
+
+def _version_2(group: Group) -> bytes:
+    """``group`` encoded as ``encode_group`` did before the episode columns (schema 2)."""
+    schema = pa.schema([f for f in SCHEMA if f.name not in EPISODE_COLUMNS])
+    meta = _meta(group) | {"asyncrl.schema_version": "2"}
+    columns = {f.name: col for f, col in zip(SCHEMA, _columns(group).values(), strict=True)}
+    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+    batch = pa.RecordBatch.from_arrays(arrays, schema=schema.with_metadata(meta))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_version_2_payloads_still_decode_as_one_turn_episodes(seed: int) -> None:
+    """Groups written before multi-turn episodes: all-ones masks, 1 turn, no calls, done."""
+    g = random_group(random.Random(seed), vocab_size=VOCAB)
+    assert decode_group(_version_2(g), vocab_size=VOCAB) == g
+    decoded = decode_group(_version_2(_group()), vocab_size=VOCAB)
+    assert decoded == _one_turn(_group())
+    assert decoded.samples[0].loss_mask == [1, 1, 1, 1] and decoded.samples[0].model_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("loss_mask", [1, 1, 0], "sample 0: loss_mask has 3 values but completion_ids 4"),
+        ("loss_mask", [1, 3, 0, 1], "sample 0: loss_mask values must be 0 or 1"),
+        ("turns", 0, "sample 0: turns is 0"),
+        ("tool_calls", -1, "sample 0: tool_calls is -1"),
+        ("tool_errors", 2, r"sample 0: tool_errors \(2\) exceeds tool_calls \(1\)"),
+        ("episode_end", "finished", "sample 0: episode_end 'finished' not in"),
+    ],
+)
+def test_encode_rejects_a_bad_episode(field: str, value, reason: str) -> None:
+    """Set after construction (a sample is mutable): the encoder checks again."""
+    g = _group()
+    setattr(g.samples[0], field, value)
+    with pytest.raises(ValueError, match=reason):
+        encode_group(g)
 
 
 def test_encode_rejects_bad_extras() -> None:

@@ -72,7 +72,7 @@ def test_a_pretrained_model_paces_by_window_and_sync_mode_sets_capacity_over_it(
         (["learner.lr=-1"], "learner.lr must be > 0"),
         (["learner.lr=1e30"], "learner.lr must be > 0 and <= 1 (AdamW moves each weight"),
         (["algorithm=nope"], "algorithm=nope: no such algorithm preset (options: dapo,"),
-        (["experiment=nonexistent"], "no such experiment preset (options: smollm2_math, tiny"),
+        (["experiment=nonexistent"], "no such experiment preset (options: chain, smollm2_math"),
         (["model=smolm2"], "did you mean 'smollm2'?"),
         (["learner.stpes=10"], "unknown config key 'learner.stpes'; did you mean 'learner.steps'"),
         (["mode=sync", "buffer.max_staleness=2"], "mode=sync requires"),

@@ -11,7 +11,18 @@ import dataclasses
 from pathlib import Path
 
 SNAPSHOT = Path(__file__).with_name("config_keys.txt")
-GROUPS = ("model", "task", "data", "sampling", "eval", "actor", "learner", "algorithm", "buffer")
+GROUPS = (
+    "model",
+    "task",
+    "data",
+    "sampling",
+    "episode",
+    "eval",
+    "actor",
+    "learner",
+    "algorithm",
+    "buffer",
+)
 
 
 def key_lines(obj, prefix: str = "") -> list[str]:

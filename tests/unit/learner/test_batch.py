@@ -50,3 +50,50 @@ def test_shard_rows_splits_evenly_and_refuses_uneven():
     assert torch.equal(torch.cat(halves), b.input_ids)
     with pytest.raises(ValueError, match="evenly"):
         shard_rows(b, 0, 3)
+
+
+def _two_turns(episode_end="done", finish_reason="stop"):
+    """Prompt [5, 6]; turn 1 sampled 8, 9 at version 3; the environment's tokens 20, 21 (mask
+    0, log-prob 0, the version of the token before them); turn 2 sampled 10 at version 4."""
+    logprobs, versions = [-0.1, -0.2, 0.0, 0.0, -0.3], [3, 3, 3, 3, 4]
+    mask, end = [1, 1, 0, 0, 1], episode_end
+    return Sample(
+        [5, 6],
+        [8, 9, 20, 21, 10],
+        logprobs,
+        versions,
+        1.0,
+        finish_reason,
+        loss_mask=mask,
+        turns=2,
+        tool_calls=1,
+        episode_end=end,
+    )
+
+
+def test_collate_a_two_turn_episode_trains_only_its_model_tokens():
+    one_turn = Sample([5, 6], [7], [-0.5], [2], 0.0)
+    b = collate([Group("a", 0, 0, [_two_turns(), one_turn])])
+    assert b.input_ids.tolist() == [[5, 6, 8, 9, 20, 21, 10], [5, 6, 7, 0, 0, 0, 0]]
+    assert b.attention_mask.tolist() == [[1] * 7, [1, 1, 1, 0, 0, 0, 0]]
+    # shifted grid: completion token j (at p + j) is scored at p + j - 1 = 1 + j
+    assert b.loss_mask.tolist() == [[0, 1, 1, 0, 0, 1], [0, 1, 0, 0, 0, 0]]
+    want = torch.tensor([[0, -0.1, -0.2, 0, 0, -0.3], [0, -0.5, 0, 0, 0, 0]])
+    assert torch.equal(b.behavior_logprobs, want)
+    odd = _two_turns()  # a log-prob on an environment token is never used
+    odd.behavior_logprobs[2:4] = [-9.0, -9.0]
+    assert torch.equal(collate([Group("a", 0, 0, [odd])]).behavior_logprobs, want[:1])
+    # the environment's tokens carry version 3 in the sample but are judged by no staleness
+    assert b.token_versions.tolist() == [[-1, 3, 3, -1, -1, 4], [-1, 2, -1, -1, -1, -1]]
+    assert b.truncated.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("end", "finish", "cut"),
+    [("done", "stop", 0.0), ("done", "length", 1.0), ("max_turns", "stop", 1.0),
+     ("max_tokens", "stop", 1.0), ("length", "length", 1.0), ("env_timeout", "stop", 1.0),
+     ("env_error", "stop", 1.0)],
+)  # fmt: skip
+def test_collate_an_episode_cut_by_a_limit_is_truncated(end, finish, cut):
+    """``algorithm.truncated`` treats an episode cut short as a completion cut at the limit."""
+    assert collate([Group("a", 0, 0, [_two_turns(end, finish)])]).truncated.tolist() == [cut]

@@ -99,3 +99,24 @@ def test_a_restart_of_the_same_run_keeps_the_versions_it_sent(tmp_path, same_run
     hub, _, pub, _ = _hub(tmp_path, meta={"learner_run_dir": run, "weights_sent_max": "7"})
     hub.start(3)
     assert pub.sent_max == (7 if same_run else -1)
+
+
+def test_the_step_record_has_episode_metrics_only_for_episodes(tmp_path):
+    """metrics.jsonl: a single-turn step's record has no ``episode/*``; a step with one
+    multi-turn episode among its 8 samples has them."""
+    hub, feed, _, rec = _hub(tmp_path)
+    s = feed.entries[2].group.samples[0]  # the second step's first sample: 2 turns, 1 call
+    hub.start(0)
+    hub.next_groups(0)
+    hub.after_step(_state(1), {})
+    assert not [k for k in rec.records[0] if k.startswith("episode/")]
+    s.loss_mask = [1] * len(s.completion_ids) + [0, 1]
+    s.completion_ids += [9, 9]
+    s.behavior_logprobs += [0.0, -1.0]
+    s.token_versions += [0, 0]
+    s.turns, s.tool_calls, s.episode_end = 2, 1, "max_turns"
+    hub.next_groups(1)
+    hub.after_step(_state(2), {})
+    record = rec.records[1]
+    assert record["episode/turns_mean"] == 9 / 8 and record["episode/tool_call_rate"] == 1 / 8
+    assert record["episode/end_max_turns"] == 1 / 8 and record["episode/end_done"] == 7 / 8

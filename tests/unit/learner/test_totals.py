@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from asyncrl.learner.hub.totals import RunTotals
+from asyncrl.core.types import EPISODE_ENDS, Sample
+from asyncrl.learner.hub.totals import EpisodeTally, RunTotals, episode_metrics
 
 
 @dataclass
@@ -15,6 +16,10 @@ class S:
     reward_error: str = ""
     token_versions: list = field(default_factory=lambda: [3, 4])
     completion_ids: list = field(default_factory=lambda: [1, 2])
+    loss_mask: list | None = None
+    episode_end: str = "done"
+    tool_calls: int = 0
+    tool_errors: int = 0
 
 
 @dataclass
@@ -50,6 +55,8 @@ def test_restored_totals_continue_as_if_never_stopped():
     assert got["weight_sync"]["count"] == 4 and got["weight_sync"]["failures"] == 2
     assert got["weight_sync"]["regroups"] == 4
     assert got["reward_errors"]["count"] == 8
+    assert got["episodes"] == {"by_end": {k: 16 * (k == "done") for k in EPISODE_ENDS},
+                               "tool_calls": 0, "tool_errors": 0}  # fmt: skip
 
 
 def test_admission_figures_closed_form():
@@ -122,3 +129,63 @@ def test_the_recorder_counts_tokens_masked_as_stale_only_where_they_leave_the_lo
     rec.step(fields, [G("0:1"), G("0:2")], [1, 1], {}, {"tokens_masked_stale": 5.0})
     assert rec.totals.masked_stale == masked
     assert rec.totals.admission()["trained_token_frac"] == (14 - masked) / 14
+
+
+def test_token_staleness_counts_model_tokens_only():
+    """An episode's environment tokens (mask 0) were sampled by no version: not counted."""
+    t = RunTotals()
+    episode = S(token_versions=[2, 2, 2, 4], completion_ids=[1, 2, 3, 4], loss_mask=[1, 0, 0, 1])
+    t.count_trained([G("0:1", samples=[episode, S()])], [2], version=4)
+    got = t.to_dict({}, 0.0, {})
+    assert got["trained_token_staleness_histogram"] == {"0": 2, "1": 1, "2": 1}
+    assert got["completion_lengths"]["trained"]["mean"] == 3.0  # completion tokens: 4 and 2
+
+
+def _episode(turns=1, calls=0, errors=0, end="done", mask=(1, 1, 1, 1)) -> Sample:
+    c = len(mask)
+    return Sample([1], [2] * c, [-0.5] * c, [0] * c, 0.0, loss_mask=list(mask), turns=turns,
+                  tool_calls=calls, tool_errors=errors, episode_end=end)  # fmt: skip
+
+
+def test_episode_totals_count_ends_calls_and_errors_across_a_resume():
+    samples = [_episode(3, 2, 1, "max_turns"), _episode(2, 1, 0), _episode(1, 0, 0, "length")]
+    whole = EpisodeTally()
+    whole.add(samples)
+    first = EpisodeTally()
+    first.add(samples[:1])
+    again = EpisodeTally(first.to_dict())
+    again.add(samples[1:])
+    assert again.to_dict() == whole.to_dict()
+    ends = {k: 0 for k in EPISODE_ENDS} | {"done": 1, "max_turns": 1, "length": 1}
+    assert whole.to_dict() == {"by_end": ends, "tool_calls": 3, "tool_errors": 1}
+    assert EpisodeTally(None).to_dict()["tool_calls"] == 0  # a checkpoint from before
+
+
+def test_episode_metrics_closed_form():
+    """4 samples: turns 3, 2, 1, 1; calls 2, 1, 0, 0 with 1 error; 16 tokens, 12 by the model."""
+    samples = [
+        _episode(3, 2, 1, "max_turns", (1, 0, 1, 1)),
+        _episode(2, 1, 0, "done", (1, 1, 0, 1)),
+        _episode(1, 0, 0, "length", (1, 1, 0, 0)),
+        _episode(1, 0, 0, "done"),
+    ]
+    got = episode_metrics(samples)
+    want = {
+        "episode/turns_mean": 7 / 4,
+        "episode/tool_calls_mean": 3 / 4,
+        "episode/tool_call_rate": 2 / 4,
+        "episode/tool_error_rate": 1 / 3,
+        "episode/model_token_frac": 12 / 16,
+    } | {f"episode/end_{k}": 0.0 for k in EPISODE_ENDS}
+    want |= {"episode/end_done": 0.5, "episode/end_max_turns": 0.25, "episode/end_length": 0.25}
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-12) and set(got) == set(want)
+
+
+def test_episode_metrics_only_for_more_than_single_turns():
+    """A single-turn run's metrics.jsonl records are what they were; one sign of an episode
+    (a second turn, a call, another end) is enough; no calls: error rate 0."""
+    assert episode_metrics([_episode(), _episode(mask=(1,))]) == {}
+    for odd in (_episode(turns=2), _episode(calls=1), _episode(end="env_error")):
+        got = episode_metrics([_episode(), odd])
+        assert len(got) == 5 + len(EPISODE_ENDS)
+    assert episode_metrics([_episode(end="max_tokens")])["episode/tool_error_rate"] == 0.0

@@ -1,0 +1,185 @@
+"""Prompt -> ``n`` episodes at once -> scored ``Sample``s: the multi-turn side of
+``asyncrl.actors.groups.GroupMaker`` (``episode.env`` or ``episode.tools`` set).
+
+The ``n`` episodes of a prompt run concurrently (``runner.run_episode``); each becomes one
+``Sample`` whose response holds every turn (``loss_mask`` 1 on the model's tokens). Its reward
+is the environment's (the sum of its steps' rewards; an ``info``'s numbers become the sample's
+``reward_extras``), or, when the environment gave none, ``task.reward_fn`` on the last answer,
+scored for all such episodes of the group at once. An episode the environment ended
+(``env_timeout``, ``env_error``) keeps what its steps gave, else 0. One that ended before its
+first model turn has no tokens: it becomes a placeholder of one end-of-sequence token that
+trains nothing (``loss_mask`` 0) with reward 0, so the group keeps its ``n`` samples and the
+failure is counted, not dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.actors.episodes.runner import EnvHost, Episode, Limits, Turn, run_episode
+from asyncrl.core.types import MAX_REWARD_EXTRAS, Sample
+
+_FAILED_ENDS = ("env_timeout", "env_error")
+
+
+@dataclass
+class EpisodeCounts:
+    """What the episodes of one actor did (``actor<i>.json``, the actor's log)."""
+
+    episodes: int = 0
+    ends: Counter = field(default_factory=Counter)
+    """Episodes by ``asyncrl.core.types.EPISODE_ENDS`` kind."""
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    env_failures: list[str] = field(default_factory=list)
+    """The first few reasons an environment ended an episode (``env_timeout``/``env_error``)."""
+
+    def add(self, e: Episode) -> None:
+        self.episodes += 1
+        self.ends[e.end] += 1
+        self.turns += e.trajectory.turns if e.trajectory else 0
+        self.tool_calls += e.tool_calls
+        self.tool_errors += e.tool_errors
+        if e.error and len(self.env_failures) < 8:
+            self.env_failures.append(f"{e.end}: {e.error}")
+
+    def to_dict(self) -> dict:
+        return {
+            "episodes": self.episodes,
+            "ends": dict(self.ends),
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+            "env_failures": list(self.env_failures),
+        }
+
+
+@dataclass
+class EpisodeGroups:
+    """Builds the samples of one prompt's ``n`` episodes (see the module docstring).
+
+    ``score(prompt_text, texts, fields)`` is the task's reward scorer
+    (``RewardScorer.score_all``); ``version()`` the engine's weight version now (the
+    placeholder of an episode with no tokens carries it); ``eos_id`` the placeholder token.
+    """
+
+    host: EnvHost
+    turn: Turn
+    limits: Limits
+    score: Callable[..., Any]
+    version: Callable[[], int]
+    eos_id: int
+    counts: EpisodeCounts = field(default_factory=EpisodeCounts)
+
+    async def samples(self, prompt, group_id: str, seed: int, n: int) -> list[Sample]:
+        """``n`` episodes of ``prompt`` (an ``asyncrl.actors.data.prompt.Prompt``) at once,
+        episode ``j`` seeded ``seed + j * 1009`` (its turn ``t``: ``+ t``)."""
+        return (await self.run(prompt, group_id, seed, n))[1]
+
+    async def run(
+        self, prompt, group_id: str, seed: int, n: int
+    ) -> tuple[list[Episode], list[Sample]]:
+        """``samples``, with the episodes they came from (their conversations)."""
+        row = {**prompt.fields, "prompt": prompt.text}
+        runs = [
+            run_episode(self.host, self.turn, self.limits, f"{group_id}:{j}", row, seed + j * 1009)
+            for j in range(n)
+        ]
+        episodes = list(await asyncio.gather(*runs))
+        for e in episodes:
+            self.counts.add(e)
+        return episodes, await self._scored(prompt, episodes)
+
+    def with_turn(self, turn: Turn) -> EpisodeGroups:
+        """The same environments and limits, generating with ``turn`` (validation's sampling)
+        and counting apart."""
+        return dataclasses.replace(self, turn=turn, counts=EpisodeCounts())
+
+    async def _scored(self, prompt, episodes: list[Episode]) -> list[Sample]:
+        ask = [
+            i
+            for i, e in enumerate(episodes)
+            if e.reward is None and e.trajectory is not None and e.end not in _FAILED_ENDS
+        ]
+        scored = await self.score(
+            prompt.text, [episodes[i].last_answer for i in ask], prompt.fields
+        )
+        by_index = dict(zip(ask, scored, strict=True))
+        prompt_ids = _common_prefix([e.trajectory.prompt_ids for e in episodes if e.trajectory])
+        samples = []
+        for i, e in enumerate(episodes):
+            s = by_index.get(i)
+            reward = s.value if s else (e.reward or 0.0)
+            error, extras = (s.reason, s.extras) if s else ("", _numbers(e.info))
+            samples.append(self._sample(e, prompt_ids, reward, error, extras))
+        return samples
+
+    def _sample(
+        self, e: Episode, prompt_ids: list[int], reward: float, error: str, extras
+    ) -> Sample:
+        """One episode as a ``Sample`` of the group prompt ``prompt_ids``: what its own first
+        prompt holds beyond it (an environment may open each episode differently) leads its
+        response, masked, with the version of its first model token."""
+        t = e.trajectory
+        if t is None:  # nothing generated: a placeholder that trains nothing
+            v = self.version()
+            return Sample(prompt_ids or [self.eos_id], [self.eos_id], [0.0], [v], 0.0, "stop",
+                          loss_mask=[0], episode_end=e.end)  # fmt: skip
+        lead = t.prompt_ids[len(prompt_ids) :]
+        k = len(lead)
+        return Sample(
+            list(prompt_ids),
+            lead + list(t.ids),
+            [0.0] * k + list(t.logprobs),
+            t.versions[:1] * k + list(t.versions),
+            reward,
+            e.finish_reason,
+            error,
+            extras,
+            loss_mask=[0] * k + list(t.mask),
+            turns=t.turns,
+            tool_calls=e.tool_calls,
+            tool_errors=e.tool_errors,
+            episode_end=e.end,
+        )
+
+
+def _common_prefix(prompts: list[list[int]]) -> list[int]:
+    """The longest prefix all ``prompts`` share; ValueError when they share no token (a
+    group needs a prompt of one token at least)."""
+    if not prompts:
+        return []
+    first, n = prompts[0], min(len(p) for p in prompts)
+    k = next((i for i in range(n) if any(p[i] != first[i] for p in prompts)), n)
+    if k == 0:
+        raise ValueError(
+            "the episodes of one prompt open with prompts that share no first token; an "
+            "environment's reset must render through the same chat template"
+        )
+    return list(first[:k])
+
+
+def _numbers(info: dict) -> dict[str, float]:
+    """An ``info``'s finite numbers (bools as 0/1), at most ``MAX_REWARD_EXTRAS``."""
+    out: dict[str, float] = {}
+    for k, v in info.items():
+        number = isinstance(v, bool | int | float) and math.isfinite(float(v))
+        if isinstance(k, str) and k and number and len(out) < MAX_REWARD_EXTRAS:
+            out[k] = float(v)
+    return out
+
+
+def conversation_text(e: Episode) -> str:
+    """An episode after its first messages, one ``role: content`` line per message (model
+    turns as decoded, tool calls included): what a logged validation sample shows."""
+    if e.trajectory is None:
+        return f"[no model turn: {e.end}: {e.error}]"
+    later = e.trajectory.messages[e.opening :]
+    return "\n".join(f"{m['role']}: {m['content']}" for m in later)
