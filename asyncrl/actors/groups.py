@@ -100,7 +100,14 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     def renderer(schemas: list[dict]) -> ChatRenderer:
         key = json.dumps(schemas, sort_keys=True)
         if key not in renderers:
-            renderers[key] = ChatRenderer(tok, schemas)
+            renderers[key] = r = ChatRenderer(tok, schemas)
+            if schemas and not r.tools_in_template:
+                print(
+                    f"[actor {maker.actor_id}] the chat template ignores tools=: the "
+                    f"{len(schemas)} tool schema(s) go into the system message, in Hermes' "
+                    "format (docs/environments.md)",
+                    flush=True,
+                )
         return renderers[key]
 
     def turn(temperature: float, options: dict) -> Turn:

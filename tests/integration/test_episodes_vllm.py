@@ -29,11 +29,12 @@ from asyncrl.actors.rewards.scoring import RewardScorer  # noqa: E402
 from asyncrl.buffer.redis_buffer import ReplayBuffer  # noqa: E402
 from asyncrl.core.config.load import load_config  # noqa: E402
 from asyncrl.learner.compute.batch import collate  # noqa: E402
-from asyncrl.orchestration.demo.model import build_demo_model  # noqa: E402
+from asyncrl.orchestration.demo.warmstart import prepare_demo_model  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-SMALL = dict(num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1)
+SFT_STEPS = 50  # experiment=tiny's warm start (the e2e runs share its cached directory):
+# it answers in a few tokens, so most episodes reach their second turn; a random model rambles
 GROUPS = 2
 TOL = 2e-3  # |sampled - teacher-forced| log-prob, float32 on one CPU core (batching noise)
 
@@ -50,8 +51,11 @@ def made(tmp_path_factory, loop):
     """``(cfg, engine, tokenizer, groups)``: GROUPS groups of the chain task, sampled."""
     from transformers import AutoTokenizer
 
-    model_dir = str(build_demo_model(tmp_path_factory.mktemp("demo") / "m", seed=0, **SMALL))
+    import torch
+
     cfg = load_config(["experiment=chain", "sampling.n_samples=3", "episode.env_workers=1"])
+    torch.set_num_threads(1)
+    model_dir = str(prepare_demo_model(cfg.model.cache_dir, sft_steps=SFT_STEPS))
     start = ActorEngine.start(
         model_dir, dtype="float32", max_model_len=256, kv_cache_bytes=32 << 20, seed=0,
         cpu_bind="auto",
@@ -60,8 +64,12 @@ def made(tmp_path_factory, loop):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     scorer = RewardScorer(addition_reward, cfg.task, print)
     maker = GroupMaker(cfg, 0, engine, AdditionSource(seed=0), tokenizer, scorer)
+
+    async def make():
+        return await asyncio.gather(*(maker.make(i) for i in range(GROUPS)))
+
     try:
-        groups = loop.run_until_complete(asyncio.gather(*(maker.make(i) for i in range(GROUPS))))
+        groups = loop.run_until_complete(make())
         yield cfg, engine, tokenizer, groups
     finally:
         loop.run_until_complete(maker.close())

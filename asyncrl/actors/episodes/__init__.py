@@ -1,4 +1,5 @@
-"""Multi-turn episodes: what a model's turn asks of its tools, and the tools that answer.
+"""Multi-turn episodes: the model's turns against an environment and tools, token for token
+(docs/environments.md).
 
     tool_calls  the tool calls in a model's text (``hermes``: Qwen's ``<tool_call>`` JSON),
                 each malformed one named, never silently dropped
@@ -15,6 +16,8 @@
                 every call with a deadline; EnvTimeout / EnvError / EnvCrashed, counted
     env_process one worker process seen from the actor (JSON lines, reader/writer threads)
     env_worker  the worker process: many episodes on one asyncio loop, sync code in threads
-
-The episode loop builds on these.
+    runner      one episode: generate a turn -> tools or the environment's step -> the
+                template's tokens -> ...; every limit and failure ends it with a reason
+    group       a prompt's n episodes at once -> scored ``Sample``s (the environment's reward,
+                or ``task.reward_fn`` on the last answer); the counts of how they ended
 """

@@ -101,6 +101,7 @@ def check_inputs(cfg: Config, roles: Collection[str], plan: Plan) -> str:
     needs the model's tokenizer, after it."""
     if "actors" in roles:
         check_reward_fn(cfg)  # bad input fails here, before the warm start and any process
+        check_episode(cfg)
     if "learner" in roles:
         check_available(cfg.logger)  # a tracker's missing library too
     warn_model_settings(cfg)  # config only: shown even when the model is refused next
@@ -128,6 +129,27 @@ def check_reward_fn(cfg: Config) -> None:
     except ValueError as e:
         raise ValueError(f"task.reward_fn: {e}") from e
     preflight(fn)  # e.g. python_code_reward: can this machine sandbox model-written code?
+
+
+def check_episode(cfg: Config) -> None:
+    """Import ``episode.env`` and ``episode.tools`` and build each tool's schema, so a wrong
+    name, a class without ``reset``/``step`` or a tool without type hints and docstring fails
+    at once with the key named (each actor's environment workers load them again)."""
+    if not cfg.episode.enabled:
+        return
+    from asyncrl.actors.episodes.env import load_environment, load_tools
+    from asyncrl.actors.episodes.tools import tool_from_function
+
+    if cfg.episode.env:
+        try:
+            load_environment(cfg.episode.env)
+        except ValueError as e:
+            raise ValueError(f"episode.env: {e}") from e
+    try:
+        for fn in load_tools(cfg.episode.tools):
+            tool_from_function(fn)
+    except ValueError as e:
+        raise ValueError(f"episode.tools: {e}") from e
 
 
 def warn_model_settings(cfg: Config, detect: Callable[[], tuple[str, ...]] | None = None) -> None:
