@@ -49,9 +49,8 @@ def loop():
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, loop):
     """``(cfg, engine, tokenizer, groups)``: GROUPS groups of the chain task, sampled."""
-    from transformers import AutoTokenizer
-
     import torch
+    from transformers import AutoTokenizer
 
     cfg = load_config(["experiment=chain", "sampling.n_samples=3", "episode.env_workers=1"])
     torch.set_num_threads(1)
