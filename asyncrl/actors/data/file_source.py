@@ -126,7 +126,8 @@ class FileSource:
         epoch, pos = divmod(index, self.size)
         row = self.rows[self._order(epoch)[pos]]
         text, ids = self.format(row)
-        return Prompt(index, text, dict(row.fields), token_ids=ids)
+        messages = None if isinstance(row.prompt, str) else self._templated(row)
+        return Prompt(index, text, dict(row.fields), token_ids=ids, messages=messages)
 
     def format(self, row: Row) -> tuple[str, list[int]]:
         """(text, token ids) of ``row``'s prompt (module docstring: formatting)."""

@@ -20,3 +20,7 @@ class Prompt:
     token_ids: list[int] | None = None
     """The prompt's tokens when the source tokenized it (chat-templated prompts); None = the
     actor encodes ``text`` with the model's tokenizer."""
+    messages: list[dict] | None = None
+    """The prompt as chat messages, when the source has them (a dataset's chat prompts, after
+    ``data.prompt_template``): a multi-turn episode starts from these (``row["messages"]``),
+    not from the rendered ``text``. None for a plain-text prompt."""

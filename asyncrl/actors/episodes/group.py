@@ -88,6 +88,8 @@ class EpisodeGroups:
     ) -> tuple[list[Episode], list[Sample]]:
         """``samples``, with the episodes they came from (their conversations)."""
         row = {**prompt.fields, "prompt": prompt.text}
+        if prompt.messages is not None:  # a chat prompt: the episode starts from its messages
+            row["messages"] = [dict(m) for m in prompt.messages]
         runs = [
             run_episode(self.host, self.turn, self.limits, f"{group_id}:{j}", row, seed + j * 1009)
             for j in range(n)

@@ -227,3 +227,17 @@ def test_an_episode_whose_reset_failed_is_a_placeholder_that_trains_nothing():
         assert (s.completion_ids, s.loss_mask, s.token_versions, s.reward) == ([EOS], [0], [4], 0.0)
         assert s.episode_end == "env_error"
     assert groups.counts.env_failures[0].startswith("env_error: reset: scripted crash")
+
+
+def test_a_chat_prompt_reaches_the_environment_as_its_messages():
+    host = ScriptedHost([Q1], [StepResult([], 1.0, True)])
+    groups = EpisodeGroups(
+        host, turn(Model({"what is 12+5?": "17"})), LIMITS, scorer([]), lambda: 0, EOS
+    )
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12+5?"}]
+    prompt = Prompt(
+        0, "system: be brief\nuser: 12+5?\nassistant: ", {"answer": "17"}, messages=chat
+    )
+    asyncio.run(groups.samples(prompt, "s:2", 0, 2))
+    rows = [c[2] for c in host.calls if c[0] == "open"]
+    assert [r["messages"] for r in rows] == [chat, chat] and rows[0]["answer"] == "17"

@@ -87,6 +87,7 @@ def test_verl_parquet_chat_prompts_and_reward_fields(tmp_path, model_dir, tokeni
     want = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
     want = want["input_ids"] if hasattr(want, "keys") else want
     assert p.token_ids == list(want)
+    assert p.messages == row["prompt"]  # a multi-turn episode starts from these
     assert p.fields == {  # every column but the prompt, plus the reserved names
         "data_source": "openai/gsm8k",
         "ability": "math",
@@ -102,7 +103,7 @@ def test_jsonl_plain_prompts_are_used_as_they_are(tmp_path, model_dir, tokenizer
     f = write_jsonl(tmp_path / "train.jsonl", rows)
     src = source(cfg_for([f], "data.prompt_key=question", "data.shuffle=false"), model_dir)
     p = src.get(2)
-    assert p.text == "2+1=" and p.token_ids == tokenizer.encode("2+1=")
+    assert p.text == "2+1=" and p.token_ids == tokenizer.encode("2+1=") and p.messages is None
     assert p.fields == {"answer": "3", "level": 2, "ground_truth": "3"}
     assert "data_source" not in p.fields and "extra_info" not in p.fields  # keys not set
 
@@ -125,6 +126,7 @@ def test_prompt_template_formats_plain_and_chat_prompts(tmp_path, model_dir):
     c = write_jsonl(tmp_path / "c.jsonl", [{"prompt": chat, "answer": "4", "unit": "m"}])
     got = source(cfg_for([c], f"data.prompt_template={tpl}"), model_dir).get(0)
     assert got.text == "system: be brief\nuser: 2+2 answer in m.\nassistant: "
+    assert got.messages == [chat[0], {"role": "user", "content": "2+2 answer in m."}]
 
 
 def test_demo_tokenizer_has_the_chat_template(tokenizer):
