@@ -25,14 +25,12 @@ checks here run there, and name the environment and the fix when a return value 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
+
+from asyncrl.core.runtime.specs import load_object as _load
 
 Messages = list[dict[str, Any]]
 
@@ -59,58 +57,10 @@ class StepResult:
 
 def load_object(spec: str, what: str) -> Any:
     """The object named by ``spec`` (``"module:attr"`` or ``"file.py:attr"``); ``what`` names it
-    in errors (``"environment"``, ``"tool"``). A ``ValueError`` naming the spec and the fix when
-    the spec is malformed, the module cannot be imported or has no such attribute.
-
-    The same rules as ``asyncrl.actors.rewards.loading.load_reward_fn`` (which this room may
-    not import); a file is registered in ``sys.modules`` before it runs, so the dataclasses
-    of a file with ``from __future__ import annotations`` load."""
-    target, sep, attr = (spec or "").rpartition(":")
-    if not sep or not target or not attr.isidentifier():
-        raise ValueError(
-            f"{what} spec {spec!r} is malformed: expected 'package.module:Name' or "
-            f"'path/to/file.py:Name'"
-        )
-    if target.endswith(".py"):
-        module = _load_file(spec, what, Path(target))
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise ValueError(
-                f"{what} spec {spec!r}: cannot import module {target!r} ({e}); check the name "
-                "and that it is on PYTHONPATH, or give a file path ending in .py"
-            ) from e
-    if not hasattr(module, attr):
-        raise ValueError(
-            f"{what} spec {spec!r}: {target!r} has no attribute {attr!r}; define it there or "
-            "fix the name after ':'"
-        )
-    return getattr(module, attr)
-
-
-def _load_file(spec: str, what: str, path: Path) -> Any:
-    if not path.is_file():
-        raise ValueError(
-            f"{what} spec {spec!r}: file {str(path)!r} not found (relative paths are resolved "
-            f"from {Path.cwd()}); fix the path or use 'package.module:Name'"
-        )
-    name = f"asyncrl_user_{abs(hash(str(path.resolve())))}"
-    if name in sys.modules:  # an environment and its tools in one file: one module
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ValueError(f"{what} spec {spec!r}: cannot load {str(path)!r} as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[name]
-        raise ValueError(
-            f"{what} spec {spec!r}: importing {str(path)!r} failed: {type(e).__name__}: {e}"
-        ) from e
-    return module
+    in errors (``"environment"``, ``"tool"``). ``asyncrl.core.runtime.specs.load_object``, with
+    a file shared by every spec that names it (an environment and its tools in one file are
+    one module)."""
+    return _load(spec, what, share=True)
 
 
 def load_environment(spec: str) -> type:

@@ -29,11 +29,10 @@ the file with importlib; nothing is ``eval``-ed).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 from collections.abc import Callable
-from pathlib import Path
+
+from asyncrl.core.runtime.specs import load_object
 
 RewardFn = Callable[..., "float | dict"]
 
@@ -46,55 +45,14 @@ def load_reward_fn(spec: str) -> RewardFn:
     file cannot be found or imported, the attribute is missing, it is not callable, or it is
     verl-style but cannot take verl's call.
     """
-    target, sep, attr = (spec or "").rpartition(":")
-    if not sep or not target or not attr.isidentifier():
-        raise ValueError(
-            f"reward spec {spec!r} is malformed: expected 'package.module:function' or "
-            f"'path/to/file.py:function'"
-        )
-    if target.endswith(".py"):
-        module = _load_file(spec, Path(target))
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise ValueError(
-                f"reward spec {spec!r}: cannot import module {target!r} ({exc}); check the name "
-                f"and that it is on PYTHONPATH, or give a file path ending in .py"
-            ) from exc
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise ValueError(
-            f"reward spec {spec!r}: {target!r} has no attribute {attr!r}; define "
-            f"'def {attr}(prompt, completion, **fields)' there or fix the name after ':'"
-        )
+    attr = (spec or "").rpartition(":")[2]
+    fn = load_object(spec, "reward", define=f"'def {attr}(prompt, completion, **fields)'")
     if not callable(fn):
         raise ValueError(
-            f"reward spec {spec!r}: {target}:{attr} is a {type(fn).__name__}, not callable; "
+            f"reward spec {spec!r}: {attr} is a {type(fn).__name__}, not callable; "
             f"point the spec at a function"
         )
     return VerlReward(fn, spec) if is_verl_style(fn) else fn
-
-
-def _load_file(spec: str, path: Path):
-    """Import the Python file ``path`` as a fresh module (for ``file.py:function`` specs)."""
-    if not path.is_file():
-        raise ValueError(
-            f"reward spec {spec!r}: file {str(path)!r} not found (relative paths are resolved "
-            f"from {Path.cwd()}); fix the path or use 'package.module:function'"
-        )
-    name = f"asyncrl_reward_{abs(hash(str(path.resolve())))}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ValueError(f"reward spec {spec!r}: cannot load {str(path)!r} as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ValueError(
-            f"reward spec {spec!r}: importing {str(path)!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    return module
 
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")

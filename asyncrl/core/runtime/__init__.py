@@ -7,4 +7,5 @@ rundir    the run directory: created, checked writable, locked by one job
 torchrun  TCPStore servers that listen on one address
 heap      the start-up heap out of the garbage collector's way
 faults    failpoints for the fault-injection tests (inert unless set)
+specs     user code named by a spec (``module:name`` or ``file.py:name``), never eval-ed
 """

@@ -61,6 +61,18 @@ def test_file_that_fails_to_import(tmp_path):
         load_reward_fn(f"{f}:f")
 
 
+def test_a_reward_file_with_a_dataclass_and_postponed_annotations_loads(tmp_path):
+    """dataclasses look their module up in sys.modules while the file runs: a file loaded
+    without registering it failed with AttributeError ('NoneType' ... '__dict__')."""
+    f = tmp_path / "typed.py"
+    f.write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n\n"
+        "@dataclass\nclass Weights:\n    exact: float = 1.0\n\n"
+        "def score(prompt, completion, **fields):\n    return Weights().exact\n"
+    )
+    assert load_reward_fn(f"{f}:score")("p", "c") == 1.0
+
+
 def test_missing_attribute():
     with pytest.raises(
         ValueError, match=r"'asyncrl.actors.rewards' has no attribute 'nope'.*def nope"
