@@ -125,6 +125,7 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     version = lambda: maker.engine.version  # noqa: E731
     train = turn(s.temperature, s.engine_options())
     groups = EpisodeGroups(pool, train, limits, maker.scorer.score_all, version, tok.eos_token_id)
+    groups.say = lambda text: print(f"[actor {maker.actor_id}] {text}", flush=True)
     ev = cfg.eval  # validation samples as it does one completion: greedy for one sample
     maker.eval_episodes = groups.with_turn(turn(0.0 if ev.n_samples == 1 else ev.temperature, {}))
     return groups

@@ -41,6 +41,11 @@ class EpisodeCounts:
     env_failures: list[str] = field(default_factory=list)
     """The first few reasons an environment ended an episode (``env_timeout``/``env_error``)."""
 
+    @property
+    def failures(self) -> int:
+        """Episodes an environment ended (``env_timeout``, ``env_error``)."""
+        return sum(self.ends[k] for k in _FAILED_ENDS)
+
     def add(self, e: Episode) -> None:
         self.episodes += 1
         self.ends[e.end] += 1
@@ -77,6 +82,8 @@ class EpisodeGroups:
     version: Callable[[], int]
     eos_id: int
     counts: EpisodeCounts = field(default_factory=EpisodeCounts)
+    say: Callable[[str], None] = print
+    """Where an environment failure is told: the first 3, then the 10th, 100th, ..."""
 
     async def samples(self, prompt, group_id: str, seed: int, n: int) -> list[Sample]:
         """``n`` episodes of ``prompt`` (an ``asyncrl.actors.data.prompt.Prompt``) at once,
@@ -97,6 +104,9 @@ class EpisodeGroups:
         episodes = list(await asyncio.gather(*runs))
         for e in episodes:
             self.counts.add(e)
+            n = self.counts.failures
+            if e.error and (n <= 3 or str(n).rstrip("0") == "1"):
+                self.say(f"episode {e.end} ({n} of {self.counts.episodes} so far): {e.error}")
         return episodes, await self._scored(prompt, episodes)
 
     def with_turn(self, turn: Turn) -> EpisodeGroups:

@@ -227,6 +227,12 @@ def test_an_episode_whose_reset_failed_is_a_placeholder_that_trains_nothing():
         assert (s.completion_ids, s.loss_mask, s.token_versions, s.reward) == ([EOS], [0], [4], 0.0)
         assert s.episode_end == "env_error"
     assert groups.counts.env_failures[0].startswith("env_error: reset: scripted crash")
+    told: list[str] = []
+    groups.say = told.append
+    for i in range(12):  # the first 3 failures are told, then the 10th, 100th, ...
+        asyncio.run(groups.samples(Prompt(0, "12+5=", {}), f"s:{i + 3}", 0, 1))
+    assert [t.split(" (")[1].split(" of")[0] for t in told] == ["3", "10"]
+    assert told[0].startswith("episode env_error (3 of 3 so far): reset: scripted crash")
 
 
 def test_a_chat_prompt_reaches_the_environment_as_its_messages():
