@@ -12,7 +12,7 @@ answer scored by ``addition_reward`` (partial credit per digit) against the true
 question adds a small number to the true sum, not to the model's answer, so one wrong turn
 does not doom the next. The episode's reward is the mean score of its turns (each step
 returns its score / ``TURNS``). Deterministic: the added numbers come from a hash of the row.
-It is the fast end-to-end multi-turn task (the demo model learns it in a minute); it returns
+It is the fast end-to-end multi-turn task (a few seconds a step on the demo model); it returns
 plain tuples, so it imports nothing of asyncrl's episode code.
 """
 

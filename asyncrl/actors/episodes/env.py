@@ -2,7 +2,8 @@
 spec like ``task.reward_fn`` (``"package.module:Name"`` or ``"path/to/file.py:Name"``).
 
     class Environment:                       # one instance per episode, made with Name()
-        def reset(self, row) -> messages     # row: the prompt's fields, "prompt" (its text)
+        def reset(self, row) -> messages     # row: the prompt's fields, "prompt" (its text),
+                                             # "episode" (j of the prompt's n), "group_id"
                                              # and, for a chat prompt, "messages"
         def step(self, message) -> StepResult | (messages, reward, done, info)
         def tools(self) -> [callables]       # optional: functions or bound methods

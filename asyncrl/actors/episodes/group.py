@@ -97,10 +97,13 @@ class EpisodeGroups:
         row = {**prompt.fields, "prompt": prompt.text}
         if prompt.messages is not None:  # a chat prompt: the episode starts from its messages
             row["messages"] = [dict(m) for m in prompt.messages]
-        runs = [
-            run_episode(self.host, self.turn, self.limits, f"{group_id}:{j}", row, seed + j * 1009)
+        runs = [  # each episode's row says which of the n it is (per-episode determinism)
+            run_episode(
+                self.host, self.turn, self.limits, f"{group_id}:{j}",
+                {**row, "episode": j, "group_id": group_id}, seed + j * 1009,
+            )
             for j in range(n)
-        ]
+        ]  # fmt: skip
         episodes = list(await asyncio.gather(*runs))
         for e in episodes:
             self.counts.add(e)

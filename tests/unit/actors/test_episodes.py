@@ -215,8 +215,8 @@ def test_a_group_holds_n_episodes_scored_by_the_environment_or_the_task():
         assert s.prompt_ids == samples[0].prompt_ids and sum(s.loss_mask) == s.model_tokens
         assert set(s.token_versions) == {9}
     assert groups.counts.to_dict()["ends"] == {"done": 3} and groups.counts.tool_calls == 3
-    opened = [c[1] for c in host.calls if c[0] == "open"]
-    assert sorted(opened) == ["s:0:0", "s:0:1", "s:0:2"]
+    opened = sorted((c[1], c[2]["episode"], c[2]["group_id"]) for c in host.calls if c[0] == "open")
+    assert opened == [("s:0:0", 0, "s:0"), ("s:0:1", 1, "s:0"), ("s:0:2", 2, "s:0")]
 
 
 def test_an_episode_whose_reset_failed_is_a_placeholder_that_trains_nothing():
