@@ -36,8 +36,9 @@ from pathlib import Path
 
 from benchmarks.common import md_table, mean_std
 from benchmarks.multi_turn import slow_env
-from benchmarks.sync_vs_async.report import auto_target, smooth_window, smoothed
+from benchmarks.sync_vs_async.report import _save, auto_target, smooth_window, smoothed
 from benchmarks.sync_vs_async.report import run_figures as sva_figures
+from benchmarks.sync_vs_async.validation import _times
 
 SPEEDUP_TARGET = 1.5
 """Issue 42: async reaches the best synchronous arm's final validation value this much sooner..."""
@@ -187,11 +188,6 @@ def _final_se(figs: list[dict]) -> float | None:
     within = math.sqrt(sum(binom)) / len(finals) if binom else 0.0
     spread = statistics.stdev(finals) / math.sqrt(len(finals)) if len(finals) > 1 else 0.0
     return max(within, spread)
-
-
-def _times(figs: list[dict], key: str, t: float) -> dict:
-    vals = [f[key][str(t)] for f in figs]
-    return {**mean_std(vals), "reached": sum(v is not None for v in vals), "seeds": len(vals)}
 
 
 def analyse_val(runs: list[dict], arms: list[str], metric: str, thresholds: list[float]) -> dict:
@@ -450,12 +446,3 @@ def plot_all(runs: list[dict], report: dict, out_dir: Path, name: str) -> list[s
     ax.legend(fontsize=8)
     paths.append(_save(fig, out_dir / f"{name}_staleness.png"))
     return paths
-
-
-def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.name
