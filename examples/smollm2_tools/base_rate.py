@@ -122,21 +122,38 @@ def load_engine(model_dir: str, max_model_len: int):
 
 def run_variant(llm, tok, renderer_for, name, rows, args, temperature, stops) -> dict:
     """One variant at one temperature: first-turn statistics and whole-episode rewards."""
-    from vllm import SamplingParams
-
-    from asyncrl.actors.episodes.tool_calls import parse_hermes
-    from asyncrl.actors.episodes.tools import ToolBox
-    from asyncrl.actors.rewards import math_reward
-
     with_tools, build = VARIANTS[name]
     renderer = renderer_for(with_tools)
-    box = ToolBox([calculate])
     t0 = time.time()
     samples = args.samples if temperature > 0 else 1  # greedy: one is all there is
     prompts = [renderer.prompt_ids(build(r["question"])) for r in rows]
     # episodes: [row index, prompt ids, response ids so far, texts of the model's turns, end]
     episodes = [[i, p, [], [], None] for i, p in enumerate(prompts) for _ in range(samples)]
-    first: list[tuple[int, str]] = []
+    tokens = play(llm, tok, renderer, episodes, args, temperature, stops)
+    seconds = time.time() - t0
+    first = [(e[0], e[3][0]) for e in episodes]
+    return {
+        "variant": name,
+        "temperature": temperature,
+        "samples": len(first),
+        "prompt_tokens": sum(map(len, prompts)) / len(prompts),
+        **first_turn_stats(first, rows),
+        **episode_stats(episodes, rows),
+        "generated_tokens": tokens,
+        "seconds": round(seconds, 1),
+    }
+
+
+def play(llm, tok, renderer, episodes: list, args, temperature, stops) -> int:
+    """Play ``episodes`` turn by turn as ``asyncrl.actors.episodes.runner`` does (the same
+    budget, ends and template deltas), all live ones in one ``generate`` per turn; returns the
+    tokens generated. Each episode's list is filled in place."""
+    from vllm import SamplingParams
+
+    from asyncrl.actors.episodes.tool_calls import parse_hermes
+    from asyncrl.actors.episodes.tools import ToolBox
+
+    box = ToolBox([calculate])
     tokens, budget = 0, args.max_turns * args.max_tokens  # episode.max_tokens=0's budget
     for turn in range(args.max_turns):
         live = [e for e in episodes if e[4] is None]
@@ -161,8 +178,6 @@ def run_variant(llm, tok, renderer_for, name, rows, args, temperature, stops) ->
             text = tok.decode(ids, skip_special_tokens=True)
             e[2] += ids
             e[3].append(text)
-            if turn == 0:
-                first.append((e[0], text))
             if c.finish_reason == "length":
                 e[4] = "length" if budget - len(e[2]) + len(ids) > args.max_tokens else "max_tokens"
                 continue
@@ -181,7 +196,14 @@ def run_variant(llm, tok, renderer_for, name, rows, args, temperature, stops) ->
                 e[4] = "max_tokens"
                 continue
             e[2] += delta
-    seconds = time.time() - t0
+    return tokens
+
+
+def first_turn_stats(first: list[tuple[int, str]], rows) -> dict:
+    """Rates over the first turns ``(row index, text)``: well-formed, right and malformed
+    calls, plain answers and their accuracy, the first turn's reward."""
+    from asyncrl.actors.episodes.tool_calls import parse_hermes
+    from asyncrl.actors.rewards import math_reward
 
     n = len(first)
     stats, by_op = Counter(), Counter()
@@ -198,6 +220,23 @@ def run_variant(llm, tok, renderer_for, name, rows, args, temperature, stops) ->
         if "<tool_call>" not in text:
             stats["plain"] += 1
             stats["plain_correct"] += math_reward("", text, ground_truth=answer)
+    return {
+        "tool_call_rate": stats["tool_call"] / n,
+        "right_call_rate": stats["right_call"] / n,
+        "right_calls_by_op": {op: by_op[op] for op in make_data.KINDS},
+        "malformed_rate": stats["malformed"] / n,
+        "plain_rate": stats["plain"] / n,
+        "plain_accuracy": stats["plain_correct"] / stats["plain"] if stats["plain"] else None,
+        "first_turn_reward": stats["first_turn_reward"] / n,
+    }
+
+
+def episode_stats(episodes: list, rows) -> dict:
+    """Whole episodes: reward (overall and after a right first call), ends, turns, and one
+    example of each end to read."""
+    from asyncrl.actors.episodes.tool_calls import parse_hermes
+    from asyncrl.actors.rewards import math_reward
+
     rewards = [math_reward("", e[3][-1], ground_truth=rows[e[0]]["answer"]) for e in episodes]
     right_first = [
         (parsed := parse_hermes(e[3][0])).calls
@@ -212,24 +251,11 @@ def run_variant(llm, tok, renderer_for, name, rows, args, temperature, stops) ->
         examples.setdefault(key, {"question": rows[e[0]]["question"],
                                   "answer": rows[e[0]]["answer"], "turns": e[3]})  # fmt: skip
     return {
-        "variant": name,
-        "temperature": temperature,
-        "samples": n,
-        "prompt_tokens": sum(map(len, prompts)) / len(prompts),
-        "tool_call_rate": stats["tool_call"] / n,
-        "right_call_rate": stats["right_call"] / n,
-        "right_calls_by_op": {op: by_op[op] for op in make_data.KINDS},
-        "malformed_rate": stats["malformed"] / n,
-        "plain_rate": stats["plain"] / n,
-        "plain_accuracy": stats["plain_correct"] / stats["plain"] if stats["plain"] else None,
-        "first_turn_reward": stats["first_turn_reward"] / n,
         "episode_reward": sum(rewards) / len(rewards),
         "reward_with_right_call": sum(with_right) / len(with_right) if with_right else None,
         "episodes_with_right_call": len(with_right),
         "episode_ends": dict(Counter(e[4] for e in episodes)),
         "mean_turns": sum(len(e[3]) for e in episodes) / len(episodes),
-        "generated_tokens": tokens,
-        "seconds": round(seconds, 1),
         "examples": examples,
     }
 
