@@ -12,7 +12,6 @@ means; this module only moves lines and processes.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import json
@@ -24,11 +23,9 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-from asyncrl.core.runtime.lifeline import child_cmd
+from asyncrl.core.runtime.lifeline import child_cmd, kill_group, worker_stacks
 
-_STACK_WAIT_S = 0.5  # faulthandler writes from its signal handler at once; this is slack
 _SECRET_ENV = ("ASYNCRL_REDIS_URL",)  # the buffer's password: an environment needs none
 
 
@@ -97,26 +94,12 @@ class EnvProcess:
         """Every thread's stack in the process now (``faulthandler`` on ``SIGUSR1``)."""
         with contextlib.suppress(OSError):
             os.truncate(self.stack_path, 0)  # the worker appends: this dump only
-        try:
-            os.kill(self.proc.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            return "(the worker process is gone)\n"
-        deadline, text = time.monotonic() + _STACK_WAIT_S, ""
-        while not text and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-            with contextlib.suppress(OSError):
-                text = Path(self.stack_path).read_text()
-        return text or "(the worker process did not report its stacks)\n"
+        return await worker_stacks(self.proc.pid, self.stack_path)
 
     def kill(self) -> None:
         """SIGKILL the process and everything it started; the reader reaps it."""
         self.gone = True
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:  # not yet its own group leader (just forked)
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
+        kill_group(self.proc)
         self._out.put(None)
         with contextlib.suppress(OSError):
             os.unlink(self.stack_path)

@@ -42,20 +42,17 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 from asyncrl.actors.rewards.calls import Scored, score_call
 from asyncrl.actors.rewards.loading import RewardFn
 from asyncrl.actors.rewards.sandbox import SandboxError
 from asyncrl.core.runtime.fatal import FatalError
-from asyncrl.core.runtime.lifeline import child_cmd
+from asyncrl.core.runtime.lifeline import child_cmd, kill_group, worker_stacks
 
 START_TIMEOUT_S = 120.0
 """Longest a process worker may take to import the reward function's module."""
-_STACK_WAIT_S = 0.5  # faulthandler writes from its signal handler at once; this is slack
 _JOIN_S = 2.0  # close(): wait this long for each killed worker to be reaped
 _SECRET_ENV = ("ASYNCRL_REDIS_URL",)  # the buffer's password: a reward worker needs none
 _SCORED = [f.name for f in dataclasses.fields(Scored)]
@@ -182,26 +179,11 @@ class ProcessWorker:
 
     async def where(self) -> str:
         """Every thread's stack in the process now (``faulthandler`` on ``SIGUSR1``)."""
-        try:
-            os.kill(self.proc.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            return "(the worker process is gone)\n"
-        deadline = time.monotonic() + _STACK_WAIT_S
-        text = ""
-        while not text and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-            with contextlib.suppress(OSError):
-                text = Path(self._stack_path).read_text()
-        return text or "(the worker process did not report its stack)\n"
+        return await worker_stacks(self.proc.pid, self._stack_path)
 
     def stop(self) -> None:
         """SIGKILL the process and everything it started; the reader reaps it."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:  # not yet its own group leader (just forked)
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
+        kill_group(self.proc)
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         with contextlib.suppress(OSError):

@@ -37,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 ENV = "ASYNCRL_LIFELINE"
@@ -157,3 +158,40 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+WORKER_STACK_WAIT_S = 0.5
+"""How long ``worker_stacks`` waits for a worker's dump (faulthandler writes it at once)."""
+
+
+async def worker_stacks(pid: int, path: str | Path) -> str:
+    """Every thread's stack in worker ``pid`` now: it writes them to ``path`` on
+    ``STACK_SIGNAL`` (``faulthandler.register(..., file=<path>)``; a reward or environment
+    worker). A note when the process is gone or wrote nothing within ``WORKER_STACK_WAIT_S``."""
+    import asyncio
+    import contextlib
+    import time
+
+    try:
+        os.kill(pid, STACK_SIGNAL)
+    except ProcessLookupError:
+        return "(the worker process is gone)\n"
+    deadline, text = time.monotonic() + WORKER_STACK_WAIT_S, ""
+    while not text and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        with contextlib.suppress(OSError):
+            text = Path(path).read_text()
+    return text or "(the worker process did not report its stacks)\n"
+
+
+def kill_group(proc) -> None:
+    """SIGKILL the ``subprocess.Popen`` ``proc`` and everything it started (its session's
+    process group); just ``proc`` if it is not yet its own group leader (just forked)."""
+    import contextlib
+
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
