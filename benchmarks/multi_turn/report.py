@@ -36,7 +36,7 @@ from pathlib import Path
 
 from benchmarks.common import md_table, mean_std
 from benchmarks.multi_turn import slow_env
-from benchmarks.sync_vs_async.report import _save, auto_target, smooth_window, smoothed
+from benchmarks.sync_vs_async.report import _pm, _save, auto_target, smooth_window, smoothed
 from benchmarks.sync_vs_async.report import run_figures as sva_figures
 from benchmarks.sync_vs_async.validation import _times
 
@@ -334,14 +334,6 @@ def _speedup_text(x: dict) -> str:
     if x["sync_s"] == 0:
         return "nothing to time (the synchronous final was met at the start)"
     return "not reached" if x["arm_s"] is None else "sync never reached it"
-
-
-def _pm(per_arm: dict, arm: str, key: str, scale: float = 1.0, fmt: str = "{:.3g}") -> str:
-    m = per_arm[arm]["mean"].get(key, {})
-    if m.get("mean") is None:
-        return "-"
-    s = fmt.format(m["mean"] * scale)
-    return s + (f" ± {fmt.format(m['std'] * scale)}" if m.get("n", 0) > 1 else "")
 
 
 def markdown(report: dict) -> str:
