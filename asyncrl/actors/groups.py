@@ -26,8 +26,10 @@ class GroupMaker:
     ) -> None:
         self.cfg, self.actor_id, self.engine = cfg, actor_id, engine
         self.prompts, self.tokenizer, self.scorer = prompts, tokenizer, scorer
-        self.eval_episodes = None  # set with ``episodes``: validation's sampling
-        self.episodes = episode_groups(cfg, self) if cfg.episode.enabled else None
+        # multi-turn: the training episodes and validation's (eval's sampling); None without
+        self.episodes, self.eval_episodes = (
+            episode_groups(cfg, self) if cfg.episode.enabled else (None, None)
+        )
 
     async def make(self, index: int, generated: Callable[[], None] = lambda: None) -> Group:
         """Prompt ``index`` -> ``n_samples`` whole completions -> rewards -> one Group.
@@ -83,9 +85,10 @@ class GroupMaker:
 
 
 def episode_groups(cfg: Config, maker: GroupMaker):
-    """The multi-turn episode maker of ``maker``'s engine, tokenizer and scorer: an
-    environment pool (``episode.env_workers`` processes), the chat renderer of each tool set,
-    the tool-call parser and the limits (asyncrl/actors/episodes/)."""
+    """The multi-turn episode makers of ``maker``'s engine, tokenizer and scorer, for training
+    and for validation (eval's sampling; the same environments): an environment pool
+    (``episode.env_workers`` processes), the chat renderer of each tool set, the tool-call
+    parser and the limits (asyncrl/actors/episodes/)."""
     from asyncrl.actors.episodes.env import TOOLS_ONLY
     from asyncrl.actors.episodes.env_pool import EnvPool
     from asyncrl.actors.episodes.group import EpisodeGroups
@@ -124,11 +127,12 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     limits = Limits(e.max_turns, budget, s.max_tokens, cfg.data.max_prompt_length)
     version = lambda: maker.engine.version  # noqa: E731
     train = turn(s.temperature, s.engine_options())
-    groups = EpisodeGroups(pool, train, limits, maker.scorer.score_all, version, tok.eos_token_id)
-    groups.say = lambda text: print(f"[actor {maker.actor_id}] {text}", flush=True)
+    say = lambda text: print(f"[actor {maker.actor_id}] {text}", flush=True)  # noqa: E731
+    groups = EpisodeGroups(
+        pool, train, limits, maker.scorer.score_all, version, tok.eos_token_id, say=say
+    )
     ev = cfg.eval  # validation samples as it does one completion: greedy for one sample
-    maker.eval_episodes = groups.with_turn(turn(0.0 if ev.n_samples == 1 else ev.temperature, {}))
-    return groups
+    return groups, groups.with_turn(turn(0.0 if ev.n_samples == 1 else ev.temperature, {}))
 
 
 async def generate_whole(
