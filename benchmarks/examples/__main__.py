@@ -1,0 +1,3 @@
+from benchmarks.examples.run import main
+
+raise SystemExit(main())
