@@ -91,6 +91,7 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     parser and the limits (asyncrl/actors/episodes/)."""
     from asyncrl.actors.episodes.env import TOOLS_ONLY
     from asyncrl.actors.episodes.env_pool import EnvPool
+    from asyncrl.actors.episodes.failures import FailureGuard
     from asyncrl.actors.episodes.group import EpisodeGroups
     from asyncrl.actors.episodes.render import ChatRenderer
     from asyncrl.actors.episodes.runner import Limits, Turn
@@ -128,9 +129,12 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     version = lambda: maker.engine.version  # noqa: E731
     train = turn(s.temperature, s.engine_options())
     say = lambda text: print(f"[actor {maker.actor_id}] {text}", flush=True)  # noqa: E731
+    what = f"episode.env={e.env}" if e.env else f"episode.tools={list(e.tools)}"
+    guard = FailureGuard(e.max_env_failure_frac, e.env_failure_window, what)
     groups = EpisodeGroups(
-        pool, train, limits, maker.scorer.score_all, version, tok.eos_token_id, say=say
-    )
+        pool, train, limits, maker.scorer.score_all, version, tok.eos_token_id, say=say,
+        guard=guard,
+    )  # fmt: skip
     ev = cfg.eval  # validation samples as it does one completion: greedy for one sample
     return groups, groups.with_turn(turn(0.0 if ev.n_samples == 1 else ev.temperature, {}))
 

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.actors.episodes.failures import FAILED_ENDS as _FAILED_ENDS
+from asyncrl.actors.episodes.failures import FailureGuard
 from asyncrl.actors.episodes.runner import EnvHost, Episode, Limits, Turn, run_episode
 from asyncrl.core.types import MAX_REWARD_EXTRAS, Sample
-
-_FAILED_ENDS = ("env_timeout", "env_error")
 
 
 @dataclass
@@ -84,6 +84,9 @@ class EpisodeGroups:
     counts: EpisodeCounts = field(default_factory=EpisodeCounts)
     say: Callable[[str], None] = print
     """Where an environment failure is told: the first 3, then the 10th, 100th, ..."""
+    guard: FailureGuard | None = None
+    """Fails the run once too many recent episodes failed (``failures.py``); None = never.
+    Shared with ``with_turn``'s copy: validation's episodes count too."""
 
     async def samples(self, prompt, group_id: str, seed: int, n: int) -> list[Sample]:
         """``n`` episodes of ``prompt`` (an ``asyncrl.actors.data.prompt.Prompt``) at once,
@@ -110,6 +113,8 @@ class EpisodeGroups:
             n = self.counts.failures
             if e.error and (n <= 3 or str(n).rstrip("0") == "1"):
                 self.say(f"episode {e.end} ({n} of {self.counts.episodes} so far): {e.error}")
+            if self.guard is not None:
+                self.guard.add(e.end, e.error)
         return episodes, await self._scored(prompt, episodes)
 
     def with_turn(self, turn: Turn) -> EpisodeGroups:

@@ -45,6 +45,13 @@ class EpisodeConfig:
     env_workers: int = 2
     """Environment processes per actor, 1..64; each hosts many episodes at once (an async
     ``step`` overlaps the others, a synchronous one runs in a thread)."""
+    max_env_failure_frac: float = 0.5
+    """Fail the run (the actor exits non-zero, naming the environment and its first failure)
+    once more than this fraction of the actor's last ``env_failure_window`` episodes ended as
+    ``env_timeout`` or ``env_error``; 0..1, 1.0 = never fail on environment failures."""
+    env_failure_window: int = 256
+    """How many of an actor's most recent episodes ``max_env_failure_frac`` looks at (>= 1);
+    before that many ended the missing ones count as successes."""
     tool_parser: str = "hermes"
     """How tool calls are read from a model's turn, one of ``TOOL_PARSERS``: ``hermes`` =
     ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2.5/3, Hermes)."""
@@ -68,6 +75,8 @@ class EpisodeConfig:
         _bound(self, "episode.max_tokens", ge=0, hint=" (0 = max_turns x sampling.max_tokens)")
         _bound(self, "episode.env_timeout_s", gt=0)
         _bound(self, "episode.env_workers", ge=1, le=64)
+        _bound(self, "episode.max_env_failure_frac", ge=0, le=1, hint=" (1.0 = never fail)")
+        _bound(self, "episode.env_failure_window", ge=1)
         _require(
             self.tool_parser in TOOL_PARSERS,
             f"episode.tool_parser={self.tool_parser!r}: give one of {', '.join(TOOL_PARSERS)}",

@@ -50,6 +50,8 @@ HARMLESS = (
     "task.reward_error_window",
     "episode.env_timeout_s",
     "episode.env_workers",
+    "episode.max_env_failure_frac",
+    "episode.env_failure_window",
 )
 """Exceptions inside ``MEANING``: more epochs keep every earlier prompt index; the reward's
 execution settings do not change its values."""

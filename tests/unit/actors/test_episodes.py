@@ -15,6 +15,7 @@ import pytest
 from asyncrl.actors.data.prompt import Prompt
 from asyncrl.actors.engine.vllm_engine import Completion
 from asyncrl.actors.episodes.env import StepResult
+from asyncrl.actors.episodes.failures import EnvFailureRate, FailureGuard
 from asyncrl.actors.episodes.group import EpisodeGroups
 from asyncrl.actors.episodes.render import ChatRenderer
 from asyncrl.actors.episodes.runner import Limits, Turn, run_episode
@@ -233,6 +234,33 @@ def test_an_episode_whose_reset_failed_is_a_placeholder_that_trains_nothing():
         asyncio.run(groups.samples(Prompt(0, "12+5=", {}), f"s:{i + 3}", 0, 1))
     assert [t.split(" (")[1].split(" of")[0] for t in told] == ["3", "10"]
     assert told[0].startswith("episode env_error (3 of 3 so far): reset: scripted crash")
+
+
+def test_an_environment_that_keeps_failing_fails_the_run_naming_the_fix():
+    host = ScriptedHost([Q1], fail_open="crash")
+    guard = FailureGuard(0.5, 8, "episode.env=my_env.py:Broken")
+    groups = EpisodeGroups(
+        host, turn(Model({})), LIMITS, scorer([]), lambda: 4, EOS, say=lambda _: None, guard=guard
+    )
+    asyncio.run(groups.samples(Prompt(0, "12+5=", {}), "s:0", 0, 4))  # 4 of 8: not more than half
+    with pytest.raises(EnvFailureRate) as err:
+        asyncio.run(groups.samples(Prompt(0, "12+5=", {}), "s:1", 0, 1))
+    text = str(err.value)
+    assert "(episode.env=my_env.py:Broken) ended 5 of the last 8 episodes" in text
+    assert "first: env_error: reset: scripted crash" in text
+    assert "raise episode.max_env_failure_frac (1.0 = never fail" in text
+
+
+def test_the_failure_guard_forgets_what_left_its_window_and_never_trips_at_one():
+    guard = FailureGuard(0.5, 4, "x")
+    for end in ["env_error", "env_timeout", "done", "done", "done", "env_error", "done"]:
+        guard.add(end)  # never more than 2 failures among the last 4
+    assert guard.first == "env_error" and guard.window.errors == 1
+    never = FailureGuard(1.0, 2, "x")
+    for _ in range(10):
+        never.add("env_error", "boom")
+    with pytest.raises(ValueError):
+        FailureGuard(1.5, 4, "x")
 
 
 def test_a_chat_prompt_reaches_the_environment_as_its_messages():
