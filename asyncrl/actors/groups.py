@@ -98,7 +98,9 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     from asyncrl.actors.episodes.tool_calls import get_parser
 
     e, s, tok = cfg.episode, cfg.sampling, maker.tokenizer
-    pool = EnvPool(e.env or TOOLS_ONLY, list(e.tools), e.env_workers, e.env_timeout_s)
+    pool = EnvPool(
+        e.env or TOOLS_ONLY, list(e.tools), e.env_workers, e.env_timeout_s, dict(e.env_kwargs)
+    )
     renderers: dict[str, ChatRenderer] = {}
 
     def renderer(schemas: list[dict]) -> ChatRenderer:

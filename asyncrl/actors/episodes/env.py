@@ -26,6 +26,7 @@ checks here run there, and name the environment and the fix when a return value 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,9 +65,10 @@ def load_object(spec: str, what: str) -> Any:
     return _load(spec, what, share=True)
 
 
-def load_environment(spec: str) -> type:
+def load_environment(spec: str, kwargs: dict | None = None) -> type:
     """The environment class named by ``spec``; a ``ValueError`` naming the spec and the fix
-    when it cannot be loaded, is not a class, or lacks ``reset`` or ``step``."""
+    when it cannot be loaded, is not a class, lacks ``reset`` or ``step``, or its constructor
+    does not take ``kwargs`` (``episode.env_kwargs``: each episode is ``cls(**kwargs)``)."""
     cls = load_object(spec, "environment")
     if not isinstance(cls, type):
         raise ValueError(
@@ -80,7 +82,23 @@ def load_environment(spec: str) -> type:
             "method; an environment defines reset(self, row) -> messages and step(self, "
             "message) -> StepResult or (messages, reward, done, info)"
         )
+    _check_kwargs(cls, spec, kwargs or {})
     return cls
+
+
+def _check_kwargs(cls: type, spec: str, kwargs: dict) -> None:
+    """``cls(**kwargs)`` binds (not called: building an environment may start things)."""
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):  # a signature Python cannot read: the first episode tells
+        return
+    try:
+        sig.bind(**kwargs)
+    except TypeError as e:
+        raise ValueError(
+            f"environment spec {spec!r}: {cls.__qualname__}{sig} cannot take "
+            f"episode.env_kwargs={kwargs} ({e}); give the keyword arguments its __init__ takes"
+        ) from e
 
 
 def load_tools(specs: Sequence[str]) -> list[Callable[..., Any]]:

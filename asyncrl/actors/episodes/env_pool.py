@@ -86,8 +86,8 @@ class EnvCounters:
 class EnvPool:
     """``workers`` worker processes hosting the episodes of environment ``spec`` (a class,
     ``"module:Name"`` or ``"file.py:Name"``), each episode's tools being its own ``tools()``
-    plus ``tool_specs`` (``"module:function"``); every call has the deadline ``timeout_s``.
-    See the module docstring. Workers start when first needed (or all at ``start()``).
+    plus ``tool_specs`` (``"module:function"``); every call has the deadline ``timeout_s``;
+    each episode's environment is ``spec(**env_kwargs)`` (JSON values). See the module docstring. Workers start when first needed (or all at ``start()``).
 
     ``open``, ``step``, ``tool`` and ``close`` raise ``EnvTimeout``, ``EnvError`` and
     ``EnvCrashed`` (the episode is over), ``EnvWorkerError`` (fatal: a worker cannot load the
@@ -95,11 +95,17 @@ class EnvPool:
     not open (or already is, for ``open``)."""
 
     def __init__(
-        self, spec: str, tool_specs: Sequence[str] = (), workers: int = 1, timeout_s: float = 30.0
+        self,
+        spec: str,
+        tool_specs: Sequence[str] = (),
+        workers: int = 1,
+        timeout_s: float = 30.0,
+        env_kwargs: dict | None = None,
     ) -> None:
         if workers < 1 or not timeout_s > 0:
             raise ValueError(f"need workers >= 1 and timeout_s > 0, got {workers}, {timeout_s}")
         self.spec, self.tool_specs, self.timeout_s = spec, list(tool_specs), timeout_s
+        self.env_kwargs = dict(env_kwargs or {})
         self.counters = EnvCounters()
         self._slots: list[EnvProcess | None] = [None] * workers
         self._used = [False] * workers  # the slot had a worker before: a start is a restart
@@ -281,7 +287,7 @@ class EnvPool:
         if worker is None:
             self.counters.restarts += self._used[slot]
             self._used[slot] = True
-            worker = self._slots[slot] = EnvProcess(self.spec, self.tool_specs)
+            worker = self._slots[slot] = EnvProcess(self.spec, self.tool_specs, self.env_kwargs)
         return worker
 
     def _load(self, slot: int) -> int:

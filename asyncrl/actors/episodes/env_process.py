@@ -44,11 +44,12 @@ def settle(future: concurrent.futures.Future, result=None, error: BaseException 
 class EnvProcess:
     """One worker process, its reader and writer threads and its calls in flight."""
 
-    def __init__(self, spec: str, tool_specs: list[str]) -> None:
+    def __init__(self, spec: str, tool_specs: list[str], env_kwargs: dict | None = None) -> None:
         fd, self.stack_path = tempfile.mkstemp(prefix="asyncrl-env-stack-")
         os.close(fd)
         module = "asyncrl.actors.episodes.env_worker"
-        cmd = [sys.executable, "-m", module, spec, json.dumps(tool_specs), self.stack_path]
+        args = [spec, json.dumps(tool_specs), self.stack_path, json.dumps(env_kwargs or {})]
+        cmd = [sys.executable, "-m", module, *args]
         env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
         self.proc = subprocess.Popen(
             child_cmd(cmd),

@@ -37,6 +37,7 @@ import concurrent.futures
 import contextvars
 import dataclasses
 import faulthandler
+import functools
 import inspect
 import json
 import os
@@ -104,8 +105,11 @@ class _Episode:
 class Host:
     """The episodes of one worker; ``handle(request)`` serves one request (a task each)."""
 
-    def __init__(self, spec: str, env_cls: type, shared_tools: list, reply) -> None:
+    def __init__(
+        self, spec: str, env_cls: type, shared_tools: list, reply, kwargs: dict | None = None
+    ) -> None:
         self.spec, self.env_cls, self.shared_tools, self.reply = spec, env_cls, shared_tools, reply
+        self.new_env = functools.partial(env_cls, **(kwargs or {}))  # episode.env_kwargs
         self.episodes: dict[str, _Episode] = {}
         self.calls: dict[Any, _Call] = {}
         self.abandoned: set[_Call] = set()
@@ -143,7 +147,7 @@ class Host:
         name = req["episode"]
         if name in self.episodes:
             raise ValueError(f"episode {name!r} is already open")
-        env = await _run(self.env_cls)
+        env = await _run(self.new_env)
         try:
             box = ToolBox([*_own_tools(env, self.spec), *self.shared_tools], _TOOLBOX_TIMEOUT_S)
             ep = self.episodes[name] = _Episode(env, box)
@@ -261,7 +265,7 @@ def _probe(x: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    spec, tool_specs, stack_file = argv
+    spec, tool_specs, stack_file, env_kwargs = argv
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # the environment's prints go to the actor's log, not into the replies
     sys.stdout = sys.stderr
@@ -284,7 +288,8 @@ def main(argv: list[str]) -> int:
         replies.flush()
 
     try:
-        env_cls = load_environment(spec)
+        kwargs = json.loads(env_kwargs)
+        env_cls = load_environment(spec, kwargs)
         shared = load_tools(json.loads(tool_specs))
         ToolBox(shared)  # every shared tool's schema builds, now rather than at the first open
         if hasattr(env_cls, "tools"):  # schemas import torch (~2 s): before ready, not in open
@@ -292,7 +297,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # ValueError naming the spec and the fix, or an import failure
         reply({"error": f"{e}\n{traceback.format_exc()}"})
         return 1
-    host = Host(spec, env_cls, shared, reply)
+    host = Host(spec, env_cls, shared, reply, kwargs)
     reply({"ready": True})
     asyncio.run(_serve(host))
     return 0

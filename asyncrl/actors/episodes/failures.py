@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from asyncrl.actors.rewards.scoring import ErrorWindow
+from asyncrl.core.runtime.error_window import ErrorWindow
 from asyncrl.core.runtime.fatal import FatalError
 
 FAILED_ENDS = ("env_timeout", "env_error")

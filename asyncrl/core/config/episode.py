@@ -7,7 +7,9 @@ against the environment and the tools (asyncrl/actors/episodes/).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncrl.core.config.checks import bound as _bound
 from asyncrl.core.config.checks import require as _require
@@ -28,6 +30,11 @@ class EpisodeConfig:
     (asyncrl/actors/episodes/env.py ``Environment``: ``reset(row)``, ``step(message)``,
     optional ``tools()``); '' = none: with ``tools`` set, the built-in ``ToolsOnly`` (the
     prompt, the tools, and ``task.reward_fn`` scoring the last answer)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment's constructor: each episode is
+    ``Env(**env_kwargs)`` (JSON values: a sandbox's address, a difficulty, a time limit), so
+    one class serves several runs; checked against its ``__init__`` before any process starts.
+    Needs ``env``."""
     tools: list[str] = field(default_factory=list)
     """Tool functions, each ``module:function`` or ``path/to/file.py:function``: their type
     hints and docstring become the schema the chat template shows the model."""
@@ -71,6 +78,15 @@ class EpisodeConfig:
                 bool(sep and target and name.isidentifier()),
                 f"{key}={spec!r} must be 'module:Name' or 'path/to/file.py:Name'",
             )
+        _require(
+            bool(self.env) or not self.env_kwargs,
+            f"episode.env_kwargs={self.env_kwargs} is set but episode.env is not: they are "
+            "the keyword arguments of the environment class episode.env names",
+        )
+        try:
+            json.dumps(self.env_kwargs)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"episode.env_kwargs must hold JSON values ({e})") from e
         _bound(self, "episode.max_turns", ge=1)
         _bound(self, "episode.max_tokens", ge=0, hint=" (0 = max_turns x sampling.max_tokens)")
         _bound(self, "episode.env_timeout_s", gt=0)

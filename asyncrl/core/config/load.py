@@ -137,6 +137,12 @@ def _first_line(e: Exception, config_dir: Path = CONFIG_DIR) -> str:
         return f"config key '{m.group(1)}' was removed: {REMOVED_KEYS[m.group(1)]}"
     if m and m.group(1) in MOVED_KEYS:
         return _moved(m.group(1))
+    if m and (m.group(1) + ".").startswith(tuple(k + "." for k in FREE_DICTS)):
+        key = next(k for k in FREE_DICTS if (m.group(1) + ".").startswith(k + "."))
+        return (
+            f"{key} holds keys of your own, added with '+': +{key}.NAME=VALUE or "
+            f"'+{key}={{NAME: VALUE, ...}}' (Hydra refuses a new key without it)"
+        )
     if m and ("Could not override" in text or "not in" in text):
         return (
             f"unknown config key '{m.group(1)}'{_did_you_mean(m.group(1), schema_keys())}"
@@ -146,6 +152,9 @@ def _first_line(e: Exception, config_dir: Path = CONFIG_DIR) -> str:
         return _unknown_option(g.group(1), g.group(2), config_dir)
     return text.splitlines()[0] if text else type(e).__name__
 
+
+FREE_DICTS = ("episode.env_kwargs",)
+"""Dict fields whose keys are the user's own (Hydra adds a key only with a leading '+')."""
 
 REMOVED_KEYS = {
     "actor.gpus_per_actor": "each vLLM actor gets one GPU per tensor-parallel worker; set "

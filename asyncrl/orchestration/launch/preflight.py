@@ -142,7 +142,7 @@ def check_episode(cfg: Config) -> None:
 
     if cfg.episode.env:
         try:
-            load_environment(cfg.episode.env)
+            load_environment(cfg.episode.env, dict(cfg.episode.env_kwargs))
         except ValueError as e:
             raise ValueError(f"episode.env: {e}") from e
     try:

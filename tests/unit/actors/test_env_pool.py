@@ -99,6 +99,19 @@ class WithTools:
         return f"noted {len(self.notes)}"
 
 
+class Levels:
+    """Configured per run: episode.env_kwargs reach its constructor."""
+
+    def __init__(self, level: int, names: list | None = None):
+        self.level, self.names = level, names or []
+
+    def reset(self, row):
+        return f"level {self.level} {' '.join(self.names)}"
+
+    def step(self, message):
+        return [], float(self.level), True, {}
+
+
 def divide(a: float, b: float) -> float:
     """Divide a by b.
 
@@ -165,6 +178,33 @@ def test_a_two_step_episode_whose_environment_prints(envs, tmp_path):
     assert second.done and second.messages[0]["content"] == "turn 2"
     assert closed.read_text() == "closed"
     assert pool.counters == EnvCounters(calls=4)
+
+
+def test_env_kwargs_reach_the_constructor_of_every_episode(envs):
+    async def body(pool):
+        opened = [await pool.open(e, {"prompt": "go"}) for e in ("a", "b")]
+        return opened, await pool.step("b", _say("x"))
+
+    pool = EnvPool(f"{envs}:Levels", timeout_s=5.0, env_kwargs={"level": 3, "names": ["x", "y"]})
+    opened, step = _run(pool, body)
+    assert [m for m, _ in opened] == [[{"role": "user", "content": "level 3 x y"}]] * 2
+    assert step.reward == 3.0
+
+
+def test_env_kwargs_the_constructor_does_not_take_are_refused_naming_them(envs):
+    from asyncrl.actors.episodes.env import load_environment
+
+    with pytest.raises(ValueError, match=r"Levels\(level: int, names.*cannot take "
+                       r"episode.env_kwargs=\{'level': 1, 'levle': 3\}.*unexpected keyword"):  # fmt: skip
+        load_environment(f"{envs}:Levels", {"level": 1, "levle": 3})
+    with pytest.raises(ValueError, match="missing a required argument: 'level'"):
+        load_environment(f"{envs}:Levels")
+    with pytest.raises(EnvWorkerError, match="cannot take episode.env_kwargs"):
+        _run(EnvPool(f"{envs}:Levels", timeout_s=5.0, env_kwargs={"levle": 3}), _started)
+
+
+async def _started(pool):
+    await pool.start()
 
 
 def test_async_environment_methods(envs):

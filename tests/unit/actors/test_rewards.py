@@ -18,8 +18,9 @@ from asyncrl.actors.rewards.code_reward import python_code_reward
 from asyncrl.actors.rewards.loading import check_signature, load_reward_fn
 from asyncrl.actors.rewards.math_reward import extract_final_answer, math_answer_reward
 from asyncrl.actors.rewards.sandbox import SandboxError
-from asyncrl.actors.rewards.scoring import ErrorWindow, RewardErrorRate, RewardScorer
+from asyncrl.actors.rewards.scoring import RewardErrorRate, RewardScorer
 from asyncrl.core.config.job import TaskConfig
+from asyncrl.core.runtime.error_window import ErrorWindow
 from asyncrl.learner.hub.reward_records import REWARD_ERROR_KINDS, RewardErrorTally, error_kind
 
 

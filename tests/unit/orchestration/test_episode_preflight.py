@@ -42,3 +42,25 @@ def test_a_missing_module_is_refused_naming_the_key():
     cfg = load_config(["episode.env=no_such_module_anywhere:Env"])
     with pytest.raises(ValueError, match=r"^episode\.env: .*cannot import module"):
         check_episode(cfg)
+
+
+def test_env_kwargs_are_checked_against_the_constructor_before_anything_starts(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "class Env:\n    def __init__(self, level: int): self.level = level\n"
+        "    def reset(self, row): return 'hi'\n    def step(self, m): return [], 1.0, True, {}\n"
+    )
+    check_episode(load_config([f"episode.env={path}:Env", "+episode.env_kwargs.level=2"]))
+    with pytest.raises(ValueError, match=r"^episode\.env: .*missing a required argument"):
+        check_episode(load_config([f"episode.env={path}:Env"]))
+
+
+def test_env_kwargs_need_an_env_and_a_plus_to_add_keys():
+    from asyncrl.core.config.load import ConfigError
+
+    with pytest.raises(ConfigError, match="episode.env_kwargs=.* is set but episode.env is not"):
+        load_config(["+episode.env_kwargs.level=2"])
+    with pytest.raises(ConfigError, match=r"added with '\+': \+episode.env_kwargs.NAME=VALUE"):
+        load_config(["experiment=chain", "episode.env_kwargs.level=2"])
+    cfg = load_config(["experiment=chain", "+episode.env_kwargs={level: 2, names: [a, b]}"])
+    assert cfg.episode.env_kwargs == {"level": 2, "names": ["a", "b"]}
