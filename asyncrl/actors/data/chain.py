@@ -32,6 +32,17 @@ def _addend(a: int, b: int, turn: int) -> int:
     return 1 + digest[0] % 20
 
 
+def chain_pairs(a: int, b: int, turns: int = TURNS) -> list[tuple[int, int]]:
+    """The ``(a, b)`` asked at each of ``turns`` turns: ``(a, b)``, then the true sum and the
+    next addend (what ``ChainAddition`` asks; the demo model's multi-turn warm start,
+    asyncrl/orchestration/demo/warmstart.py, asks the same)."""
+    pairs = [(a, b)]
+    for turn in range(1, turns):
+        x, y = pairs[-1]
+        pairs.append((x + y, _addend(x, y, turn)))
+    return pairs
+
+
 class ChainAddition:
     """``TURNS`` chained sums; see the module docstring."""
 

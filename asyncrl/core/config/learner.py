@@ -36,6 +36,10 @@ class ModelConfig:
     sft_steps: int = 500
     """Demo only: supervised warm-start steps so RL starts from a weak, non-trivial policy
     (>= 0; 0 = start RL from the untrained model)."""
+    sft_chat_turns: int = 1
+    """Demo only: the warm start's chat examples are chains of this many questions (1..4;
+    ``experiment=chain`` sets 2, its episodes' length: asyncrl/orchestration/demo/warmstart.py),
+    so the model has seen a question asked after an earlier turn."""
     dtype: str = "float32"
     """The learner's compute dtype: float32 on CPU; bfloat16 on GPU (FSDP2 mixed precision:
     weights, gradients and optimizer state stay float32). Actors load the model in this dtype."""
@@ -66,6 +70,7 @@ class ModelConfig:
             "model.path is empty; give a local HF model dir, a .gguf file, a Hub id or 'demo'",
         )
         _bound(self, "model.sft_steps", ge=0)
+        _bound(self, "model.sft_chat_turns", ge=1, le=4)
         _bound(self, "model.logprob_chunk_tokens", ge=0, hint=" (0 = full-vocabulary logits)")
         _require(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={self.dtype!r}")
         _require(

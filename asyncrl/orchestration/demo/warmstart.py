@@ -3,6 +3,12 @@
 Every SFT step trains on plain ``a+b=`` prompts (the demo task) and on the same sums asked in
 chat form (``CHAT_QUESTION`` through the tokenizer's chat template), so the demo model, like a
 real instruct model, answers chat-formatted prompts too (examples/own_task trains on those).
+With ``chat_turns`` > 1 (``model.sft_chat_turns``, set by ``experiment=chain``) the chat
+examples are conversations of that many chained sums (asyncrl/actors/data/chain.py
+``chain_pairs``), token for token as a multi-turn episode holds them (the template's tokens
+between turns from ``ChatRenderer.delta_ids``): a model warm-started on single questions
+answered the second question of a chain 2% of the time greedily where it answered the same
+question asked alone 23% of the time, so RL had nothing to raise there.
 
 RL from a random model would spend its budget learning to emit digits then EOS. A short SFT run
 gives a policy that knows the format and, greedily decoded, about half the answers; trained with
@@ -58,13 +64,46 @@ def chat_text(tokenizer, prompt) -> str:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def _sft_batch(tokenizer, prompts, chat: bool = False) -> tuple:
+def chain_example(tokenizer, renderer, prompt, turns: int) -> tuple[list[int], list[int]]:
+    """``(ids, labels)`` of ``prompt``'s sum asked as a chain of ``turns`` chat questions
+    (``chain_pairs``), each answered with the true sum and EOS: the first question with the
+    generation prompt, then per later turn the template's tokens after the answer
+    (``renderer.delta_ids``); labels -100 except the answers and their EOS."""
+    from asyncrl.actors.data.chain import chain_pairs
+
+    def ask(a: int, b: int) -> dict:
+        return {"role": "user", "content": CHAT_QUESTION.format(a=a, b=b)}
+
+    pairs = chain_pairs(int(prompt.fields["a"]), int(prompt.fields["b"]), turns)
+    ids = renderer.prompt_ids([ask(*pairs[0])])
+    labels = [-100] * len(ids)
+    for k, (a, b) in enumerate(pairs):
+        if k:
+            between = renderer.delta_ids([ask(a, b)], ids)
+            ids, labels = ids + between, labels + [-100] * len(between)
+        answer = tokenizer.encode(str(a + b)) + [tokenizer.eos_token_id]
+        ids, labels = ids + answer, labels + answer
+    return ids, labels
+
+
+def _sft_batch(tokenizer, prompts, chat: bool = False, turns: int = 1) -> tuple:
     """``(ids, attention_mask, labels)`` [B, T], right-padded; labels -100 except answer + EOS.
-    ``chat``: each prompt asked through the chat template (``chat_text``)."""
+    ``chat``: each prompt asked through the chat template (``chat_text``), as a chain of
+    ``turns`` questions when ``turns`` > 1 (``chain_example``)."""
     import torch
 
     seqs, labels = [], []
+    renderer = None
+    if chat and turns > 1:
+        from asyncrl.actors.episodes.render import ChatRenderer
+
+        renderer = ChatRenderer(tokenizer)
     for p in prompts:
+        if renderer is not None:
+            ids, lab = chain_example(tokenizer, renderer, p, turns)
+            seqs.append(ids)
+            labels.append(lab)
+            continue
         prompt = tokenizer.encode(chat_text(tokenizer, p) if chat else p.text)
         answer = tokenizer.encode(p.fields["answer"]) + [tokenizer.eos_token_id]
         seqs.append(prompt + answer)
@@ -106,13 +145,15 @@ def train_sft(
     label_smoothing: float = SFT_LABEL_SMOOTHING,
     log_every: int = 50,
     log: Callable[[str], None] = print,
+    chat_turns: int = 1,
 ) -> list[float]:
     """Run ``steps`` AdamW steps of ``sft_loss`` on ``source`` prompts; return the losses.
 
     Step ``s`` uses prompts ``s * batch_size .. (s + 1) * batch_size - 1`` of ``source`` as
     plain text, and the first ``CHAT_BATCH`` of them again through the chat template (a
     separate forward pass, so the short plain rows are not padded to the chat rows' length;
-    the chat loss weighs ``CHAT_WEIGHT``). The learning rate warms up linearly over 5% of the steps,
+    the chat loss weighs ``CHAT_WEIGHT``; ``chat_turns`` > 1: as chains of that many
+    questions, ``chain_example``). The learning rate warms up linearly over 5% of the steps,
     then decays by cosine to 10% of ``lr``.
     """
     import torch
@@ -132,7 +173,9 @@ def train_sft(
         prompts = source.batch(step * batch_size, batch_size)
         plain = sft_loss(model, *_sft_batch(tokenizer, prompts), label_smoothing)
         chat = sft_loss(
-            model, *_sft_batch(tokenizer, prompts[:CHAT_BATCH], chat=True), label_smoothing
+            model,
+            *_sft_batch(tokenizer, prompts[:CHAT_BATCH], chat=True, turns=chat_turns),
+            label_smoothing,
         )
         loss = (plain + CHAT_WEIGHT * chat) / (1 + CHAT_WEIGHT)
         opt.zero_grad(set_to_none=True)
@@ -168,6 +211,7 @@ def prepare_demo_model(
     hidden_size: int = 128,
     log_every: int = 100,
     log: Callable[[str], None] = print,
+    chat_turns: int = 1,
 ) -> Path:
     """Build the demo model, warm-start it with ``sft_steps`` of SFT, save it; return its dir.
 
@@ -183,6 +227,8 @@ def prepare_demo_model(
 
     args = dict(seed=seed, sft_steps=sft_steps, lr=lr, batch_size=batch_size)
     args.update(label_smoothing=label_smoothing, num_layers=num_layers, hidden_size=hidden_size)
+    if chat_turns != 1:  # only then: the single-turn model keeps its directory
+        args["chat_turns"] = chat_turns
     cache = Path(cache_dir)
     final = cache / f"demo-{warmstart_key(**args)}"
     if (final / "config.json").is_file():
@@ -205,6 +251,7 @@ def prepare_demo_model(
             label_smoothing,
             log_every,
             log,
+            chat_turns,
         )
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-demo-", dir=cache))
     try:

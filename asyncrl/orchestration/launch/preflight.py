@@ -172,7 +172,12 @@ def resolve_model(cfg: Config, weights: bool = True) -> str:
         from asyncrl.orchestration.demo.warmstart import prepare_demo_model
 
         return str(
-            prepare_demo_model(cfg.model.cache_dir, seed=cfg.seed, sft_steps=cfg.model.sft_steps)
+            prepare_demo_model(
+                cfg.model.cache_dir,
+                seed=cfg.seed,
+                sft_steps=cfg.model.sft_steps,
+                chat_turns=cfg.model.sft_chat_turns,
+            )
         )
     from asyncrl.orchestration.models.source import resolve_model_path
 

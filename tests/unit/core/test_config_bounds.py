@@ -22,6 +22,7 @@ from asyncrl.core.config.load import ConfigError, load_config
 NoneType = type(None)
 BOUNDS: dict[str, list[tuple[float, float]]] = {
     "model.sft_steps": [(0, -1)],
+    "model.sft_chat_turns": [(1, 0), (4, 5)],
     "model.logprob_chunk_tokens": [(0, -1)],
     "task.seed": [(0, -1), (SEED_MAX, SEED_MAX + 1)],
     "task.reward_timeout_s": [(1e-3, 0.0)],

@@ -111,3 +111,49 @@ def test_the_demo_model_is_warm_started_on_the_own_task_examples_chat_question()
     assert chat_text(build_tokenizer(), prompt) == (
         f"user: what is {a}+{b}? answer with the number only.\nassistant: "
     )
+
+
+def test_the_multi_turn_warm_start_holds_a_chain_token_for_token_as_an_episode_does():
+    """``model.sft_chat_turns=2`` trains on what ``experiment=chain``'s episodes hold: the same
+    questions (ChainAddition) and the same template tokens between turns (the episode runner
+    with a model that answers every sum right), the answers and their EOS labelled."""
+    import asyncio
+
+    from asyncrl.actors.data.chain import ChainAddition
+    from asyncrl.actors.engine.vllm_engine import Completion
+    from asyncrl.actors.episodes.env import StepResult
+    from asyncrl.actors.episodes.render import ChatRenderer
+    from asyncrl.actors.episodes.runner import Limits, Turn, run_episode
+    from asyncrl.actors.episodes.tool_calls import get_parser
+    from asyncrl.orchestration.demo.tokenizer import build_tokenizer
+    from asyncrl.orchestration.demo.warmstart import chain_example
+
+    tok = build_tokenizer()
+    renderer = ChatRenderer(tok)
+
+    class Host:  # ChainAddition in process (the runner's EnvHost)
+        async def open(self, episode_id, row):
+            self.env = ChainAddition()
+            return self.env.reset(row), []
+
+        async def step(self, episode_id, message):
+            return StepResult(*self.env.step(message))
+
+        async def close(self, episode_id):
+            pass
+
+    async def right(ids, max_tokens, seed):  # answers the last question's sum
+        question = tok.decode(ids).rsplit("what is ", 1)[1].split("?")[0]
+        out = tok.encode(str(sum(map(int, question.split("+"))))) + [tok.eos_token_id]
+        return Completion(out, [0.0] * len(out), [0] * len(out), "stop")
+
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    turn = Turn(right, decode, lambda schemas: renderer, get_parser("hermes"))
+    for i in range(5):
+        prompt = AdditionSource(seed=0).get(i)
+        e = asyncio.run(run_episode(Host(), turn, Limits(2, 96, 8, 80), "e", prompt.fields, 0))
+        assert e.end == "done" and e.reward == 1.0
+        ids, labels = chain_example(tok, renderer, prompt, 2)
+        assert ids == e.trajectory.prompt_ids + e.trajectory.ids
+        trained = [t for t, m in zip(e.trajectory.ids, e.trajectory.mask, strict=True) if m]
+        assert [t for t in labels if t != -100] == trained
