@@ -7,8 +7,9 @@ With ``chat_turns`` > 1 (``model.sft_chat_turns``, set by ``experiment=chain``) 
 examples are conversations of that many chained sums (asyncrl/actors/data/chain.py
 ``chain_pairs``), token for token as a multi-turn episode holds them (the template's tokens
 between turns from ``ChatRenderer.delta_ids``): a model warm-started on single questions
-answered the second question of a chain 2% of the time greedily where it answered the same
-question asked alone 23% of the time, so RL had nothing to raise there.
+answered the second question of a chain right 0.8% of the time greedily where it answered the
+same question asked alone 16% of the time, so RL had little to raise there; warm-started on
+chains, 22% (benchmarks/demo/chain_warmstart.py, results/chain_warmstart.json).
 
 RL from a random model would spend its budget learning to emit digits then EOS. A short SFT run
 gives a policy that knows the format and, greedily decoded, about half the answers; trained with
