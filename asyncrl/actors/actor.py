@@ -33,6 +33,8 @@ Where the actor's time goes (``asyncrl.core.observe.metrics.StateClock``, export
 
     paused           a weight update holds the engine (pause -> receive -> resume)
     generating       at least one group is generating, scoring or committing
+    waiting_env      multi-turn: groups in flight, but none at the engine: every episode in
+                     flight waits for its environment or tools (``episodes/activity.py``)
     waiting_weights  nothing in flight; admission refused (weights too stale, or the sync
                      quota of this version is used up)
     waiting_buffer   nothing in flight; no free slot in the buffer (backpressure), or none
@@ -123,6 +125,8 @@ class Actor:
         self._inflight = 0
         self._paused = False
         self._blocked = "idle"
+        if self.groups.activity is not None:  # episodes: their env waits are waiting_env
+            self.groups.activity.on_change = self._refresh_state
         paced = cfg.buffer.admission == "window"
         window = (lambda: self.state.version) if paced else None
         self.claims = Claims(buffer, actor_id, cfg, prompts.end, window)
@@ -150,7 +154,8 @@ class Actor:
         if self._paused:
             state = "paused"
         elif self._inflight:
-            state = "generating"
+            busy = self.groups.activity is None or not self.groups.activity.waiting_env
+            state = "generating" if busy else "waiting_env"
         else:
             state = self._blocked
         if state != self.clock.state:

@@ -26,6 +26,9 @@ class GroupMaker:
     ) -> None:
         self.cfg, self.actor_id, self.engine = cfg, actor_id, engine
         self.prompts, self.tokenizer, self.scorer = prompts, tokenizer, scorer
+        self.activity = None
+        """Multi-turn: the episodes' model requests and environment calls in flight
+        (``asyncrl.actors.episodes.activity.Activity``; the actor's clock reads it)."""
         # multi-turn: the training episodes and validation's (eval's sampling); None without
         self.episodes, self.eval_episodes = (
             episode_groups(cfg, self) if cfg.episode.enabled else (None, None)
@@ -89,6 +92,7 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     and for validation (eval's sampling; the same environments): an environment pool
     (``episode.env_workers`` processes), the chat renderer of each tool set, the tool-call
     parser and the limits (asyncrl/actors/episodes/)."""
+    from asyncrl.actors.episodes.activity import Activity, CountedHost
     from asyncrl.actors.episodes.env import TOOLS_ONLY
     from asyncrl.actors.episodes.env_pool import EnvPool
     from asyncrl.actors.episodes.failures import FailureGuard
@@ -98,6 +102,7 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     from asyncrl.actors.episodes.tool_calls import get_parser
 
     e, s, tok = cfg.episode, cfg.sampling, maker.tokenizer
+    maker.activity = activity = Activity()
     pool = EnvPool(
         e.env or TOOLS_ONLY, list(e.tools), e.env_workers, e.env_timeout_s, dict(e.env_kwargs)
     )
@@ -118,9 +123,10 @@ def episode_groups(cfg: Config, maker: GroupMaker):
 
     def turn(temperature: float, options: dict) -> Turn:
         async def generate(ids: list[int], max_tokens: int, seed: int):
-            out = await generate_whole(
-                maker.engine, ids, 1, max_tokens, temperature, seed % (2**31), **options
-            )
+            with activity.running("generating"):
+                out = await generate_whole(
+                    maker.engine, ids, 1, max_tokens, temperature, seed % (2**31), **options
+                )
             return out[0]
 
         decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
@@ -134,7 +140,7 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     what = f"episode.env={e.env}" if e.env else f"episode.tools={list(e.tools)}"
     guard = FailureGuard(e.max_env_failure_frac, e.env_failure_window, what)
     groups = EpisodeGroups(
-        pool, train, limits, maker.scorer.score_all, version, tok.eos_token_id, say=say,
+        CountedHost(pool, activity), train, limits, maker.scorer.score_all, version, tok.eos_token_id, say=say,
         guard=guard,
     )  # fmt: skip
     ev = cfg.eval  # validation samples as it does one completion: greedy for one sample

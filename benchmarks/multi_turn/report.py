@@ -11,7 +11,9 @@ actor<i>.json; ``val``: val.jsonl without its samples):
 - ``episodes_trained_per_s``: trained samples (one episode each) / the run's training wall
   time; ``episodes_generated_per_s``: the actors' episodes / their non-starting time;
 - ``actor_idle_frac`` (as sync_vs_async: waiting for weights or the buffer, or idle, over the
-  non-starting time; a group waiting for its environment counts as generating) and
+  non-starting time), ``actor_waiting_env_frac`` (measured: groups in flight but none at the
+  engine, every episode waiting for its environment: the actor's ``waiting_env`` state, over
+  the non-starting time; 0 for a result written before that state existed) and
   ``engine_busy_frac_est`` = G x batches generated / the actors' non-starting time;
 - ``token_staleness_histogram`` (summary.json ``trained_token_staleness_histogram``: trained
   model tokens by versions behind) beside the groups' ``staleness_histogram``;
@@ -69,6 +71,7 @@ def run_figures(r: dict, target: float, G: float | None, batch_groups: int) -> d
         "episodes_generated_per_s": sum(a.get("episodes", {}).get("episodes", 0) for a in actors)
         / active,  # fmt: skip
         "engine_busy_frac_est": G * generated / batch_groups / active if G else None,
+        "actor_waiting_env_frac": f["actor_time_s"].get("waiting_env", 0.0) / active,
         "env_s_per_episode": _weighted(recs, "reward/env_delay_s"),
         "env_steps_per_episode": _weighted(recs, "reward/env_steps"),
         "token_staleness_histogram": tokens,
@@ -340,7 +343,8 @@ def markdown(report: dict) -> str:
     per_arm, ov, val = report["arms"], report["overlap"], report["validation"]
     ts = val["thresholds"]
     header = ["arm", "steps/s vs sync_split", "bound", "step (s)", "wait / work (s)",
-              "episodes/s trained", "episodes/s generated", "actor idle %", "engine busy % (est)",
+              "episodes/s trained", "episodes/s generated", "actor idle %", "waiting env %",
+              "engine busy % (est)",
               "env s / episode", "token staleness mean", "dropped stale", "length bias",
               *[f"time to {val['metric']} {t} (s)" for t in ts], f"final {val['metric']}"]  # fmt: skip
     rows = []
@@ -364,6 +368,7 @@ def markdown(report: dict) -> str:
             _pm(per_arm, arm, "episodes_trained_per_s"),
             _pm(per_arm, arm, "episodes_generated_per_s"),
             _pm(per_arm, arm, "actor_idle_frac", 100, "{:.0f}"),
+            _pm(per_arm, arm, "actor_waiting_env_frac", 100, "{:.0f}"),
             _pm(per_arm, arm, "engine_busy_frac_est", 100, "{:.0f}"),
             _pm(per_arm, arm, "env_s_per_episode", fmt="{:.2f}"),
             _pm(per_arm, arm, "token_staleness_mean", fmt="{:.2f}"),

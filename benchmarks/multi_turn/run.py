@@ -47,7 +47,7 @@ Figures per run (``report.py``): time to each --thresholds level of the validati
 ``val/pass@1``: both sums exact) on two clocks (``elapsed``: as paid; ``train``: synchronous
 arms' blocking validations subtracted), the final validation value, episodes trained and
 generated per second, the actor's idle fraction (``actor<i>.json`` ``time_s``: no group in
-flight; note that a group waiting for its environment counts as generating there) and the
+flight), its ``waiting_env`` fraction (groups in flight, none at the engine: measured) and the
 engine's estimated busy fraction (G x batches generated / the actor's active time), the
 per-token staleness histogram (``summary.json`` ``trained_token_staleness_histogram``) and the
 group one, the length bias (``summary.json``: trained against read mean length), dropped-stale

@@ -33,7 +33,7 @@ THRESHOLDS = [0.1, 0.2]
 PER_RUN = {
     "seed", "steps", "time_to_target_s", "train_wall_s", "step_s_median", "wait_s", "work_s",
     "episodes_trained_per_s", "episodes_generated_per_s", "actor_idle_frac", "actor_time_s",
-    "engine_busy_frac_est", "learner_idle_frac", "env_s_per_episode", "env_steps_per_episode",
+    "engine_busy_frac_est", "actor_waiting_env_frac", "learner_idle_frac", "env_s_per_episode", "env_steps_per_episode",
     "token_staleness_histogram", "token_staleness_mean", "staleness_histogram", "length_bias",
     "dropped_stale", "groups_trained", "episode_ends", "reward_initial", "reward_final",
     "trained_token_frac", "weight_sync_pause_learner_s",
@@ -116,6 +116,8 @@ def test_every_arm_has_every_figure(result):
         assert not PER_RUN - set(run), (arm, PER_RUN - set(run))
         assert run["steps"] == 2 and run["episodes_trained_per_s"] > 0
         assert 0 <= run["actor_idle_frac"] <= 1 and run["engine_busy_frac_est"] > 0
+        # the environment's delays (median 0.05 s) left the engine with nothing to do a while
+        assert 0 < run["actor_waiting_env_frac"] < 1
         assert sum(run["staleness_histogram"].values()) == run["groups_trained"]
         assert sum(run["token_staleness_histogram"].values()) > 0
         assert sum(run["episode_ends"].values()) == run["groups_trained"] * 8

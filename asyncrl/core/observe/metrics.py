@@ -44,7 +44,9 @@ LAUNCHER_OFFSET, LEARNER_OFFSET, ACTOR_OFFSET = 0, 1, 2
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, float("inf"))
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
 LEARNER_STATES = ("starting", "busy", "waiting_data", "weight_sync", "checkpoint")
-ACTOR_STATES = ("starting", "generating", "paused", "waiting_weights", "waiting_buffer", "idle")
+ACTOR_STATES = (
+    "starting", "generating", "waiting_env", "paused", "waiting_weights", "waiting_buffer", "idle"
+)  # fmt: skip
 
 
 def role_port(base: int, role: str, actor_id: int = 0) -> int:

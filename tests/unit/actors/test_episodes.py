@@ -14,6 +14,7 @@ import pytest
 
 from asyncrl.actors.data.prompt import Prompt
 from asyncrl.actors.engine.vllm_engine import Completion
+from asyncrl.actors.episodes.activity import Activity, CountedHost
 from asyncrl.actors.episodes.env import StepResult
 from asyncrl.actors.episodes.failures import EnvFailureRate, FailureGuard
 from asyncrl.actors.episodes.group import EpisodeGroups
@@ -133,6 +134,40 @@ def test_tool_calls_are_answered_counted_and_the_answer_scored_by_the_task():
     )
     assert TOK.decode(e.trajectory.prompt_ids).startswith("system: tools: add(a, b)\n")
     assert "\ntool: 17\nassistant: " in TOK.decode(e.trajectory.ids)
+
+
+def test_activity_tells_an_episode_waiting_for_its_tools_from_one_at_the_engine():
+    """Two episodes; each calls the tool (0.05 s) then answers: while both wait for the tool
+    the actor would be ``waiting_env``, while either generates it is not; all counts end at 0."""
+    call = '<tool_call>{"name": "add", "arguments": {"a": 12, "b": 5}}</tool_call>'
+    activity = Activity()
+    seen: list[tuple[int, int, bool]] = []
+    activity.on_change = lambda: seen.append(
+        (activity.generating, activity.env, activity.waiting_env)
+    )
+    host = CountedHost(
+        ScriptedHost([Q1], [StepResult([], None, True)], [add], delay_s=0.05), activity
+    )
+    model = Model({"what is 12+5?": call, "17": "17"})
+
+    async def counted(ids, max_tokens, seed):
+        with activity.running("generating"):
+            return await model.generate(ids, max_tokens, seed)
+
+    t = turn(model)
+    t = Turn(counted, t.decode, t.renderer, t.parse)
+
+    async def both():
+        return await asyncio.gather(
+            *(run_episode(host, t, LIMITS, f"g:{j}", {}, j) for j in range(2))
+        )
+
+    episodes = asyncio.run(both())
+    assert [e.end for e in episodes] == ["done", "done"]
+    assert (activity.generating, activity.env, activity.waiting_env) == (0, 0, False)
+    assert (0, 2, True) in seen  # both at their tool, none at the engine
+    assert all(w == (env > 0 and gen == 0) for gen, env, w in seen)
+    assert any(gen > 0 for gen, _, _ in seen) and max(env for _, env, _ in seen) == 2
 
 
 def test_a_malformed_or_failing_tool_call_is_answered_with_its_error_and_counted():
