@@ -110,6 +110,12 @@ def rerun_command() -> str:
     return " ".join(["python", "-m", module, *args])
 
 
+def asyncrl_run(overrides: list[str], run_dir: Path) -> list[str]:
+    """The command line of ``asyncrl run OVERRIDES run_dir=RUN_DIR`` in this interpreter."""
+    return [sys.executable, "-m", "asyncrl.orchestration.cli", "run", *overrides,
+            f"run_dir={run_dir}"]  # fmt: skip
+
+
 def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
     """``<out_dir>/<name>.json`` with ``machine``, ``commit`` and ``command`` added (the runs'
     per-step traces in ``<name>.records.json.gz``: ``split_records``)."""

@@ -24,14 +24,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from benchmarks.common import REPO, RESULTS, write_result
+from benchmarks.common import REPO, RESULTS, asyncrl_run, write_result
 from benchmarks.examples.report import learning, markdown
 
 PINNING = (
@@ -160,14 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.reuse:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "asyncrl.orchestration.cli",
-            "run",
-            *over,
-            f"run_dir={run_dir}",
-        ]
+        cmd = asyncrl_run(over, run_dir)
         print(f"examples: asyncrl run {' '.join(over)} (run_dir {run_dir})", flush=True)
         t0 = time.monotonic()
         code = run(cmd, work / f"{run_dir.name}.log", args.timeout_s)

@@ -108,7 +108,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, RESULTS, write_result
+from benchmarks.common import REPO, RESULTS, asyncrl_run, write_result
 from benchmarks.multi_turn import slow_env
 from benchmarks.multi_turn.report import analyse, markdown, plot_all
 from benchmarks.sync_vs_async.run import arm_overrides, core_split, cpulist, load_run
@@ -185,8 +185,7 @@ def run_arm(arm: str, overrides: list[str], env: dict, run_dir: Path, timeout_s:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "asyncrl.orchestration.cli", "run", *overrides,
-           f"run_dir={run_dir}"]  # fmt: skip
+    cmd = asyncrl_run(overrides, run_dir)
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     log = run_dir.parent / f"{run_dir.name}.log"

@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, RESULTS, write_result
+from benchmarks.common import REPO, RESULTS, asyncrl_run, write_result
 from benchmarks.sync_vs_async.report import analyse, markdown, plot_all
 from benchmarks.sync_vs_async.validation import analyse_val, best_arms, markdown_val, plot_val
 
@@ -178,14 +178,7 @@ def run_arm(
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     run_dir.mkdir(parents=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "asyncrl.orchestration.cli",
-        "run",
-        *overrides,
-        f"run_dir={run_dir}",
-    ]
+    cmd = asyncrl_run(overrides, run_dir)
     log = run_dir.parent / f"{run_dir.name}.log"
     t0, load = time.monotonic(), os.getloadavg()[0]
     with open(log, "w") as out:
