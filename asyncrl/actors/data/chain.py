@@ -44,7 +44,11 @@ def chain_pairs(a: int, b: int, turns: int = TURNS) -> list[tuple[int, int]]:
 
 
 class ChainAddition:
-    """``TURNS`` chained sums; see the module docstring."""
+    """``TURNS`` chained sums; see the module docstring. ``partial_credit=False``
+    (``+episode.env_kwargs.partial_credit=false``) scores a turn 1 only for the exact sum."""
+
+    def __init__(self, partial_credit: bool = True) -> None:
+        self.partial_credit = partial_credit
 
     def reset(self, row: dict) -> list[dict]:
         self.a, self.b, self.turn = int(row["a"]), int(row["b"]), 0
@@ -53,6 +57,8 @@ class ChainAddition:
     def step(self, message: dict) -> tuple[list[dict], float, bool, dict]:
         total = self.a + self.b
         score = addition_reward("", message.get("content") or "", answer=str(total))
+        if not self.partial_credit:
+            score = float(score == 1.0)
         self.turn += 1
         if self.turn >= TURNS:
             return [], score / TURNS, True, {"exact": float(score == 1.0)}

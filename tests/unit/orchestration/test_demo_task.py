@@ -157,3 +157,16 @@ def test_the_multi_turn_warm_start_holds_a_chain_token_for_token_as_an_episode_d
         assert ids == e.trajectory.prompt_ids + e.trajectory.ids
         trained = [t for t, m in zip(e.trajectory.ids, e.trajectory.mask, strict=True) if m]
         assert [t for t in labels if t != -100] == trained
+
+
+def test_the_chain_scores_partial_credit_per_turn_unless_told_not_to():
+    from asyncrl.actors.data.chain import ChainAddition, chain_pairs
+
+    (a, b), (c, d) = chain_pairs(658, 6, 2)
+    for partial, expected in [(True, 2 / 3), (False, 0.0)]:
+        env = ChainAddition(partial_credit=partial)
+        env.reset({"a": a, "b": b})
+        _, first, done, _ = env.step({"content": str(a + b)[1:]})  # "64" for 664: units right
+        assert not done and first == pytest.approx(expected / 2)
+        _, second, done, info = env.step({"content": str(c + d)})
+        assert done and second == 0.5 and info == {"exact": 1.0}
