@@ -1,10 +1,11 @@
 """Does the demo model answer a chain's second question? Warm start on single chat questions
-against warm start on 2-question chains (``model.sft_chat_turns``), greedy, no RL.
+against warm start on 2-question chains (``model.sft_chat_turns``), at the demo's 500 SFT steps
+and at ``experiment=chain``'s 1500, greedy, no RL.
 
     python -m benchmarks.demo.chain_warmstart               # 128 eval prompts, ~1 min once built
 
-For each warm start (``prepare_demo_model(chat_turns=1 | 2)``, the default 500 SFT steps,
-built into ``model.cache_dir`` if missing) and each of the first ``--prompts`` eval-split
+For each warm start (``prepare_demo_model(chat_turns=1 | 2, sft_steps=500 | 1500)``, built
+into ``model.cache_dir`` if missing) and each of the first ``--prompts`` eval-split
 addition prompts, three greedy answers (transformers ``generate``, one CPU thread, at most 8
 new tokens): the chain's first question (``experiment=chain``'s ``ChainAddition``); its second
 question after the first answered with the true sum, as an episode holds it; and that second
@@ -19,6 +20,10 @@ import argparse
 from pathlib import Path
 
 from benchmarks.common import RESULTS, write_result
+
+
+ARMS = ((1, 500), (2, 500), (2, 1500))
+"""(``model.sft_chat_turns``, ``model.sft_steps``) of each warm start probed."""
 
 
 def greedy(model, tok, messages: list[dict]) -> tuple[str, bool]:
@@ -78,12 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     cache = load_config(["metrics_port=0"]).model.cache_dir
     arms = {}
-    for turns in (1, 2):
-        model_dir = prepare_demo_model(cache, chat_turns=turns)
-        arms[f"sft_chat_turns={turns}"] = figs = probe(model_dir, args.prompts)
-        print(f"[chain_warmstart] sft_chat_turns={turns}: exact {figs['exact']}, eos {figs['eos']}")
+    for turns, steps in ARMS:
+        model_dir = prepare_demo_model(cache, chat_turns=turns, sft_steps=steps)
+        name = f"sft_chat_turns={turns},sft_steps={steps}"
+        arms[name] = figs = probe(model_dir, args.prompts)
+        print(f"[chain_warmstart] {name}: exact {figs['exact']}, eos {figs['eos']}")
     payload = {"config": {"prompts": args.prompts, "split": "eval", "seed": 0, "max_new_tokens": 8,
-                          "decoding": "greedy", "sft_steps": 500, "threads": 1},
+                          "decoding": "greedy", "threads": 1},
                "pinning": "one process, torch.set_num_threads(1), no core pinned", "arms": arms}  # fmt: skip
     print(f"[chain_warmstart] wrote {write_result(args.name, payload, args.out)}")
     return 0
