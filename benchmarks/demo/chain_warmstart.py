@@ -21,7 +21,6 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, write_result
 
-
 ARMS = ((1, 500), (2, 500), (2, 1500))
 """(``model.sft_chat_turns``, ``model.sft_steps``) of each warm start probed."""
 
