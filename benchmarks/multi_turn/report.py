@@ -408,7 +408,7 @@ def plot_all(runs: list[dict], report: dict, out_dir: Path, name: str) -> list[s
     for t in val["thresholds"]:
         ax.axhline(t, color="grey", lw=0.5, ls=":")
     ax.set(xlabel="wall-clock minutes since the actors connected (validation included)",
-           ylabel=f"{val['metric']} (greedy)", title="validation against wall-clock time")  # fmt: skip
+           ylabel=f"{val['metric']}", title="validation against wall-clock time")  # fmt: skip
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out_dir / f"{name}_val.png"))

@@ -37,13 +37,14 @@ actor's cap, decides how many groups are in flight; mode=sync still makes one ba
 version), one environment worker (``episode.env_workers=1``: its steps are
 ``asyncio.sleep``, so one worker hosts every episode at once),
 ``episode.env_timeout_s`` = the latency cap + 30 s (no drawn delay is ever a timeout; a
---set that leaves it at or below the cap is refused), greedy validation of the 64 eval prompts at the start, every
+--set that leaves it at or below the cap is refused), validation of the 64 eval prompts
+(``experiment=chain``'s: 4 episodes each, sampled at temperature 1, the policy RL trains) at the start, every
 --eval-every versions and at the end (the environment is slow there too, and each arm pays
 its validations as it would in use), and a checkpoint only at the end (removed once the run
 is read). Seeds vary the prompts and delays; the model is the same.
 
 Figures per run (``report.py``): time to each --thresholds level of the validation --metric
-(default ``val/reward``, the mean episode reward of greedy episodes: partial credit per turn;
+(default ``val/reward``, the mean episode reward of the sampled episodes: partial credit per turn;
 ``val/pass@1``: both sums exact) on two clocks (``elapsed``: as paid; ``train``: synchronous
 arms' blocking validations subtracted), the final validation value, episodes trained and
 generated per second, the actor's idle fraction (``actor<i>.json`` ``time_s``: no group in
@@ -234,7 +235,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="validate every N versions (default steps // 5), besides start and end")  # fmt: skip
     p.add_argument("--metric", default="val/reward",
                    help="the validation value timed (val/reward, val/pass@1, val/exact)")  # fmt: skip
-    p.add_argument("--thresholds", type=float, nargs="+", default=[0.4, 0.5, 0.6],
+    p.add_argument("--thresholds", type=float, nargs="+", default=[0.3, 0.45, 0.6],
                    help="levels of --metric to time")  # fmt: skip
     p.add_argument("--calibration-steps", type=int, default=20,
                    help="steps of the no-latency calibration arm (first seed)")  # fmt: skip
