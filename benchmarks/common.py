@@ -134,6 +134,15 @@ def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
     return path
 
 
+def write_with_table(name: str, payload: dict, table: str, out_dir: Path, tag: str) -> Path:
+    """``write_result`` with ``table`` (Markdown) in the JSON as ``table_markdown`` and beside
+    it as ``<name>.md``; prints the table and where it went, ``[tag]``-prefixed."""
+    path = write_result(name, {**payload, "table_markdown": table}, out_dir)
+    (out_dir / f"{name}.md").write_text(table + "\n")
+    print("\n" + table + f"\n\n[{tag}] wrote {path}", flush=True)
+    return path
+
+
 RECORDS_SUFFIX = ".records.json.gz"
 RECORDS_FILE = "<name>" + RECORDS_SUFFIX  # where a split result's traces are
 TRACE_KEYS = ("records", "steps", "curves")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.common import REPO, RESULTS, asyncrl_run, write_result
+from benchmarks.common import REPO, RESULTS, asyncrl_run, write_with_table
 from benchmarks.examples.report import learning, markdown
 
 PINNING = (
@@ -177,9 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         "conversations": conversations(got["val"]), "summary": _without_samples(got["summary"]),
         "config": got["config"],
     }  # fmt: skip
-    path = write_result(name, payload, args.out)
-    (args.out / f"{name}.md").write_text(markdown(name, fig))
+    write_with_table(name, payload, markdown(name, fig), args.out, "examples")
     plot(fig, args.out / f"{name}_val.png", payload["user_command"])
-    print(markdown(name, fig))
-    print(f"examples: wrote {path}")
     return 0

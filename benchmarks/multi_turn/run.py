@@ -109,7 +109,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, RESULTS, asyncrl_run, write_result
+from benchmarks.common import REPO, RESULTS, asyncrl_run, write_with_table
 from benchmarks.multi_turn import slow_env
 from benchmarks.multi_turn.report import analyse, markdown, plot_all
 from benchmarks.sync_vs_async.run import arm_overrides, core_split, cpulist, load_run
@@ -358,10 +358,8 @@ def _report(args: argparse.Namespace, runs: list[dict], config: dict) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(runs, report, args.out, args.name)
     table = markdown(report)
-    path = write_result(args.name, {"config": config, **report, "plots": plots,
-                                    "table_markdown": table, "runs": _slim(runs)}, args.out)  # fmt: skip
-    (args.out / f"{args.name}.md").write_text(table + "\n")
-    print("\n" + table + f"\n\n[multi_turn] wrote {path}", flush=True)
+    payload = {"config": config, **report, "plots": plots, "runs": _slim(runs)}
+    write_with_table(args.name, payload, table, args.out, "multi_turn")
 
 
 def _say_done(r: dict) -> None:

@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, RESULTS, asyncrl_run, write_result
+from benchmarks.common import REPO, RESULTS, asyncrl_run, write_with_table
 from benchmarks.sync_vs_async.report import analyse, markdown, plot_all
 from benchmarks.sync_vs_async.validation import analyse_val, best_arms, markdown_val, plot_val
 
@@ -350,10 +350,8 @@ def _report(args: argparse.Namespace, name: str, runs: list[dict], config: dict,
         table += "\n\nValidation (pass@1, greedy):\n\n" + markdown_val(val)
     if config["not_run"]:
         table += f"\n\nNot run yet (arm-seed): {', '.join(config['not_run'])}"
-    path = write_result(name, {"config": config, **report, "plots": plots,
-                               "table_markdown": table, "runs": _slim(runs)}, args.out)  # fmt: skip
-    (args.out / f"{name}.md").write_text(table + "\n")
-    print("\n" + table + f"\n\n[bench] wrote {path}", flush=True)
+    payload = {"config": config, **report, "plots": plots, "runs": _slim(runs)}
+    write_with_table(name, payload, table, args.out, "bench")
 
 
 def _say_done(r: dict) -> None:
