@@ -101,18 +101,14 @@ time), ``<name>_reward.png`` (training reward against wall time), ``<name>_stale
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from benchmarks.common import REPO, RESULTS, asyncrl_run, write_with_table
+from benchmarks.common import REPO, RESULTS, write_with_table
 from benchmarks.multi_turn import slow_env
 from benchmarks.multi_turn.report import analyse, markdown, plot_all
-from benchmarks.sync_vs_async.run import arm_overrides, core_split, cpulist, load_run
+from benchmarks.sync_vs_async.run import arm_overrides, core_split, cpulist, load_run, run_arm
 
 ENV_SPEC = "benchmarks.multi_turn.slow_env:SlowChain"
 TIMEOUT_MARGIN_S = 30.0
@@ -177,37 +173,6 @@ def chosen_arms(args: argparse.Namespace, cores: list[int]) -> dict[str, list[st
         known = [a for a in arms if a != CALIBRATION]
         raise SystemExit(f"unknown arms {unknown}; arms are {known}")
     return {a: arms[a] for a in wanted}
-
-
-def run_arm(arm: str, overrides: list[str], env: dict, run_dir: Path, timeout_s: float,
-            keep_checkpoints: bool) -> dict:  # fmt: skip
-    """One ``asyncrl run`` with the latency ``env``; what it wrote (``load_run``), or the error
-    and the log's tail. Its checkpoints are removed unless ``keep_checkpoints``."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    cmd = asyncrl_run(overrides, run_dir)
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-    log = run_dir.parent / f"{run_dir.name}.log"
-    t0, load = time.monotonic(), os.getloadavg()[0]
-    with open(log, "w") as out:
-        try:
-            code = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=timeout_s, env=full_env).returncode  # fmt: skip
-        except subprocess.TimeoutExpired:
-            code = -1
-    result = {"arm": arm, "overrides": overrides, "env": env, "run_dir": str(run_dir),
-              "log": str(log), "returncode": code, "process_s": time.monotonic() - t0,
-              "load_avg_1min_before": load, "load_avg_1min_after": os.getloadavg()[0]}  # fmt: skip
-    if code != 0:
-        result["error"] = log.read_text(errors="replace")[-3000:]
-        return result
-    keep = ("env", "process_s", "load_avg_1min_before", "load_avg_1min_after")
-    (run_dir / "bench_run.json").write_text(json.dumps({k: result[k] for k in keep}))
-    if not keep_checkpoints:
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    return {**load_run(arm, overrides, run_dir), **result, "reused": False}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -311,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.reuse and done:
             r = load_run(arm, overrides, run_dir)  # its env from its bench_run.json
         else:
-            r = run_arm(arm, overrides, env, run_dir, limit, args.keep_checkpoints)
+            r = run_arm(arm, overrides, run_dir, limit, args.keep_checkpoints, env)
         r["seed"] = seed
         _say_done(r)
         runs.append(r)

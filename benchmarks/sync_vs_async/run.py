@@ -168,35 +168,48 @@ def _read_json(path: Path) -> dict:
 
 
 def run_arm(
-    arm: str, overrides: list[str], run_dir: Path, timeout_s: float, keep_checkpoints: bool = False
+    arm: str,
+    overrides: list[str],
+    run_dir: Path,
+    timeout_s: float,
+    keep_checkpoints: bool = False,
+    env: dict[str, str] | None = None,
 ) -> dict:
-    """One ``asyncrl run``; returns what it wrote (or the error and the log's tail).
+    """One ``asyncrl run``; returns what it wrote (or the error and the log's tail). ``env``:
+    environment variables for the run (benchmarks/multi_turn's latency; the repository goes on
+    ``PYTHONPATH`` then, so a worker process imports the benchmark's environment), recorded in
+    the result and ``bench_run.json``.
 
     A finished run's ``checkpoints/`` is removed unless ``keep_checkpoints``: the report reads
     none of it, and a real model's end-of-run checkpoint (2.2 GB for SmolLM2-135M with its
     optimizer state) times 18 runs once filled this machine's disk."""
     if run_dir.exists():
-        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     cmd = asyncrl_run(overrides, run_dir)
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if env is not None:
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        full_env.update(env, PYTHONPATH=path)
     log = run_dir.parent / f"{run_dir.name}.log"
     t0, load = time.monotonic(), os.getloadavg()[0]
     with open(log, "w") as out:
         try:
             code = subprocess.run(
                 cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                env=full_env,
             ).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             code = -1
-    result = {"arm": arm, "overrides": overrides, "run_dir": str(run_dir), "log": str(log),
+    result = {"arm": arm, "overrides": overrides, **({"env": env} if env is not None else {}),
+              "run_dir": str(run_dir), "log": str(log),
               "returncode": code, "process_s": time.monotonic() - t0,
               "load_avg_1min_before": load, "load_avg_1min_after": os.getloadavg()[0]}  # fmt: skip
     if code != 0:
         result["error"] = log.read_text(errors="replace")[-3000:]
         return result
-    keep = ("process_s", "load_avg_1min_before", "load_avg_1min_after")
-    (run_dir / "bench_run.json").write_text(json.dumps({k: result[k] for k in keep}))
+    keep = ("env", "process_s", "load_avg_1min_before", "load_avg_1min_after")
+    (run_dir / "bench_run.json").write_text(json.dumps({k: result[k] for k in keep if k in result}))
     if not keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return {**load_run(arm, overrides, run_dir), **result, "reused": False}
