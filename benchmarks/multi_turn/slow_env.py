@@ -20,12 +20,9 @@ set above the cap (``benchmarks/multi_turn/run.py``), so no drawn delay is ever 
 ``env_timeout``.
 
 The parameters come from environment variables (``MEDIAN_VAR``, ``P99_VAR``, ``CAP_VAR``,
-``SEED_VAR``), set by the benchmark on each ``asyncrl run`` it starts. Why the environment
-and not a row field or the config: the class is made with ``Name()`` and its rows are the
-addition task's (``a``, ``b``, ``answer``, ``prompt``), so a row field would need a task of its
-own; ``asyncrl``'s config has no free-form section for an environment's parameters; and the
-environment workers inherit the actor's environment (less the buffer's password:
-``asyncrl/actors/episodes/env_process.py``). The benchmark records the values in its result's
+``SEED_VAR``), set by the benchmark on each ``asyncrl run`` it starts; written before
+``episode.env_kwargs`` existed and not yet moved there. The environment workers inherit the
+actor's environment (less the buffer's password: ``asyncrl/actors/episodes/env_process.py``). The benchmark records the values in its result's
 ``config`` and each run's ``env``; unset, the defaults above apply, so the class also runs as
 ``asyncrl run experiment=chain episode.env=benchmarks.multi_turn.slow_env:SlowChain``.
 
