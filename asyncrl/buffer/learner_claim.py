@@ -14,9 +14,13 @@ before it reads anything:
 - a key held by another run is refused at once with ``ClaimRefused``, naming the holder and
   when its lease ends.
 
-Renewal and release are compare-and-set on the token (a Lua script), so a learner never
-extends or deletes a claim that was taken over; a renewal that finds the claim gone or another
-token's calls ``lost`` once.
+Renewal and release are compare-and-set on the token (Lua scripts), so a learner never
+extends or deletes a claim that was taken over. A renewal that finds the key **gone** takes it
+back at once: the lease lapsed because nothing could renew it for ``ttl_s`` (Redis or this
+learner stopped for a while, a partition) and nobody else took it, so this learner still owns
+the buffer and trains on (formerly such a stall of 30 s ended the run early with exit 0). A
+renewal that finds **another token's** claim calls ``lost`` once with the holder named: the
+learner must fail (hub.py makes it a ``FatalError``), never finish as if done.
 """
 
 from __future__ import annotations
@@ -35,13 +39,19 @@ if TYPE_CHECKING:
 
 DEFAULT_TTL_S = 30.0
 
+# KEYS: the claim key.  ARGV: token, ttl_ms, this learner's JSON (to take a lapsed key back).
+# Returns 1 renewed, 2 taken back (the key had lapsed), -1 another token holds it.
 _RENEW = """
 local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
+if not v then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+  return 2
+end
 if cjson.decode(v)['token'] ~= ARGV[1] then return -1 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
+RENEWED, TAKEN_BACK, TAKEN = 1, 2, -1
 _RELEASE = """
 local v = redis.call('GET', KEYS[1])
 if v and cjson.decode(v)['token'] == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -71,10 +81,7 @@ class LearnerClaim:
         self.token = secrets.token_hex(8)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def acquire(self, say: Callable[[str], None] = print) -> None:
-        """Take the claim, or raise ``ClaimRefused`` naming the holder (module docstring)."""
-        me = json.dumps(
+        self._me = json.dumps(
             {
                 "token": self.token,
                 "host": socket.gethostname(),
@@ -83,6 +90,10 @@ class LearnerClaim:
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             }
         )
+
+    def acquire(self, say: Callable[[str], None] = print) -> None:
+        """Take the claim, or raise ``ClaimRefused`` naming the holder (module docstring)."""
+        me = self._me
         ttl_ms = int(self.ttl_s * 1000)
         for _ in range(3):  # the holder's key may expire between our SET and GET
             if self.client.set(self.key, me, nx=True, px=ttl_ms):
@@ -101,22 +112,30 @@ class LearnerClaim:
             raise ClaimRefused(refusal(self.name, holder, left / 1000 if left > 0 else None))
         raise ClaimRefused(f"buffer {self.name!r}: could not claim it (it changed hands 3 times)")
 
-    def renew(self) -> bool:
-        """Extend the lease; False if the claim is gone or another learner's."""
-        return self.client.eval(_RENEW, 1, self.key, self.token, int(self.ttl_s * 1000)) == 1
+    def renew(self) -> int:
+        """Extend the lease: ``RENEWED``, ``TAKEN_BACK`` (it had lapsed and was free: now ours
+        again) or ``TAKEN`` (another learner holds it)."""
+        ttl_ms = int(self.ttl_s * 1000)
+        return int(self.client.eval(_RENEW, 1, self.key, self.token, ttl_ms, self._me))
 
-    def keep(self, lost: Callable[[str], None]) -> None:
-        """Renew every ``ttl_s / 3`` in a daemon thread until ``release``; ``lost(why)`` once
-        if a renewal finds the claim gone or taken (a Redis error is retried next time)."""
+    def holder(self) -> dict:
+        """The claim's holder as stored (``{}`` when the key is gone)."""
+        raw = self.client.get(self.key)
+        return json.loads(raw) if raw else {}
+
+    def keep(self, lost: Callable[[str], None], say: Callable[[str], None] = print) -> None:
+        """Renew every ``ttl_s / 3`` in a daemon thread until ``release``: a lapsed claim is
+        taken back (``say`` tells), one another learner took calls ``lost(why)`` once, naming
+        it (a Redis error is retried next time)."""
 
         def loop() -> None:
             while not self._stop.wait(self.ttl_s / 3):
                 try:
-                    if not self.renew():
-                        lost(
-                            f"the claim on buffer {self.name!r} was lost (expired or taken "
-                            "over by another learner): this learner must stop"
-                        )
+                    status = self.renew()
+                    if status == TAKEN_BACK:
+                        say(lapsed(self.name, self.ttl_s))
+                    elif status == TAKEN:
+                        lost(taken(self.name, self.holder()))
                         return
                 except Exception:  # Redis away for a moment: the reads will say so
                     continue
@@ -142,4 +161,24 @@ def refusal(name: str, holder: dict, left_s: float | None) -> str:
         f"({lease}). One buffer has one learner at a time: stop that learner, or give this one "
         "its own buffer.name (and actors); restarting that run's learner with the same run_dir "
         "takes the claim over"
+    )
+
+
+def lapsed(name: str, ttl_s: float) -> str:
+    """What a learner says when it took its lapsed claim back (pure)."""
+    return (
+        f"the claim on buffer {name!r} had lapsed (nothing renewed it for {ttl_s:g} s: Redis "
+        "or this learner was stalled or cut off) and no other learner took it: taken back, "
+        "training goes on"
+    )
+
+
+def taken(name: str, holder: dict) -> str:
+    """The failure of a learner whose claim another learner took while it was stalled (pure)."""
+    return (
+        f"the claim on buffer {name!r} was taken by another learner while this one could not "
+        f"renew it: pid {holder.get('pid')} on {holder.get('host')}, run_dir "
+        f"{holder.get('run_dir')}, started {holder.get('started')}. Two learners must not "
+        "train from one buffer: this learner stops with an error (its checkpoints are kept). "
+        "Stop the other learner and resume this run, or give each its own buffer.name"
     )

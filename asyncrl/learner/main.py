@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                 hub.say(f"stopped: {e}")
                 hub.close_log("KILLED")
                 return 143
+            if hub.claim_lost():  # another learner has the buffer: not done, and its
+                # actors and ledger are not ours to stop or audit (finish would do both)
+                raise fatal.FatalError(hub.claim_lost())
     with tracker_runs_failed_on_error(hub):
         hub.finish(state)  # summary.json, printed; closes the tracker runs FINISHED
     import torch.distributed as dist

@@ -9,7 +9,14 @@ import uuid
 
 import pytest
 
-from asyncrl.buffer.learner_claim import ClaimRefused, LearnerClaim, claim_key
+from asyncrl.buffer.learner_claim import (
+    RENEWED,
+    TAKEN,
+    TAKEN_BACK,
+    ClaimRefused,
+    LearnerClaim,
+    claim_key,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -44,7 +51,7 @@ def test_the_same_run_takes_over_and_the_old_holder_can_neither_renew_nor_releas
     new = LearnerClaim(redis_client, name, str(tmp_path / "run"))
     new.acquire(said.append)
     assert "took over the claim" in said[0]
-    assert not old.renew() and new.renew()
+    assert old.renew() == TAKEN and new.renew() == RENEWED
     old.release()  # not its claim any more: nothing is deleted
     assert json.loads(redis_client.get(claim_key(name)))["token"] == new.token
 
@@ -56,12 +63,60 @@ def test_a_dead_holders_lease_runs_out_and_a_kept_claim_does_not(redis_client, t
     alive = LearnerClaim(redis_client, _name(), str(tmp_path / "c"), ttl_s=0.5)
     alive.acquire()
     lost: list[str] = []
-    alive.keep(lost.append)
+    alive.keep(lost.append, say=lambda _: None)
     time.sleep(1.2)
     LearnerClaim(redis_client, name, str(tmp_path / "b")).acquire()  # expired: taken
     with pytest.raises(ClaimRefused):
         LearnerClaim(redis_client, alive.name, str(tmp_path / "d")).acquire()
-    redis_client.delete(claim_key(alive.name))  # taken away under it
-    time.sleep(0.6)
-    assert lost and "was lost" in lost[0]
+    assert not lost
     alive.release()
+
+
+def test_a_lapsed_claim_is_taken_back_and_training_goes_on(redis_client, tmp_path):
+    """Round 4 of issue 43: Redis or the learner stalled longer than the lease (SIGSTOP
+    for 30 s); nobody took the buffer meanwhile, so the learner keeps it (formerly: "lost",
+    and the run ended early with exit 0)."""
+    claim = LearnerClaim(redis_client, _name(), str(tmp_path / "run"), ttl_s=0.3)
+    claim.acquire()
+    redis_client.delete(claim.key)  # the lease lapsed while nothing could renew it
+    assert claim.renew() == TAKEN_BACK
+    assert json.loads(redis_client.get(claim.key))["token"] == claim.token
+    assert 0 < redis_client.pttl(claim.key) <= 300
+    assert claim.renew() == RENEWED
+    said: list[str] = []
+    lost: list[str] = []
+    claim.keep(lost.append, said.append)
+    redis_client.delete(claim.key)
+    deadline = time.monotonic() + 5
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert said and "had lapsed" in said[0] and "taken back, training goes on" in said[0]
+    assert not lost and json.loads(redis_client.get(claim.key))["token"] == claim.token
+    claim.release()
+    assert redis_client.get(claim.key) is None
+
+
+def test_a_claim_another_learner_took_while_this_one_stalled_is_lost_naming_it(
+    redis_client, tmp_path
+):
+    claim = LearnerClaim(redis_client, _name(), str(tmp_path / "a"), ttl_s=0.3)
+    claim.acquire()
+    lost: list[str] = []
+    claim.keep(lost.append, say=lambda _: None)
+    claim._stop.set()  # stalled: no renewal (a SIGSTOPped learner)
+    claim._thread.join(2)
+    time.sleep(0.5)  # the lease lapses ...
+    other = LearnerClaim(redis_client, claim.name, str(tmp_path / "b"))
+    other.acquire()  # ... and another run's learner takes the buffer
+    claim._stop.clear()
+    claim.keep(lost.append, say=lambda _: None)  # the learner runs again
+    deadline = time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(lost) == 1, lost
+    text = lost[0]
+    assert f"the claim on buffer {claim.name!r} was taken by another learner" in text
+    assert f"run_dir {tmp_path / 'b'}" in text and "stops with an error" in text
+    claim.release()  # not its claim: the other learner keeps it
+    assert json.loads(redis_client.get(claim.key))["token"] == other.token
+    other.release()

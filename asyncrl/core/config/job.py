@@ -166,6 +166,15 @@ class Config:
     """The W&B project and the MLflow experiment the run is logged under."""
     experiment_name: str = ""
     """The run's name in W&B and MLflow; '' = the run directory's name."""
+    role_log_max_mb: float = 256.0
+    """A role's log (``<run_dir>/actor0.log`` ...) is rotated at this size (MiB, > 0):
+    it becomes ``<role>.log.1``, ``.1`` becomes ``.2`` ... (asyncrl/orchestration/launch/role_log.py)."""
+    role_log_backups: int = 3
+    """Rotated files kept per role, 0 .. 100; older output is deleted, and the bytes deleted
+    are counted in ``run.json`` (``role_log_deleted_bytes``)."""
+    role_log_line_chars: int = 4000
+    """The most characters of one output line the console and the launcher's memory keep
+    (>= 80); the log file keeps the whole line. Lines cut: ``run.json`` ``role_lines_cut``."""
     allow_config_change: bool = False
     """Resume a run_dir with a configuration that changes what the run means (the algorithm,
     model, batch, sampling, task or data: asyncrl/orchestration/launch/resume_config.py); refused
@@ -182,6 +191,9 @@ class Config:
         _require(not twice, f"logger lists {', '.join(twice)} more than once")
         _require(bool(self.project_name), "project_name is empty")
         _bound(self, "seed", ge=0, le=SEED_MAX)
+        _bound(self, "role_log_max_mb", gt=0)
+        _bound(self, "role_log_backups", ge=0, le=100)
+        _bound(self, "role_log_line_chars", ge=80)
         _bound(self, "metrics_port", ge=0, le=65535, hint=" (0 = off)")
         last_port = self.metrics_port + _METRICS_PORTS_BEYOND_ACTORS + self.actor.total - 1
         _require(

@@ -84,6 +84,8 @@ class _StopFlag:
 
     def __init__(self) -> None:
         self.value = False
+        self.lost_why = ""
+        """Why the buffer's claim was lost ("" while it is held): the run then fails."""
 
     def __call__(self) -> bool:
         return self.value
@@ -92,8 +94,10 @@ class _StopFlag:
         self.value = True
 
     def lost(self, why: str) -> None:
-        """Another learner took the buffer (buffer/learner_claim.py): stop, saying so."""
+        """Another learner took the buffer (buffer/learner_claim.py): stop, saying so; the
+        run then fails with ``why`` (``Hub.claim_lost``), it does not finish as done."""
         _say(why)
+        self.lost_why = why
         self.value = True
 
 
@@ -137,6 +141,9 @@ class Hub:
 
     def stop_requested(self) -> bool:
         return self._stop()
+
+    def claim_lost(self) -> str:
+        return getattr(self._stop, "lost_why", "")
 
     def start(self, version: int) -> None:
         """Publish meta, re-read pending entries, wait for actors, open the weight channel."""
@@ -372,7 +379,7 @@ def _claim_buffer(buffer: LearnerBuffer, name: str, run_dir: str, lost, say):
         claim.acquire(say)
     except ClaimRefused as e:
         raise FatalError(str(e)) from None
-    claim.keep(lost)
+    claim.keep(lost, say)
     return claim
 
 

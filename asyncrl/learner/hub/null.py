@@ -28,6 +28,10 @@ class NullHub:
         """Rank 0 hears stop requests and decides for every rank."""
         return False
 
+    def claim_lost(self) -> str:
+        """Rank 0 holds the buffer's claim."""
+        return ""
+
     def no_batch_reason(self) -> str:
         """Rank 0 says why no batch came (its text reaches every rank)."""
         return ""

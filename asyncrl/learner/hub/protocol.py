@@ -34,6 +34,11 @@ class LearnerHub(CheckpointHub, Protocol):
         """True once a stop was requested (SIGTERM/SIGINT, a lost buffer claim)."""
         ...
 
+    def claim_lost(self) -> str:
+        """Why another learner took this one's buffer claim ("" while it is held): the run
+        must then fail, not finish (buffer/learner_claim.py)."""
+        ...
+
     def start(self, version: int) -> None:
         """Publish the run's meta, re-read pending groups, wait for the actors, open the channel."""
         ...

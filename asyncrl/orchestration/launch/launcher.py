@@ -19,7 +19,9 @@ torchrun and each actor get their own ``CUDA_VISIBLE_DEVICES`` (roles.py ``role_
 node's plan (asyncrl/orchestration/placement/plan.py, checked before anything starts).
 
 A role's output is copied to ``<run_dir>/<role>.log`` and its last lines are kept in memory,
-so a failure message shows them even when the log cannot be written (a full disk). A role
+so a failure message shows them even when the log cannot be written (a full disk). Both are
+bounded (role_log.py): the log rotates at ``role_log_max_mb`` keeping ``role_log_backups``
+files, and a line longer than ``role_log_line_chars`` is cut in memory and on the console. A role
 that fails with an error a restart cannot fix (asyncrl/core/runtime/fatal.py) is not restarted, and the
 failure message says why instead of suggesting ``restart_max``.
 """
@@ -41,6 +43,7 @@ from pathlib import Path
 from asyncrl.core.runtime import fatal, rundir
 from asyncrl.core.runtime.lifeline import child_cmd
 from asyncrl.core.runtime.rundir import describe_os_error
+from asyncrl.orchestration.launch.role_log import LineCut, LogLimits, RoleLog, parts
 
 _GRACE_S = 20.0
 _ROOT_GRACE_S = 5.0  # a role's own process stops its children first
@@ -68,22 +71,30 @@ class Role:
     """Why the log file could not be written (its output is then only in ``output``)."""
     pump: threading.Thread | None = None
     """The thread copying the current process's output."""
+    limits: LogLimits = field(default_factory=LogLimits)
+    """How much of the output is kept (role_log.py)."""
+    log_deleted_bytes: int = 0
+    """Bytes of this role's log deleted by rotation (all its processes so far)."""
+    cut_lines: int = 0
+    """Lines longer than ``limits.line_chars``, cut in ``output`` and on the console."""
 
 
 def _pump(proc: subprocess.Popen, role: Role, show) -> None:
-    """Copy a child's output to its log file and its in-memory tail; echo what ``show``
-    selects. A log that cannot be written (disk full) is reported once and the pump goes on
-    draining the pipe, so the child never blocks on a full pipe."""
+    """Copy a child's output to its (rotated) log file and its in-memory tail, reading at
+    most ``role_log.CHUNK`` characters at once; echo what ``show`` selects. A log that cannot
+    be written (disk full) is reported once and the pump goes on draining the pipe, so the
+    child never blocks on a full pipe. Lines longer than ``limits.line_chars`` are cut in the
+    tail and on the console (said once per role)."""
     log = _open_log(role)
-    for line in proc.stdout:
-        role.output.append(line)
+    cut = LineCut(role.limits.line_chars, role.log_path.name)
+    for piece in parts(proc.stdout):
         if log is not None:
             try:
-                log.write(line)
+                log.write(piece)
             except OSError as e:
                 log = _log_failed(role, e, log)
-        if show(line):
-            _echo(line)
+        _keep(role, cut, cut.feed(piece), show)
+    _keep(role, cut, cut.flush(), show)
     if log is not None:
         try:
             log.close()
@@ -91,11 +102,45 @@ def _pump(proc: subprocess.Popen, role: Role, show) -> None:
             _log_failed(role, e, None)
 
 
+def _keep(role: Role, cut: LineCut, line: str | None, show) -> None:
+    """One whole (possibly cut) line into the role's tail, echoed if ``show`` selects it."""
+    if line is None:
+        return
+    if cut.last_cut:
+        if not role.cut_lines:
+            _echo(
+                f"[asyncrl] {role.name} wrote a line longer than role_log_line_chars="
+                f"{role.limits.line_chars}: the console and the failure messages show the first "
+                f"{role.limits.line_chars} characters of such lines; {role.log_path} has them "
+                "whole (counted in run.json's role_lines_cut)\n"
+            )
+        role.cut_lines += 1
+    role.output.append(line)
+    if show(line):
+        _echo(line)
+
+
 def _open_log(role: Role):
+    def rotated(text: str) -> None:
+        _echo(f"[asyncrl] {role.name}: {text}\n")
+
     try:
-        return open(role.log_path, "a", buffering=1)
+        return _CountedLog(role, rotated)
     except OSError as e:
         return _log_failed(role, e, None)
+
+
+class _CountedLog(RoleLog):
+    """A ``RoleLog`` that adds the bytes its rotations delete to its role's count."""
+
+    def __init__(self, role: Role, rotated) -> None:
+        super().__init__(role.log_path, role.limits, rotated)
+        self.role = role
+
+    def rotate(self) -> None:
+        before = self.deleted_bytes
+        super().rotate()
+        self.role.log_deleted_bytes += self.deleted_bytes - before
 
 
 def _log_failed(role: Role, e: OSError, log) -> None:
@@ -127,10 +172,12 @@ def spawn(
     run_dir: Path,
     show,
     cores: str = "",
+    limits: LogLimits | None = None,
 ) -> Role:
     """Start ``cmd`` (or the command ``cmd()`` makes, fresh for each restart) as role
-    ``name``, on ``cores``, dying with this process (asyncrl/core/runtime/lifeline.py)."""
-    role = Role(name, None, run_dir / f"{name}.log")
+    ``name``, on ``cores``, dying with this process (asyncrl/core/runtime/lifeline.py); its
+    output kept within ``limits`` (role_log.py; default ``LogLimits()``)."""
+    role = Role(name, None, run_dir / f"{name}.log", limits=limits or LogLimits())
 
     def start() -> subprocess.Popen:
         fatal.clear(run_dir, name)

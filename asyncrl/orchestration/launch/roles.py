@@ -28,6 +28,7 @@ from asyncrl.orchestration.launch.launcher import (
     spawn,
     stop_roles,
 )
+from asyncrl.orchestration.launch.role_log import LogLimits
 from asyncrl.orchestration.launch.run_info import write_run_info
 from asyncrl.orchestration.placement.plan import NO_GPUS, Plan
 
@@ -44,7 +45,8 @@ def spawn_learner(
     across = cfg.learner.nnodes > 1
     env = role_env(cfg, url, cfg.learner.cpu_threads, across, plan.learner_visible())
     cmd = lambda: learner_cmd(cfg, run_dir, model_dir)  # noqa: E731 (a fresh port each start)
-    role = spawn("learner", cmd, env, run_dir, show_progress, cfg.learner.cpu_affinity)
+    role = spawn("learner", cmd, env, run_dir, show_progress, cfg.learner.cpu_affinity,
+                 log_limits(cfg))  # fmt: skip
     role.restart_max, role.restart_key = cfg.learner.restart_max, "learner.restart_max"
     return role
 
@@ -59,10 +61,20 @@ def spawn_actors(
     for j, i in enumerate(ids):
         env = role_env(cfg, url, cfg.actor.cpu_threads, gpus=plan.actor_visible(j))
         cmd = actor_cmd(run_dir, model_dir, i)
-        role = spawn(f"actor{i}", cmd, env, run_dir, show_progress, cfg.actor.cpu_affinity)
+        role = spawn(f"actor{i}", cmd, env, run_dir, show_progress, cfg.actor.cpu_affinity,
+                     log_limits(cfg))  # fmt: skip
         role.restart_max, role.restart_key = cfg.actor.restart_max, "actor.restart_max"
         roles.append(role)
     return roles
+
+
+def log_limits(cfg: Config) -> LogLimits:
+    """The ``role_log_*`` settings as ``role_log.LogLimits``."""
+    return LogLimits(
+        max_bytes=max(1, int(cfg.role_log_max_mb * (1 << 20))),
+        backups=cfg.role_log_backups,
+        line_chars=cfg.role_log_line_chars,
+    )
 
 
 def role_env(

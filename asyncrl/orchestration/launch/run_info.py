@@ -77,9 +77,15 @@ def announce_gpus(run_dir: Path, plan: Plan, actor_ids: list[int]) -> None:
 
 def record_restarts(run_dir: Path, roles: list[Role]) -> dict[str, int]:
     """Restarts per role, into ``run.json`` (the launcher's record; ``summary.json`` is the
-    learner's alone)."""
+    learner's alone), with what each role's log lost to rotation and how many of its lines
+    were cut in memory and on the console (launcher.py, role_log.py)."""
     restarts = {r.name: r.restarts for r in roles}
-    write_run_info(run_dir, role_restarts=restarts)
+    write_run_info(
+        run_dir,
+        role_restarts=restarts,
+        role_log_deleted_bytes={r.name: r.log_deleted_bytes for r in roles},
+        role_lines_cut={r.name: r.cut_lines for r in roles},
+    )
     return restarts
 
 

@@ -113,6 +113,9 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "eval.log_samples": [(0, -1), (64, 65)],
     "seed": [(0, -1), (SEED_MAX, SEED_MAX + 1)],
     "metrics_port": [(0, -1), (65533, 65534)],  # actor 0 (of 1) serves on metrics_port + 2
+    "role_log_max_mb": [(0.001, 0.0)],
+    "role_log_backups": [(0, -1), (100, 101)],
+    "role_log_line_chars": [(80, 79)],
 }
 
 
