@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-from asyncrl.core.runtime.lifeline import child_cmd, kill_group, worker_stacks
+from asyncrl.core.runtime.lifeline import child_cmd, kill_tree, tagged_env, worker_stacks
 
 _SECRET_ENV = ("ASYNCRL_REDIS_URL",)  # the buffer's password: an environment needs none
 
@@ -50,7 +50,7 @@ class EnvProcess:
         module = "asyncrl.actors.episodes.env_worker"
         args = [spec, json.dumps(tool_specs), self.stack_path, json.dumps(env_kwargs or {})]
         cmd = [sys.executable, "-m", module, *args]
-        env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+        env, self.tag = tagged_env({k: v for k, v in os.environ.items() if k not in _SECRET_ENV})
         self.proc = subprocess.Popen(
             child_cmd(cmd),
             env=env,
@@ -100,7 +100,7 @@ class EnvProcess:
     def kill(self) -> None:
         """SIGKILL the process and everything it started; the reader reaps it."""
         self.gone = True
-        kill_group(self.proc)
+        kill_tree(self.proc, self.tag)
         self._out.put(None)
         with contextlib.suppress(OSError):
             os.unlink(self.stack_path)

@@ -49,7 +49,7 @@ from asyncrl.actors.rewards.calls import Scored, score_call
 from asyncrl.actors.rewards.loading import RewardFn
 from asyncrl.actors.rewards.sandbox import SandboxError
 from asyncrl.core.runtime.fatal import FatalError
-from asyncrl.core.runtime.lifeline import child_cmd, kill_group, worker_stacks
+from asyncrl.core.runtime.lifeline import child_cmd, kill_tree, tagged_env, worker_stacks
 
 START_TIMEOUT_S = 120.0
 """Longest a process worker may take to import the reward function's module."""
@@ -116,7 +116,7 @@ class ProcessWorker:
         fd, self._stack_path = tempfile.mkstemp(prefix="asyncrl-reward-stack-")
         os.close(fd)
         cmd = [sys.executable, "-m", "asyncrl.actors.rewards.worker", spec, self._stack_path]
-        env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+        env, self.tag = tagged_env({k: v for k, v in os.environ.items() if k not in _SECRET_ENV})
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
         self.proc = subprocess.Popen(child_cmd(cmd), env=env, start_new_session=True, **pipes)
         self.ready: concurrent.futures.Future = concurrent.futures.Future()
@@ -183,7 +183,7 @@ class ProcessWorker:
 
     def stop(self) -> None:
         """SIGKILL the process and everything it started; the reader reaps it."""
-        kill_group(self.proc)
+        kill_tree(self.proc, self.tag)
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         with contextlib.suppress(OSError):

@@ -184,14 +184,82 @@ async def worker_stacks(pid: int, path: str | Path) -> str:
     return text or "(the worker process did not report its stacks)\n"
 
 
-def kill_group(proc) -> None:
-    """SIGKILL the ``subprocess.Popen`` ``proc`` and everything it started (its session's
-    process group); just ``proc`` if it is not yet its own group leader (just forked)."""
+TREE_ENV = "ASYNCRL_PROCESS_TREE"
+"""Set to a fresh token in a reward or environment worker's environment (``tagged_env``):
+everything the worker starts inherits it, so ``kill_tree`` finds those processes even in
+sessions of their own and after they were re-parented (the cookie Jenkins' ProcessTreeKiller
+uses, ``BUILD_ID``)."""
+
+
+ROLE_TREE_ENV = "ASYNCRL_ROLE_TREE"
+"""The same for a whole role (the launcher's ``spawn``): what a role left behind, its
+workers' children included, is found by it after the role died (``kill_tagged``)."""
+
+
+def tagged_env(env: dict[str, str], var: str = TREE_ENV) -> tuple[dict[str, str], str]:
+    """``env`` with ``var`` set to a new token, and the token."""
+    import secrets
+
+    tag = secrets.token_hex(8)
+    return {**env, var: tag}, tag
+
+
+def kill_tree(proc, tag: str = "") -> int:
+    """SIGKILL the ``subprocess.Popen`` ``proc`` (a worker) and everything it started: its
+    descendants, its session's process group, and, with ``tag`` (``tagged_env``), every
+    process of this user whose environment carries it, whether the worker lives or died first
+    (a reward's ``Popen(..., start_new_session=True)`` leaves its session's group, and outlives
+    a crashed worker, re-parented). A process that cleared its environment and left the
+    worker's tree escapes. Returns how many processes other than ``proc`` were signalled."""
     import contextlib
 
+    import psutil  # type: ignore[import-untyped]
+
+    found: dict[int, psutil.Process] = {}
+    if proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            found.update((p.pid, p) for p in psutil.Process(proc.pid).children(recursive=True))
+    if tag:
+        found.update((p.pid, p) for p in tagged(TREE_ENV, tag))
+    found.pop(proc.pid, None)
+    found.pop(os.getpid(), None)
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
+    for p in found.values():
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    return len(found)
+
+
+def tagged(var: str, tag: str) -> list:
+    """This user's processes (``psutil.Process``) whose environment has ``var=tag``."""
+    import psutil
+
+    uid, out = os.getuid(), []
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            if p.environ().get(var) == tag:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def kill_tagged(var: str, tag: str) -> int:
+    """SIGKILL every process of this user whose environment has ``var=tag`` (not this one);
+    returns how many."""
+    import contextlib
+
+    import psutil
+
+    found = [p for p in tagged(var, tag) if p.pid != os.getpid()]
+    for p in found:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    return len(found)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrl.core.runtime import fatal, rundir
-from asyncrl.core.runtime.lifeline import child_cmd
+from asyncrl.core.runtime.lifeline import ROLE_TREE_ENV, child_cmd, kill_tagged, tagged_env
 from asyncrl.core.runtime.rundir import describe_os_error
 from asyncrl.orchestration.launch.role_log import LineCut, LogLimits, RoleLog, parts
 
@@ -77,6 +77,9 @@ class Role:
     """Bytes of this role's log deleted by rotation (all its processes so far)."""
     cut_lines: int = 0
     """Lines longer than ``limits.line_chars``, cut in ``output`` and on the console."""
+    tree_tag: str = ""
+    """``ROLE_TREE_ENV`` in the role's environment: inherited by all it starts, so
+    ``kill_leftovers`` finds even what left its process group (asyncrl/core/runtime/lifeline.py)."""
 
 
 def _pump(proc: subprocess.Popen, role: Role, show) -> None:
@@ -178,6 +181,7 @@ def spawn(
     ``name``, on ``cores``, dying with this process (asyncrl/core/runtime/lifeline.py); its
     output kept within ``limits`` (role_log.py; default ``LogLimits()``)."""
     role = Role(name, None, run_dir / f"{name}.log", limits=limits or LogLimits())
+    env, role.tree_tag = tagged_env(env, ROLE_TREE_ENV)
 
     def start() -> subprocess.Popen:
         fatal.clear(run_dir, name)
@@ -409,17 +413,22 @@ def supervise(roles: list[Role], main: str) -> tuple[int, str]:
 
 
 def kill_leftovers(r: Role) -> None:
-    """SIGKILL what is left of a dead role's process group.
+    """SIGKILL what is left of a dead role: its process group and every process carrying
+    its ``tree_tag``.
 
     Roles start in a session of their own (``spawn``), so the group id is the role's pid and
     outlives it while members remain: a SIGKILLed actor's vLLM engine core and workers would
-    otherwise keep running, orphaned. (torchrun ranks run in sessions of their own; a dead
+    otherwise keep running, orphaned. What left the group (a reward's
+    ``Popen(..., start_new_session=True)``, re-parented to init once its worker died) is found
+    by the tag in its environment. (torchrun ranks run in sessions of their own; a dead
     rank makes torchrun exit, and ``stop_roles`` reaps the tree.)
     """
     try:
         os.killpg(r.proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):  # nothing left (or not ours)
         pass
+    if r.tree_tag:  # e.g. a reward's child in a session of its own, re-parented to init
+        kill_tagged(ROLE_TREE_ENV, r.tree_tag)
 
 
 def describe_exit(code: int) -> str:

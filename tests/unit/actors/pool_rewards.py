@@ -2,7 +2,9 @@
 ``tests/unit/actors/pool_rewards.py:behave``): ``"sleep S V"`` sleeps S seconds and returns V;
 ``"hang"`` sleeps a minute; ``"raise"``, ``"str"``, ``"nan"`` fail by kind; ``"exit"`` ends
 the process (``os._exit(3)``); ``"pid"`` returns its process id; ``"child"`` starts a
-``sleep`` process, writes its pid to ``fields["pid_file"]`` and hangs; ``"print"`` prints;
+``sleep`` process, writes its pid to ``fields["pid_file"]`` and hangs; ``"daemon"`` starts
+one in a session of its own (a sandbox or a server), writes its pid and returns 1.0,
+``"daemon_exit"`` the same, then ends the process; ``"print"`` prints;
 ``"secret"`` returns the length of ``$ASYNCRL_REDIS_URL``; ``"sandbox"`` raises
 ``SandboxError``."""
 
@@ -30,6 +32,12 @@ def behave(prompt, completion, **fields):
         child = subprocess.Popen(["sleep", "60"])
         Path(fields["pid_file"]).write_text(str(child.pid))
         time.sleep(60)
+    if what in ("daemon", "daemon_exit"):
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        Path(fields["pid_file"]).write_text(str(child.pid))
+        if what == "daemon_exit":
+            os._exit(3)
+        return 1.0
     if what == "sandbox":
         raise SandboxError("no landlock")
     if what == "print":

@@ -175,6 +175,29 @@ def test_close_leaves_no_process_behind_even_with_a_call_stuck_in_one(tmp_path):
     assert time.monotonic() - t0 < 10
 
 
+def test_what_a_reward_started_in_a_session_of_its_own_is_killed_too(tmp_path):
+    """Issue 43 round 4: a reward's ``Popen(..., start_new_session=True)`` left one process
+    per worker running after the job (only the worker's process group was killed). Now the
+    worker's tag in their environment finds them: after ``close``, and after the worker died
+    on its own (the child re-parented away from it)."""
+    left, orphaned = tmp_path / "left.pid", tmp_path / "orphaned.pid"
+
+    async def main():
+        scorer = _scorer(workers=1)
+        try:
+            done = await scorer.score("p", "daemon", {"pid_file": str(left)})
+            crashed = await scorer.score("p", "daemon_exit", {"pid_file": str(orphaned)})
+            return done, crashed
+        finally:
+            scorer.close()
+
+    done, crashed = asyncio.run(main())
+    assert done.value == 1.0 and crashed.kind == "crashed"
+    for pid_file in (left, orphaned):
+        pid = int(pid_file.read_text())
+        assert _gone(pid), f"process {pid} started by the reward ({pid_file.name}) outlived it"
+
+
 def test_a_machine_that_cannot_sandbox_fails_the_actor_from_a_process_too():
     async def main():
         scorer = _scorer(workers=1)

@@ -3,8 +3,10 @@ how it ended; ``restart_max`` restarts a dead role with a backoff and counts it.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -154,3 +156,33 @@ def test_a_failed_rank_ends_torchrun_with_one_line_and_no_traceback(capsys, exit
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert err == f"[torchrun] learner rank 1 failed ({how}); its error is above\n"
+
+
+@pytest.mark.timeout(60)
+def test_what_a_dead_role_left_outside_its_process_group_is_killed(tmp_path):
+    """A role (an actor whose reward started a server in a session of its own) dies; the
+    launcher's ``kill_leftovers`` finds the server by the role's tag in its environment
+    (asyncrl/core/runtime/lifeline.py ``ROLE_TREE_ENV``), not only by process group."""
+    pid_file = tmp_path / "daemon.pid"
+    code = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "sys.exit(3)\n"
+    )
+    r = role(tmp_path, "actor0", code)
+    assert r.proc.wait(30) == 3
+    pid = int(pid_file.read_text())
+    assert os.getpgid(pid) != r.proc.pid  # outside the role's group: killpg alone misses it
+    launcher.kill_leftovers(r)
+    deadline = time.monotonic() + 5
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _running(pid), "the process the role started outlived it"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
