@@ -72,7 +72,25 @@ def read_rows(files: list[str], keys: DataKeys) -> list[Row]:
     for name in files:
         table = _read_table(Path(name).expanduser(), keys.files_key)
         rows.extend(_table_rows(table, name, keys))
+    if not rows:
+        which = "it has" if len(files) == 1 else f"each of the {len(files)} files has"
+        raise DataError(
+            f"{keys.files_key}: {which} 0 rows ({', '.join(map(repr, files))}); give files "
+            "with at least one record"
+        )
     return rows
+
+
+def first_row(files: list[str], keys: DataKeys) -> Row:
+    """The first record of ``files`` (reading file by file until one has rows);
+    ``DataError`` as ``read_rows`` when none has."""
+    for i, name in enumerate(files):
+        table = _read_table(Path(name).expanduser(), keys.files_key)
+        if table.num_rows:
+            return _table_rows(table.slice(0, 1), name, keys)[0]
+        if i == len(files) - 1:
+            break
+    return read_rows(files, keys)[0]  # raises, naming what is wrong
 
 
 def _read_table(path: Path, key: str):
@@ -93,9 +111,11 @@ def _read_table(path: Path, key: str):
             return pj.read_json(path)
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... with the reason
         kind = "parquet" if suffix in _PARQUET else "JSON Lines (one JSON object per line)"
+        why = _first_line(e)
+        if suffix in _JSONL:  # pyarrow's "row N" counts from 0 within a block: find the line
+            why = _bad_jsonl_line(path) or why
         raise DataError(
-            f"{key}: {str(path)!r} cannot be read as {kind}: {_first_line(e)}; fix the file "
-            "or convert it"
+            f"{key}: {str(path)!r} cannot be read as {kind}: {why}; fix the file or convert it"
         ) from None
     raise DataError(
         f"{key}: {str(path)!r} has an unknown format {suffix or '(no suffix)'!r}; give "
@@ -217,6 +237,33 @@ def _json_type(t) -> bool:
 def _short(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _bad_jsonl_line(path: Path, shown: int = 120) -> str:
+    """``line N (1-based) is not a JSON object: <why>: '<the line, cut>'`` for the first
+    line of ``path`` that is not one JSON object; "" if every line is (pyarrow's complaint
+    is then about something else: mixed types, say)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as e:
+                    why = f"{e.msg} at column {e.colno}"
+                else:
+                    if isinstance(value, dict):
+                        continue
+                    why = f"it is a JSON {type(value).__name__}, not an object"
+                text = line.rstrip("\n")
+                text = text if len(text) <= shown else text[:shown] + "..."
+                return f"line {n} is not a JSON object ({why}): {text!r}"
+    except OSError:
+        return ""
+    return ""
 
 
 def _first_line(e: BaseException) -> str:

@@ -86,11 +86,11 @@ def example_fields(cfg) -> dict:
     reward function's signature before the model is built."""
     if cfg.task.name != "file":
         return TASKS[cfg.task.name](cfg, "").get(0).fields
-    from asyncrl.actors.data.datafile import DataKeys, read_rows
+    from asyncrl.actors.data.datafile import DataKeys, first_row
 
     d = cfg.data
     keys = DataKeys(d.prompt_key, d.answer_key, d.data_source_key, d.extra_info_key)
-    return read_rows(d.train_files[:1], keys)[0].fields if d.train_files else {}
+    return first_row(d.train_files, keys).fields if d.train_files else {}
 
 
 def check_data(cfg, model_dir: str, log: Callable[[str], None] = print) -> None:

@@ -163,6 +163,33 @@ def _lock(file, what: str, say: Callable[[str], None]) -> None:
             time.sleep(0.2)
 
 
+def check_gguf(path: Path) -> None:
+    """``ModelSourceError`` unless ``path`` reads as a whole GGUF file: its magic, header and
+    every tensor's data within the file (``gguf.GGUFReader``, memory-mapped: no weights are
+    copied). A truncated download once gave a 40-line ``struct.error`` traceback from the
+    conversion."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelSourceError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'; {size:,} bytes): "
+            "give a .gguf model file, or a Hugging Face model directory"
+        )
+    import gguf as _gguf
+
+    try:
+        _gguf.GGUFReader(str(path))
+    except (
+        Exception
+    ) as e:  # struct.error, ValueError, IndexError: data shorter than the header says
+        raise ModelSourceError(
+            f"{path} is truncated or damaged: its header is GGUF but its contents cannot be "
+            f"read ({type(e).__name__}: {str(e)[:160]}; the file has {size:,} bytes). Download "
+            "or copy it again (compare its size or checksum with the source's)"
+        ) from None
+
+
 def _write_hf_dir(gguf: Path, out: Path) -> None:
     """Dequantize ``gguf`` with transformers' loader and save a plain float32 HF directory.
 
@@ -175,6 +202,7 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
         raise ModelSourceError(
             f"reading {gguf.name} needs the `gguf` package: pip install 'asyncrl[gguf]'"
         ) from None
+    check_gguf(gguf)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 

@@ -251,6 +251,35 @@ def test_unreadable_files_name_the_format(tmp_path):
         _rows(tmp_path / "arr.jsonl")
 
 
+def test_a_malformed_jsonl_line_is_named_one_based_and_quoted(tmp_path):
+    """Issue 43 round 4: line 37 was reported as pyarrow's "row 36"."""
+    lines = [json.dumps({"prompt": f"p{i}", "answer": str(i)}) for i in range(40)]
+    lines[36] = '{"prompt": "oops", answer: 3}'
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as e:
+        _rows(tmp_path / "bad.jsonl")
+    assert "line 37 is not a JSON object (Expecting property name enclosed in double quotes " in (
+        str(e.value)
+    )
+    assert """'{"prompt": "oops", answer: 3}'""" in str(e.value)
+
+
+def test_files_without_rows_are_named_and_an_empty_first_file_is_skipped(tmp_path):
+    """Issue 43 round 4: a 0-row parquet gave an IndexError traceback from the reward check,
+    even when a later file had rows."""
+    from asyncrl.actors.data.datafile import first_row
+
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), empty)
+    (tmp_path / "one.jsonl").write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n")
+    keys = DataKeys("prompt", "answer")
+    assert first_row([str(empty), str(tmp_path / "one.jsonl")], keys).prompt == "a"
+    with pytest.raises(DataError, match=r"data.train_files: it has 0 rows \('.*empty.parquet'\)"):
+        first_row([str(empty)], DataKeys("prompt", ""))
+    with pytest.raises(DataError, match=r"each of the 2 files has 0 rows"):
+        read_rows([str(empty), str(empty)], DataKeys("prompt", ""))
+
+
 def test_missing_column_lists_the_columns(tmp_path):
     f = write_jsonl(tmp_path / "t.jsonl", [{"question": "1+1=", "answer": "2"}])
     with pytest.raises(DataError, match=re.escape(

