@@ -31,6 +31,11 @@ FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 MAX_REWARD_EXTRAS = 32
 """Most ``Sample.reward_extras`` keys: each becomes a ``reward/<key>`` column of every
 metrics.jsonl record, so a reward returning a large dict cannot flood the log."""
+MAX_ABS_REWARD = 1e6
+"""The largest reward magnitude accepted. Formerly -1e300 passed the actor (finite in float64)
+and the buffer dropped its groups only when the learner read them, and 1e38 (finite in
+float32, its square is not) made the loss inf with no word of the reward; a reward beyond this
+is a bug in the function (rewards are usually within +-10), caught where it is produced."""
 EPISODE_ENDS: tuple[str, ...] = (
     "done",
     "length",

@@ -19,6 +19,14 @@ def raises(prompt, completion, **fields):
     raise RuntimeError("reward server said no")
 
 
+def mostly_raises(prompt, completion, **fields):
+    """Raises on 3 calls of every 4 (per worker process): not all of the first calls fail, so
+    only the error-rate window can stop the run."""
+    if next(_calls) % 4 != 3:
+        raise RuntimeError("reward server said no")
+    return 1.0
+
+
 def fails_three_ways(prompt, completion, **fields):
     """Every call fails, in turn: raises, returns a string, returns NaN (the turns count per
     worker process, each of which calls the reward one call at a time)."""

@@ -110,9 +110,10 @@ def test_reward_failing_on_most_calls_fails_the_run_naming_function_fraction_and
     tmp_path, roles
 ):
     run_dir = tmp_path / "run"
-    spec = f"{REWARDS}:raises"
+    spec = f"{REWARDS}:mostly_raises"
     proc = roles.cli(
-        "run", "run", *SIM, reward("raises"), "learner.steps=1000", "task.reward_error_window=32",
+        "run", "run", *SIM, reward("mostly_raises"), "learner.steps=1000",
+        "task.reward_error_window=32",
         f"run_dir={run_dir}",
     )  # fmt: skip
     code = roles.wait(proc, 120)  # it would train 1000 steps of zeros without the check

@@ -45,11 +45,18 @@ class FailureGuard:
         failed = end in FAILED_ENDS
         if failed and not self.first:
             self.first = f"{end}: {error}" if error else end
-        if self.window.add(failed):
+        if self.window.add(failed, end if failed else ""):
             raise EnvFailureRate(self.message())
 
     def message(self) -> str:
         w = self.window
+        if w.fast:
+            return (
+                f"the environment ({self.what}) ended each of the first {w.first} episodes the "
+                f"same way; first: {self.first}. Fix the environment (a timeout: make its step "
+                "faster or raise episode.env_timeout_s), or set "
+                "episode.max_env_failure_frac=1.0 to never fail on environment failures"
+            )
         return (
             f"the environment ({self.what}) ended {w.errors} of the last {w.size} episodes "
             f"with env_timeout/env_error ({w.errors / w.size:.0%}, more than "

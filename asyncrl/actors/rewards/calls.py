@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from asyncrl.actors.rewards.loading import RewardFn, fn_name
 from asyncrl.actors.rewards.sandbox import SandboxError
-from asyncrl.core.types import MAX_REWARD_EXTRAS
+from asyncrl.core.types import MAX_ABS_REWARD, MAX_REWARD_EXTRAS
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,13 @@ def score_call(fn: RewardFn, prompt: str, completion: str, fields: dict | None =
         out = fn(prompt, completion, **(fields or {}))
     except SandboxError:  # the machine cannot confine code: a setup error, not a 0 reward
         raise
-    except Exception as exc:  # a user's reward function must not kill the actor
-        message = f"reward function raised {type(exc).__name__}: {exc}"
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:  # a user's reward function
+        # must not kill the actor or its worker. KeyboardInterrupt/SystemExit come from the
+        # function itself: no signal raises them here (the actor handles SIGINT on its loop,
+        # workers run in sessions of their own); formerly each killed its worker process
+        # and printed a bare traceback, 131 of them in one run
+        said = f": {exc}" if str(exc) else ""
+        message = f"reward function raised {type(exc).__name__}{said}"
         return _failed("raised", message, "".join(traceback.format_exception(exc)))
 
     def returned() -> str:  # only on a failure: naming the function is not free (~0.3 ms)
@@ -60,6 +65,12 @@ def score_call(fn: RewardFn, prompt: str, completion: str, fields: dict | None =
     value = float(value)
     if not math.isfinite(value):
         return _failed("non_finite", f"reward is not finite: {value}", returned())
+    if abs(value) > MAX_ABS_REWARD:
+        message = (
+            f"reward {value:g} is beyond +-{MAX_ABS_REWARD:g} (advantages and the loss would "
+            "overflow float32); return rewards on a small scale, e.g. 0..1"
+        )
+        return _failed("out_of_range", message, returned())
     return Scored(value, extras=reward_extras(out) if isinstance(out, dict) else {})
 
 

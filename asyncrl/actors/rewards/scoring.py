@@ -95,7 +95,7 @@ class RewardScorer:
         if scored.kind and scored.kind not in self.first:
             self.first[scored.kind] = scored
             self._log_first(scored, prompt)
-        if self.window.add(bool(scored.kind)):
+        if self.window.add(bool(scored.kind), scored.kind):
             self.failed = RewardErrorRate(self._rate_message())
             raise self.failed
         return scored
@@ -116,6 +116,13 @@ class RewardScorer:
     def _rate_message(self) -> str:
         t, w = self.task, self.window
         first = next(iter(self.first.values()))
+        if w.fast:
+            return (
+                f"reward function task.reward_fn={t.reward_fn} failed on each of the first "
+                f"{w.first} rewards, all the same way ({first.kind}): {first.reason}. Fix the "
+                "reward function (a timeout: make it faster or raise task.reward_timeout_s), "
+                "or set task.max_reward_error_frac=1.0 to never fail on reward errors"
+            )
         return (
             f"reward function task.reward_fn={t.reward_fn} failed on {w.errors} of the last "
             f"{w.size} rewards ({w.errors / w.size:.0%}, more than task.max_reward_error_frac="

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-REWARD_ERROR_KINDS = ("raised", "wrong_type", "missing_score", "non_finite", "timeout", "crashed")
+REWARD_ERROR_KINDS = (
+    "raised",
+    "wrong_type",
+    "missing_score",
+    "non_finite",
+    "out_of_range",
+    "timeout",
+    "crashed",
+)
 """Why a reward call failed: it raised; returned something not a number (a string, None, a
-bool); returned a dict without ``"score"``; returned NaN or an infinity; ran past
-``task.reward_timeout_s``; its worker process died during the call (``asyncrl.actors.rewards.pool``)."""
+bool); returned a dict without ``"score"``; returned NaN or an infinity; returned a number
+beyond +-``asyncrl.core.types.MAX_ABS_REWARD``; ran past ``task.reward_timeout_s``; its worker
+process died during the call (``asyncrl.actors.rewards.pool``)."""
 
 
 def error_kind(reason: str) -> str:

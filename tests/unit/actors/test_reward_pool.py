@@ -128,6 +128,29 @@ def test_error_kinds_and_the_first_errors_traceback_come_back_from_a_process():
     assert any("returned '1.0'" in x for x in lines) and any("returned nan" in x for x in lines)
 
 
+def test_a_reward_raising_keyboard_interrupt_or_system_exit_is_a_raised_error_not_a_crash():
+    """Issue 43 round 4: a reward raising KeyboardInterrupt killed each worker, with 131 bare
+    tracebacks on the console. Now the same worker scores it 0 as ``raised`` and goes on."""
+    lines: list[str] = []
+
+    async def main():
+        scorer = _scorer(workers=1, lines=lines)
+        try:
+            before = (await scorer.score("p", "pid", {})).value
+            failed = await scorer.score_all("p", ["interrupt", "exit0"], {})
+            after = (await scorer.score("p", "pid", {})).value
+            return before, failed, after
+        finally:
+            scorer.close()
+
+    before, failed, after = asyncio.run(main())
+    assert [r.kind for r in failed] == ["raised", "raised"]
+    assert failed[0].reason == "raised: reward function raised KeyboardInterrupt"
+    assert failed[1].reason == "raised: reward function raised SystemExit: 0"
+    assert before == after, "the worker died"
+    assert "| KeyboardInterrupt" in lines
+
+
 def test_a_worker_that_dies_mid_call_is_replaced_and_the_call_is_a_crashed_error():
     lines: list[str] = []
     kinds: list[str] = []

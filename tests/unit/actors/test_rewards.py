@@ -102,6 +102,8 @@ def _raises(prompt, completion, **fields):
         (_raises, "raised", "raised KeyError"),
         (lambda p, c, **f: math.nan, "non_finite", "not finite"),
         (lambda p, c, **f: {"score": math.inf}, "non_finite", "not finite"),
+        (lambda p, c, **f: -1e300, "out_of_range", "reward -1e+300 is beyond +-1e+06"),
+        (lambda p, c, **f: {"score": 1e38}, "out_of_range", "beyond +-1e+06"),
         (lambda p, c, **f: "1.0", "wrong_type", "is str"),
         (lambda p, c, **f: None, "wrong_type", "is NoneType"),
         (lambda p, c, **f: True, "wrong_type", "is bool"),
@@ -340,6 +342,54 @@ def test_too_many_recent_errors_fail_naming_function_fraction_first_error_and_ke
     assert "task.max_reward_error_frac=0.5" in message
     assert "first error: raised: reward function raised KeyError: 'answer'" in message
     assert "1.0 = never fail" in message
+
+
+def test_a_reward_whose_first_calls_all_fail_the_same_way_fails_fast():
+    """Issue 43 round 4: a reward that always hangs needed 129 timeouts (about 32 minutes at
+    the defaults) before the run failed. Now 16 first calls that all fail one way stop it;
+    mixed kinds, or one success among them, leave it to the window."""
+    import threading
+
+    release = threading.Event()
+
+    def hangs(prompt, completion, **fields):
+        release.wait(5)  # a thread worker is abandoned at its timeout, not killed
+        return 1.0
+
+    async def main():
+        scorer = _scorer(hangs, reward_timeout_s=0.05, reward_workers=4)
+        try:
+            results = await asyncio.gather(*(scorer.score("p", "c", {}) for _ in range(15)))
+            with pytest.raises(RewardErrorRate) as err:
+                await scorer.score("p", "c", {})
+            return results, str(err.value)
+        finally:
+            release.set()
+            scorer.close()
+
+    results, message = asyncio.run(main())
+    assert [r.kind for r in results] == ["timeout"] * 15
+    assert message.startswith(
+        "reward function task.reward_fn=my_reward.py:f failed on each of the first 16 rewards, "
+        "all the same way (timeout): timeout: the call took longer than "
+        "task.reward_timeout_s=0.05 s."
+    ), message
+    assert "raise task.reward_timeout_s" in message and "max_reward_error_frac=1.0" in message
+
+
+@pytest.mark.parametrize(
+    ("results", "tripped_at"),
+    [
+        (["raised"] * 16, 16),
+        (["raised"] * 15 + ["timeout"], None),  # two kinds: the window decides (16 of 256)
+        ([""] + ["raised"] * 20, None),  # one success first
+    ],
+)
+def test_error_window_fails_fast_only_on_first_results_of_one_kind(results, tripped_at):
+    window = ErrorWindow(0.5, 256)
+    tripped = [window.add(bool(k), k) for k in results]
+    assert tripped.index(True) + 1 == tripped_at if tripped_at else not any(tripped)
+    assert window.fast == bool(tripped_at)
 
 
 def test_max_reward_error_frac_1_never_fails():
