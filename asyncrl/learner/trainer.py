@@ -249,7 +249,7 @@ def _step(loop: _Loop, groups: list | None) -> None:
     state.nonfinite_updates += int(metrics["nonfinite_updates"])
     state.wall_s = loop.elapsed()
     if problem:  # before these weights are synced or checkpointed
-        raise _nonfinite(problem, state, metrics, hub, groups, loop.ckpt_dir)
+        raise _nonfinite(problem, state, metrics, hub, groups, loop.ckpt_dir, cfg)
     hub.step_done()  # the step ran: a crash from here on is not its data's fault
     due = cfg.learner.weight_sync and state.version - loop.synced >= cfg.learner.sync_every
     # a validation under way holds syncs while training can go on (learner/hub/validation.py)
@@ -309,18 +309,32 @@ def _untrained(cfg: Config, hub: LearnerHub, rank: int, elapsed_s: float) -> Exc
     return FatalError(text) if rank == 0 and not stopped else StoppedUntrained(text)
 
 
-def _nonfinite(problem: str, state: LearnerState, metrics: dict, hub: LearnerHub, groups, run_dir):
+def _nonfinite(
+    problem: str, state: LearnerState, metrics: dict, hub: LearnerHub, groups, run_dir, cfg
+):
     """The ``NonFiniteError`` of a failed step (rank 0's text on every rank); rank 0 logs the
-    step's record first and names its groups."""
+    step's record first and names its groups, and the settings that can cause it."""
     hub.after_step(state, metrics)  # the failed step's record, in metrics.jsonl
     ids = _ids(groups) or []
     shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
     text = (
         f"{problem}; the step's groups: {shown}; {state.nonfinite_steps} step(s) of this "
         f"run skipped updates; newest checkpoint: {latest_checkpoint(run_dir) or 'none yet'} "
-        "(none is written with non-finite weights)"
+        f"(none is written with non-finite weights). {nonfinite_suspects(cfg)}"
     )
     return NonFiniteError(_rank0_text(text))
+
+
+def nonfinite_suspects(cfg: Config) -> str:
+    """The settings that can make a step non-finite, with their values (pure)."""
+    return (
+        "Settings that can cause it: learner.lr="
+        f"{cfg.learner.lr:g} (too high diverges), sampling.temperature={cfg.sampling.temperature:g} "
+        f"(the learner divides the logits by it), learner.grad_clip={cfg.learner.grad_clip:g}, "
+        f"model.dtype={cfg.model.dtype} (float16 overflows where bfloat16 does not), "
+        f"algorithm.is_cap={cfg.algorithm.is_cap} (null = uncapped importance weights); and "
+        "the rewards (task.reward_fn: reward/* in metrics.jsonl)"
+    )
 
 
 def _models(ctx: StepContext) -> dict:

@@ -16,6 +16,10 @@ from asyncrl.core.config.checks import bound as _bound
 from asyncrl.core.config.checks import require as _require
 from asyncrl.core.config.checks import require_finite as _require_finite
 
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.01, 10.0
+"""``sampling.temperature``'s range (and ``eval.temperature``'s): below, logits / T overflow;
+above, the samples are noise."""
+
 
 @dataclass
 class SamplingConfig:
@@ -26,7 +30,9 @@ class SamplingConfig:
     max_tokens: int = 8
     """Longest completion, in tokens (>= 1). The model preset sets it (configs/model/)."""
     temperature: float = 1.0
-    """Sampling temperature (> 0). The learner scores its log-probs at the same temperature."""
+    """Sampling temperature, 0.01 .. 10. The learner scores its log-probs at the same
+    temperature, dividing the logits by it: 1e-30 made every step non-finite, and 1e6 sampled
+    uniform noise and trained on it silently. Greedy validation: ``eval.n_samples=1``."""
     top_p: float = 1.0
     """Nucleus sampling: sample from the smallest set of tokens whose probability reaches
     ``top_p``, 0 < x <= 1 (1 = off). The behaviour log-probs are then those of the truncated,
@@ -44,7 +50,14 @@ class SamplingConfig:
         _require_finite(self, "sampling")
         _bound(self, "sampling.n_samples", ge=2, hint=" (group baselines need 2+)")
         _bound(self, "sampling.max_tokens", ge=1)
-        _bound(self, "sampling.temperature", gt=0)
+        _bound(
+            self,
+            "sampling.temperature",
+            ge=MIN_TEMPERATURE,
+            le=MAX_TEMPERATURE,
+            hint=" (1.0 samples the model as it is; RL needs sampling, so for greedy "
+            "answers validate with eval.n_samples=1)",
+        )
         _bound(self, "sampling.top_p", gt=0, le=1, hint=" (1 = off)")
         _bound(self, "sampling.top_k", ge=-1, hint=" (-1 = off)")
         _require(self.top_k != 0, "sampling.top_k=0: give -1 for no top-k, or k >= 1")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from asyncrl.core.config.checks import bound as _bound
 from asyncrl.core.config.checks import require as _require
 from asyncrl.core.config.checks import require_finite as _require_finite
+from asyncrl.core.config.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 
 # the prompt sources of actors/data/tasks.py's TASKS registry, repeated here so the CLI validates a
 # config without importing actor code; tests/unit/core/test_config.py checks they match
@@ -186,7 +187,7 @@ class EvalConfig:
     """Completions per prompt, 1..1024: 1 = greedy (temperature 0); more are sampled at
     ``eval.temperature`` and give ``val/pass@k`` for k = 1, 2, 4, ... up to n."""
     temperature: float = 1.0
-    """Sampling temperature (> 0) when ``eval.n_samples > 1``."""
+    """Sampling temperature when ``eval.n_samples > 1``, 0.01 .. 10 (as ``sampling``'s)."""
     max_prompts: int = 0
     """Validate on the first this many prompts (>= 0; 0 = all of ``data.val_files``, and 64
     for the endless addition task)."""
@@ -218,7 +219,7 @@ class EvalConfig:
         _require_finite(self, "eval")
         _bound(self, "eval.every", ge=0, hint=" (0 = no interval)")
         _bound(self, "eval.n_samples", ge=1, le=1024)
-        _bound(self, "eval.temperature", gt=0)
+        _bound(self, "eval.temperature", ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE)
         _bound(self, "eval.max_prompts", ge=0, hint=" (0 = all)")
         _bound(self, "eval.timeout_s", gt=0)
         _bound(self, "eval.chunk_prompts", ge=1)

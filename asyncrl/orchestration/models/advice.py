@@ -35,11 +35,28 @@ def reward_warnings(cfg: Config) -> list[str]:
     ]
 
 
+MIN_USEFUL_LR = 1e-9
+"""Below this AdamW moves a weight by less than float32 can resolve for weights near 1
+(``learner.lr=1e-30`` trained silently, changing nothing)."""
+
+
+def range_warnings(cfg: Config) -> list[str]:
+    """Settings accepted by their bounds that still cannot do what they are for (any model)."""
+    out = []
+    if cfg.learner.lr < MIN_USEFUL_LR:
+        out.append(
+            f"learner.lr={cfg.learner.lr:g} is too small to change the weights (< "
+            f"{MIN_USEFUL_LR:g}: below float32's resolution of a weight near 1): the run will "
+            "train nothing; use 1e-6 .. 1e-5 for a pretrained model, 2e-4 for the demo's"
+        )
+    return out
+
+
 def model_warnings(cfg: Config) -> list[str]:
     """Each setting of ``cfg`` that is far outside a pretrained model's range (or the demo's
     task), with the key, the value, the usual range and the fix (none for the demo model,
-    which is tuned apart), after ``reward_warnings``."""
-    out = reward_warnings(cfg)
+    which is tuned apart), after ``reward_warnings`` and ``range_warnings``."""
+    out = reward_warnings(cfg) + range_warnings(cfg)
     if cfg.model.path == "demo":
         return out
     if cfg.learner.lr > MAX_PRETRAINED_LR:

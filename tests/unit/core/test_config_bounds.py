@@ -36,7 +36,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "actor.nnodes": [(1, 0)],
     "sampling.n_samples": [(2, 1)],
     "sampling.max_tokens": [(1, 0)],
-    "sampling.temperature": [(1e-6, 0.0)],
+    "sampling.temperature": [(0.01, 0.0099), (10.0, 10.01)],
     "episode.max_turns": [(1, 0)],
     "episode.max_tokens": [(0, -1)],
     "episode.env_timeout_s": [(1e-6, 0.0)],
@@ -104,7 +104,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "buffer.max_deliveries": [(1, 0)],
     "eval.every": [(0, -1)],
     "eval.n_samples": [(1, 0), (1024, 1025)],
-    "eval.temperature": [(1e-6, 0.0)],
+    "eval.temperature": [(0.01, 0.0099), (10.0, 10.01)],
     "eval.max_prompts": [(0, -1)],
     "eval.pass_threshold": [],  # any finite number (rewards are any float)
     "eval.timeout_s": [(1e-3, 0.0)],
