@@ -39,6 +39,8 @@ def load_config(overrides: list[str] | None = None, config_dir: Path | None = No
     _register_schema()
     GlobalHydra.instance().clear()
     cdir = str((config_dir or CONFIG_DIR).resolve())
+    if problem := override_problem(list(overrides or [])):
+        raise ConfigError(problem)
     try:
         with initialize_config_dir(config_dir=cdir, version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides or []))
@@ -48,12 +50,47 @@ def load_config(overrides: list[str] | None = None, config_dir: Path | None = No
         checked = OmegaConf.merge(OmegaConf.structured(Config), raw)
         return typing.cast(Config, OmegaConf.to_object(checked))  # a structured Config's object
     except (HydraException, OmegaConfBaseException) as e:
-        message = _first_line(e, Path(cdir))
+        typed = [o.partition("=")[0].lstrip("+~") for o in overrides or []]
+        message = _first_line(e, Path(cdir), _search_path(list(overrides or [])), typed)
         raise ConfigError(f"{message}\n  (see `asyncrl run --help` and configs/)") from e
     except ValueError as e:  # dataclass __post_init__ validation
         raise ConfigError(str(e)) from e
     finally:
         GlobalHydra.instance().clear()
+
+
+def override_problem(overrides: list[str]) -> str | None:
+    """What is wrong with the first override Hydra cannot use as it is, in words, with how to
+    write it; None if all parse. Formerly Hydra's raw words reached the user (ANTLR's
+    ``LexerNoViableAltException``, ``mismatched input '(' expecting <EOF>``, ``Error merging
+    override ~learner.steps``) without naming the override or the fix."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        key, _, value = text.partition("=")
+        quoted = f"{key}='{value}'"
+        quote = (
+            f'quote the value for Hydra: {quoted} (in a shell, around it as well: "{quoted}"); '
+            "unquoted, a value may not hold spaces, non-ASCII letters or any of ()[]{}=,:'\""
+        )
+        try:
+            parsed = parser.parse_override(text)
+        except HydraException as e:
+            return f"the override {text!r} cannot be parsed ({str(e).splitlines()[0]}): {quote}"
+        if parsed.is_delete():
+            return (
+                f"the override {text!r} deletes a key, and every key of the schema must have a "
+                f"value: set it instead ({key.lstrip('~')}=VALUE), or leave it out for its default"
+            )
+        if parsed.is_sweep_override():
+            return (
+                f"the override {text!r} has a comma, which Hydra reads as a sweep (one run per "
+                f"value) and asyncrl runs one job; for a list write {key}=[a,b], otherwise "
+                f"{quote}"
+            )
+    return None
 
 
 INSTANTIATION_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
@@ -126,11 +163,41 @@ def _type_error(e: BaseException | None) -> str | None:
     return f"{e.full_key}: expected {expected}, got {got}"
 
 
-def _first_line(e: Exception, config_dir: Path = CONFIG_DIR) -> str:
+def _search_path(overrides: list[str]) -> list[Path]:
+    """The local directories of a ``hydra.searchpath=[file://DIR, ...]`` override (where a
+    user keeps presets of their own)."""
+    for text in overrides:
+        key, _, value = text.partition("=")
+        if key.lstrip("+") == "hydra.searchpath":
+            items = [x.strip().strip("'\"") for x in value.strip("[]").split(",") if x.strip()]
+            return [Path(x.removeprefix("file://")) for x in items if not x.startswith("pkg://")]
+    return []
+
+
+_GLOBAL_GROUPS = ("experiment", "layout")
+"""Groups whose presets set keys anywhere in the config and that are no config key
+themselves: their files start with ``# @package _global_`` (the packaged ones in configs/
+do), and a key under ``experiment.`` means a file without that line. (``model`` and ``mode``
+presets are global too, but ``model.`` and ``mode.`` are real keys: no such inference.)"""
+
+
+def _first_line(
+    e: Exception,
+    config_dir: Path = CONFIG_DIR,
+    extra: list[Path] | None = None,
+    typed: list[str] | None = None,
+) -> str:
     if wrong_type := _type_error(e):
         return wrong_type
     text = str(e).strip()
     m = re.search(r"Could not override '([^']+)'", text) or re.search(r"full_key: (\S+)", text)
+    group = m.group(1).split(".")[0] if m else ""
+    if group in _GLOBAL_GROUPS and not any(k.startswith(group + ".") for k in typed or []):
+        return (
+            f"the {group} preset put its keys under '{group}.' ({m.group(1)}): a preset of "
+            f"the {group} group sets keys anywhere in the config, so its file must start with "
+            f"the line '# @package _global_' (as configs/{group}/*.yaml do); add it to your file"
+        )
     if m and set(re.split(r"[.\[\]]", m.group(1))) & set(INSTANTIATION_KEYS):
         return _not_allowed(m.group(1))
     if m and m.group(1) in REMOVED_KEYS:
@@ -149,7 +216,7 @@ def _first_line(e: Exception, config_dir: Path = CONFIG_DIR) -> str:
             " (not in the schema; valid keys: asyncrl/core/config/job.py, configs/)"
         )
     if g := re.search(r"Could not find '([^'/]+)/([^']*)'", text):
-        return _unknown_option(g.group(1), g.group(2), config_dir)
+        return _unknown_option(g.group(1), g.group(2), config_dir, extra or [])
     return text.splitlines()[0] if text else type(e).__name__
 
 
@@ -211,12 +278,17 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
     return f"; did you mean {' or '.join(repr(x) for x in near)}?" if near else ""
 
 
-def _unknown_option(group: str, option: str, config_dir: Path = CONFIG_DIR) -> str:
-    """``experiment=NAME`` naming no file in ``configs/<group>/``: the options that exist."""
-    options = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+def _unknown_option(
+    group: str, option: str, config_dir: Path = CONFIG_DIR, extra: list[Path] | None = None
+) -> str:
+    """``experiment=NAME`` naming no file in ``configs/<group>/`` (nor in a
+    ``hydra.searchpath`` directory's ``<group>/``): the options that exist, and where."""
+    dirs = [config_dir, *(extra or [])]
+    options = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
+    where = f"configs/{group}/" + "".join(f", {d / group}/" for d in extra or [])
     return (
         f"{group}={option}: no such {group} preset{_did_you_mean(option, options)} "
-        f"(options: {', '.join(options) or 'none'}; files in configs/{group}/)"
+        f"(options: {', '.join(options) or 'none'}; files in {where})"
     )
 
 

@@ -87,11 +87,41 @@ def test_a_pretrained_model_paces_by_window_and_sync_mode_sets_capacity_over_it(
         (["mode=sync", "learner.sync_every=2"], "learner.sync_every=2 with"),
         (["model.attn_implementation=flash_attention_2"], "flash_attention_2 needs a CUDA"),
         (["learner.restart_max=-1"], "learner.restart_max must be >= 0"),
+        # Hydra's raw words (ANTLR's LexerNoViableAltException, "mismatched input") before
+        (["run_dir=/tmp/ü"], "the override 'run_dir=/tmp/ü' cannot be parsed (token recognition"),
+        (["run_dir=/tmp/a(b"], "quote the value for Hydra: run_dir='/tmp/a(b' (in a shell"),
+        (["run_dir=/tmp/a=b"], "the override 'run_dir=/tmp/a=b' cannot be parsed"),
+        (["run_dir=/tmp/a,b"], "has a comma, which Hydra reads as a sweep"),
+        (["~learner.steps"], "deletes a key, and every key of the schema must have a value"),
     ],
 )
 def test_bad_config_names_the_problem(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(overrides)
+
+
+def test_a_users_own_presets_are_listed_and_a_missing_package_header_is_named(tmp_path):
+    """Issue 43 round 4: a user's experiment file without '# @package _global_' got "did you
+    mean experiment_name?", and a misspelt name of the user's own preset listed only ours."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("learner:\n  steps: 7\n")
+    (tmp_path / "experiment" / "good.yaml").write_text(
+        "# @package _global_\nlearner:\n  steps: 9\n"
+    )
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    assert load_config([search, "experiment=good"]).learner.steps == 9
+    with pytest.raises(ConfigError, match=r"the experiment preset put its keys under "
+                       r"'experiment\.' .* must start with the line '# @package _global_'"):  # fmt: skip
+        load_config([search, "experiment=mine"])
+    with pytest.raises(ConfigError) as e:
+        load_config([search, "experiment=goood"])
+    assert "did you mean 'good'?" in str(e.value) and f"{tmp_path}/experiment/" in str(e.value)
+    with pytest.raises(ConfigError, match="unknown config key 'experiment.x'"):  # typed: a typo
+        load_config(["experiment.x=1"])
+
+
+def test_a_quoted_value_with_any_characters_is_taken_as_it_is():
+    assert load_config(["run_dir='/tmp/ü (x)=,y'"]).run_dir == "/tmp/ü (x)=,y"
 
 
 def test_json_round_trip():
