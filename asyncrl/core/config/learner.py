@@ -42,7 +42,9 @@ class ModelConfig:
     so the model has seen a question asked after an earlier turn."""
     dtype: str = "float32"
     """The learner's compute dtype: float32 on CPU; bfloat16 on GPU (FSDP2 mixed precision:
-    weights, gradients and optimizer state stay float32). Actors load the model in this dtype."""
+    weights, gradients and optimizer state stay float32). Actors load the model in this dtype.
+    float16 is refused on a GPU learner (no loss scaling: learner/compute/model.py
+    ``check_training_dtype``) and warned on a CPU one."""
     attn_implementation: str = "auto"
     """transformers attention in the learner: ``auto`` = flash_attention_2 on a GPU with
     flash-attn and a 16-bit dtype, else flex_attention on a GPU with packed sequences

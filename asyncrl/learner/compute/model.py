@@ -112,6 +112,22 @@ def shard_model(
     return model
 
 
+def check_training_dtype(dtype: str, device: torch.device) -> None:
+    """``FatalError`` for ``model.dtype=float16`` on a GPU learner: the learner has no loss
+    scaling (no grad scaler), so float16's narrow range underflows small gradients to zero
+    and overflows large activations, and training goes wrong without an error (issue 43 round
+    4). bfloat16 has float32's range. (On a CPU, a warning at launch says the same.)"""
+    from asyncrl.core.runtime.fatal import FatalError
+
+    if dtype == "float16" and device.type == "cuda":
+        raise FatalError(
+            "model.dtype=float16 on a GPU learner: asyncrl trains without loss scaling, so "
+            "float16 gradients underflow and training degrades silently; use "
+            "model.dtype=bfloat16 (GPUs from NVIDIA Ampere/A100 on). GPUs without bfloat16 "
+            "(V100, T4) are not supported for training"
+        )
+
+
 def fsdp_wanted(compute_dtype: str = "float32", offload: bool = False) -> bool:
     """Whether a learner model is FSDP2-sharded: under a process group of 2+ ranks, or on one
     rank for what only FSDP2 gives it (a 16-bit ``compute_dtype`` over float32 master weights,
@@ -187,6 +203,7 @@ def build_policy(
     cfg = cfg or Config()
     mc, offload = cfg.model, cfg.learner.cpu_offload
     device = current_device()
+    check_training_dtype(mc.dtype, device)
     attn_impl = attention_impl(mc.attn_implementation, mc.dtype, device, packed)
     if fsdp_wanted(mc.dtype, offload):
         model = load_sharded_hf_model(

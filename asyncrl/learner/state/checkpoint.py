@@ -173,9 +173,10 @@ def write_manifest(root: Path) -> None:
     (root / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
 
 
-def verify_checkpoint(path: Path) -> str | None:
-    """None when every file of ``path`` matches its manifest (or there is no manifest: a
-    checkpoint from before manifests), else what is wrong, naming the file."""
+def verify_checkpoint(path: Path, under: str = "") -> str | None:
+    """None when every file of ``path`` (under the folder ``under``, e.g. ``"hf/"``; all by
+    default) matches its manifest (or there is no manifest: a checkpoint from before
+    manifests), else what is wrong, naming the file."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())["files"]
     except FileNotFoundError:
@@ -183,6 +184,8 @@ def verify_checkpoint(path: Path) -> str | None:
     except (OSError, ValueError, KeyError) as e:
         return f"its {MANIFEST} cannot be read ({e})"
     for rel, want in manifest.items():
+        if not rel.startswith(under):
+            continue
         f = path / rel
         if not f.is_file():
             return f"{rel} is missing"
@@ -212,11 +215,23 @@ def latest_good_checkpoint(run_dir: str | Path, say=print) -> Path | None:
         damaged.append(f"{p.name}: {problem}")
         say(f"checkpoint {p} is damaged: {problem}; trying the one before")
     if damaged:
+        exports = [p / "hf" for _, p in done if _intact_export(p)]
+        offer = (
+            f"; its weights are intact in the export {exports[0]}: a new run_dir with "
+            f"model=local model.path={exports[0]} starts from them (without the optimizer state)"
+            if exports
+            else ""
+        )
         raise FatalError(
             f"every checkpoint under {root} is damaged ({'; '.join(damaged)}); restore one "
-            "from a backup, or start a new run_dir"
+            f"from a backup, or start a new run_dir{offer}"
         )
     return None
+
+
+def _intact_export(path: Path) -> bool:
+    """Whether ``path/hf`` (the checkpoint's HF export) exists and matches its manifest."""
+    return (path / "hf" / "config.json").is_file() and verify_checkpoint(path, "hf/") is None
 
 
 LOW_SPACE_BYTES = 64 << 20
@@ -239,19 +254,37 @@ def disk_full(e: BaseException | None, where: Path) -> bool:
         return False
 
 
-def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints (``keep`` 0: none); returns
-    what was deleted. Incomplete directories are ``_remove_leftovers``' business."""
+def prune_checkpoints(run_dir: str | Path, keep: int, say=print) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (``keep`` 0: none), never the
+    newest one that matches its manifest nor any newer; returns what was deleted. So with
+    ``keep=1`` and a damaged newest checkpoint the intact one that ``latest_good_checkpoint``
+    falls back to stays (formerly it was deleted, by the COMPLETE marker alone). Verifying
+    reads the candidates' files (XXH3), newest first, only when something would be deleted;
+    a damaged one is named (``say``). Incomplete directories are ``_remove_leftovers``'."""
     if keep <= 0:
         return []
     root = Path(run_dir) / "checkpoints"
     done = sorted((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None)
-    old = [p for _, p in done[:-keep]]
+    if len(done) <= keep:
+        return []
+    floor = _newest_verified(done, say)
+    old = [p for v, p in done[:-keep] if floor is not None and v < floor]
     for p in old:
         trash = root / f".old-{p.name}"  # renamed first: never a half-deleted step_<V>
         os.replace(p, trash)
         shutil.rmtree(trash, ignore_errors=True)
     return old
+
+
+def _newest_verified(done: list[tuple[int, Path]], say) -> int | None:
+    """The version of the newest of ``done`` (ascending) that matches its manifest; None if
+    none does (then nothing may be pruned)."""
+    for v, p in reversed(done):
+        problem = verify_checkpoint(p)
+        if problem is None:
+            return v
+        say(f"checkpoint {p} is damaged ({problem}): the checkpoints before it are kept")
+    return None
 
 
 def _remove_leftovers(root: Path) -> None:

@@ -79,7 +79,7 @@ def save_run_checkpoint(
     failpoint("learner.before_ack", version=state.version)  # durable, groups not yet acked
     hub.ack_trained()
     if dist.get_rank() == 0:  # the new one is sealed: the oldest beyond keep can go
-        for old in prune_checkpoints(run_dir, keep):
+        for old in prune_checkpoints(run_dir, keep, hub.say):
             hub.say(f"removed checkpoint {old.name} (learner.keep_checkpoints={keep})")
 
 

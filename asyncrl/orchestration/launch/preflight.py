@@ -112,6 +112,10 @@ def check_inputs(cfg: Config, roles: Collection[str], plan: Plan) -> str:
         print(f"[asyncrl] {split}", flush=True)  # learner.share_gpu: refused above if no fit
     if "actors" in roles:
         check_data(cfg, model_dir)  # and bad data (files, columns, templates, lengths)
+    if "learner" in roles:
+        from asyncrl.orchestration.launch.checkpoint_checks import check_learner_start
+
+        check_learner_start(cfg, model_dir)  # a writable checkpoint_dir, resume_from's model
     return model_dir
 
 

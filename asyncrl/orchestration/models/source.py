@@ -262,7 +262,31 @@ def hub_snapshot(repo_id: str, say: Callable[[str], None] = print) -> Path:
             f"{str(e).splitlines()[0] if str(e) else ''}); check the id, or set HF_TOKEN for a "
             "gated model, or give a local model directory"
         ) from None
+    if not any(Path(folder).glob("*.safetensors")):
+        raise ModelSourceError(_no_safetensors(repo_id, Path(folder), offline))
     return Path(folder)
+
+
+def _no_safetensors(repo_id: str, folder: Path, offline: bool) -> str:
+    """Why a Hub snapshot without ``*.safetensors`` is refused: its weights, if any, are
+    ``pytorch_model*.bin`` (pickle, which asyncrl does not fetch from a network: README,
+    security), or the cache holds none."""
+    files: list[str] = []
+    if not offline:
+        from huggingface_hub import list_repo_files
+
+        try:
+            files = list_repo_files(repo_id)
+        except Exception:  # the reason below stands without the listing
+            files = []
+    bins = sorted(f for f in files if f.endswith(".bin"))
+    has = f"only pickle weights ({', '.join(bins[:3])})" if bins else "no *.safetensors weights"
+    return (
+        f"model.path={repo_id!r}: the Hugging Face repository has {has} in {folder}; asyncrl "
+        "loads only safetensors from the Hub (a .bin file is a pickle, which can run code). "
+        "Use a revision with safetensors, or convert it where you trust it "
+        "(AutoModelForCausalLM.from_pretrained(...).save_pretrained(DIR)) and give model.path=DIR"
+    )
 
 
 _HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]

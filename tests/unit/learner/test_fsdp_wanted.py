@@ -34,3 +34,19 @@ class _Dist:
 def test_which_models_are_sharded(monkeypatch, world, dtype, offload, wanted):
     monkeypatch.setattr(lm, "dist", _Dist(world))
     assert lm.fsdp_wanted(dtype, offload) is wanted
+
+
+def test_float16_is_refused_on_a_gpu_learner_and_allowed_elsewhere():
+    """Issue 43 round 4: model.dtype=float16 trained on a GPU without a grad scaler."""
+    import pytest
+    import torch
+
+    from asyncrl.core.runtime.fatal import FatalError
+    from asyncrl.learner.compute.model import check_training_dtype
+
+    with pytest.raises(
+        FatalError, match=r"model.dtype=float16 on a GPU learner: .* use model.dtype=bfloat16"
+    ):
+        check_training_dtype("float16", torch.device("cuda", 0))
+    check_training_dtype("bfloat16", torch.device("cuda", 0))
+    check_training_dtype("float16", torch.device("cpu"))  # warned at launch instead

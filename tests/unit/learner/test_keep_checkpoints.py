@@ -66,3 +66,43 @@ def test_a_truncated_shard_is_named_and_resume_falls_back_to_the_one_before(tmp_
     assert verify_checkpoint(good) == "weights does not match its checksum (damaged)"
     with pytest.raises(FatalError, match="every checkpoint under .* is damaged"):
         latest_good_checkpoint(tmp_path, said.append)
+
+
+def test_a_prune_never_deletes_the_intact_checkpoint_a_damaged_newest_one_falls_back_to(
+    tmp_path,
+):
+    """Issue 43 round 4: with keep_checkpoints=1 and a damaged newest checkpoint, the intact
+    one before it was already pruned (by the COMPLETE marker alone), so the resume had no
+    fallback. Now a prune keeps the newest verified checkpoint and all newer."""
+    from asyncrl.learner.state.checkpoint import latest_good_checkpoint
+
+    first, second = _sealed(tmp_path, 2), _sealed(tmp_path, 4)
+    shard = second / "dcp" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])  # the newest is damaged
+    said: list[str] = []
+    assert prune_checkpoints(tmp_path, 1, said.append) == []
+    assert first.exists() and "step_000004 is damaged" in said[0]
+    assert latest_good_checkpoint(tmp_path, said.append) == first
+    third = _sealed(tmp_path, 6)  # a later intact one: now the older ones may go
+    assert prune_checkpoints(tmp_path, 1, said.append) == [first, second]
+    assert latest_good_checkpoint(tmp_path, said.append) == third
+
+
+def test_when_every_checkpoint_is_damaged_an_intact_export_is_offered(tmp_path):
+    """Issue 43 round 4: the message did not offer the intact hf/ export."""
+    import pytest
+
+    from asyncrl.core.runtime.fatal import FatalError
+    from asyncrl.learner.state.checkpoint import latest_good_checkpoint, write_manifest
+
+    d = _ckpt(tmp_path, 2)
+    (d / "hf").mkdir()
+    (d / "hf" / "config.json").write_text("{}")
+    (d / "dcp").mkdir()
+    (d / "dcp" / "__0_0.distcp").write_bytes(b"x" * 100)
+    write_manifest(d)
+    (d / "dcp" / "__0_0.distcp").write_bytes(b"x" * 10)  # the training state is damaged
+    with pytest.raises(FatalError) as e:
+        latest_good_checkpoint(tmp_path, lambda _: None)
+    assert f"its weights are intact in the export {d / 'hf'}" in str(e.value)
+    assert f"model=local model.path={d / 'hf'}" in str(e.value)

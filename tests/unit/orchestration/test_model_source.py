@@ -204,6 +204,19 @@ def test_hub_id_offline_reads_the_users_hub_cache(tmp_path):
     assert missing.startswith("ERROR model.path='someorg/other-model' (no local directory of that "
                               "name either): HF_HUB_OFFLINE=1 and it is not in the Hugging Face "
                               "cache"), missing  # fmt: skip
+    # a repository with only pickle weights (pytorch_model.bin): refused with the reason
+    # (formerly no weights were fetched and the failure came later); offline here, so the
+    # listing that names the .bin files online is not exercised
+    bin_repo = home / "hub" / "models--someorg--bin-model"
+    (bin_repo / "snapshots" / commit).mkdir(parents=True)
+    (bin_repo / "snapshots" / commit / "config.json").write_text(json.dumps({"vocab_size": 32}))
+    (bin_repo / "snapshots" / commit / "pytorch_model.bin").write_bytes(b"a pickle")
+    (bin_repo / "refs").mkdir()
+    (bin_repo / "refs" / "main").write_text(commit)
+    refused = _hub_resolve("someorg/bin-model", home, tmp_path)
+    assert refused.startswith("ERROR model.path='someorg/bin-model': the Hugging Face repository "
+                              "has no *.safetensors weights in "), refused  # fmt: skip
+    assert "asyncrl loads only safetensors from the Hub (a .bin file is a pickle" in refused
 
 
 def test_model_presets_carry_their_own_lr_and_lengths():
