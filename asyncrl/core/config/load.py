@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import re
 import typing
-from dataclasses import asdict, is_dataclass
+from dataclasses import is_dataclass
 from pathlib import Path
 
+from asyncrl.core.config import env_refs
 from asyncrl.core.config.job import Config
 from asyncrl.core.config.network import mask_url
 
@@ -48,7 +49,8 @@ def load_config(overrides: list[str] | None = None, config_dir: Path | None = No
         reject_targets(raw)
         # re-merge into the schema: `+key=value` appends bypass struct mode, this catches them
         checked = OmegaConf.merge(OmegaConf.structured(Config), raw)
-        return typing.cast(Config, OmegaConf.to_object(checked))  # a structured Config's object
+        loaded = typing.cast(Config, OmegaConf.to_object(checked))  # a structured Config's object
+        return env_refs.remember(loaded, env_refs.find(raw))  # ${oc.env:..} stays out of files
     except (HydraException, OmegaConfBaseException) as e:
         typed = [o.partition("=")[0].lstrip("+~") for o in overrides or []]
         message = _first_line(e, Path(cdir), _search_path(list(overrides or [])), typed)
@@ -191,10 +193,11 @@ def _first_line(
         return wrong_type
     text = str(e).strip()
     m = re.search(r"Could not override '([^']+)'", text) or re.search(r"full_key: (\S+)", text)
-    group = m.group(1).split(".")[0] if m else ""
+    full = m.group(1) if m else ""
+    group = full.split(".")[0]
     if group in _GLOBAL_GROUPS and not any(k.startswith(group + ".") for k in typed or []):
         return (
-            f"the {group} preset put its keys under '{group}.' ({m.group(1)}): a preset of "
+            f"the {group} preset put its keys under '{group}.' ({full}): a preset of "
             f"the {group} group sets keys anywhere in the config, so its file must start with "
             f"the line '# @package _global_' (as configs/{group}/*.yaml do); add it to your file"
         )
@@ -294,16 +297,17 @@ def _unknown_option(
 
 def config_to_json(cfg: Config) -> str:
     """The resolved config as JSON (written to ``<run_dir>/config.json``), without secrets:
-    ``buffer.url``'s password is masked (roles get the URL through their environment)."""
-    return json.dumps(_masked(asdict(cfg)), indent=2, sort_keys=True)
+    ``buffer.url``'s password is masked (roles get the URL through their environment), and a
+    field set by a resolver (``${oc.env:VAR}``) is written as that text (env_refs.py)."""
+    return json.dumps(_masked(env_refs.written(cfg)), indent=2, sort_keys=True)
 
 
 def config_to_yaml(cfg: Config) -> str:
     """The resolved config as YAML (``asyncrl run --cfg``, ``<run_dir>/config.yaml``), with
-    ``buffer.url``'s password masked."""
+    ``buffer.url``'s password masked and resolver fields as their text."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.create(_masked(asdict(cfg))))
+    return OmegaConf.to_yaml(OmegaConf.create(_masked(env_refs.written(cfg))))
 
 
 def _masked(raw: dict) -> dict:
@@ -321,4 +325,5 @@ def config_from_json(text: str) -> Config:
     reject_targets(raw)
     base = OmegaConf.structured(Config)
     merged = OmegaConf.merge(base, OmegaConf.create(raw))
-    return typing.cast(Config, OmegaConf.to_object(merged))  # a structured Config's object
+    cfg = typing.cast(Config, OmegaConf.to_object(merged))  # resolves ${oc.env:..} here
+    return env_refs.remember(cfg, env_refs.find(raw))

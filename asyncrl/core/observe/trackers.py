@@ -197,8 +197,7 @@ def open_trackers(cfg, run_dir: str | Path) -> list:
     with the run's config logged (``buffer.url``'s password masked). Each continues the run
     whose id ``<run_dir>/trackers.json`` holds, if any (module docstring); the ids of the runs
     open now are written there before anything is logged."""
-    from dataclasses import asdict
-
+    from asyncrl.core.config import env_refs
     from asyncrl.core.config.network import mask_url
 
     run_dir = Path(run_dir)
@@ -213,7 +212,7 @@ def open_trackers(cfg, run_dir: str | Path) -> list:
     if any(t.run_id for t in opened.values()):
         _write_run_ids(run_dir, ids | {n: t.run_id for n, t in opened.items() if t.run_id})
     trackers = list(opened.values())
-    config = asdict(cfg)
+    config = env_refs.written(cfg)  # ${oc.env:VAR} as that text, not its value
     if config["buffer"]["url"]:
         config["buffer"]["url"] = mask_url(config["buffer"]["url"])
     for tracker in trackers:

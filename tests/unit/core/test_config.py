@@ -124,6 +124,23 @@ def test_a_quoted_value_with_any_characters_is_taken_as_it_is():
     assert load_config(["run_dir='/tmp/ü (x)=,y'"]).run_dir == "/tmp/ü (x)=,y"
 
 
+def test_values_from_the_environment_are_written_as_their_resolver_text(monkeypatch):
+    """Issue 43 round 4: ${oc.env:VAR} resolved a secret into config.json and the trackers."""
+    from asyncrl.core.config import env_refs
+    from asyncrl.core.config.load import config_to_yaml
+
+    monkeypatch.setenv("ASYNCRL_TEST_SECRET", "s3cr3t")
+    cfg = load_config(["experiment_name=${oc.env:ASYNCRL_TEST_SECRET}",
+                       "project_name=${oc.env:ASYNCRL_TEST_UNSET,fallback}"])  # fmt: skip
+    assert (cfg.experiment_name, cfg.project_name) == ("s3cr3t", "fallback")
+    text = config_to_json(cfg)
+    assert "s3cr3t" not in text and "s3cr3t" not in config_to_yaml(cfg)
+    assert '"experiment_name": "${oc.env:ASYNCRL_TEST_SECRET}"' in text
+    back = config_from_json(text)  # a role resolves it from its own environment
+    assert back.experiment_name == "s3cr3t" and config_to_json(back) == text
+    assert env_refs.written(back)["experiment_name"] == "${oc.env:ASYNCRL_TEST_SECRET}"
+
+
 def test_json_round_trip():
     cfg = load_config(["learner.steps=7", "mode=sync"])
     back = config_from_json(config_to_json(cfg))
