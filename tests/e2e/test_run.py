@@ -38,8 +38,15 @@ def test_versions_advanced_and_staleness_bounded(tiny_run):
     assert [r["version"] for r in records] == [1, 2, 3, 4]
     assert summary["max_trained_staleness"] <= 1
     assert all(r["staleness_max"] <= 1 for r in records)
-    # completions cut at sampling.max_tokens, counted every step (learner/algo/truncation.py)
-    assert all(0.0 <= r["response/clip_ratio"] <= 1.0 for r in records)
+    # completions cut at sampling.max_tokens, counted every step (learner/algo/truncation.py):
+    # a step with a cut completion has one at the limit, and one without has none there
+    cfg = json.loads((run_dir / "config.json").read_text())
+    limit = cfg["sampling"]["max_tokens"]
+    rows = cfg["learner"]["batch_groups"] * cfg["sampling"]["n_samples"]
+    for r in records:
+        assert (r["response/clip_ratio"] > 0) == (r["response_len_max"] >= limit), r
+        cut = r["response/clip_ratio"] * rows  # a count of the step's completions
+        assert cut == pytest.approx(round(cut)), r
 
 
 def test_groups_are_conserved(tiny_run):

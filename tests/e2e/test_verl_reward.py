@@ -31,9 +31,11 @@ def test_verl_reward_trains_and_logs_its_extras(tmp_path, roles):
     assert roles.wait(proc, 150) == 0, proc.tail()
     steps = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps, "no step was logged"
+    cfg = json.loads((run_dir / "config.json").read_text())
+    rows = cfg["learner"]["batch_groups"] * cfg["sampling"]["n_samples"]
     for r in steps:
-        acc = r["reward/acc"]  # every sample reported acc: the step's mean, on [0, 1]
-        assert 0.0 <= acc <= 1.0, r
+        acc = r["reward/acc"]  # every sample reported acc (0 or 1): the step's mean
+        assert acc * rows == pytest.approx(round(acc * rows)) and 0 <= round(acc * rows) <= rows
         assert r["reward"] == pytest.approx(0.25 + 0.75 * acc, abs=1e-6), r  # one per sample
         assert "reward/pred" not in r and "reward/score" not in r
         assert r["reward_errors"] == 0, r

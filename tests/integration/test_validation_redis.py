@@ -114,7 +114,10 @@ def test_two_actors_validate_the_set_once_and_the_learner_logs_it(redis_client, 
     (record,) = logged
     assert record["val/version"] == 2 and record["val/prompts"] == VAL
     assert record["val/complete"] == 1 and record["val/off_version"] == 0
-    assert 0.0 <= record["val/reward"] <= 1.0 and record["val/pass@1"] <= 1.0
+    # math_answer_reward is 0 or 1 and each prompt has one sample: the reward is a count of
+    # the VAL prompts answered right, and pass@1 that same fraction
+    right = record["val/reward"] * VAL
+    assert right == pytest.approx(round(right)) and record["val/pass@1"] == record["val/reward"]
     # eval.log_samples (3): the text of prompts 0..2 came through Redis as JSON
     assert [s["index"] for s in record["samples"]] == [0, 1, 2]
     assert [s["prompt"] for s in record["samples"]] == [source.get(i).text for i in range(3)]
