@@ -76,6 +76,52 @@ _START_COMMIT = git_commit()
 after; ``commit_at_write`` records the HEAD at write time when it differs)."""
 
 
+def dirty_files() -> list[str]:
+    """Tracked files that differ from HEAD (``git diff --name-only HEAD``); [] when clean or
+    not a git checkout."""
+    try:
+        out = subprocess.run(["git", "diff", "--name-only", "HEAD", "--"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return [line for line in out.splitlines() if line]
+
+
+_START_DIRTY = [] if os.environ.get("ASYNCRL_COMMIT") else dirty_files()
+"""What differed from HEAD when the benchmark started (recorded as ``dirty_files``)."""
+
+ALLOW_DIRTY_ENV = "ASYNCRL_ALLOW_DIRTY"
+"""Set to 1 to let a benchmark started from a modified tree write into benchmarks/results/."""
+
+
+class DirtyTree(RuntimeError):
+    """A result for benchmarks/results/ from code that is not a commit."""
+
+
+def _refuse_dirty(doc: dict, name: str, out_dir: Path) -> None:
+    """``DirtyTree`` when ``out_dir`` is the committed results folder, the run started from a
+    modified tree and ``ASYNCRL_ALLOW_DIRTY`` is not 1; the result is kept in a temporary file
+    first (named in the message), so the run is not lost. Three committed results once said
+    ``-dirty`` (issue 43 round 4)."""
+    if not _START_DIRTY or os.environ.get(ALLOW_DIRTY_ENV) == "1":
+        return
+    try:
+        Path(out_dir).resolve().relative_to(RESULTS.resolve())
+    except ValueError:
+        return  # a result written elsewhere (a test's temporary folder) only records it
+    import tempfile
+
+    fd, kept = tempfile.mkstemp(prefix=f"{name}-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, default=_jsonable)
+    raise DirtyTree(
+        f"refusing to write {name} into {out_dir}: the benchmark started from a tree whose "
+        f"tracked files differ from HEAD ({', '.join(_START_DIRTY[:8])}); the result is kept in "
+        f"{kept}. Commit the change and rerun, or set {ALLOW_DIRTY_ENV}=1 to write it with "
+        "the list of what differed (dirty_files)"
+    )
+
+
 def portable_arg(arg: str, repo: Path = REPO) -> str:
     """``arg`` without this machine's paths: an absolute path (or ``--opt=PATH``) inside the
     checkout becomes relative to it, one outside becomes ``PATH`` (where files went, not what
@@ -119,16 +165,18 @@ def asyncrl_run(overrides: list[str], run_dir: Path) -> list[str]:
 def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
     """``<out_dir>/<name>.json`` with ``machine``, ``commit`` and ``command`` added (the runs'
     per-step traces in ``<name>.records.json.gz``: ``split_records``)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     doc = {
         "name": name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": rerun_command(),
         "commit": _START_COMMIT,
         **({"commit_at_write": now} if (now := git_commit()) != _START_COMMIT else {}),
+        **({"dirty_files": _START_DIRTY} if _START_DIRTY else {}),
         "machine": machine(),
         **payload,
     }
+    _refuse_dirty(doc, name, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     write_split(path, json.loads(json.dumps(doc, default=_jsonable)))
     return path
