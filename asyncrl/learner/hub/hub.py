@@ -71,7 +71,8 @@ def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> H
         interrupt=publisher.rejoin_pending,
         on_read=recorder.totals.count_read,
     )
-    validation = _validation(cfg, buffer, recorder.log.log_val, _say)
+    logged = {int(r["val/version"]) for r in recorder.log.val_records if "val/version" in r}
+    validation = _validation(cfg, buffer, recorder.log.log_val, _say, logged)
     parts = HubParts(feed, publisher, recorder, validation, claim)
     hub = Hub(cfg, run_dir, buffer, parts, stop)
     signal.signal(signal.SIGTERM, stop.set)
@@ -355,13 +356,14 @@ class Hub:
         return summary
 
 
-def _validation(cfg: Config, buffer: LearnerBuffer, log_val, say):
-    """``asyncrl.learner.hub.validation.Validation`` when ``eval`` asks for it, else None."""
+def _validation(cfg: Config, buffer: LearnerBuffer, log_val, say, logged: set[int]):
+    """``asyncrl.learner.hub.validation.Validation`` when ``eval`` asks for it, else None;
+    ``logged``: the versions val.jsonl already has (a resumed run)."""
     if not cfg.eval.enabled:
         return None
     from asyncrl.learner.hub.validation import Validation
 
-    return Validation(cfg, buffer, log_val, say)
+    return Validation(cfg, buffer, log_val, say, logged)
 
 
 def _say(text: str) -> None:

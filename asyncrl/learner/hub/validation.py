@@ -110,7 +110,12 @@ class Validation:
     """Rank 0's validation state. ``log(record)`` receives each finished validation."""
 
     def __init__(
-        self, cfg, buffer: LearnerBuffer, log: Callable[[dict], None], say: Callable[[str], None]
+        self,
+        cfg,
+        buffer: LearnerBuffer,
+        log: Callable[[dict], None],
+        say: Callable[[str], None],
+        logged: set[int] | None = None,
     ):
         self.cfg = cfg
         self.queue = EvalQueue(buffer)
@@ -119,17 +124,21 @@ class Validation:
         self.say = say
         self.active: dict | None = None  # {"version", "size", "t0", "records"}
         self.last_bucket = 0  # every: the newest `version // every` validated (or started at)
-        self.done_versions: set[int] = set()
+        self.done_versions: set[int] = set(logged or ())
+        """Versions validated, those in val.jsonl before a resume included."""
         self.queue.clear()  # a restarted learner: nothing is under way
 
     # ---- when ---------------------------------------------------------------------------
     def due(self, version: int, *, start: bool = False, end: bool = False) -> bool:
         """Validate the weights of ``version`` now that they reached the actors?"""
         e = self.cfg.eval
+        if start and e.every:  # a resumed run: count from the newest validation it logged,
+            # so one the kill interrupted (its version's interval has no record) runs now;
+            # a run that never validated (a fresh one, resume_from) counts from its version
+            newest = max(self.done_versions, default=None)
+            self.last_bucket = version // e.every if newest is None else newest // e.every
         if self.active is not None or version in self.done_versions:
             return False
-        if start and e.every:  # a resumed run: the next interval counts from its version
-            self.last_bucket = max(self.last_bucket, version // e.every)
         if (start and e.at_start) or (end and e.at_end):
             return True
         return bool(e.every) and version // e.every > self.last_bucket

@@ -102,6 +102,26 @@ def test_due_at_start_at_every_interval_once_and_at_end(monkeypatch):
     assert not off.due(0, start=True) and not off.due(8) and not off.due(8, end=True)
 
 
+def test_a_resumed_run_redoes_a_validation_the_kill_interrupted(monkeypatch):
+    """Issue 43 round 4: a validation interrupted by a SIGKILL of the launcher was not redone
+    after the resume (the resume counted the next interval from its own version). Now it
+    counts from the newest version val.jsonl logged."""
+    import asyncrl.learner.hub.validation as module
+
+    monkeypatch.setattr(module, "EvalQueue", lambda buffer: FakeQueue())
+    cfg = Config()
+    cfg.eval.every = 10
+
+    def resumed(logged: set[int]) -> Validation:
+        return Validation(cfg, FakeBuffer(2), lambda r: None, lambda t: None, logged)
+
+    assert resumed({10}).due(20, start=True)  # the one at 20 was cut off: run it now
+    done = resumed({10, 20})
+    assert not done.due(20, start=True) and not done.due(25) and done.due(30)
+    fresh = resumed(set())  # never validated (a new run, or resume_from another run's step)
+    assert not fresh.due(20, start=True) and fresh.due(30)
+
+
 def test_hold_until_every_record_is_in_then_log_tagged_with_the_version(monkeypatch):
     v, logged, said = _validation(monkeypatch, size=2, every=2)
     v.request(2)
