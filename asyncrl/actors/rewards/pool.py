@@ -48,6 +48,7 @@ from collections.abc import Callable
 from asyncrl.actors.rewards.calls import Scored, score_call
 from asyncrl.actors.rewards.loading import RewardFn
 from asyncrl.actors.rewards.sandbox import SandboxError
+from asyncrl.actors.rewards.worker import MEMORY_ENV
 from asyncrl.core.runtime.fatal import FatalError
 from asyncrl.core.runtime.lifeline import child_cmd, kill_tree, tagged_env, worker_stacks
 
@@ -111,12 +112,13 @@ class ThreadWorker:
 class ProcessWorker:
     """One ``asyncrl.actors.rewards.worker`` process loading the reward function by ``spec``."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, memory_mb: int = 0) -> None:
         self.spec = spec
         fd, self._stack_path = tempfile.mkstemp(prefix="asyncrl-reward-stack-")
         os.close(fd)
         cmd = [sys.executable, "-m", "asyncrl.actors.rewards.worker", spec, self._stack_path]
         env, self.tag = tagged_env({k: v for k, v in os.environ.items() if k not in _SECRET_ENV})
+        env[MEMORY_ENV] = str(memory_mb)  # task.reward_memory_mb (worker.py limit_memory)
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
         self.proc = subprocess.Popen(child_cmd(cmd), env=env, start_new_session=True, **pipes)
         self.ready: concurrent.futures.Future = concurrent.futures.Future()
@@ -324,5 +326,5 @@ def make_pool(fn: RewardFn, task) -> RewardPool | InlinePool:
         return InlinePool(fn)
     if task.reward_executor == "thread":
         return RewardPool(lambda: ThreadWorker(fn), task.reward_workers, task.reward_timeout_s)
-    spec = task.reward_fn
-    return RewardPool(lambda: ProcessWorker(spec), task.reward_workers, task.reward_timeout_s)
+    spec, mb = task.reward_fn, task.reward_memory_mb
+    return RewardPool(lambda: ProcessWorker(spec, mb), task.reward_workers, task.reward_timeout_s)

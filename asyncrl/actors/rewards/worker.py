@@ -29,6 +29,30 @@ import signal
 import sys
 import traceback
 
+MEMORY_ENV = "ASYNCRL_REWARD_MEMORY_MB"
+"""``task.reward_memory_mb`` for this worker (set by the pool: actors/rewards/pool.py)."""
+
+
+def limit_memory() -> int:
+    """Apply ``RLIMIT_DATA`` from ``MEMORY_ENV`` (MiB; 0 or unset: none); returns the MiB."""
+    import resource
+
+    mb = int(os.environ.get(MEMORY_ENV, "0") or 0)
+    if mb > 0:
+        resource.setrlimit(resource.RLIMIT_DATA, (mb << 20, mb << 20))
+    return mb
+
+
+def memory_hint(scored, mb: int):
+    """``scored`` with the limit named when the call ran out of memory under it."""
+    if mb and scored.reason.startswith("raised: reward function raised MemoryError"):
+        return dataclasses.replace(
+            scored,
+            reason=f"{scored.reason} (the worker's limit is task.reward_memory_mb={mb}: raise "
+            "it, or 0 for none)",
+        )
+    return scored
+
 
 def main(argv: list[str]) -> int:
     spec, stack_file = argv
@@ -46,6 +70,7 @@ def main(argv: list[str]) -> int:
         replies.write(json.dumps(obj) + "\n")
         replies.flush()
 
+    mb = limit_memory()
     try:
         fn = load_reward_fn(spec)
     except Exception as e:  # ValueError naming the spec and the fix, or an import failure
@@ -55,7 +80,7 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin.buffer:  # JSON is ASCII (non-ASCII text arrives escaped)
         req = json.loads(line)
         try:
-            s = score_call(fn, req["prompt"], req["completion"], req["fields"])
+            s = memory_hint(score_call(fn, req["prompt"], req["completion"], req["fields"]), mb)
         except SandboxError as e:
             reply({"id": req["id"], "sandbox": str(e)})
             continue

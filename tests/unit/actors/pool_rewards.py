@@ -1,7 +1,8 @@
 """A reward that does what its completion says, for tests/unit/actors/test_reward_pool.py (spec
 ``tests/unit/actors/pool_rewards.py:behave``): ``"sleep S V"`` sleeps S seconds and returns V;
 ``"hang"`` sleeps a minute; ``"raise"``, ``"str"``, ``"nan"`` fail by kind, as do
-``"interrupt"`` (raises KeyboardInterrupt) and ``"exit0"`` (SystemExit(0)); ``"exit"`` ends
+``"interrupt"`` (raises KeyboardInterrupt) and ``"exit0"`` (SystemExit(0)); ``"hog"``
+allocates ``fields["mb"]`` MiB; ``"exit"`` ends
 the process (``os._exit(3)``); ``"pid"`` returns its process id; ``"child"`` starts a
 ``sleep`` process, writes its pid to ``fields["pid_file"]`` and hangs; ``"daemon"`` starts
 one in a session of its own (a sandbox or a server), writes its pid and returns 1.0,
@@ -27,6 +28,9 @@ def behave(prompt, completion, **fields):
         time.sleep(60)
     if what == "raise":
         raise ValueError(f"bad {prompt}")
+    if what == "hog":  # allocates fields["mb"] MiB and touches it
+        block = bytearray(int(fields["mb"]) << 20)
+        return float(len(block) > 0)
     if what == "interrupt":
         raise KeyboardInterrupt
     if what == "exit0":

@@ -22,10 +22,11 @@ from asyncrl.core.config.job import TaskConfig
 SPEC = f"{Path(__file__).with_name('pool_rewards.py')}:behave"
 
 
-def _scorer(executor="process", workers=4, timeout=10.0, lines=None, kinds=None, spec=SPEC):
+def _scorer(executor="process", workers=4, timeout=10.0, lines=None, kinds=None, spec=SPEC,
+            memory_mb=4096):  # fmt: skip
     task = TaskConfig(
         reward_fn=spec, reward_executor=executor, reward_workers=workers,
-        reward_timeout_s=timeout,
+        reward_timeout_s=timeout, reward_memory_mb=memory_mb,
     )  # fmt: skip
     fn = load_reward_fn(SPEC)  # thread workers call it; process workers load the spec
     say = (lines if lines is not None else []).append
@@ -149,6 +150,29 @@ def test_a_reward_raising_keyboard_interrupt_or_system_exit_is_a_raised_error_no
     assert failed[1].reason == "raised: reward function raised SystemExit: 0"
     assert before == after, "the worker died"
     assert "| KeyboardInterrupt" in lines
+
+
+def test_a_reward_past_its_memory_limit_fails_naming_the_key_and_the_worker_lives_on():
+    """Issue 43 round 4: nothing capped a reward worker's memory (only a cgroup set by hand
+    made the kernel pick the workers instead of the actor)."""
+
+    async def main():
+        scorer = _scorer(workers=1, memory_mb=300)
+        try:
+            before = (await scorer.score("p", "pid", {})).value
+            small = await scorer.score("p", "hog", {"mb": 50})
+            big = await scorer.score("p", "hog", {"mb": 600})
+            after = (await scorer.score("p", "pid", {})).value
+            return before, small, big, after
+        finally:
+            scorer.close()
+
+    before, small, big, after = asyncio.run(main())
+    assert small.value == 1.0 and not small.kind
+    assert big.kind == "raised" and big.value == 0.0
+    assert big.reason.startswith("raised: reward function raised MemoryError")
+    assert "the worker's limit is task.reward_memory_mb=300: raise it, or 0 for none" in big.reason
+    assert before == after, "the worker died"
 
 
 def test_a_worker_that_dies_mid_call_is_replaced_and_the_call_is_a_crashed_error():
