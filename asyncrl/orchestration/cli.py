@@ -14,19 +14,37 @@ import sys
 
 _OVERRIDES_HELP = (
     "Hydra overrides: key=value (learner.steps=50, buffer.max_staleness=2) or group=option "
-    "(mode=sync, algorithm=grpo, experiment=tiny). Groups and options: see configs/."
+    "(mode=sync, algorithm=grpo, experiment=tiny). Groups and options: below."
 )
 
 _CFG_HELP = "print the composed config as YAML and exit (Hydra's --cfg job); starts nothing"
 
 
+def groups_help() -> str:
+    """The config groups and their options (``configs/<group>/*.yaml``), for ``--help``."""
+    from asyncrl.core.config.load import CONFIG_DIR
+
+    lines = ["config groups (group=option; files in asyncrl/configs/<group>/):"]
+    for group in sorted(
+        d for d in CONFIG_DIR.iterdir() if d.is_dir() and not d.name.startswith("_")
+    ):
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        if options:
+            lines.append(f"  {group.name:<10} {', '.join(options)}")
+    lines.append("every key with its value: asyncrl run --cfg [overrides] (starts nothing)")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asyncrl", description="Asynchronous off-policy RL for LLMs.")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run buffer, learner and actors on this machine")
+    raw = argparse.RawDescriptionHelpFormatter
+    run = sub.add_parser("run", help="run buffer, learner and actors on this machine",
+                         epilog=groups_help(), formatter_class=raw)  # fmt: skip
     run.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     run.add_argument("--cfg", action="store_true", help=_CFG_HELP)
-    launch = sub.add_parser("launch", help="run one role against a shared buffer.url")
+    launch = sub.add_parser("launch", help="run one role against a shared buffer.url",
+                            epilog=groups_help(), formatter_class=raw)  # fmt: skip
     launch.add_argument("role", choices=["learner", "actors", "buffer"])
     launch.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     launch.add_argument("--cfg", action="store_true", help=_CFG_HELP)

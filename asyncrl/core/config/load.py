@@ -54,7 +54,7 @@ def load_config(overrides: list[str] | None = None, config_dir: Path | None = No
     except (HydraException, OmegaConfBaseException) as e:
         typed = [o.partition("=")[0].lstrip("+~") for o in overrides or []]
         message = _first_line(e, Path(cdir), _search_path(list(overrides or [])), typed)
-        raise ConfigError(f"{message}\n  (see `asyncrl run --help` and configs/)") from e
+        raise ConfigError(f"{message}\n  ({KEYS_HINT})") from e
     except ValueError as e:  # dataclass __post_init__ validation
         raise ConfigError(str(e)) from e
     finally:
@@ -94,6 +94,11 @@ def override_problem(overrides: list[str]) -> str | None:
             )
     return None
 
+
+KEYS_HINT = (
+    "`asyncrl run --cfg` prints every key with its value; `asyncrl run --help` lists the "
+    "config groups and their options"
+)
 
 INSTANTIATION_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
 
@@ -216,7 +221,7 @@ def _first_line(
     if m and ("Could not override" in text or "not in" in text):
         return (
             f"unknown config key '{m.group(1)}'{_did_you_mean(m.group(1), schema_keys())}"
-            " (not in the schema; valid keys: asyncrl/core/config/job.py, configs/)"
+            " (not in the schema)"
         )
     if g := re.search(r"Could not find '([^'/]+)/([^']*)'", text):
         return _unknown_option(g.group(1), g.group(2), config_dir, extra or [])

@@ -198,3 +198,17 @@ def test_the_smollm2_recipe_written_out_in_docs_models_is_the_preset():
     for section in ("learner", "sampling", "actor", "eval", "buffer", "task", "model"):
         a, b = getattr(written, section), getattr(preset, section)
         assert a == b, f"{section}: docs/models.md writes {a}, the preset is {b}"
+
+
+def test_help_lists_the_groups_and_an_unknown_key_points_at_what_lists_the_keys(capsys):
+    """Issue 43 round 4: the hint pointed at an `asyncrl run --help` that listed no key."""
+    from asyncrl.orchestration.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "experiment chain, smollm2_math, smollm2_tools, tiny" in out
+    assert "algorithm  dapo, dr_grpo, grpo" in out and "asyncrl run --cfg" in out
+    with pytest.raises(ConfigError) as e:
+        load_config(["learner.stpes=3"])
+    assert "`asyncrl run --cfg` prints every key with its value" in str(e.value)
