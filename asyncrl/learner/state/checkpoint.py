@@ -173,10 +173,11 @@ def write_manifest(root: Path) -> None:
     (root / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
 
 
-def verify_checkpoint(path: Path, under: str = "") -> str | None:
+def verify_checkpoint(path: Path, under: str = "", hashes: bool = True) -> str | None:
     """None when every file of ``path`` (under the folder ``under``, e.g. ``"hf/"``; all by
     default) matches its manifest (or there is no manifest: a checkpoint from before
-    manifests), else what is wrong, naming the file."""
+    manifests), else what is wrong, naming the file. ``hashes=False`` checks presence and
+    sizes only (no file is read: what a prune after every save can afford)."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())["files"]
     except FileNotFoundError:
@@ -191,7 +192,7 @@ def verify_checkpoint(path: Path, under: str = "") -> str | None:
             return f"{rel} is missing"
         if (size := f.stat().st_size) != want["bytes"]:
             return f"{rel} has {size} bytes, {want['bytes']} were written (truncated?)"
-        if _xxh3(f) != want["xxh3"]:
+        if hashes and _xxh3(f) != want["xxh3"]:
             return f"{rel} does not match its checksum (damaged)"
     return None
 
@@ -258,9 +259,9 @@ def prune_checkpoints(run_dir: str | Path, keep: int, say=print) -> list[Path]:
     """Delete all but the newest ``keep`` complete checkpoints (``keep`` 0: none), never the
     newest one that matches its manifest nor any newer; returns what was deleted. So with
     ``keep=1`` and a damaged newest checkpoint the intact one that ``latest_good_checkpoint``
-    falls back to stays (formerly it was deleted, by the COMPLETE marker alone). Verifying
-    reads the candidates' files (XXH3), newest first, only when something would be deleted;
-    a damaged one is named (``say``). Incomplete directories are ``_remove_leftovers``'."""
+    falls back to stays (formerly it was deleted, by the COMPLETE marker alone). Checked
+    newest first, only when something would be deleted, by presence and size
+    (``_newest_verified``); a damaged one is named (``say``). Incomplete directories are ``_remove_leftovers``'."""
     if keep <= 0:
         return []
     root = Path(run_dir) / "checkpoints"
@@ -277,10 +278,13 @@ def prune_checkpoints(run_dir: str | Path, keep: int, say=print) -> list[Path]:
 
 
 def _newest_verified(done: list[tuple[int, Path]], say) -> int | None:
-    """The version of the newest of ``done`` (ascending) that matches its manifest; None if
-    none does (then nothing may be pruned)."""
+    """The version of the newest of ``done`` (ascending) whose files are all there at their
+    manifest's sizes; None if none is (then nothing may be pruned). Sizes only: a prune
+    follows every save, and re-reading a large model's checkpoint (and its optimizer state)
+    each time would double the checkpoint's I/O; a truncated or missing file is caught here,
+    a flipped bit at resume (``latest_good_checkpoint`` reads the checksums)."""
     for v, p in reversed(done):
-        problem = verify_checkpoint(p)
+        problem = verify_checkpoint(p, hashes=False)
         if problem is None:
             return v
         say(f"checkpoint {p} is damaged ({problem}): the checkpoints before it are kept")
