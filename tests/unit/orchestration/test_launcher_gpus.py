@@ -21,7 +21,7 @@ def started(monkeypatch) -> dict[str, dict]:
     """role name -> the environment ``spawn`` was given (instead of starting a process)."""
     envs: dict[str, dict] = {}
 
-    def fake_spawn(name, cmd, env, run_dir, show, cores=""):
+    def fake_spawn(name, cmd, env, run_dir, show, cores="", limits=None):
         envs[name] = env
         return Role(name, None, Path(run_dir) / f"{name}.log")
 
