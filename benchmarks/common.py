@@ -77,14 +77,17 @@ after; ``commit_at_write`` records the HEAD at write time when it differs)."""
 
 
 def dirty_files() -> list[str]:
-    """Tracked files that differ from HEAD (``git diff --name-only HEAD``); [] when clean or
-    not a git checkout."""
+    """Tracked files that differ from HEAD (``git diff --name-only HEAD``), result files under
+    benchmarks/results/ left out; [] when clean or not a git checkout."""
     try:
         out = subprocess.run(["git", "diff", "--name-only", "HEAD", "--"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return []
-    return [line for line in out.splitlines() if line]
+    # earlier benchmarks' result files are outputs, not the code that ran
+    return [
+        line for line in out.splitlines() if line and not line.startswith("benchmarks/results/")
+    ]
 
 
 _START_DIRTY = [] if os.environ.get("ASYNCRL_COMMIT") else dirty_files()

@@ -15,12 +15,18 @@ before it reads anything:
   when its lease ends.
 
 Renewal and release are compare-and-set on the token (Lua scripts), so a learner never
-extends or deletes a claim that was taken over. A renewal that finds the key **gone** takes it
-back at once: the lease lapsed because nothing could renew it for ``ttl_s`` (Redis or this
-learner stopped for a while, a partition) and nobody else took it, so this learner still owns
-the buffer and trains on (formerly such a stall of 30 s ended the run early with exit 0). A
-renewal that finds **another token's** claim calls ``lost`` once with the holder named: the
-learner must fail (hub.py makes it a ``FatalError``), never finish as if done.
+extends or deletes a claim that was taken over. Each successful ``acquire`` increments
+``<buffer.name>:learner_epoch`` and remembers the value. A renewal that finds the key **gone**
+takes it back at once if the epoch is still its own: the lease lapsed because nothing could
+renew it for ``ttl_s`` (Redis or this learner stopped for a while, a partition) and no other
+learner took the buffer meanwhile, so this learner still owns it and trains on (formerly such a
+stall of 30 s ended the run early with exit 0). A renewal that finds **another token's**
+claim, or the key gone with a newer epoch (another learner held the buffer meanwhile and let
+go), calls ``lost(why, same_run)`` once with the holder named: the learner must fail, never
+finish as if done (hub.py: a ``FatalError``; ``same_run`` when a restarted learner of this
+same run_dir took over, which stops this stalled one without a fatal record).
+``release`` stops the renewals and waits for one in flight before it deletes the claim, so a
+late renewal cannot put a finished run's claim back.
 """
 
 from __future__ import annotations
@@ -39,11 +45,13 @@ if TYPE_CHECKING:
 
 DEFAULT_TTL_S = 30.0
 
-# KEYS: the claim key.  ARGV: token, ttl_ms, this learner's JSON (to take a lapsed key back).
-# Returns 1 renewed, 2 taken back (the key had lapsed), -1 another token holds it.
+# KEYS: the claim key, the epoch key.  ARGV: token, ttl_ms, this learner's JSON, its epoch.
+# Returns 1 renewed, 2 taken back (the key had lapsed, the epoch is still ours), -1 another
+# token holds it, -2 the key lapsed and another learner held the buffer since (newer epoch).
 _RENEW = """
 local v = redis.call('GET', KEYS[1])
 if not v then
+  if redis.call('GET', KEYS[2]) ~= ARGV[4] then return -2 end
   redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
   return 2
 end
@@ -51,7 +59,7 @@ if cjson.decode(v)['token'] ~= ARGV[1] then return -1 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
-RENEWED, TAKEN_BACK, TAKEN = 1, 2, -1
+RENEWED, TAKEN_BACK, TAKEN, HELD_MEANWHILE = 1, 2, -1, -2
 _RELEASE = """
 local v = redis.call('GET', KEYS[1])
 if v and cjson.decode(v)['token'] == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -67,6 +75,10 @@ def claim_key(buffer_name: str) -> str:
     return f"{buffer_name}:learner"
 
 
+def epoch_key(buffer_name: str) -> str:
+    return f"{buffer_name}:learner_epoch"
+
+
 class LearnerClaim:
     """This learner's claim on buffer ``name`` (see the module docstring)."""
 
@@ -76,57 +88,70 @@ class LearnerClaim:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
         self.client, self.name, self.ttl_s = client, name, ttl_s
-        self.key = claim_key(name)
+        self.key, self.epoch_key = claim_key(name), epoch_key(name)
         self.run_dir = os.path.realpath(run_dir)
         self.token = secrets.token_hex(8)
+        self.epoch = 0
+        """The epoch this learner's ``acquire`` got (0 before)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._me = json.dumps(
+        self._started = time.strftime("%Y-%m-%d %H:%M:%S")
+
+    @property
+    def _me(self) -> str:
+        return json.dumps(
             {
                 "token": self.token,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "run_dir": self.run_dir,
-                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "started": self._started,
+                "epoch": self.epoch,
             }
         )
 
     def acquire(self, say: Callable[[str], None] = print) -> None:
         """Take the claim, or raise ``ClaimRefused`` naming the holder (module docstring)."""
-        me = self._me
         ttl_ms = int(self.ttl_s * 1000)
         for _ in range(3):  # the holder's key may expire between our SET and GET
-            if self.client.set(self.key, me, nx=True, px=ttl_ms):
-                return
+            if self.client.set(self.key, self._me, nx=True, px=ttl_ms):
+                return self._new_epoch(ttl_ms)
             raw, left = self.client.get(self.key), self.client.pttl(self.key)
             if raw is None:
                 continue
             holder = json.loads(raw)
             if holder.get("run_dir") == self.run_dir:
-                self.client.set(self.key, me, px=ttl_ms)
+                self.client.set(self.key, self._me, px=ttl_ms)
                 say(
                     f"took over the claim on buffer {self.name!r} from an earlier learner of "
                     f"this run (pid {holder.get('pid')} on {holder.get('host')})"
                 )
-                return
+                return self._new_epoch(ttl_ms)
             raise ClaimRefused(refusal(self.name, holder, left / 1000 if left > 0 else None))
         raise ClaimRefused(f"buffer {self.name!r}: could not claim it (it changed hands 3 times)")
 
+    def _new_epoch(self, ttl_ms: int) -> None:
+        """Count this holding (the key is ours: nobody else increments meanwhile)."""
+        self.epoch = int(self.client.incr(self.epoch_key))
+        self.client.set(self.key, self._me, px=ttl_ms, xx=True)
+
     def renew(self) -> int:
-        """Extend the lease: ``RENEWED``, ``TAKEN_BACK`` (it had lapsed and was free: now ours
-        again) or ``TAKEN`` (another learner holds it)."""
+        """Extend the lease: ``RENEWED``, ``TAKEN_BACK`` (it had lapsed and no other learner
+        held it since: now ours again), ``TAKEN`` (another learner holds it) or
+        ``HELD_MEANWHILE`` (it lapsed, and another learner held it since)."""
         ttl_ms = int(self.ttl_s * 1000)
-        return int(self.client.eval(_RENEW, 1, self.key, self.token, ttl_ms, self._me))
+        keys = (self.key, self.epoch_key)
+        return int(self.client.eval(_RENEW, 2, *keys, self.token, ttl_ms, self._me, self.epoch))
 
     def holder(self) -> dict:
         """The claim's holder as stored (``{}`` when the key is gone)."""
         raw = self.client.get(self.key)
         return json.loads(raw) if raw else {}
 
-    def keep(self, lost: Callable[[str], None], say: Callable[[str], None] = print) -> None:
+    def keep(self, lost: Callable[[str, bool], None], say: Callable[[str], None] = print) -> None:
         """Renew every ``ttl_s / 3`` in a daemon thread until ``release``: a lapsed claim is
-        taken back (``say`` tells), one another learner took calls ``lost(why)`` once, naming
-        it (a Redis error is retried next time)."""
+        taken back (``say`` tells); one another learner took, or held meanwhile, calls
+        ``lost(why, same_run)`` once, naming it (a Redis error is retried next time)."""
 
         def loop() -> None:
             while not self._stop.wait(self.ttl_s / 3):
@@ -134,8 +159,11 @@ class LearnerClaim:
                     status = self.renew()
                     if status == TAKEN_BACK:
                         say(lapsed(self.name, self.ttl_s))
-                    elif status == TAKEN:
-                        lost(taken(self.name, self.holder()))
+                    elif status in (TAKEN, HELD_MEANWHILE):
+                        holder = self.holder()
+                        same = status == TAKEN and holder.get("run_dir") == self.run_dir
+                        why = taken(self.name, holder) if status == TAKEN else meanwhile(self.name)
+                        lost(superseded(self.name, holder) if same else why, same)
                         return
                 except Exception:  # Redis away for a moment: the reads will say so
                     continue
@@ -144,8 +172,11 @@ class LearnerClaim:
         self._thread.start()
 
     def release(self) -> None:
-        """Stop renewing and delete the claim if it is still ours (best effort)."""
+        """Stop renewing, wait (5 s at most) for a renewal in flight, then delete the claim if
+        it is still ours (best effort)."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
         try:
             self.client.eval(_RELEASE, 1, self.key, self.token)
         except Exception:  # Redis gone at shutdown: the lease runs out by itself
@@ -181,4 +212,25 @@ def taken(name: str, holder: dict) -> str:
         f"{holder.get('run_dir')}, started {holder.get('started')}. Two learners must not "
         "train from one buffer: this learner stops with an error (its checkpoints are kept). "
         "Stop the other learner and resume this run, or give each its own buffer.name"
+    )
+
+
+def meanwhile(name: str) -> str:
+    """The failure of a learner whose lapsed claim another learner held, and let go, while it
+    was stalled (pure)."""
+    return (
+        f"the claim on buffer {name!r} lapsed while this learner could not renew it, and "
+        "another learner held the buffer since (it has let go again): two learners trained "
+        "from one buffer, so this learner stops with an error (its checkpoints are kept). "
+        "Check which learners run on this buffer.name, then resume this run alone"
+    )
+
+
+def superseded(name: str, holder: dict) -> str:
+    """What a stalled learner says when a restarted learner of its own run took the claim
+    (pure): it stops, and the new one goes on."""
+    return (
+        f"a restarted learner of this run (pid {holder.get('pid')} on {holder.get('host')}) "
+        f"took the claim on buffer {name!r} while this one was stalled: this one stops, the "
+        "new one trains on"
     )

@@ -58,10 +58,14 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 state = run_learner(cfg, args.model_dir, args.run_dir, hub)
             except StoppedUntrained as e:
+                if hub.claim_lost():
+                    return _claim_lost(hub)
                 hub.say(str(e))
                 hub.close_log("KILLED")
                 return 130
             except BufferUnavailable as e:
+                if hub.claim_lost():
+                    return _claim_lost(hub)
                 if not hub.stop_requested():
                     raise
                 # told to stop while Redis was gone (its launcher died with it): leave now;
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 143
             if hub.claim_lost():  # another learner has the buffer: not done, and its
                 # actors and ledger are not ours to stop or audit (finish would do both)
-                raise fatal.FatalError(hub.claim_lost())
+                return _claim_lost(hub)
     with tracker_runs_failed_on_error(hub):
         hub.finish(state)  # summary.json, printed; closes the tracker runs FINISHED
     import torch.distributed as dist
@@ -79,6 +83,19 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()  # the ranks leave together (rank 0 may still be writing the summary)
     dist.destroy_process_group()
     return 0
+
+
+def _claim_lost(hub: LearnerHub) -> int:
+    """The end of a learner whose buffer claim was taken (buffer/learner_claim.py): a
+    ``FatalError`` naming the other learner (recorded; no restart), or, when the taker is a
+    restarted learner of this same run, exit 1 without a fatal record (that learner goes on
+    in this run directory, and a record here would fail it)."""
+    from asyncrl.core.runtime.fatal import FatalError
+
+    if not hub.claim_superseded():
+        raise FatalError(hub.claim_lost())
+    hub.close_log("KILLED")
+    return 1
 
 
 def _rank0_hub(cfg: Config, run_dir: str, model_dir: str, url: str) -> Hub:

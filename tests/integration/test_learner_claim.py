@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from asyncrl.buffer.learner_claim import (
+    HELD_MEANWHILE,
     RENEWED,
     TAKEN,
     TAKEN_BACK,
@@ -63,7 +64,7 @@ def test_a_dead_holders_lease_runs_out_and_a_kept_claim_does_not(redis_client, t
     alive = LearnerClaim(redis_client, _name(), str(tmp_path / "c"), ttl_s=0.5)
     alive.acquire()
     lost: list[str] = []
-    alive.keep(lost.append, say=lambda _: None)
+    alive.keep(lambda why, same: lost.append(why), say=lambda _: None)
     time.sleep(1.2)
     LearnerClaim(redis_client, name, str(tmp_path / "b")).acquire()  # expired: taken
     with pytest.raises(ClaimRefused):
@@ -85,7 +86,7 @@ def test_a_lapsed_claim_is_taken_back_and_training_goes_on(redis_client, tmp_pat
     assert claim.renew() == RENEWED
     said: list[str] = []
     lost: list[str] = []
-    claim.keep(lost.append, said.append)
+    claim.keep(lambda why, same: lost.append(why), said.append)
     redis_client.delete(claim.key)
     deadline = time.monotonic() + 5
     while not said and time.monotonic() < deadline:
@@ -102,21 +103,64 @@ def test_a_claim_another_learner_took_while_this_one_stalled_is_lost_naming_it(
     claim = LearnerClaim(redis_client, _name(), str(tmp_path / "a"), ttl_s=0.3)
     claim.acquire()
     lost: list[str] = []
-    claim.keep(lost.append, say=lambda _: None)
+    claim.keep(lambda why, same: lost.append((why, same)), say=lambda _: None)
     claim._stop.set()  # stalled: no renewal (a SIGSTOPped learner)
     claim._thread.join(2)
     time.sleep(0.5)  # the lease lapses ...
     other = LearnerClaim(redis_client, claim.name, str(tmp_path / "b"))
     other.acquire()  # ... and another run's learner takes the buffer
     claim._stop.clear()
-    claim.keep(lost.append, say=lambda _: None)  # the learner runs again
+    claim.keep(
+        lambda why, same: lost.append((why, same)), say=lambda _: None
+    )  # the learner runs again
     deadline = time.monotonic() + 5
     while not lost and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(lost) == 1, lost
-    text = lost[0]
+    text, same = lost[0]
+    assert not same
     assert f"the claim on buffer {claim.name!r} was taken by another learner" in text
     assert f"run_dir {tmp_path / 'b'}" in text and "stops with an error" in text
     claim.release()  # not its claim: the other learner keeps it
     assert json.loads(redis_client.get(claim.key))["token"] == other.token
     other.release()
+
+
+def test_a_lapsed_claim_another_learner_held_meanwhile_is_not_taken_back(redis_client, tmp_path):
+    """A stalls, its lease lapses, B takes the buffer, trains and lets go; A wakes and finds
+    the key free: the epoch B's acquire counted says the buffer was not free all along."""
+    a = LearnerClaim(redis_client, _name(), str(tmp_path / "a"), ttl_s=30)
+    a.acquire()
+    redis_client.delete(a.key)  # A's lease lapsed
+    b = LearnerClaim(redis_client, a.name, str(tmp_path / "b"))
+    b.acquire()
+    assert b.epoch == a.epoch + 1
+    b.release()
+    assert redis_client.get(a.key) is None
+    assert a.renew() == HELD_MEANWHILE and redis_client.get(a.key) is None
+
+
+def test_a_restarted_learner_of_the_same_run_supersedes_the_stalled_one(redis_client, tmp_path):
+    old = LearnerClaim(redis_client, _name(), str(tmp_path / "run"), ttl_s=0.3)
+    old.acquire()
+    LearnerClaim(redis_client, old.name, str(tmp_path / "run")).acquire()  # the restart
+    lost: list[tuple[str, bool]] = []
+    old.keep(lambda why, same: lost.append((why, same)), say=lambda _: None)
+    deadline = time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lost and lost[0][1] and "a restarted learner of this run" in lost[0][0]
+    old.release()
+
+
+def test_release_waits_for_a_renewal_in_flight_so_a_finished_claim_stays_gone(
+    redis_client, tmp_path
+):
+    claim = LearnerClaim(redis_client, _name(), str(tmp_path / "a"), ttl_s=0.06)
+    claim.acquire()
+    claim.keep(lambda why, same: None, say=lambda _: None)  # renews every 20 ms
+    time.sleep(0.1)
+    claim.release()
+    assert not claim._thread.is_alive()
+    time.sleep(0.1)
+    assert redis_client.get(claim.key) is None

@@ -326,5 +326,16 @@ def make_pool(fn: RewardFn, task) -> RewardPool | InlinePool:
         return InlinePool(fn)
     if task.reward_executor == "thread":
         return RewardPool(lambda: ThreadWorker(fn), task.reward_workers, task.reward_timeout_s)
-    spec, mb = task.reward_fn, task.reward_memory_mb
+    spec, mb = task.reward_fn, worker_memory_mb(task)
     return RewardPool(lambda: ProcessWorker(spec, mb), task.reward_workers, task.reward_timeout_s)
+
+
+def worker_memory_mb(task) -> int:
+    """``task.reward_memory_mb`` resolved: 0 (auto) = half the machine's memory over the
+    workers, at least 1024 MiB; -1 = no limit (returned as 0)."""
+    if task.reward_memory_mb < 0:
+        return 0
+    if task.reward_memory_mb > 0:
+        return task.reward_memory_mb
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+    return max(1024, total // 2 // task.reward_workers)

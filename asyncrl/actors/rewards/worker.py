@@ -34,24 +34,33 @@ MEMORY_ENV = "ASYNCRL_REWARD_MEMORY_MB"
 
 
 def limit_memory() -> int:
-    """Apply ``RLIMIT_DATA`` from ``MEMORY_ENV`` (MiB; 0 or unset: none); returns the MiB."""
+    """Apply ``RLIMIT_DATA`` from ``MEMORY_ENV`` (MiB; <= 0 or unset: none), never above the
+    hard limit this process inherited (``ulimit -d``); returns the MiB applied (0: none)."""
     import resource
 
     mb = int(os.environ.get(MEMORY_ENV, "0") or 0)
-    if mb > 0:
-        resource.setrlimit(resource.RLIMIT_DATA, (mb << 20, mb << 20))
-    return mb
+    if mb <= 0:
+        return 0
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    want = mb << 20 if hard == resource.RLIM_INFINITY else min(mb << 20, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (want, hard))
+    return want >> 20
 
 
-def memory_hint(scored, mb: int):
-    """``scored`` with the limit named when the call ran out of memory under it."""
-    if mb and scored.reason.startswith("raised: reward function raised MemoryError"):
-        return dataclasses.replace(
-            scored,
-            reason=f"{scored.reason} (the worker's limit is task.reward_memory_mb={mb}: raise "
-            "it, or 0 for none)",
+_OUT_OF_MEMORY = ("MemoryError", "Unable to allocate", "can't allocate memory", "out of memory")
+"""How running out of memory reads in an error: Python's MemoryError, numpy's
+_ArrayMemoryError ("Unable to allocate"), torch's ("can't allocate memory")."""
+
+
+def memory_hint(text: str, mb: int) -> str:
+    """``text`` (a failed call's reason, or a load error) with the limit named when it says
+    the worker ran out of memory under it."""
+    if mb and any(mark in text for mark in _OUT_OF_MEMORY):
+        return (
+            f"{text} (the worker's memory limit is task.reward_memory_mb={mb} MiB: raise it, "
+            "or -1 for none)"
         )
-    return scored
+    return text
 
 
 def main(argv: list[str]) -> int:
@@ -74,13 +83,15 @@ def main(argv: list[str]) -> int:
     try:
         fn = load_reward_fn(spec)
     except Exception as e:  # ValueError naming the spec and the fix, or an import failure
-        reply({"error": f"{e}\n{traceback.format_exc()}"})
+        reply({"error": memory_hint(f"{e}\n{traceback.format_exc()}", mb)})
         return 1
     reply({"ready": True})
     for line in sys.stdin.buffer:  # JSON is ASCII (non-ASCII text arrives escaped)
         req = json.loads(line)
         try:
-            s = memory_hint(score_call(fn, req["prompt"], req["completion"], req["fields"]), mb)
+            s = score_call(fn, req["prompt"], req["completion"], req["fields"])
+            if s.kind == "raised":
+                s = dataclasses.replace(s, reason=memory_hint(s.reason, mb))
         except SandboxError as e:
             reply({"id": req["id"], "sandbox": str(e)})
             continue

@@ -7,7 +7,10 @@ loads. Formerly the resolved value, a token included, went into ``config.json``,
 (``${oc.`` ...) is remembered with that text (``remember``), and ``written`` gives the config
 with the text instead of the value: the roles, which read ``config.json``, resolve it again
 from their own environment (so a secret reaches a role through its environment, never
-through a file), and a tracker shows ``${oc.env:VAR}``.
+through a file), and a tracker shows ``${oc.env:VAR}``. A role whose environment lacks the
+variable fails naming the key and the variable (``load.config_from_json``). Not checked: a
+resumed run compares such a field as its text, so a variable changed between the parts of a
+run is not noticed (``allow_config_change``'s check sees the same text).
 """
 
 from __future__ import annotations
@@ -37,26 +40,44 @@ def find(raw: Any, prefix: str = "") -> dict[str, str]:
 
 
 def remember(cfg: Any, refs: dict[str, str]) -> Any:
-    """``cfg`` with ``refs`` attached (an attribute: not a config field); returns ``cfg``."""
-    object.__setattr__(cfg, _ATTR, dict(refs))
+    """``cfg`` with ``refs`` attached, each with the value it resolved to (an attribute: not a
+    config field); returns ``cfg``."""
+    raw = asdict(cfg)
+    resolved = {key: (text, _get(raw, key)) for key, text in refs.items()}
+    object.__setattr__(cfg, _ATTR, resolved)
     return cfg
 
 
 def refs_of(cfg: Any) -> dict[str, str]:
-    return dict(getattr(cfg, _ATTR, {}))
+    return {key: text for key, (text, _) in getattr(cfg, _ATTR, {}).items()}
 
 
 def written(cfg: Any) -> dict:
     """``asdict(cfg)`` with each remembered field back to its resolver text (what files and
-    trackers get)."""
+    trackers get), unless the field was changed since it resolved (the launcher naming the
+    experiment after the run directory): then its new value is written."""
     raw = asdict(cfg)
-    for dotted, text in refs_of(cfg).items():
-        node: Any = raw
-        *path, last = dotted.split(".")
-        for part in path:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        if isinstance(node, list):
-            node[int(last)] = text
-        else:
-            node[last] = text
+    for dotted, (text, value) in getattr(cfg, _ATTR, {}).items():
+        if _get(raw, dotted) == value:
+            _set(raw, dotted, text)
     return raw
+
+
+def _get(raw: Any, dotted: str) -> Any:
+    node = raw
+    for part in dotted.split("."):
+        node = node[int(part)] if isinstance(node, list) else node.get(part)
+        if node is None:
+            return None
+    return node
+
+
+def _set(raw: Any, dotted: str, value: Any) -> None:
+    *path, last = dotted.split(".")
+    node = raw
+    for part in path:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value

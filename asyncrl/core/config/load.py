@@ -325,10 +325,19 @@ def _masked(raw: dict) -> dict:
 def config_from_json(text: str) -> Config:
     """Inverse of ``config_to_json`` (roles started by the launcher read the run's config)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
 
     raw = migrate(json.loads(text))
     reject_targets(raw)
     base = OmegaConf.structured(Config)
     merged = OmegaConf.merge(base, OmegaConf.create(raw))
-    cfg = typing.cast(Config, OmegaConf.to_object(merged))  # resolves ${oc.env:..} here
+    try:
+        cfg = typing.cast(Config, OmegaConf.to_object(merged))  # resolves ${oc.env:..} here
+    except InterpolationResolutionError as e:
+        key = getattr(e, "full_key", "") or "a key"
+        raise ConfigError(
+            f"the run's config.json sets {key} from the environment ({str(e).splitlines()[0]}); "
+            "set that variable for this role too (on every node group: its value is never "
+            "written to a file)"
+        ) from None
     return env_refs.remember(cfg, env_refs.find(raw))

@@ -56,12 +56,14 @@ class TaskConfig:
     scored at once. A pool keeps up while the actor makes fewer than ``reward_workers /
     latency`` samples/s (4 workers, 50 ms: 80/s; benchmarks/parts/reward_pool.py measured no loss
     of generated tokens/s at 34 samples/s, and 0.60x with one call at a time)."""
-    reward_memory_mb: int = 4096
+    reward_memory_mb: int = 0
     """The most memory (MiB) one reward worker process may allocate (``RLIMIT_DATA``: heap
-    and private mappings), 0 = no limit. A call that passes it fails with ``MemoryError``,
-    scored 0 as a ``raised`` reward error that names this key; formerly nothing capped a
-    worker, and the kernel's OOM killer chose the actor. ``task.reward_executor=process``
-    only (threads share the actor's memory)."""
+    and private mappings): 0 = auto, half of this machine's memory shared among the
+    ``reward_workers`` (at least 1024); -1 = no limit. A call that passes it fails with
+    ``MemoryError``, scored 0 as a ``raised`` reward error that names this key; formerly
+    nothing capped a worker, and the kernel's OOM killer chose the actor. A reward that loads
+    a large model at import may need more. ``task.reward_executor=process`` only (threads
+    share the actor's memory)."""
     max_reward_error_frac: float = 0.5
     """Fail the run (the actor exits non-zero, naming the function and its first error) once
     more than this fraction of the last ``reward_error_window`` rewards failed (raised,
@@ -107,7 +109,7 @@ class TaskConfig:
         )
         _bound(self, "task.seed", ge=0, le=SEED_MAX, hint=" or null")
         _bound(self, "task.reward_workers", ge=1, le=256)
-        _bound(self, "task.reward_memory_mb", ge=0, hint=" (0 = no limit)")
+        _bound(self, "task.reward_memory_mb", ge=-1, hint=" (0 = auto, -1 = no limit)")
         _require(
             self.reward_executor in ("auto", "process", "thread", "inline"),
             "task.reward_executor must be auto, process, thread or inline, got "

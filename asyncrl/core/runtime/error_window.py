@@ -8,6 +8,9 @@ from collections import deque
 FAIL_FAST_FIRST = 16
 """``ErrorWindow``'s fail-fast rule looks at this many first results (fewer for a smaller
 window)."""
+FAIL_FAST_MAX_FRAC = 0.5
+"""The rule applies only at ``frac`` up to this (the default 0.5 and stricter): a user who
+tolerates more failures (a remote judge warming up) keeps the window alone."""
 
 
 class ErrorWindow:
@@ -16,8 +19,9 @@ class ErrorWindow:
 
     Invariants: ``add`` returns True iff (a) the errors among the last ``size`` results
     number more than ``frac * size`` (until ``size`` results were seen the missing ones count
-    as successes, so it takes more than ``frac * size`` errors), or (b) ``frac < 1`` and the
-    first ``first`` results (``min(FAIL_FAST_FIRST, size)``) all failed with one ``kind``
+    as successes, so it takes more than ``frac * size`` errors), or (b) ``frac <=
+    FAIL_FAST_MAX_FRAC`` and the first ``first`` results (``min(FAIL_FAST_FIRST, size)``) all
+    failed with one ``kind``
     (``fast`` is then True): a reward that always hangs tripped (a) only after 129 timeouts of
     60 s on 4 workers (32 minutes); (b) stops it after 16. ``frac = 1.0`` never trips.
     """
@@ -48,7 +52,7 @@ class ErrorWindow:
         return self._first_all_failed(failed, kind)
 
     def _first_all_failed(self, failed: bool, kind: str) -> bool:
-        if self._first_kinds is None or self.seen > self.first or self.frac >= 1.0:
+        if self._first_kinds is None or self.seen > self.first or self.frac > FAIL_FAST_MAX_FRAC:
             return False
         if not failed:
             self._first_kinds = None

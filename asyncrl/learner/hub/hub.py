@@ -87,6 +87,7 @@ class _StopFlag:
         self.value = False
         self.lost_why = ""
         """Why the buffer's claim was lost ("" while it is held): the run then fails."""
+        self.same_run = False
 
     def __call__(self) -> bool:
         return self.value
@@ -94,11 +95,12 @@ class _StopFlag:
     def set(self, *_) -> None:
         self.value = True
 
-    def lost(self, why: str) -> None:
+    def lost(self, why: str, same_run: bool = False) -> None:
         """Another learner took the buffer (buffer/learner_claim.py): stop, saying so; the
-        run then fails with ``why`` (``Hub.claim_lost``), it does not finish as done."""
+        run then fails with ``why`` (``Hub.claim_lost``), it does not finish as done.
+        ``same_run``: the taker is a restarted learner of this run (``Hub.claim_superseded``)."""
         _say(why)
-        self.lost_why = why
+        self.lost_why, self.same_run = why, same_run
         self.value = True
 
 
@@ -145,6 +147,9 @@ class Hub:
 
     def claim_lost(self) -> str:
         return getattr(self._stop, "lost_why", "")
+
+    def claim_superseded(self) -> bool:
+        return bool(getattr(self._stop, "same_run", False))
 
     def start(self, version: int) -> None:
         """Publish meta, re-read pending entries, wait for actors, open the weight channel."""
@@ -296,8 +301,12 @@ class Hub:
         return self.feed.trained_ids()
 
     def ack_trained(self) -> None:
-        """Called right after the checkpoint is durable."""
-        self.feed.ack(self.feed.take_trained())
+        """Called right after the checkpoint is durable. Not after the buffer's claim was
+        lost: its pending groups are the new holder's to read, and acking them would drop
+        them from its reads."""
+        trained = self.feed.take_trained()
+        if not self.claim_lost():
+            self.feed.ack(trained)
         self.recorder.mark("busy")
 
     def ack_ids(self, ids: list[str]) -> None:

@@ -32,6 +32,9 @@ class NullHub:
         """Rank 0 holds the buffer's claim."""
         return ""
 
+    def claim_superseded(self) -> bool:
+        return False
+
     def no_batch_reason(self) -> str:
         """Rank 0 says why no batch came (its text reaches every rank)."""
         return ""

@@ -39,6 +39,10 @@ class LearnerHub(CheckpointHub, Protocol):
         must then fail, not finish (buffer/learner_claim.py)."""
         ...
 
+    def claim_superseded(self) -> bool:
+        """Whether the learner that took the claim is a restarted one of this same run."""
+        ...
+
     def start(self, version: int) -> None:
         """Publish the run's meta, re-read pending groups, wait for the actors, open the channel."""
         ...

@@ -77,6 +77,8 @@ class Role:
     """Bytes of this role's log deleted by rotation (all its processes so far)."""
     cut_lines: int = 0
     """Lines longer than ``limits.line_chars``, cut in ``output`` and on the console."""
+    rotation_said: bool = False
+    """Whether the first rotation of this role's log was said (once per role)."""
     tree_tag: str = ""
     """``ROLE_TREE_ENV`` in the role's environment: inherited by all it starts, so
     ``kill_leftovers`` finds even what left its process group (asyncrl/core/runtime/lifeline.py)."""
@@ -125,7 +127,9 @@ def _keep(role: Role, cut: LineCut, line: str | None, show) -> None:
 
 def _open_log(role: Role):
     def rotated(text: str) -> None:
-        _echo(f"[asyncrl] {role.name}: {text}\n")
+        if not role.log_deleted_bytes and not role.rotation_said:  # once per role, restarts too
+            _echo(f"[asyncrl] {role.name}: {text}\n")
+        role.rotation_said = True
 
     try:
         return _CountedLog(role, rotated)
@@ -142,8 +146,10 @@ class _CountedLog(RoleLog):
 
     def rotate(self) -> None:
         before = self.deleted_bytes
-        super().rotate()
-        self.role.log_deleted_bytes += self.deleted_bytes - before
+        try:
+            super().rotate()
+        finally:  # bytes deleted before a failure count too
+            self.role.log_deleted_bytes += self.deleted_bytes - before
 
 
 def _log_failed(role: Role, e: OSError, log) -> None:

@@ -23,7 +23,7 @@ SPEC = f"{Path(__file__).with_name('pool_rewards.py')}:behave"
 
 
 def _scorer(executor="process", workers=4, timeout=10.0, lines=None, kinds=None, spec=SPEC,
-            memory_mb=4096):  # fmt: skip
+            memory_mb=0):  # fmt: skip
     task = TaskConfig(
         reward_fn=spec, reward_executor=executor, reward_workers=workers,
         reward_timeout_s=timeout, reward_memory_mb=memory_mb,
@@ -171,7 +171,10 @@ def test_a_reward_past_its_memory_limit_fails_naming_the_key_and_the_worker_live
     assert small.value == 1.0 and not small.kind
     assert big.kind == "raised" and big.value == 0.0
     assert big.reason.startswith("raised: reward function raised MemoryError")
-    assert "the worker's limit is task.reward_memory_mb=300: raise it, or 0 for none" in big.reason
+    assert (
+        "the worker's memory limit is task.reward_memory_mb=300 MiB: raise it, or -1 for none"
+        in big.reason
+    )
     assert before == after, "the worker died"
 
 

@@ -390,6 +390,8 @@ def test_error_window_fails_fast_only_on_first_results_of_one_kind(results, trip
     tripped = [window.add(bool(k), k) for k in results]
     assert tripped.index(True) + 1 == tripped_at if tripped_at else not any(tripped)
     assert window.fast == bool(tripped_at)
+    tolerant = ErrorWindow(0.9, 256)  # a user who tolerates more keeps the window alone
+    assert not any(tolerant.add(bool(k), k) for k in results)
 
 
 def test_max_reward_error_frac_1_never_fails():

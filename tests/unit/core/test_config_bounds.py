@@ -29,7 +29,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "task.max_reward_error_frac": [(0.0, -1e-9), (1.0, 1.000001)],
     "task.reward_error_window": [(1, 0)],
     "task.reward_workers": [(1, 0), (256, 257)],
-    "task.reward_memory_mb": [(0, -1)],
+    "task.reward_memory_mb": [(-1, -2)],
     "data.max_prompt_length": [(1, 0)],
     "data.epochs": [(1, 0)],
     "buffer.reconnect_s": [(1e-3, 0.0)],
