@@ -30,6 +30,7 @@ processes) are stopped by the role's SIGTERM handling, as on Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -169,7 +170,6 @@ async def worker_stacks(pid: int, path: str | Path) -> str:
     ``STACK_SIGNAL`` (``faulthandler.register(..., file=<path>)``; a reward or environment
     worker). A note when the process is gone or wrote nothing within ``WORKER_STACK_WAIT_S``."""
     import asyncio
-    import contextlib
     import time
 
     try:
@@ -211,7 +211,6 @@ def kill_tree(proc, tag: str = "") -> int:
     (a reward's ``Popen(..., start_new_session=True)`` leaves its session's group, and outlives
     a crashed worker, re-parented). A process that cleared its environment and left the
     worker's tree escapes. Returns how many processes other than ``proc`` were signalled."""
-    import contextlib
 
     import psutil  # type: ignore[import-untyped]
 
@@ -229,10 +228,17 @@ def kill_tree(proc, tag: str = "") -> int:
         except ProcessLookupError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-    for p in found.values():
+    return _sigkill_all(list(found.values()))
+
+
+def _sigkill_all(procs: list) -> int:
+    """SIGKILL each ``psutil.Process`` of ``procs`` (one gone meanwhile is skipped); how many."""
+    import psutil
+
+    for p in procs:
         with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGKILL)
-    return len(found)
+    return len(procs)
 
 
 def tagged(var: str, tag: str) -> list:
@@ -254,12 +260,4 @@ def tagged(var: str, tag: str) -> list:
 def kill_tagged(var: str, tag: str) -> int:
     """SIGKILL every process of this user whose environment has ``var=tag`` (not this one);
     returns how many."""
-    import contextlib
-
-    import psutil
-
-    found = [p for p in tagged(var, tag) if p.pid != os.getpid()]
-    for p in found:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGKILL)
-    return len(found)
+    return _sigkill_all([p for p in tagged(var, tag) if p.pid != os.getpid()])

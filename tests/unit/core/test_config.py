@@ -139,6 +139,10 @@ def test_values_from_the_environment_are_written_as_their_resolver_text(monkeypa
     back = config_from_json(text)  # a role resolves it from its own environment
     assert back.experiment_name == "s3cr3t" and config_to_json(back) == text
     assert env_refs.written(back)["experiment_name"] == "${oc.env:ASYNCRL_TEST_SECRET}"
+    monkeypatch.setenv("ASYNCRL_TEST_URL", "redis://u:s3cr3t@127.0.0.1:6379/0")
+    remote = load_config(["buffer=remote", "buffer.url=${oc.env:ASYNCRL_TEST_URL}"])
+    assert remote.buffer.url.startswith("redis://u:s3cr3t@")
+    assert '"url": "${oc.env:ASYNCRL_TEST_URL}"' in config_to_json(remote)
 
 
 def test_json_round_trip():
