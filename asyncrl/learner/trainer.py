@@ -108,7 +108,8 @@ def build_step_context(cfg: Config, model_dir: str, rank: int, world: int) -> St
         )
     packed = resolve_packing(lc.pack_sequences, lc.max_tokens_per_micro_batch, device)
     model = build_policy(model_dir, cfg, packed=packed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, weight_decay=lc.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=lc.lr, weight_decay=lc.weight_decay)
     critic = build_critic(model_dir, cfg, packed=packed) if uses_critic(algo.advantage) else None
     reference = build_reference(model_dir, cfg, packed=packed) if algo.kl_coef > 0 else None
     return StepContext(
@@ -226,6 +227,8 @@ def _prepare(cfg: Config, model_dir: str, run_dir: str, hub: LearnerHub) -> _Loo
         f"{' offloaded to host memory' if cfg.learner.cpu_offload else ''}, "
         f"{cfg.model.dtype} compute; {_layout(ctx)}"
     )
+    if cfg.model.lora.enabled:
+        hub.say(_lora_line(cfg, ctx.model))
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir
     state = maybe_resume(ckpt_dir, ctx, hub, cfg.learner.resume_from)
     norm_guard = WeightNormGuard(cfg.learner.max_weight_norm_jump)
@@ -348,6 +351,19 @@ def _warm_up_lr(ctx: StepContext, cfg: Config, version: int) -> None:
     _set_lr(ctx.optimizer, cfg.learner.lr * scale)
     if ctx.critic is not None:
         _set_lr(ctx.critic.optimizer, (cfg.algorithm.critic_lr or cfg.learner.lr) * scale)
+
+
+def _lora_line(cfg: Config, model) -> str:
+    """What ``model.lora`` made of the model (rank 0's share under FSDP2: the ratio holds)."""
+    from asyncrl.learner.lora.adapters import adapted_layers, trainable_count
+
+    lora = cfg.model.lora
+    trained, total = trainable_count(model)
+    return (
+        f"LoRA rank {lora.rank}, alpha {lora.alpha:g} on {len(adapted_layers(model))} linear "
+        f"layers: {trained:,} of {total:,} parameters train ({100 * trained / total:.2f}%); "
+        "weight syncs and exports send the merged weights"
+    )
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from asyncrl.core.config.job import AlgorithmConfig
+from asyncrl.core.config.job import AlgorithmConfig, Config
+from asyncrl.core.config.learner import LoraConfig, ModelConfig
 from asyncrl.core.types import Group, Sample
 from asyncrl.learner.compute.batch import broadcast_batch, collate
 from asyncrl.learner.compute.model import build_policy, full_named_tensors
@@ -23,12 +24,14 @@ def load_groups(path):
     return [Group(g["id"], i, 0, [Sample(**s) for s in g["samples"]]) for i, g in enumerate(raw)]
 
 
-def one_update(model_dir, groups, algo, lr):
-    """(loss summed over ranks, full weights) after one SGD update on ``groups``."""
+def one_update(model_dir, groups, algo, lr, lora=None):
+    """(loss summed over ranks, full weights) after one SGD update on ``groups``; ``lora``:
+    ``model.lora``'s fields (adapters on the policy, the merged weights returned)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     torch.manual_seed(0)
-    model = build_policy(model_dir)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    cfg = Config(model=ModelConfig(lora=LoraConfig(**lora))) if lora else None
+    model = build_policy(model_dir, cfg)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     ctx = StepContext(model, opt, algo, rank, world, grad_clip=1e9)
     batch = collate(groups) if rank == 0 else None
     if dist.is_initialized():
@@ -46,7 +49,9 @@ def main():
     init_distributed()
     torch.set_num_threads(1)
     algo = AlgorithmConfig(**json.loads(Path(out, "algo.json").read_text()))
-    loss, weights = one_update(model_dir, load_groups(groups_json), algo, lr=0.5)
+    lora_json = Path(out, "lora.json")
+    lora = json.loads(lora_json.read_text()) if lora_json.is_file() else None
+    loss, weights = one_update(model_dir, load_groups(groups_json), algo, lr=0.5, lora=lora)
     if dist.get_rank() == 0:
         from safetensors.torch import save_file
 

@@ -69,8 +69,17 @@ def test_fsdp2_two_ranks_mask_truncated_rows_as_one_process(tiny_model, tmp_path
     assert 0 < sum(cut) < len(cut)
 
 
-def _two_ranks_match_one(tiny_model, tmp_path, algo: AlgorithmConfig):
+def test_fsdp2_two_ranks_train_lora_adapters_as_one_process(tiny_model, tmp_path):
+    """``model.lora``: frozen base weights and trainable adapters in the same FSDP2 units;
+    the merged weights after one update match one process's (asyncrl/learner/lora/)."""
+    lora = {"rank": 4, "alpha": 8.0, "targets": ["q_proj", "v_proj", "down_proj"]}
+    _two_ranks_match_one(tiny_model, tmp_path, AlgorithmConfig(), lora)
+
+
+def _two_ranks_match_one(tiny_model, tmp_path, algo: AlgorithmConfig, lora=None):
     (tmp_path / "algo.json").write_text(json.dumps(asdict(algo)))
+    if lora:
+        (tmp_path / "lora.json").write_text(json.dumps(lora))
     groups_json = _groups_json(tmp_path)
     cmd = [
         sys.executable,
@@ -88,12 +97,13 @@ def _two_ranks_match_one(tiny_model, tmp_path, algo: AlgorithmConfig):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     torch.set_num_threads(1)
-    ref_loss, ref_weights = one_update(tiny_model, load_groups(groups_json), algo, lr=0.5)
+    ref_loss, ref_weights = one_update(tiny_model, load_groups(groups_json), algo, 0.5, lora)
     fsdp_loss = json.loads((tmp_path / "loss.json").read_text())["loss"]
     fsdp_weights = load_file(str(tmp_path / "weights.safetensors"))
     if algo.minibatches == 1:
         assert fsdp_loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6)
     init = load_file(str(Path(tiny_model) / "model.safetensors"))
+    assert set(ref_weights) == set(fsdp_weights) and set(ref_weights) <= set(init)  # HF names
     moved = 0.0
     for name, ref in ref_weights.items():
         torch.testing.assert_close(fsdp_weights[name], ref, rtol=1e-4, atol=1e-5, msg=name)

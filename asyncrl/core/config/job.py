@@ -245,6 +245,12 @@ class Config:
             f"{self.actor.gpu_memory_utilization} must leave room on the GPU (sum < 1, e.g. "
             "0.45 each: layout=gpu1)",
         )
+        _require(
+            not (self.model.lora.enabled and self.algorithm.advantage == "gae"),
+            "model.lora.rank > 0 with algorithm.advantage=gae: the critic has no LoRA adapters "
+            "(it would train whole beside an adapted policy); use a critic-free advantage "
+            "(grpo, rloo, reinforce_pp) or model.lora.rank=0",
+        )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             _require(

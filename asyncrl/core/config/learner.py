@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from asyncrl.core.config.checks import bound as _bound
 from asyncrl.core.config.checks import is_core_list as _is_core_list
@@ -19,6 +19,44 @@ _TRANSPORTS = (
     "nccl",
 )  # asyncrl.core.weights.transports.CHOICES (not imported: torch)
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2", "flex_attention")
+
+
+LORA_TARGETS_ALL = "all-linear"
+"""``model.lora.targets``' one word: every linear layer of the decoder (peft's name), not the head."""
+
+
+@dataclass
+class LoraConfig:
+    """``model.lora``: train low-rank adapters instead of the whole model (learner/lora/).
+
+    Off at ``rank=0`` (the default). The base weights are frozen; only the adapters are in
+    the optimizer and its state. Weight syncs and the ``hf/`` export send the merged weights
+    (``W + alpha/rank * B A``): the actors need no LoRA support."""
+
+    rank: int = 0
+    """Adapter rank r (0 = off, full fine-tuning); 1 .. 1024."""
+    alpha: float = 16.0
+    """The adapters' scale is ``alpha / rank`` (peft's ``lora_alpha``), > 0."""
+    dropout: float = 0.0
+    """Dropout on each adapter's input in training, 0 <= p < 1."""
+    targets: list[str] = field(default_factory=lambda: [LORA_TARGETS_ALL])
+    """Which linear layers get adapters: module-name suffixes (``[q_proj, v_proj]``) or
+    ``[all-linear]`` (every linear layer of the decoder, not the output head)."""
+
+    def __post_init__(self) -> None:
+        _require_finite(self, "model.lora")
+        _bound(self, "model.lora.rank", ge=0, le=1024, hint=" (0 = off)")
+        _bound(self, "model.lora.alpha", gt=0)
+        _bound(self, "model.lora.dropout", ge=0, lt=1)
+        _require(
+            bool(self.targets) and all(isinstance(t, str) and t for t in self.targets),
+            f"model.lora.targets={list(self.targets)!r}: give module names such as "
+            f"[q_proj,v_proj] or [{LORA_TARGETS_ALL}]",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
 
 
 @dataclass
@@ -64,6 +102,8 @@ class ModelConfig:
     """Positions per chunk when the learner takes log-probs and entropy from the final hidden
     states: only ``chunk x vocab`` logits exist at a time, in forward and backward, instead of
     the whole micro-batch's ``[B, L, vocab]`` (learner/compute/logprobs.py). >= 0; 0 = full logits."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters (``model.lora.rank > 0``) instead of full fine-tuning."""
 
     def __post_init__(self) -> None:
         _require_finite(self, "model")

@@ -15,7 +15,7 @@ model: ``load_sharded_hf_model`` reads each rank's shards only (learner/compute/
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -147,6 +147,7 @@ def load_sharded_hf_model(
     compute_dtype: str = "float32",
     trainable: bool = True,
     offload: bool = False,
+    adapt: Callable[[nn.Module], nn.Module] | None = None,
 ) -> nn.Module:
     """``load_hf_model`` then ``shard_model(model, compute_dtype, offload=offload)``, without
     any rank holding the full model (learner/compute/sharded_load.py): built on the meta device,
@@ -155,17 +156,21 @@ def load_sharded_hf_model(
     Parameters are frozen before sharding unless ``trainable``.
 
     A checkpoint that cannot be read shard by shard (no safetensors, or names transformers
-    converts on load) is loaded whole on every rank, as before, and rank 0 prints why."""
+    converts on load) is loaded whole on every rank, as before, and rank 0 prints why.
+    ``adapt`` (LoRA: ``asyncrl.learner.lora.adapters.add_adapters``) changes the model before
+    it is sharded; such a model is loaded whole on every rank too (its names are no longer the
+    checkpoint's)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from asyncrl.learner.compute import sharded_load
 
     path = check_model_dir(model_dir)
     config = AutoConfig.from_pretrained(path)
-    checkpoint = sharded_load.open_streamable(path, config.model_type)
+    checkpoint = None if adapt else sharded_load.open_streamable(path, config.model_type)
     home = torch.device("cpu") if offload else device  # where the shards live
     if checkpoint is None:
         model = load_hf_model(path, dtype, attn).to(home).requires_grad_(trainable)
+        model = adapt(model) if adapt else model
         return shard_model(model, compute_dtype, offload=offload)
 
     def construct() -> nn.Module:
@@ -205,12 +210,15 @@ def build_policy(
     device = current_device()
     check_training_dtype(mc.dtype, device)
     attn_impl = attention_impl(mc.attn_implementation, mc.dtype, device, packed)
+    adapt = _adapter(mc.lora)
     if fsdp_wanted(mc.dtype, offload):
         model = load_sharded_hf_model(
-            model_dir, "float32", attn_impl, device, compute_dtype=mc.dtype, offload=offload
-        )
+            model_dir, "float32", attn_impl, device, compute_dtype=mc.dtype, offload=offload,
+            adapt=adapt,
+        )  # fmt: skip
     else:
         model = load_hf_model(model_dir, "float32", attn_impl).to(device)
+        model = adapt(model) if adapt else model
     if mc.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if mc.compile:
@@ -221,6 +229,15 @@ def build_policy(
     set_packed(model, packed)
     model.train()
     return model
+
+
+def _adapter(lora) -> Callable[[nn.Module], nn.Module] | None:
+    """``model.lora``: the function that adds adapters to a loaded model (None when off)."""
+    if not lora.enabled:
+        return None
+    from asyncrl.learner.lora.adapters import add_adapters
+
+    return lambda model: add_adapters(model, lora)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -257,10 +274,21 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
 
 
 def full_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, full tensor) for every parameter and buffer in the state dict.
+    """Yield (HF name, full tensor) for every parameter and buffer in the state dict; with
+    LoRA adapters (``model.lora``) the merged weights under the base model's names
+    (``asyncrl.learner.lora.merge``), so actors and exports get an ordinary HF model.
 
     Collective: every rank must iterate it (DTensor ``full_tensor`` all-gathers).
     """
+    from asyncrl.learner.lora.adapters import lora_scale
+    from asyncrl.learner.lora.merge import merged
+
+    scale = lora_scale(model)
+    gathered = _gathered(model)
+    yield from gathered if scale is None else merged(gathered, scale)
+
+
+def _gathered(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in model.state_dict().items():
         full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
         yield name, full.detach()

@@ -24,6 +24,9 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "model.sft_steps": [(0, -1)],
     "model.sft_chat_turns": [(1, 0), (4, 5)],
     "model.logprob_chunk_tokens": [(0, -1)],
+    "model.lora.rank": [(0, -1), (1024, 1025)],
+    "model.lora.alpha": [(1e-3, 0.0)],
+    "model.lora.dropout": [(0.0, -0.1), (0.99, 1.0)],
     "task.seed": [(0, -1), (SEED_MAX, SEED_MAX + 1)],
     "task.reward_timeout_s": [(1e-3, 0.0)],
     "task.max_reward_error_frac": [(0.0, -1e-9), (1.0, 1.000001)],
@@ -145,7 +148,9 @@ CASES = [(key, ok, bad) for key, pairs in BOUNDS.items() for ok, bad in pairs]
 def build(key: str, value: object) -> object:
     """The dataclass that owns ``key``, built with ``key=value`` and defaults elsewhere."""
     group, _, name = key.rpartition(".")
-    cls = typing.get_type_hints(Config)[group] if group else Config
+    cls: type = Config
+    for part in filter(None, group.split(".")):  # model.lora.rank: Config -> model -> lora
+        cls = typing.get_type_hints(cls)[part]
     return cls(**{name: value})
 
 

@@ -1,0 +1,73 @@
+"""``model.lora`` end to end: a synchronous run of the demo model with rank-8 adapters (real
+redis-server, a real vLLM actor, the learner), the actor receiving the merged weights at
+every version, then a resume of the same run.
+
+At ``mode=sync`` every group is sampled by the weights the learner trains from, so the
+behaviour log-probs (vLLM's) and the learner's must agree at every step: they would not if
+the actor ran other weights than the learner's adapted model (the export shows how far the
+adapters moved the model from the base).
+"""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+import torch
+
+from tests.e2e.conftest import needs_full_stack, read_metrics, read_summary, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
+
+ARGS = ["experiment=tiny", "model.sft_steps=500", "mode=sync", "model.lora.rank=8",
+        "learner.lr=5e-3", "learner.checkpoint_every=3"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    needs_full_stack()
+    run_dir = tmp_path_factory.mktemp("lora")
+    first = run_cli(["run", *ARGS, "learner.steps=6", f"run_dir={run_dir}"], timeout=600)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    return run_dir, first.stdout + first.stderr
+
+
+def test_the_actor_samples_with_the_learners_adapted_weights_at_every_step(lora_run):
+    run_dir, out = lora_run
+    assert "LoRA rank 8, alpha 16 on " in out and "parameters train" in out, out[-3000:]
+    records = read_metrics(run_dir)
+    assert [r["version"] for r in records] == list(range(1, 7))
+    assert any(r["grad_norm"] > 0 for r in records), "nothing trained: the check would be void"
+    for r in records:
+        assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
+    s = read_summary(run_dir)
+    assert s["weight_sync"]["count"] >= 6 and s["weight_sync"]["failures"] == 0, s
+
+
+def test_the_export_is_a_plain_model_the_adapters_moved(lora_run):
+    from safetensors.torch import load_file
+
+    run_dir, out = lora_run
+    export = load_file(
+        glob.glob(str(run_dir / "checkpoints" / "step_000006" / "hf" / "*.safetensors"))[0]
+    )
+    assert not [k for k in export if ".lora_" in k or ".base_layer." in k]
+    base_dir = out.split("starting the vLLM engine (", 1)[1].split(")", 1)[0]
+    base = load_file(glob.glob(f"{base_dir}/*.safetensors")[0])
+    assert set(export) <= set(base)
+    moved = max(float((export[k] - base[k]).abs().max()) for k in export)
+    assert moved > 1e-3, moved
+    untouched = [k for k in export if "embed" in k or "norm" in k]
+    assert untouched and all(torch.equal(export[k], base[k]) for k in untouched)
+
+
+def test_a_resumed_run_restores_the_adapters_and_trains_on(lora_run):
+    run_dir, _ = lora_run
+    again = run_cli(["run", *ARGS, "learner.steps=8", f"run_dir={run_dir}"], timeout=600)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-4000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_000006'} at version 6" in out, out
+    records = read_metrics(run_dir)
+    assert [r["version"] for r in records][-2:] == [7, 8]
+    for r in records[-2:]:  # the resumed adapters are what the actor samples with
+        assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
