@@ -59,6 +59,12 @@ def test_the_export_is_a_plain_model_the_adapters_moved(lora_run):
     assert moved > 1e-3, moved
     untouched = [k for k in export if "embed" in k or "norm" in k]
     assert untouched and all(torch.equal(export[k], base[k]) for k in untouched)
+    adapter = run_dir / "checkpoints" / "step_000006" / "adapter"  # PEFT's format, beside hf/
+    assert sorted(p.name for p in adapter.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors"
+    ]  # fmt: skip
+    manifest = (run_dir / "checkpoints" / "step_000006" / "manifest.json").read_text()
+    assert "adapter/adapter_model.safetensors" in manifest
 
 
 def test_a_resumed_run_restores_the_adapters_and_trains_on(lora_run):

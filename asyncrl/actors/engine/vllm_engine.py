@@ -200,6 +200,8 @@ def _engine_args(
     weight_backend: str | None = "asyncrl",
     logprobs_mode: str = "processed_logprobs",
     skip_tokenizer_init: bool = False,
+    lora_rank: int = 0,
+    max_loras: int = 1,
 ) -> Any:
     """vLLM's ``AsyncEngineArgs`` for an actor's engine on this platform (``cpu``).
 
@@ -212,7 +214,8 @@ def _engine_args(
     mode also keeps FlashInfer's sampler out). So with ``top_k``/``top_p`` on, the behaviour
     log-probs in the learner's importance ratio are those of the truncated, renormalized
     distribution, while pi_theta is the full tempered one (docs/architecture.md).
-    ``weight_backend=None`` disables weight sync.
+    ``weight_backend=None`` disables weight sync. ``lora_rank`` > 0 enables LoRA adapters of
+    rank up to it (``vllm_lora_rank``), ``max_loras`` of them in one batch.
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -234,8 +237,30 @@ def _engine_args(
         skip_tokenizer_init=skip_tokenizer_init,
         weight_transfer_config={"backend": weight_backend} if weight_backend else None,
         disable_log_stats=True,
+        **_lora_args(lora_rank, max_loras),
         **platform,
     )
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``)."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(
+            f"LoRA rank {rank}: vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}; "
+            "lower model.lora.rank"
+        )
+    return fits[0]
+
+
+def _lora_args(lora_rank: int, max_loras: int) -> dict[str, Any]:
+    if lora_rank <= 0:
+        return {}
+    return {"enable_lora": True, "max_lora_rank": vllm_lora_rank(lora_rank), "max_loras": max_loras}
 
 
 class ActorEngine:
@@ -256,6 +281,7 @@ class ActorEngine:
         self.weights_valid = True
         """False after a failed sync (the model may be half-updated; generation stays paused
         until a later ``update_weights`` succeeds)."""
+        self._adapter: Any = None  # vLLM's LoRARequest every new request uses (None: none)
 
     @classmethod
     async def start(
@@ -347,13 +373,23 @@ class ActorEngine:
         final = await self._run(prompt_ids, params, "gen")
         return [_completion(c) for c in sorted(final.outputs, key=lambda c: c.index)]
 
+    def use_adapter(self, path: str, version: int) -> None:
+        """Every request from now on runs with the LoRA adapter in ``path`` (PEFT's format:
+        asyncrl/learner/lora/peft_export.py), named after ``version`` so that no two versions
+        share a name or vLLM's prefix cache; a request keeps the adapter it started with.
+        Needs an engine started with ``lora_rank`` > 0."""
+        from vllm.lora.request import LoRARequest
+
+        self._adapter = LoRARequest(f"v{version}", version + 1, path)
+
     async def _run(self, prompt_ids: Sequence[int], params: Any, kind: str) -> Any:
         """Submit one request (already-tokenized input) and return its final output."""
         from vllm.inputs.engine import tokens_input
 
         final = None
         prompt = tokens_input(list(prompt_ids))
-        async for out in self._llm.generate(prompt, params, self._request_id(kind)):
+        lora = {"lora_request": self._adapter} if self._adapter is not None else {}
+        async for out in self._llm.generate(prompt, params, self._request_id(kind), **lora):
             final = out
         if final is None:
             raise RuntimeError("vLLM returned no output")

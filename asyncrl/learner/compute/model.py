@@ -284,11 +284,18 @@ def full_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     from asyncrl.learner.lora.merge import merged
 
     scale = lora_scale(model)
-    gathered = _gathered(model)
+    gathered = state_tensors(model)
     yield from gathered if scale is None else merged(gathered, scale)
 
 
-def _gathered(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def state_tensors(
+    model: nn.Module, only: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, full tensor) of the state dict as it is (LoRA: base and adapter tensors
+    under peft's names), those whose name passes ``only`` if given (the others are not
+    gathered). Collective, as ``full_named_tensors``: every rank passes the same ``only``."""
     for name, tensor in model.state_dict().items():
+        if only is not None and not only(name):
+            continue
         full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
         yield name, full.detach()

@@ -112,6 +112,7 @@ def save_checkpoint(
         dcp.save(_state_dicts(model, optimizer, extra), checkpoint_id=str(tmp / "dcp"))
         failpoint("checkpoint.after_dcp", version=version)
         export_hf(model, tmp / "hf", source_model_dir, export_dtype)
+        export_adapter(model, tmp / "adapter", source_model_dir)  # LoRA only
         failpoint("checkpoint.after_hf", version=version)
         if _rank() == 0:
             (tmp / "state.json").write_text(json.dumps(state, indent=2))
@@ -301,6 +302,22 @@ def _remove_leftovers(root: Path) -> None:
 
 SHARD_BYTES = 4 << 30
 """Largest safetensors file of an HF export (a tensor larger than this is a shard alone)."""
+
+
+def export_adapter(model: nn.Module, out_dir: Path, source_model_dir: str | Path) -> bool:
+    """With LoRA adapters (``model.lora``), write them alone in PEFT's format into ``out_dir``
+    (asyncrl/learner/lora/peft_export.py), for ``peft`` and vLLM's ``LoRARequest``; returns
+    whether it wrote. Collective (the adapters are gathered on every rank, written by rank 0)."""
+    from asyncrl.learner.compute.model import state_tensors
+    from asyncrl.learner.lora.peft_export import adapter_tensors, lora_config_of, write_adapter
+
+    lora = lora_config_of(model)
+    if lora is None:
+        return False
+    tensors = adapter_tensors(state_tensors(model, only=lambda name: ".lora_" in name))
+    if _rank() == 0:
+        write_adapter(out_dir, tensors, lora, str(source_model_dir))
+    return True
 
 
 def export_hf(

@@ -106,3 +106,23 @@ def test_bad_lora_settings_are_refused_naming_the_key(overrides, match):
 
     with pytest.raises(ValueError, match=match):
         load_config(overrides)
+
+
+def test_the_peft_export_loads_in_peft_as_the_adapted_model(tiny_model, tmp_path):
+    from peft import PeftModel
+
+    from asyncrl.learner.lora.peft_export import lora_config_of
+    from asyncrl.learner.state.checkpoint import export_adapter
+
+    torch.manual_seed(0)
+    model = build_policy(tiny_model, _cfg(rank=4, alpha=8.0, targets=["k_proj", "gate_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(std=0.1)
+    assert lora_config_of(model) == LoraConfig(rank=4, alpha=8.0, targets=["gate_proj", "k_proj"])
+    assert export_adapter(model, tmp_path / "adapter", tiny_model)
+    loaded = PeftModel.from_pretrained(load_hf_model(tiny_model), str(tmp_path / "adapter"))
+    x = _tokens()
+    torch.testing.assert_close(loaded.eval()(x).logits, model.eval()(x).logits)
+    assert not export_adapter(load_hf_model(tiny_model), tmp_path / "none", tiny_model)
