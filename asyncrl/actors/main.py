@@ -169,7 +169,24 @@ async def _new_engine(cfg, actor_id: int, model_dir: str):
         max_num_seqs=engine_batch(cfg),
         cpu_start_method=a.cpu_start_method,
         engine_cpus=parse_cores(a.engine_cpus) or None,
+        **_lora_options(cfg),
     )
+
+
+def _lora_options(cfg) -> dict:
+    """``model.lora.sync=adapter``: vLLM with LoRA on, each weight version its own adapter
+    (asyncrl/actors/engine/adapters.py); up to ``max_staleness + 2`` of them in one batch
+    (requests in flight keep theirs; at most 8)."""
+    lora = cfg.model.lora
+    if not lora.adapter_sync:
+        return {}
+    from asyncrl.actors.engine.adapters import Adapters
+
+    return {
+        "adapters": Adapters(lora.rank, lora.alpha),
+        "lora_rank": lora.rank,
+        "max_loras": min(8, cfg.buffer.max_staleness + 2),
+    }
 
 
 def _validator(cfg, actor, model_dir: str, say) -> list:

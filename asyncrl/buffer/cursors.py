@@ -192,6 +192,19 @@ class SyncQuota:
         key = quota_key(self.buffer.name, version)
         return int(script([key], [self.per_version, count]))
 
+    def reset(self, first: int, last: int) -> int:
+        """Forget what was admitted under versions ``first..last`` (a learner restarting at
+        ``first``: groups admitted before the restart whose actor stopped before committing
+        them hold quota that nothing will fill, and the step at ``first`` would wait for them
+        forever). Returns how many admissions were forgotten. Groups of those versions already
+        committed and unread stay in the buffer: the restarted step may read more than a
+        batch's worth of them, and the rest are dropped as stale, counted."""
+        keys = [quota_key(self.buffer.name, v) for v in range(first, max(first, last) + 1)]
+        client = self.buffer.client
+        held = sum(int(x) for x in client.mget(keys) if x is not None)
+        client.delete(*keys)
+        return held
+
     def give_back(self, version: int, count: int) -> None:
         """Return ``count`` admissions of ``version`` that found no buffer slot."""
         if count > 0:

@@ -375,10 +375,11 @@ def _sync_weights(model, hub: LearnerHub, version: int) -> None:
     """Send ``version`` to the actors (collective). Every rank gathers each full tensor as
     rank 0 streams it, so no rank ever holds the whole model gathered (nor a host copy of
     it: the gloo transport copies one tensor at a time, nccl sends from the GPU). A failed
-    try is gathered again by every rank, as rank 0 says (its channel re-forms the group)."""
-    from asyncrl.learner.compute.model import full_named_tensors
+    try is gathered again by every rank, as rank 0 says (its channel re-forms the group).
+    With ``model.lora.sync=adapter`` only the adapters travel (``sync_tensors``)."""
+    from asyncrl.learner.compute.model import sync_tensors
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     attempt = 0
-    while _rank0_flag(rank, hub.send_weights(full_named_tensors(model), version, attempt)):
+    while _rank0_flag(rank, hub.send_weights(sync_tensors(model), version, attempt)):
         attempt += 1

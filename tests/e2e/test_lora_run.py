@@ -1,6 +1,7 @@
 """``model.lora`` end to end: a synchronous run of the demo model with rank-8 adapters (real
-redis-server, a real vLLM actor, the learner), the actor receiving the merged weights at
-every version, then a resume of the same run.
+redis-server, a real vLLM actor, the learner), the actor receiving the adapters alone at every
+version (``model.lora.sync=adapter``, the default) or the merged model (``merged``), then a
+resume of the same run.
 
 At ``mode=sync`` every group is sampled by the weights the learner trains from, so the
 behaviour log-probs (vLLM's) and the learner's must agree at every step: they would not if
@@ -41,7 +42,31 @@ def test_the_actor_samples_with_the_learners_adapted_weights_at_every_step(lora_
     for r in records:
         assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
     s = read_summary(run_dir)
-    assert s["weight_sync"]["count"] >= 6 and s["weight_sync"]["failures"] == 0, s
+    sync = s["weight_sync"]
+    assert sync["count"] >= 6 and sync["failures"] == 0, s
+    model_bytes = sum(
+        p.stat().st_size
+        for p in (run_dir / "checkpoints" / "step_000006" / "hf").glob("*.safetensors")
+    )
+    assert sync["bytes"] / sync["count"] < 0.2 * model_bytes, (sync, model_bytes)  # adapters only
+
+
+def test_merged_syncs_serve_the_same_adapted_model(tmp_path):
+    """``model.lora.sync=merged``: the whole model with the adapters merged in."""
+    run_dir = tmp_path / "merged"
+    proc = run_cli(["run", *ARGS, "model.lora.sync=merged", "learner.steps=3",
+                    f"run_dir={run_dir}"], timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    records = read_metrics(run_dir)
+    assert [r["version"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
+    sync = read_summary(run_dir)["weight_sync"]
+    model_bytes = sum(
+        p.stat().st_size
+        for p in (run_dir / "checkpoints" / "step_000003" / "hf").glob("*.safetensors")
+    )
+    assert sync["bytes"] / sync["count"] >= model_bytes, (sync, model_bytes)  # the whole model
 
 
 def test_the_export_is_a_plain_model_the_adapters_moved(lora_run):

@@ -101,3 +101,16 @@ def test_concurrent_batched_quota_takes_admit_exactly_per_version(redis_client, 
     for t in threads:
         t.join()
     assert sum(got) == 37
+
+
+def test_a_restart_forgets_quota_held_by_groups_never_committed(redis_client, buffer_name):
+    """mode=sync, a learner restarting at version 6: the earlier run's actor took version 6's
+    whole quota and stopped before committing (seen in a LoRA resume test: the step at 6 then
+    waited until its data timeout). ``reset`` frees versions 6 on, not those before."""
+    buf = ReplayBuffer(redis_client, buffer_name, capacity=4)
+    quota = SyncQuota(buf, per_version=4)
+    assert quota.take_many(5, 4) == 4 and quota.take_many(6, 4) == 4 and quota.take_many(7, 1) == 1
+    assert quota.take_many(6, 4) == 0  # used up: the restarted step would wait forever
+    assert quota.reset(6, 7) == 5
+    assert quota.take_many(6, 4) == 4 and quota.take_many(7, 4) == 4
+    assert quota.take_many(5, 1) == 0  # an older version keeps its count

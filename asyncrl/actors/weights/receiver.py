@@ -14,6 +14,7 @@ Registered inside every vLLM process by ``asyncrl.actors.weights.plugin.register
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +31,31 @@ from asyncrl.core.weights.stream import WeightSyncError
 logger = init_logger(__name__)
 
 
+def write_adapter_dir(out: Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """``out/adapter_model.safetensors`` and ``out/adapter_config.json`` (PEFT's format, as
+    vLLM's ``LoRARequest`` reads it), written into a temporary directory then renamed, so a
+    reader never sees half an adapter. The adapted modules are those the tensors name."""
+    import json
+    import os
+    import shutil
+
+    from safetensors.torch import save_file
+
+    if not tensors:
+        raise WeightSyncError(f"adapter sync to {out}: no tensors arrived")
+    modules = sorted({n.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for n in tensors})
+    peft = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none", "use_rslora": False,
+            "use_dora": False, "fan_in_fan_out": False, "lora_dropout": 0.0,
+            "modules_to_save": None, "target_modules": modules, **config}  # fmt: skip
+    tmp = out.with_name(f".tmp-{out.name}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (tmp / "adapter_config.json").write_text(json.dumps(peft))
+    if out.exists():  # a retried sync of the same version
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
 @dataclass
 class AsyncrlWeightTransferInitInfo(WeightTransferInitInfo):
     """A transport's ``weights_init`` (asyncrl/core/weights/base.py): this worker takes rank
@@ -43,9 +69,14 @@ class AsyncrlWeightTransferInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class AsyncrlWeightTransferUpdateInfo(WeightTransferUpdateInfo):
-    """One sync: the version the worker expects the trainer to send (checked per bucket)."""
+    """One sync: the version the worker expects the trainer to send (checked per bucket).
+    With adapter-only sync (``model.lora.sync=adapter``) the tensors are a LoRA adapter, to
+    be written in PEFT's format into ``adapter_dir`` with ``adapter_config``'s ``r`` and
+    ``lora_alpha`` (asyncrl/actors/engine/adapters.py), not loaded into the model."""
 
     version: int
+    adapter_dir: str = ""
+    adapter_config: dict[str, Any] = field(default_factory=dict)
 
 
 class AsyncrlWeightTransferEngine(
@@ -121,6 +152,13 @@ class AsyncrlWeightTransferEngine(
             disable_mtp_completeness_check,
         )
 
+        if update_info.adapter_dir:
+            nbytes, count = self._receive_adapter(update_info)
+            self.last_version = update_info.version
+            logger.info(
+                "adapter sync v%d: %d tensors, %.2f MB", update_info.version, count, nbytes / 1e6
+            )
+            return
         try:
             with disable_mtp_completeness_check(), torch.no_grad():
                 nbytes, count = self.receiver.receive(update_info.version, self.model.load_weights)
@@ -132,7 +170,46 @@ class AsyncrlWeightTransferEngine(
             "weight sync v%d: %d tensors, %.1f MB", update_info.version, count, nbytes / 1e6
         )
 
+    def _receive_adapter(self, info: AsyncrlWeightTransferUpdateInfo) -> tuple[int, int]:
+        """Receive a version's adapter tensors (PEFT names, ``base_model.model.X.lora_A.weight``)
+        and write them with their config; the first worker of a replica writes, every worker
+        receives (the stream is a collective). The model is not touched."""
+        assert self.receiver is not None
+        tensors: dict[str, torch.Tensor] = {}
+
+        def keep(named) -> None:  # views into the bucket: copied out
+            for name, t in named:
+                tensors[name] = t.detach().to("cpu", copy=True)
+
+        nbytes, count = self.receiver.receive(info.version, keep)
+        if self.parallel_config.rank == 0:
+            write_adapter_dir(Path(info.adapter_dir), tensors, info.adapter_config)
+        return nbytes, count
+
     def shutdown(self) -> None:
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
+
+
+ADAPTER_EXTENSION = "asyncrl.actors.weights.receiver.AdapterReceiver"
+"""vLLM's ``worker_extension_cls`` for engines with adapter-only sync (a class name, imported
+in each worker: nothing is pickled)."""
+
+
+class AdapterReceiver:
+    """Mixed into vLLM's worker (``worker_extension_cls``): ``receive_adapter`` receives one
+    version's adapter through the weight engine, outside vLLM's weight-update session, whose
+    end (``finish_weight_update``) would reload the layers and drop every loaded adapter,
+    those of the requests in flight included. Called with ``AsyncLLM.collective_rpc``."""
+
+    weight_transfer_engine: AsyncrlWeightTransferEngine | None
+
+    def receive_adapter(self, update_info: dict) -> None:
+        engine = self.weight_transfer_engine
+        if engine is None:
+            raise WeightSyncError("no weight transfer engine: start vLLM with weight sync on")
+        info = engine.parse_update_info(update_info)
+        if not info.adapter_dir:
+            raise WeightSyncError(f"receive_adapter without an adapter_dir: {update_info}")
+        engine.receive_weights(info)

@@ -251,6 +251,13 @@ class Config:
             "(it would train whole beside an adapted policy); use a critic-free advantage "
             "(grpo, rloo, reinforce_pp) or model.lora.rank=0",
         )
+        _require(
+            not (self.model.lora.adapter_sync and self.actor.engine == "vllm")
+            or self.model.lora.rank <= 512,
+            f"model.lora.rank={self.model.lora.rank} with model.lora.sync=adapter: vLLM serves "
+            "adapters of rank <= 512; lower the rank or send merged weights "
+            "(model.lora.sync=merged)",
+        )
         if self.mode.name == "sync":
             _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
             _require(

@@ -21,6 +21,8 @@ _TRANSPORTS = (
 _ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2", "flex_attention")
 
 
+LORA_SYNCS = ("adapter", "merged")
+"""``model.lora.sync``: the adapters alone, or the merged model."""
 LORA_TARGETS_ALL = "all-linear"
 """``model.lora.targets``' one word: every linear layer of the decoder (peft's name), not the head."""
 
@@ -30,8 +32,8 @@ class LoraConfig:
     """``model.lora``: train low-rank adapters instead of the whole model (learner/lora/).
 
     Off at ``rank=0`` (the default). The base weights are frozen; only the adapters are in
-    the optimizer and its state. Weight syncs and the ``hf/`` export send the merged weights
-    (``W + alpha/rank * B A``): the actors need no LoRA support."""
+    the optimizer and its state. Weight syncs send the adapters alone (``sync=adapter``) or
+    the merged weights (``W + alpha/rank * B A``); the ``hf/`` export is the merged model."""
 
     rank: int = 0
     """Adapter rank r (0 = off, full fine-tuning); 1 .. 1024."""
@@ -42,12 +44,21 @@ class LoraConfig:
     targets: list[str] = field(default_factory=lambda: [LORA_TARGETS_ALL])
     """Which linear layers get adapters: module-name suffixes (``[q_proj, v_proj]``) or
     ``[all-linear]`` (every linear layer of the decoder, not the output head)."""
+    sync: str = "adapter"
+    """What a weight sync sends the actors: ``adapter`` (the adapters alone, a few MB; each
+    version is its own LoRA adapter in vLLM, asyncrl/actors/engine/adapters.py) or
+    ``merged`` (the whole model with the adapters merged in; for engines or models without
+    vLLM LoRA support)."""
 
     def __post_init__(self) -> None:
         _require_finite(self, "model.lora")
         _bound(self, "model.lora.rank", ge=0, le=1024, hint=" (0 = off)")
         _bound(self, "model.lora.alpha", gt=0)
         _bound(self, "model.lora.dropout", ge=0, lt=1)
+        _require(
+            self.sync in LORA_SYNCS,
+            f"model.lora.sync={self.sync!r}: give one of {', '.join(LORA_SYNCS)}",
+        )
         _require(
             bool(self.targets) and all(isinstance(t, str) and t for t in self.targets),
             f"model.lora.targets={list(self.targets)!r}: give module names such as "
@@ -57,6 +68,11 @@ class LoraConfig:
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+    @property
+    def adapter_sync(self) -> bool:
+        """Syncs send the adapters alone (actors serve them as vLLM LoRA adapters)."""
+        return self.rank > 0 and self.sync == "adapter"
 
 
 @dataclass

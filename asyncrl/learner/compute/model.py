@@ -231,13 +231,22 @@ def build_policy(
     return model
 
 
+ADAPTER_SYNC_ATTR = "_asyncrl_adapter_sync"
+"""Set on a policy whose weight syncs send the adapters alone (``model.lora.sync=adapter``)."""
+
+
 def _adapter(lora) -> Callable[[nn.Module], nn.Module] | None:
     """``model.lora``: the function that adds adapters to a loaded model (None when off)."""
     if not lora.enabled:
         return None
     from asyncrl.learner.lora.adapters import add_adapters
 
-    return lambda model: add_adapters(model, lora)
+    def adapt(model: nn.Module) -> nn.Module:
+        add_adapters(model, lora)
+        object.__setattr__(model, ADAPTER_SYNC_ATTR, lora.adapter_sync)
+        return model
+
+    return adapt
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -286,6 +295,18 @@ def full_named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     scale = lora_scale(model)
     gathered = state_tensors(model)
     yield from gathered if scale is None else merged(gathered, scale)
+
+
+def sync_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a weight sync sends: with adapters made for ``model.lora.sync=adapter`` the
+    adapters alone under PEFT's names (``asyncrl.learner.lora.peft_export.adapter_tensors``;
+    the actors write them as a LoRA adapter), else ``full_named_tensors``. Collective."""
+    from asyncrl.learner.lora.peft_export import adapter_tensors
+
+    if not getattr(model, ADAPTER_SYNC_ATTR, False):
+        yield from full_named_tensors(model)
+        return
+    yield from adapter_tensors(state_tensors(model, only=lambda name: ".lora_" in name)).items()
 
 
 def state_tensors(

@@ -168,6 +168,8 @@ class Hub:
         )
         self.buffer.set_learner_version(version)
         self.buffer.set_learner_last_version(cfg.learner.steps - 1)
+        if ceiling is not None and cfg.mode.name == "sync":
+            self._reset_sync_quota(version, ceiling)
         codec.warm_up()  # pyarrow's lazy imports (~0.6 s) now, while the actors start
         pending = self.feed.resume(ceiling)
         if pending:
@@ -175,6 +177,19 @@ class Hub:
         if cfg.learner.weight_sync:
             pub.open()
         self.recorder.ready()
+
+    def _reset_sync_quota(self, version: int, ceiling: int) -> None:
+        """A restart of a ``mode=sync`` run: the quotas of ``version`` on were held by groups
+        of the earlier learner's time that may never be committed (``SyncQuota.reset``)."""
+        from asyncrl.buffer.cursors import SyncQuota
+
+        quota = SyncQuota(self.buffer, self.cfg.learner.batch_groups)
+        held = quota.reset(version, ceiling + 1)
+        if held:
+            self.say(
+                f"mode=sync restart: forgot {held} admission(s) of version {version} on, made "
+                "before the restart (groups never committed would hold them forever)"
+            )
 
     def set_dynamic_sampling(self, on: bool) -> None:
         """DAPO dynamic sampling: drop groups whose rewards are all equal where they are read."""

@@ -99,6 +99,8 @@ def test_targets_that_match_nothing_or_no_linear_layer_name_the_key(tiny_model):
         (["model.lora.dropout=1.0"], "model.lora.dropout must be >= 0 and < 1"),
         (["model.lora.targets=[]"], "model.lora.targets=\\[\\]"),
         (["model.lora.rank=8", "algorithm.advantage=gae"], "the critic has no LoRA adapters"),
+        (["model.lora.sync=full"], "model.lora.sync='full': give one of adapter, merged"),
+        (["model.lora.rank=1024"], "vLLM serves adapters of rank <= 512"),
     ],
 )
 def test_bad_lora_settings_are_refused_naming_the_key(overrides, match):
