@@ -126,18 +126,18 @@ def _report(cfg, actor, failed: Exception | None, say) -> int:
 
 
 async def _start_engine(cfg, actor_id: int, model_dir: str):
-    """``_new_engine``, then a thread warms pyarrow's lazy imports (``codec.warm_up``: ~0.6 s
+    """``new_engine``, then a thread warms pyarrow's lazy imports (``codec.warm_up``: ~0.6 s
     that would otherwise land in the first commit) while the actor meets its learner and
     generates its first groups. Not before: vLLM's processes may be forked from this one
     (``actor.cpu_start_method``), and a fork must not copy a thread's half-done import."""
     from asyncrl.buffer import codec
 
-    engine = await _new_engine(cfg, actor_id, model_dir)
+    engine = await new_engine(cfg, actor_id, model_dir)
     threading.Thread(target=codec.warm_up, name="pyarrow-warm-up", daemon=True).start()
     return engine
 
 
-async def _new_engine(cfg, actor_id: int, model_dir: str):
+async def new_engine(cfg, actor_id: int, model_dir: str):
     """vLLM (``actor.engine=vllm``) or the model-free simulator (``sim``)."""
     a = cfg.actor
     if a.engine == "sim":

@@ -3,7 +3,8 @@
 asyncrl run [overrides]                      everything on this machine (the CPU demo)
 asyncrl launch buffer|learner|actors [ovr]   one role on this node group
 asyncrl status [overrides]                   buffer counters of a running job
-asyncrl run|launch ROLE --cfg [overrides]    print the composed config as YAML and exit
+asyncrl eval [--checkpoint PATH] [overrides] score a model or checkpoint on the validation set
+asyncrl run|launch ROLE|eval --cfg [ovr]     print the composed config as YAML and exit
 """
 
 from __future__ import annotations
@@ -50,7 +51,32 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--cfg", action="store_true", help=_CFG_HELP)
     status = sub.add_parser("status", help="print the buffer counters of a job")
     status.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    add_eval_parser(sub, groups_help())
     return p
+
+
+def add_eval_parser(sub, epilog: str) -> None:
+    """``asyncrl eval``: the run's overrides, and the two things a run has no key for."""
+    ev = sub.add_parser(
+        "eval",
+        help="score a model or checkpoint on the validation prompts (no learner, no Redis)",
+        description="Score model.path, or a learner checkpoint, on the task's validation prompts\n"
+        "(data.val_files; the addition task's eval split) with the task's reward: mean reward,\n"
+        "pass@1 and pass@k for k = eval.n_samples, in <run_dir>/eval.json (docs/eval.md).",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ev.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
+    ev.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="a learner checkpoint: RUN_DIR/checkpoints/step_<V> (or its hf/), or a run "
+        "directory (its newest complete checkpoint); default: model.path",
+    )
+    ev.add_argument(
+        "--output", metavar="FILE", help="the result JSON (default: <run_dir>/eval.json)"
+    )
+    ev.add_argument("--cfg", action="store_true", help=_CFG_HELP)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,11 +100,14 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from asyncrl.core.config.load import ConfigError, load_config
+    from asyncrl.orchestration.evaluate.args import eval_overrides, explain_config_error
 
+    evaluating = args.command == "eval"
     try:
-        cfg = load_config(args.overrides)
+        cfg = load_config(eval_overrides(args.overrides) if evaluating else args.overrides)
     except ConfigError as e:
-        print(f"asyncrl: config error: {e}", file=sys.stderr)
+        message = explain_config_error(str(e)) if evaluating else str(e)
+        print(f"asyncrl: config error: {message}", file=sys.stderr)
         return 2
     problem = secret_in_argv(args.overrides, cfg)
     if problem:
@@ -99,6 +128,10 @@ def _main(argv: list[str] | None) -> int:
             from asyncrl.orchestration.launch.jobs import launch_role
 
             return launch_role(cfg, args.role)
+        if evaluating:
+            from asyncrl.orchestration.evaluate.command import run_eval
+
+            return run_eval(cfg, args.checkpoint, args.output)
         from asyncrl.orchestration.status import print_status
 
         return print_status(cfg)

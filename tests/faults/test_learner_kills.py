@@ -157,10 +157,10 @@ def read_trace(path: Path) -> list[dict]:
 
 def checkpoints_trained_ids(run_dir: Path) -> list[list[str]]:
     """The ``trained_ids`` of every complete checkpoint, oldest first."""
-    from asyncrl.learner.state.checkpoint import _complete_version
+    from asyncrl.learner.state.checkpoint import complete_version
 
     done = sorted((v, p) for p in (run_dir / "checkpoints").glob("step_*")
-                  if (v := _complete_version(p)) is not None)  # fmt: skip
+                  if (v := complete_version(p)) is not None)  # fmt: skip
     return [json.loads((p / "state.json").read_text())["trained_ids"] for _, p in done]
 
 
@@ -203,7 +203,7 @@ def test_learner_sigkilled_resumes_acks_once_and_replays_the_same_batches(
 ):
     from asyncrl.buffer.connection import connect
     from asyncrl.buffer.redis_buffer import ReplayBuffer
-    from asyncrl.learner.state.checkpoint import _complete_version, latest_checkpoint
+    from asyncrl.learner.state.checkpoint import complete_version, latest_checkpoint
 
     restarts = fault_count(4, 20)
     steps = fault_count(14, 120)
@@ -219,7 +219,7 @@ def test_learner_sigkilled_resumes_acks_once_and_replays_the_same_batches(
     resumed_at, replayed_same, retrained = [], 0, 0
     for i in range(restarts + 1):
         latest = latest_checkpoint(run_dir)
-        expect_v = _complete_version(latest) if latest else 0
+        expect_v = complete_version(latest) if latest else 0
         point, hits = KILL_POINTS[i % len(KILL_POINTS)]
         fps = f"learner.after_read=trace:{trace}@0"
         if i < restarts and point != "random":

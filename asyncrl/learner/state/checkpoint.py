@@ -51,11 +51,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     after every other file is durable). Temporary (``.tmp-*``) and trashed (``.old-*``)
     directories of interrupted saves are never candidates."""
     root = Path(run_dir) / "checkpoints"
-    done = [(v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None]
+    done = [(v, p) for p in root.glob("step_*") if (v := complete_version(p)) is not None]
     return max(done)[1] if done else None
 
 
-def _complete_version(path: Path) -> int | None:
+def complete_version(path: Path) -> int | None:
     """``V`` if ``path`` is ``step_<V>`` with a marker saying ``V``, else None."""
     m = _STEP.fullmatch(path.name)
     if m is None:
@@ -204,7 +204,7 @@ def latest_good_checkpoint(run_dir: str | Path, say=print) -> Path | None:
     from version 0 would silently throw the run away."""
     root = Path(run_dir) / "checkpoints"
     done = sorted(
-        ((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None),
+        ((v, p) for p in root.glob("step_*") if (v := complete_version(p)) is not None),
         reverse=True,
     )
     damaged: list[str] = []
@@ -266,7 +266,7 @@ def prune_checkpoints(run_dir: str | Path, keep: int, say=print) -> list[Path]:
     if keep <= 0:
         return []
     root = Path(run_dir) / "checkpoints"
-    done = sorted((v, p) for p in root.glob("step_*") if (v := _complete_version(p)) is not None)
+    done = sorted((v, p) for p in root.glob("step_*") if (v := complete_version(p)) is not None)
     if len(done) <= keep:
         return []
     floor = _newest_verified(done, say)
