@@ -102,3 +102,20 @@ def test_a_resumed_run_restores_the_adapters_and_trains_on(lora_run):
     assert [r["version"] for r in records][-2:] == [7, 8]
     for r in records[-2:]:  # the resumed adapters are what the actor samples with
         assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
+
+
+def test_lora_trains_multi_turn_episodes(tmp_path):
+    """``experiment=chain`` (two turns an episode) with adapter syncs: every turn is sampled
+    by the adapter of its version, and the learner's log-probs match vLLM's."""
+    run_dir = tmp_path / "chain"
+    proc = run_cli(["run", "experiment=chain", "model.sft_steps=50", "mode=sync",
+                    "model.lora.rank=8", "learner.lr=5e-3", "learner.steps=3",
+                    "learner.batch_groups=4", "eval.at_start=false", "eval.at_end=false",
+                    "eval.every=0", f"run_dir={run_dir}"], timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    records = read_metrics(run_dir)
+    assert [r["version"] for r in records] == [1, 2, 3]
+    assert any(r["episode/turns_mean"] > 1 for r in records), "no second turn was trained"
+    for r in records:
+        assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
+    assert read_summary(run_dir)["weight_sync"]["failures"] == 0
