@@ -15,9 +15,10 @@ time is recorded as such and the next one runs):
   learner_throughput  ``benchmarks.learner.throughput`` at the Qwen2.5-1.5B shape: the
                       ``asyncrl`` arm (packed sequences on a GPU), ``bucketed``
                       (``learner.pack_sequences=false``), ``compiled``
-                      (``model.compile=true``; not in the dry run) and the bare loop, side
-                      by side; one round, MFU on real tokens, peak memory, and the largest
-                      batch of ``asyncrl``.
+                      (``model.compile=true``; not in the dry run), ``lora16``
+                      (``model.lora.rank=16``: LoRA adapters, the base frozen) and the bare
+                      loop, side by side; one round, MFU on real tokens, peak memory, and
+                      the largest batch of ``asyncrl``.
 
 Everything lands in ``--out`` (default ``benchmarks/results/gpu``): ``summary.json`` (each
 part's status, wall time and headline figures), the benchmarks' own JSON, ``tests_gpu.xml``
@@ -299,9 +300,10 @@ def main(argv=None) -> int:
             # the dry run leaves the compiled arm out: it would only time inductor's CPU build
             # (~25 s of CI); the arm's plumbing is every other arm's
             compiled = [] if dry else ["--arm", "compiled:model.compile=true"]
+            lora = ["--arm", "lora16:model.lora.rank=16"]  # adapters on every linear layer
             res = check.run(part, [py, "-m", "benchmarks.learner.throughput", "--preset", preset,
                                    *device, "--arms", "asyncrl", *compiled, "--arm", "bare",
-                                   "--arm", "bucketed:learner.pack_sequences=false", *extra,
+                                   "--arm", "bucketed:learner.pack_sequences=false", *lora, *extra,
                                    "--profile", args.profile, "--rounds", "1", "--repeat", "2", *fit, "--timeout", "200",
                                    "--out", out, "--name", "learner_throughput"],
                             check.left())  # fmt: skip

@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && ! "$PY" -c 'import torch' 2>/dev/null && PY=.venv/bin/python
 
-WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 xxhash==4.1.0)
+# peft (model.lora, the lora16 arm) and what it needs beyond torch and transformers
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 xxhash==4.1.0 peft==0.21.2 accelerate==1.16.0 psutil==7.1.1)
 if [ "${1:-}" = "--fetch-wheels" ]; then
     mkdir -p .whl
     plat=()

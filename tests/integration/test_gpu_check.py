@@ -43,7 +43,7 @@ def test_the_dry_run_runs_every_part_without_the_packages_a_gpu_machine_lacks(tm
     assert set(parts["weight_path"]["gb_per_s"]) == {"host_stream", "device_stream",
                                                      "d2h_pageable", "d2h_pinned"}  # fmt: skip
     arms = parts["learner_throughput"]["arms"]
-    assert set(arms) == {"asyncrl", "bare", "bucketed"}  # and "compiled" on a GPU
+    assert set(arms) == {"asyncrl", "bare", "bucketed", "lora16"}  # and "compiled" on a GPU
     assert arms["asyncrl"]["vs_ref"]["same_dtype_threads_cores"]
     assert all(a["status"] == "ok" and a["real_tokens_per_s"] > 0 for a in arms.values())
     assert arms["asyncrl"]["largest_groups"] >= 2 and arms["bare"]["largest_groups"] is None

@@ -113,5 +113,6 @@ def check_shared_gpu(cfg, plan: Plan, model_dir: Path, memory=gpu_memory_gib) ->
         actors=actors,
         params=count_params(model_dir),
         dtype=cfg.model.dtype,
+        lora=cfg.model.lora.enabled,
     )
     return f"GPU {gpu}: " + check(share)

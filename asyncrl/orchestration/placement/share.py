@@ -26,6 +26,10 @@ TRAIN_BYTES = {"float32": 16.0, "bfloat16": 18.0, "float16": 18.0}
 """Learner bytes per parameter before activations: float32 weights, gradients and AdamW's
 two moments (4 x 4 B), plus a 2-byte compute copy of the weights when training in half
 precision (learner/compute/model.py keeps float32 masters)."""
+FROZEN_BYTES = {"float32": 4.0, "bfloat16": 6.0, "float16": 6.0}
+"""Learner bytes per parameter with LoRA (``model.lora``): the frozen float32 base weights
+(and their 2-byte compute copy in half precision), no gradient and no AdamW state; the
+adapters' own (16 B each of a few million parameters) are left out."""
 SERVE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
 """vLLM's bytes per parameter: the weights in ``model.dtype``."""
 KV_MIN_FRACTION = 0.1
@@ -50,13 +54,20 @@ class Share:
     """The model's parameters (0: unknown, only the fractions are checked)."""
     dtype: str
     """``model.dtype``."""
+    lora: bool = False
+    """``model.lora.rank > 0``: the learner holds the base frozen (``FROZEN_BYTES``)."""
+
+    @property
+    def learner_bytes(self) -> float:
+        """The learner's bytes a parameter before activations."""
+        return (FROZEN_BYTES if self.lora else TRAIN_BYTES)[self.dtype]
 
 
 def check(share: Share) -> str:
     """One line describing the split; ``ValueError`` with the numbers and a fix when the two
     sides cannot fit."""
     s = share
-    need_learner = s.params * TRAIN_BYTES[s.dtype] / GIB
+    need_learner = s.params * s.learner_bytes / GIB
     weights = s.params * SERVE_BYTES[s.dtype] / GIB
     learner_gib = s.learner_fraction * s.total_gib
     actor_gib = s.actor_fraction * s.total_gib
@@ -64,7 +75,7 @@ def check(share: Share) -> str:
     used = s.learner_fraction + s.actors * s.actor_fraction + contexts / s.total_gib
     where = (
         f"one GPU of {s.total_gib:.1f} GiB shared by the learner and {s.actors} vLLM actor(s), "
-        f"model {s.params / 1e9:.2f}B parameters in {s.dtype}"
+        f"model {s.params / 1e9:.2f}B parameters in {s.dtype}" + (" with LoRA" if s.lora else "")
     )
     if used > 1:
         free = max(
@@ -84,8 +95,8 @@ def check(share: Share) -> str:
         )
     if need_learner > learner_gib:
         raise ValueError(
-            f"{where}: the learner needs at least {need_learner:.1f} GiB (weights, gradients "
-            f"and AdamW state, {TRAIN_BYTES[s.dtype]:.0f} B a parameter, before activations), "
+            f"{where}: the learner needs at least {need_learner:.1f} GiB ({_needs(s)}, "
+            f"{s.learner_bytes:.0f} B a parameter, before activations), "
             f"but learner.gpu_memory_fraction={s.learner_fraction} gives it "
             f"{learner_gib:.1f} GiB: raise it (and lower actor.gpu_memory_utilization), use "
             "learner.cpu_offload=true, or a GPU per role (layout=node2)"
@@ -102,3 +113,7 @@ def check(share: Share) -> str:
         f"activations), vLLM {actor_gib:.1f} GiB each ({weights:.1f} of weights, the rest KV "
         f"cache), {contexts:.1f} GiB of CUDA contexts"
     )
+
+
+def _needs(s: Share) -> str:
+    return "frozen weights, LoRA adapters" if s.lora else "weights, gradients and AdamW state"

@@ -132,3 +132,25 @@ def test_a_shared_gpu_sends_weights_through_host_memory():
     both_ends = not cfg.learner.share_gpu  # learner/weights/publisher.py open_weight_channel
     assert transports.resolve(cfg.learner.weight_transport, both_ends, True) == "shm"
     assert transports.resolve("auto", True, True) == "nccl"  # two GPUs: as before
+
+
+def test_with_lora_the_learner_needs_the_frozen_weights_only():
+    """``model.lora``: no gradients or AdamW state for the base (6 B a parameter in bf16)."""
+    line = check(_share(lora=True))
+    assert "with LoRA" in line and "learner 36.0 GiB (needs 8.6 before activations)" in line
+    with pytest.raises(ValueError) as e:
+        check(_share(params=7_600_000_000, lora=True))
+    msg = str(e.value)
+    assert "needs at least 42.5 GiB (frozen weights, LoRA adapters, 6 B a parameter" in msg
+
+
+def test_the_one_gpu_lora_preset_shares_the_gpu_and_trains_adapters():
+    from asyncrl.core.config.load import load_config
+
+    cfg = load_config(["layout=gpu1_lora"])
+    assert cfg.learner.share_gpu and cfg.learner.nproc == 1 and cfg.actor.num_actors == 1
+    assert cfg.model.lora.rank == 16 and cfg.model.lora.sync == "adapter"
+    assert cfg.learner.gpu_memory_fraction + cfg.actor.gpu_memory_utilization < 1
+    line = check(_share(learner_fraction=0.5, actor_fraction=0.45, params=3_000_000_000,
+                        lora=True))  # fmt: skip
+    assert "needs 16.8 before activations" in line  # a 3B model: 40 GiB for the learner
