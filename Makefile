@@ -19,7 +19,8 @@ demo: setup
 test: setup lint
 	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The fault-injection tests at the full counts of docs/reliability.md (long: ~1 hour).
+# The fault-injection tests at the full counts of docs/reliability.md (long: ~1.5 hours, of
+# which the chaos run of tests/faults/chaos, 3 seeds on one host and across hosts, ~35 min).
 test-faults-full: setup
 	ASYNCRL_FAULTS_FULL=1 $(VENV)/bin/python -m pytest -m faults tests/faults $(PYTEST_ARGS)
 

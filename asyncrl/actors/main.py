@@ -41,7 +41,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     preflight(reward_fn)  # e.g. no sandbox for model-written code: fail now, not score 0
     failpoint("actor.start", actor_id=actor_id)  # tests: an actor that dies at start
     buffer = ReplayBuffer(
-        connect(url),
+        connect(url, timeout_s=b.reconnect_s, say=say),  # a restart may meet Redis away
         b.name,
         b.capacity,
         BufferOptions(lease_ttl_s=b.lease_ttl_s, reconnect_s=b.reconnect_s),

@@ -42,8 +42,14 @@ def describe(client: redis.Redis) -> str:
     )
 
 
-def connect(url: str, timeout_s: float = 10.0, socket_timeout_s: float = 30.0) -> redis.Redis:
-    """A binary-safe client for ``url`` that has answered PING, retrying until ``timeout_s``.
+def connect(
+    url: str,
+    timeout_s: float = 10.0,
+    socket_timeout_s: float = 30.0,
+    say: Callable[[str], None] | None = None,
+) -> redis.Redis:
+    """A binary-safe client for ``url`` that has answered PING, retrying until ``timeout_s``;
+    ``say`` (a role's log) hears once that the first try failed and how long it retries.
 
     ``socket_timeout_s`` bounds every reply wait, so a dead server raises instead of hanging;
     ``ReplayBuffer.read`` keeps its BLOCK time below it. Raises ``BufferUnavailable``.
@@ -82,6 +88,9 @@ def connect(url: str, timeout_s: float = 10.0, socket_timeout_s: float = 30.0) -
                     f"cannot reach Redis at {mask_url(url)} after {timeout_s:.1f}s ({e}); "
                     f"{_unreachable_hint(url, e)}{_FIX}"
                 ) from None
+            if say is not None and delay == 0.05:
+                say(f"cannot reach Redis at {mask_url(url)} yet ({e}); retrying for up to "
+                    f"{timeout_s:.0f} s (buffer.reconnect_s)")  # fmt: skip
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
     client.connection_pool.connection_kwargs["socket_timeout"] = socket_timeout_s

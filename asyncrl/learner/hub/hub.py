@@ -51,7 +51,7 @@ def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> H
 
     b, stop = cfg.buffer, _StopFlag()
     buffer = ReplayBuffer(
-        connect(redis_url),
+        connect(redis_url, timeout_s=b.reconnect_s, say=_say),  # a restart may meet Redis away
         b.name,
         b.capacity,
         BufferOptions(

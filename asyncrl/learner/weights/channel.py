@@ -142,14 +142,28 @@ class ActorWeightChannel:
         self.defer_ack = options.defer_ack and getattr(self.sender, "defers_ack", False)
         self._ack: PendingAck | None = None
         self._regroup = False  # a deferred ack failed: re-form the group with a ping round
+        self._regroup_why = "after its ack failed or was abandoned"
 
     @property
     def transport(self) -> str:
         return self.sender.name
 
     def open(self) -> ActorWeightChannel:
-        """Form the first group with every registered actor; returns self."""
-        self._rebuild(sorted(self.control.actors), reason=None)
+        """Form the first group with every registered actor; returns self. An actor that does
+        not join in time (stopped, cut off, dead since it registered) does not end the
+        learner: the failure is counted and logged, and the first sync re-forms the group
+        with the actors that answer a ping, as after a failed sync (the chaos run found a
+        learner restarted next to a stalled actor failing here, using up its restarts)."""
+        try:
+            self._rebuild(sorted(self.control.actors), reason=None)
+        except WeightSyncError as e:
+            self.failures += 1
+            self.sender.close()
+            self._regroup, self._regroup_why = True, "the first group could not be formed"
+            self.log(
+                f"weight sync: the first group could not be formed ({e}); the first sync "
+                "forms it with the actors that answer"
+            )
         return self
 
     def sync(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> SendStats:
@@ -180,7 +194,7 @@ class ActorWeightChannel:
                 self._drain()
                 if self._regroup:
                     self._regroup = False
-                    self._rebuild(self._ping(), "after its ack failed or was abandoned")
+                    self._rebuild(self._ping(), self._regroup_why)
                 elif self._dirty:
                     self._rebuild(self._candidates(), "an actor registered or was outside it")
             else:
@@ -232,7 +246,7 @@ class ActorWeightChannel:
         if done and error is None:
             return
         self.sender.close()  # the ack's thread may still be in a collective on it
-        self._regroup = True
+        self._regroup, self._regroup_why = True, "after its ack failed or was abandoned"
         if error is not None:
             self.failures += 1
             self.log(

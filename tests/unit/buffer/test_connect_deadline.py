@@ -25,3 +25,20 @@ def test_a_silent_listener_fails_within_the_deadline_and_says_it_is_not_redis():
     assert "after 2.0s" in str(err.value)
     assert "does not answer like Redis" in str(err.value)
     assert ":pw@" not in str(err.value)  # the password stays masked
+
+
+@pytest.mark.timeout(30)
+def test_a_role_waiting_for_redis_at_start_says_so_once_and_keeps_its_deadline():
+    """A restarted role may meet Redis away (the chaos run: an actor restarted while the Redis
+    host was cut off died at the old 10 s deadline); roles now wait ``buffer.reconnect_s``,
+    saying so at the first failed try, not silently."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: connections are refused
+    said: list[str] = []
+    t0 = time.monotonic()
+    with pytest.raises(BufferUnavailable, match="after 1.5s"):
+        connect(f"redis://:pw@127.0.0.1:{port}/0", timeout_s=1.5, say=said.append)
+    assert 0.5 < time.monotonic() - t0 < 4.0  # it stops a back-off step early
+    assert len(said) == 1 and "retrying for up to 2 s (buffer.reconnect_s)" in said[0], said
+    assert ":pw@" not in said[0]
