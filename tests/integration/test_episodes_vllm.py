@@ -40,13 +40,6 @@ TOL = 2e-3  # |sampled - teacher-forced| log-prob, float32 on one CPU core (batc
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def made(tmp_path_factory, loop):
     """``(cfg, engine, tokenizer, groups)``: GROUPS groups of the chain task, sampled."""
     import torch

@@ -37,13 +37,6 @@ LORA = LoraConfig(rank=8, alpha=16.0)
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def engine(loop, smollm2_dir):
     engine = loop.run_until_complete(ActorEngine.start(
         smollm2_dir, dtype="float32", max_model_len=256, kv_cache_bytes=32 << 20, seed=0,

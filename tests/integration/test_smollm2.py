@@ -63,13 +63,6 @@ FP32_TOL = 2e-4  # max |vLLM - learner|, float32 both sides (measured: module do
 BF16_MEAN_TOL, BF16_MAX_TOL = 0.15, 1.0  # either side bfloat16 (measured: module docstring)
 
 
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
 def start_engine(loop, model_dir: str, dtype: str) -> ActorEngine:
     """An actor's engine on ``model_dir``; 96 MiB of KV cache = 2,176 tokens of this model."""
     start = ActorEngine.start(

@@ -77,13 +77,6 @@ def hf_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def engine(loop, tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_qwen2")
     STATE.update(model=build_model_dir(path), version=0)
