@@ -102,18 +102,18 @@ def check_checkpoints(run_dir: Path) -> int | None:
     """Every checkpoint ``latest_checkpoint`` could choose is whole; returns the latest V."""
     from safetensors.torch import load_file
 
-    from asyncrl.learner.state.checkpoint import _complete_version, latest_checkpoint
+    from asyncrl.learner.state.checkpoint import complete_version, latest_checkpoint
 
     root = run_dir / "checkpoints"
-    complete = [p for p in root.glob("step_*") if _complete_version(p) is not None]
+    complete = [p for p in root.glob("step_*") if complete_version(p) is not None]
     for p in complete:
-        v = _complete_version(p)
+        v = complete_version(p)
         assert (p / "dcp" / ".metadata").is_file(), f"{p} is marked complete without DCP metadata"
         assert json.loads((p / "state.json").read_text())["version"] == v, p
         assert load_file(str(p / "hf" / "model.safetensors")), f"{p}: empty HF export"
     latest = latest_checkpoint(run_dir)
     assert all(not p.name.startswith(".") for p in [latest] if p), latest
-    return _complete_version(latest) if latest else None
+    return complete_version(latest) if latest else None
 
 
 def saved_digests(log: Path) -> dict[int, str]:

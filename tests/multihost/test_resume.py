@@ -130,9 +130,9 @@ def _check_resumed(out: str, shared, version: int) -> None:
 
 def _checkpoints(root) -> dict:
     """{version: directory} of the complete checkpoints under ``root``."""
-    from asyncrl.learner.state.checkpoint import _complete_version
+    from asyncrl.learner.state.checkpoint import complete_version
 
-    found = ((_complete_version(p), p) for p in (root / "checkpoints").glob("step_*"))
+    found = ((complete_version(p), p) for p in (root / "checkpoints").glob("step_*"))
     return {v: p for v, p in found if v is not None}
 
 

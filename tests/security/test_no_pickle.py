@@ -214,6 +214,42 @@ os._exit(0)  # gloo's teardown race at interpreter exit (SIGABRT), as in learner
     assert r.returncode == 0 and "LOADED []" in r.stdout, r.stdout + r.stderr[-3000:]
 
 
+@pytest.mark.timeout(180)
+def test_a_failed_checkpoint_write_reports_its_os_error_not_the_guard(tmp_path):
+    """DCP gathers a rank's failure (exception + traceback summary) through pickle, even on one
+    rank: a full disk during a checkpoint read "pickle is forbidden" (the chaos run). Built-in
+    exceptions and traceback summaries may be unpickled; nothing else new."""
+    code = f"""
+import os
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1")
+import asyncrl, torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.filesystem as fs
+from asyncrl.core.net import wireguard
+from asyncrl.learner.state.checkpoint import _state_dicts
+assert wireguard.installed()
+assert wireguard.allowed("builtins", "OSError") and not wireguard.allowed("builtins", "eval")
+def full_disk(self, plan, planner):  # what a full disk does to the write step
+    raise OSError(28, "No space left on device")
+fs.FileSystemWriter.write_data = full_disk
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+m = torch.nn.Linear(4, 2)
+o = torch.optim.AdamW(m.parameters())
+try:
+    dcp.save(_state_dicts(m, o, None), checkpoint_id={str(tmp_path / "ckpt")!r})
+except BaseException as e:  # DCP's CheckpointException is one
+    print("RAISED", type(e).__name__, repr(e)[:300], flush=True)
+print("VIOLATIONS", wireguard.violations(), flush=True)
+dist.destroy_process_group()
+os._exit(0)
+"""
+    r = _run(code)
+    out = r.stdout + r.stderr[-3000:]
+    assert "RAISED CheckpointException" in r.stdout and "forbidden" not in r.stdout, out
+    assert "No space left on device" in r.stdout, out
+    assert "VIOLATIONS []" in r.stdout, out
+
+
 def test_guard_is_on_in_this_test_session():
     from asyncrl.core.net import wireguard
 

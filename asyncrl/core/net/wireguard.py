@@ -30,7 +30,8 @@ Scope (documented in docs/reliability.md, Security):
   through the same function; turning it on is trusting that cache.
 * ``ALLOWED`` is what PyTorch Distributed Checkpoint (DCP) needs to read a checkpoint's
   ``.metadata`` and to exchange load plans between learner ranks (``all_gather_object``):
-  DCP's own metadata dataclasses, ``torch.Size``, dtypes and layouts, ``pathlib`` paths.
+  DCP's own metadata dataclasses, ``torch.Size``, dtypes and layouts, ``pathlib`` paths, and
+  a rank's failure (a built-in exception class with its ``traceback`` summary).
   With the guard on, that is the whole of what a checkpoint file or a rank can make the
   unpickler build (a restricted unpickler), so a crafted ``.metadata`` cannot run code.
 
@@ -58,6 +59,8 @@ ALLOWED = {
     ("pathlib", "PosixPath"),
     ("pathlib", "PurePosixPath"),
     ("collections", "OrderedDict"),
+    ("traceback", "StackSummary"),  # DCP's wrapped exceptions (below)
+    ("traceback", "FrameSummary"),
 }
 """(module, name) globals our code paths may unpickle (see the module docstring)."""
 _INDUCTOR_CACHE = os.path.join("torch", "_inductor", "codecache.py")
@@ -86,12 +89,25 @@ class PickleForbidden(RuntimeError):
 
 def allowed(module: str, name: str) -> bool:
     """True for the globals in ``ALLOWED``, DCP's own classes and torch dtypes/Size/layouts."""
-    if (module, name) in ALLOWED or module.startswith(_DCP):
+    if (module, name) in ALLOWED or module.startswith(_DCP) or _builtin_exception(module, name):
         return True
     torch = sys.modules.get("torch")
     if module == "torch" and torch is not None:
         return name in _TORCH_NAMES or isinstance(getattr(torch, name, None), torch.dtype)
     return False
+
+
+def _builtin_exception(module: str, name: str) -> bool:
+    """A built-in exception class (``builtins.OSError``, ...): DCP gathers a rank's failure
+    as ``(exception, traceback summary)`` through pickle, even on one rank, so a full disk
+    during a checkpoint reached the user as "pickle is forbidden" instead of ENOSPC (found by
+    the chaos run). Building one calls the class with its saved arguments: no code runs."""
+    if module != "builtins":
+        return False
+    import builtins
+
+    cls = getattr(builtins, name, None)
+    return isinstance(cls, type) and issubclass(cls, BaseException)
 
 
 def _our_frame() -> str | None:

@@ -93,6 +93,7 @@ def save_checkpoint(
     name (e.g. ``{"critic": ...}``); only the policy is exported to ``hf/``. Raises
     ``NonFiniteError``, writing nothing, if a model has a NaN/inf weight on any rank."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{version:06d}"
@@ -116,7 +117,7 @@ def save_checkpoint(
         failpoint("checkpoint.after_hf", version=version)
         if _rank() == 0:
             (tmp / "state.json").write_text(json.dumps(state, indent=2))
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # DCP's is a BaseException
         if disk_full(e, root):
             shutil.rmtree(tmp, ignore_errors=True)  # give the space back
             raise FatalError(
@@ -243,13 +244,20 @@ LOW_SPACE_BYTES = 64 << 20
 def disk_full(e: BaseException | None, where: Path) -> bool:
     """``e`` (or an error it came from) is ENOSPC/EDQUOT, or ``where``'s file system has less
     than ``LOW_SPACE_BYTES`` free: torch's checkpoint writer reports a full disk as
-    "unexpected pos 704 vs 598", not as ENOSPC."""
+    "unexpected pos 704 vs 598", not as ENOSPC, or as a ``CheckpointException`` holding each
+    rank's ``OSError``."""
     import errno
 
-    while e is not None:
+    seen = [e]
+    while seen:
+        e = seen.pop()
+        if e is None:
+            continue
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        e = e.__cause__ or e.__context__
+        # DCP's CheckpointException: each rank's failure as (exception, traceback summary)
+        seen += [f[0] for f in getattr(e, "failures", {}).values() if isinstance(f, tuple)]
+        seen.append(e.__cause__ or e.__context__)
     try:
         return shutil.disk_usage(where).free < LOW_SPACE_BYTES
     except OSError:

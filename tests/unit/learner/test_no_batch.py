@@ -66,3 +66,18 @@ def test_a_full_disk_is_recognised_through_torchs_own_error(tmp_path, monkeypatc
     assert not checkpoint.disk_full(RuntimeError("unexpected pos 704 vs 598"), tmp_path)
     monkeypatch.setattr(checkpoint, "LOW_SPACE_BYTES", 1 << 62)  # as if almost nothing were free
     assert checkpoint.disk_full(RuntimeError("unexpected pos 704 vs 598"), tmp_path)
+
+
+def test_a_full_disk_inside_dcps_checkpoint_exception_is_a_full_disk(tmp_path):
+    """DCP reports a rank's failed write as a ``CheckpointException`` (a BaseException) holding
+    ``(OSError, traceback)`` per rank; the chaos run's full disk arrived that way once the
+    pickle guard let DCP's gathered exception through."""
+    import errno
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from asyncrl.learner.state import checkpoint
+
+    full = CheckpointException("write", {0: (OSError(errno.ENOSPC, "No space left"), [])})
+    other = CheckpointException("write", {0: (OSError(errno.EACCES, "Permission denied"), [])})
+    assert checkpoint.disk_full(full, tmp_path) and not checkpoint.disk_full(other, tmp_path)
