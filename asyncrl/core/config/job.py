@@ -213,64 +213,79 @@ class Config:
             f"learner rank(s) (learner.nproc x learner.nnodes) x algorithm.minibatches="
             f"{self.algorithm.minibatches}",
         )
-        # weights of version v sample groups trained up to version v + sync_every - 1
-        _require(
-            not self.learner.weight_sync
-            or self.learner.sync_every <= self.buffer.max_staleness + 1,
-            f"learner.sync_every={self.learner.sync_every} with buffer.max_staleness="
-            f"{self.buffer.max_staleness}: between two weight syncs the actors' groups would "
-            "grow too stale to train and the learner would wait forever; set learner.sync_every "
-            "<= buffer.max_staleness + 1",
-        )
-        _require(
-            self.model.attn_implementation != "flash_attention_2" or self.learner.device != "cpu",
-            "model.attn_implementation=flash_attention_2 needs a CUDA learner "
-            "(learner.device=cuda or auto on a GPU machine); use auto or sdpa with "
-            "learner.device=cpu",
-        )
+        _check_roles(self)
         _check_network(self)
         _check_max_model_len(self)
-        _require(
-            not (self.episode.enabled and self.algorithm.overlong_frac > 0),
-            "algorithm.overlong_frac > 0 penalizes one completion's length against "
-            "sampling.max_tokens, which is per turn in a multi-turn episode (episode.env / "
-            "episode.tools set); turn it off (0) and use algorithm.truncated for episodes cut "
-            "by a limit",
-        )
-        _require(
-            not self.learner.share_gpu
-            or self.learner.gpu_memory_fraction + self.actor.gpu_memory_utilization < 1,
-            f"learner.share_gpu=true: learner.gpu_memory_fraction="
-            f"{self.learner.gpu_memory_fraction} + actor.gpu_memory_utilization="
-            f"{self.actor.gpu_memory_utilization} must leave room on the GPU (sum < 1, e.g. "
-            "0.45 each: layout=gpu1)",
-        )
-        _require(
-            not (self.model.lora.enabled and self.algorithm.advantage == "gae"),
-            "model.lora.rank > 0 with algorithm.advantage=gae: the critic has no LoRA adapters "
-            "(it would train whole beside an adapted policy); use a critic-free advantage "
-            "(grpo, rloo, reinforce_pp) or model.lora.rank=0",
-        )
-        _require(
-            not (self.model.lora.adapter_sync and self.actor.engine == "vllm")
-            or self.model.lora.rank <= 512,
-            f"model.lora.rank={self.model.lora.rank} with model.lora.sync=adapter: vLLM serves "
-            "adapters of rank <= 512; lower the rank or send merged weights "
-            "(model.lora.sync=merged)",
-        )
-        if self.mode.name == "sync":
-            _require(self.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
-            _require(
-                self.buffer.admission == "capacity",
-                "mode=sync paces the actors by its per-version quota; buffer.admission=window "
-                "is for mode=async (leave buffer.admission=capacity)",
-            )
-            # actors make exactly batch_groups groups per version there: nothing could refill
-            _require(
-                not self.algorithm.dynamic_sampling,
-                "mode=sync cannot refill groups dropped by algorithm.dynamic_sampling; "
-                "use mode=async or algorithm.dynamic_sampling=false",
-            )
+        _check_lora(self)
+        _check_mode(self)
+
+
+def _check_roles(cfg: Config) -> None:
+    """Learner, actors and GPU settings that must agree with one another."""
+    # weights of version v sample groups trained up to version v + sync_every - 1
+    _require(
+        not cfg.learner.weight_sync or cfg.learner.sync_every <= cfg.buffer.max_staleness + 1,
+        f"learner.sync_every={cfg.learner.sync_every} with buffer.max_staleness="
+        f"{cfg.buffer.max_staleness}: between two weight syncs the actors' groups would "
+        "grow too stale to train and the learner would wait forever; set learner.sync_every "
+        "<= buffer.max_staleness + 1",
+    )
+    _require(
+        cfg.model.attn_implementation != "flash_attention_2" or cfg.learner.device != "cpu",
+        "model.attn_implementation=flash_attention_2 needs a CUDA learner "
+        "(learner.device=cuda or auto on a GPU machine); use auto or sdpa with "
+        "learner.device=cpu",
+    )
+    _require(
+        not (cfg.episode.enabled and cfg.algorithm.overlong_frac > 0),
+        "algorithm.overlong_frac > 0 penalizes one completion's length against "
+        "sampling.max_tokens, which is per turn in a multi-turn episode (episode.env / "
+        "episode.tools set); turn it off (0) and use algorithm.truncated for episodes cut "
+        "by a limit",
+    )
+    _require(
+        not cfg.learner.share_gpu
+        or cfg.learner.gpu_memory_fraction + cfg.actor.gpu_memory_utilization < 1,
+        f"learner.share_gpu=true: learner.gpu_memory_fraction="
+        f"{cfg.learner.gpu_memory_fraction} + actor.gpu_memory_utilization="
+        f"{cfg.actor.gpu_memory_utilization} must leave room on the GPU (sum < 1, e.g. "
+        "0.45 each: layout=gpu1)",
+    )
+
+
+def _check_lora(cfg: Config) -> None:
+    """``model.lora`` against the algorithm and the engine."""
+    _require(
+        not (cfg.model.lora.enabled and cfg.algorithm.advantage == "gae"),
+        "model.lora.rank > 0 with algorithm.advantage=gae: the critic has no LoRA adapters "
+        "(it would train whole beside an adapted policy); use a critic-free advantage "
+        "(grpo, rloo, reinforce_pp) or model.lora.rank=0",
+    )
+    _require(
+        not (cfg.model.lora.adapter_sync and cfg.actor.engine == "vllm")
+        or cfg.model.lora.rank <= 512,
+        f"model.lora.rank={cfg.model.lora.rank} with model.lora.sync=adapter: vLLM serves "
+        "adapters of rank <= 512; lower the rank or send merged weights "
+        "(model.lora.sync=merged)",
+    )
+
+
+def _check_mode(cfg: Config) -> None:
+    """``mode=sync``: on-policy with a per-version quota, and what that rules out."""
+    if cfg.mode.name != "sync":
+        return
+    _require(cfg.buffer.max_staleness == 0, "mode=sync requires buffer.max_staleness=0")
+    _require(
+        cfg.buffer.admission == "capacity",
+        "mode=sync paces the actors by its per-version quota; buffer.admission=window "
+        "is for mode=async (leave buffer.admission=capacity)",
+    )
+    # actors make exactly batch_groups groups per version there: nothing could refill
+    _require(
+        not cfg.algorithm.dynamic_sampling,
+        "mode=sync cannot refill groups dropped by algorithm.dynamic_sampling; "
+        "use mode=async or algorithm.dynamic_sampling=false",
+    )
 
 
 def _check_max_model_len(cfg: Config) -> None:

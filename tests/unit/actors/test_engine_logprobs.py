@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncrl.actors.engine.vllm_engine import _sampled_logprobs
+from asyncrl.actors.engine.completions import _sampled_logprobs
 
 
 def _flat(positions: list[list[tuple[int, float]]]) -> SimpleNamespace:
