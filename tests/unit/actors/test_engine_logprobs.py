@@ -1,4 +1,4 @@
-"""actors/engine/vllm_engine.py ``_sampled_logprobs``: the sampled tokens' log-probs read from vLLM's
+"""actors/engine/completions.py ``_sampled_logprobs``: the sampled tokens' log-probs read from vLLM's
 flat log-probs (``flat_logprobs=True``: the sampled token first at each position's start) or
 from a list of ``{token: Logprob}`` dicts, and a clear error where they do not match the
 sampled tokens. Fakes with vLLM's field names stand in; the real engine's log-probs are
