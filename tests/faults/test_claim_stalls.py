@@ -1,5 +1,6 @@
-"""Stalls longer than the learner's buffer claim lease (30 s, buffer/learner_claim.py), on a
-whole job: ``asyncrl run`` with the simulated engine, its real redis-server and learner rank.
+"""Stalls longer than the learner's buffer claim lease (``buffer.claim_ttl_s``, 12 s here;
+buffer/learner_claim.py), on a whole job: ``asyncrl run`` with the simulated engine, its real
+redis-server and learner rank.
 
 Issue 43 round 4: SIGSTOP of redis-server for 30 s, or of the learner rank for 40 s, ended the
 run early with ``[asyncrl] done.`` and exit 0 (the lapsed claim was handled as a stop). Now a
@@ -19,12 +20,13 @@ import psutil
 import pytest
 
 from asyncrl.buffer.connection import connect
-from asyncrl.buffer.learner_claim import DEFAULT_TTL_S, LearnerClaim
+from asyncrl.buffer.learner_claim import LearnerClaim
 from tests.faults.test_job_lifecycle import SIM, _role_pid
 
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 
-STALL_S = DEFAULT_TTL_S + 5.0  # longer than the lease: the claim's key expires meanwhile
+TTL_S = 12.0
+STALL_S = TTL_S + 5.0  # longer than the lease: the claim's key expires meanwhile
 
 
 def _steps(out: str) -> int:
@@ -59,12 +61,12 @@ def _trains_on(roles, job, after: int, what: str) -> int:
 def test_stalls_longer_than_the_claim_lease_keep_training_and_a_taken_claim_fails(tmp_path, roles):
     run_dir = tmp_path / "run"
     job = roles.cli("job", "run", *SIM, "learner.steps=100000", "learner.nproc=1",
-                    f"run_dir={run_dir}")  # fmt: skip
+                    f"buffer.claim_ttl_s={TTL_S}", f"run_dir={run_dir}")  # fmt: skip
     roles.wait_until(lambda: _steps(job.output()) >= 2, 300, "a second step")
 
     # Redis stops answering for longer than the lease: the key lapses; nobody takes it
     _stall(_redis_pid(run_dir), STALL_S)
-    roles.wait_line(job, "taken back, training goes on", 60)  # at its next renewal (10 s)
+    roles.wait_line(job, "taken back, training goes on", 60)  # at its next renewal (4 s)
     step = _trains_on(roles, job, _steps(job.output()), "a Redis stall")
     out = job.output()
     assert "[asyncrl] done" not in out and "must stop" not in out, out[-4000:]
@@ -83,7 +85,7 @@ def test_stalls_longer_than_the_claim_lease_keep_training_and_a_taken_claim_fail
     os.kill(learner, signal.SIGSTOP)
     try:
         time.sleep(STALL_S)
-        other = LearnerClaim(client, name, str(tmp_path / "other-run"))
+        other = LearnerClaim(client, name, str(tmp_path / "other-run"), TTL_S)
         other.acquire()  # the lease had lapsed: another learner may take it
     finally:
         os.kill(learner, signal.SIGCONT)

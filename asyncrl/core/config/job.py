@@ -87,6 +87,10 @@ class BufferConfig:
     lease_ttl_s: float = 120.0
     """A slot leased by an actor that died comes back after this long; >= 0.001 (Redis
     keeps the deadline in whole milliseconds)."""
+    claim_ttl_s: float = 30.0
+    """The learner's lease on the buffer (one learner per buffer, buffer/learner_claim.py),
+    renewed every third of it: after a learner dies, or stalls (with Redis) this long,
+    another run's learner may take the buffer; > 0."""
     reconnect_s: float = 60.0
     """How long a role retries a lost Redis connection (a restarting server, a network
     partition between hosts) before it fails with the reason, > 0. Each retry is logged."""
@@ -119,6 +123,7 @@ class BufferConfig:
         _bound(self, "buffer.lease_ttl_s", ge=0.001)
         _bound(self, "buffer.max_deliveries", ge=1)
         _bound(self, "buffer.reconnect_s", gt=0)
+        _bound(self, "buffer.claim_ttl_s", gt=0)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from asyncrl.buffer import codec
 from asyncrl.buffer.staleness import staleness, within_staleness
-from asyncrl.core.config.job import Config
+from asyncrl.core.config.job import BufferConfig, Config
 from asyncrl.learner.hub.feed import DataFeed, Feed
 from asyncrl.learner.hub.recorder import Recorder, RunRecorder
 from asyncrl.learner.hub.reward_records import extras_means
@@ -59,7 +59,7 @@ def connect_hub(cfg: Config, run_dir: str, redis_url: str, vocab_size: int) -> H
         ),
         stop=stop,
     )
-    claim = _claim_buffer(buffer, b.name, run_dir, stop.lost, _say)
+    claim = _claim_buffer(buffer, b, run_dir, stop.lost, _say)
     recorder = RunRecorder(cfg, run_dir, buffer, _say)
     publisher = WeightPublisher(cfg, buffer, _say, stop)
     feed = DataFeed(
@@ -394,13 +394,13 @@ def _say(text: str) -> None:
     print(f"[learner] {text}", flush=True)
 
 
-def _claim_buffer(buffer: LearnerBuffer, name: str, run_dir: str, lost, say):
+def _claim_buffer(buffer: LearnerBuffer, b: BufferConfig, run_dir: str, lost, say):
     """This learner's ``LearnerClaim`` on the buffer, renewed from now on; ``FatalError``
     naming the holder when another run's learner has it (one learner per buffer)."""
     from asyncrl.buffer.learner_claim import ClaimRefused, LearnerClaim
     from asyncrl.core.runtime.fatal import FatalError
 
-    claim = LearnerClaim(buffer.client, name, run_dir)
+    claim = LearnerClaim(buffer.client, b.name, run_dir, b.claim_ttl_s)
     try:
         claim.acquire(say)
     except ClaimRefused as e:

@@ -36,6 +36,7 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "data.max_prompt_length": [(1, 0)],
     "data.epochs": [(1, 0)],
     "buffer.reconnect_s": [(1e-3, 0.0)],
+    "buffer.claim_ttl_s": [(1e-3, 0.0)],
     "actor.num_actors": [(1, 0)],
     "actor.nnodes": [(1, 0)],
     "sampling.n_samples": [(2, 1)],
