@@ -1,12 +1,13 @@
-"""``model.lora`` end to end: a synchronous run of the demo model with rank-8 adapters (real
-redis-server, a real vLLM actor, the learner), the actor receiving the adapters alone at every
-version (``model.lora.sync=adapter``, the default) or the merged model (``merged``), then a
-resume of the same run.
+"""``model.lora`` end to end: synchronous runs of the demo model with rank-8 adapters (real
+redis-server, a real vLLM actor, the learner). The main run is multi-turn (``experiment=chain``,
+two turns an episode), the actor receiving the adapters alone at every version
+(``model.lora.sync=adapter``, the default); then a resume of the same run, and a single-turn run
+syncing the merged model (``merged``).
 
 At ``mode=sync`` every group is sampled by the weights the learner trains from, so the
-behaviour log-probs (vLLM's) and the learner's must agree at every step: they would not if
-the actor ran other weights than the learner's adapted model (the export shows how far the
-adapters moved the model from the base).
+behaviour log-probs (vLLM's) and the learner's must agree at every step, every turn included:
+they would not if the actor ran other weights than the learner's adapted model (the export
+shows how far the adapters moved the model from the base).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from tests.e2e.conftest import needs_full_stack, read_metrics, read_summary, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
-ARGS = ["experiment=tiny", "model.sft_steps=500", "mode=sync", "model.lora.rank=8",
-        "learner.lr=5e-3", "learner.checkpoint_every=3"]  # fmt: skip
+LORA = ["mode=sync", "model.lora.rank=8", "learner.lr=5e-3"]
+ARGS = ["experiment=chain", "model.sft_steps=50", *LORA, "learner.checkpoint_every=3",
+        "learner.batch_groups=4", "eval.at_start=false", "eval.at_end=false", "eval.every=0"]  # fmt: skip
+MERGED = ["experiment=tiny", "model.sft_steps=500", *LORA, "model.lora.sync=merged"]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,7 @@ def test_the_actor_samples_with_the_learners_adapted_weights_at_every_step(lora_
     records = read_metrics(run_dir)
     assert [r["version"] for r in records] == list(range(1, 7))
     assert any(r["grad_norm"] > 0 for r in records), "nothing trained: the check would be void"
+    assert any(r["episode/turns_mean"] > 1 for r in records), "no second turn was trained"
     for r in records:
         assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
     s = read_summary(run_dir)
@@ -54,7 +58,7 @@ def test_the_actor_samples_with_the_learners_adapted_weights_at_every_step(lora_
 def test_merged_syncs_serve_the_same_adapted_model(tmp_path):
     """``model.lora.sync=merged``: the whole model with the adapters merged in."""
     run_dir = tmp_path / "merged"
-    proc = run_cli(["run", *ARGS, "model.lora.sync=merged", "learner.steps=3",
+    proc = run_cli(["run", *MERGED, "learner.steps=3", "learner.checkpoint_every=3",
                     f"run_dir={run_dir}"], timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = read_metrics(run_dir)
@@ -102,20 +106,3 @@ def test_a_resumed_run_restores_the_adapters_and_trains_on(lora_run):
     assert [r["version"] for r in records][-2:] == [7, 8]
     for r in records[-2:]:  # the resumed adapters are what the actor samples with
         assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
-
-
-def test_lora_trains_multi_turn_episodes(tmp_path):
-    """``experiment=chain`` (two turns an episode) with adapter syncs: every turn is sampled
-    by the adapter of its version, and the learner's log-probs match vLLM's."""
-    run_dir = tmp_path / "chain"
-    proc = run_cli(["run", "experiment=chain", "model.sft_steps=50", "mode=sync",
-                    "model.lora.rank=8", "learner.lr=5e-3", "learner.steps=3",
-                    "learner.batch_groups=4", "eval.at_start=false", "eval.at_end=false",
-                    "eval.every=0", f"run_dir={run_dir}"], timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    records = read_metrics(run_dir)
-    assert [r["version"] for r in records] == [1, 2, 3]
-    assert any(r["episode/turns_mean"] > 1 for r in records), "no second turn was trained"
-    for r in records:
-        assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
-    assert read_summary(run_dir)["weight_sync"]["failures"] == 0
