@@ -40,7 +40,12 @@ from asyncrl.learner.compute.reference import build_reference
 from asyncrl.learner.compute.step import StepContext, batch_metrics, reduce_metrics, train_on_batch
 from asyncrl.learner.hub.protocol import LearnerHub
 from asyncrl.learner.state.checkpoint import latest_checkpoint
-from asyncrl.learner.state.run_state import LearnerState, maybe_resume, save_run_checkpoint
+from asyncrl.learner.state.run_state import (
+    LearnerState,
+    SaveOptions,
+    maybe_resume,
+    save_run_checkpoint,
+)
 
 
 class StoppedUntrained(RuntimeError):
@@ -172,8 +177,13 @@ class _Loop:
         self.hub.weights_at_actors(self.synced)
 
     def checkpoint(self) -> None:
-        opts = (self.cfg.learner.keep_checkpoints, getattr(torch, self.cfg.model.dtype))
-        save_run_checkpoint(self.ckpt_dir, self.ctx, self.state, self.model_dir, self.hub, *opts)
+        mc = self.cfg.model
+        opts = SaveOptions(
+            keep=self.cfg.learner.keep_checkpoints,
+            export_dtype=getattr(torch, mc.dtype),
+            hf_export=not mc.lora.enabled or mc.lora.export_merged,
+        )
+        save_run_checkpoint(self.ckpt_dir, self.ctx, self.state, self.model_dir, self.hub, opts)
 
 
 def run_learner(cfg: Config, model_dir: str, run_dir: str, hub: LearnerHub) -> LearnerState:
@@ -230,7 +240,7 @@ def _prepare(cfg: Config, model_dir: str, run_dir: str, hub: LearnerHub) -> _Loo
     if cfg.model.lora.enabled:
         hub.say(_lora_line(cfg, ctx.model))
     ckpt_dir = cfg.learner.checkpoint_dir or run_dir
-    state = maybe_resume(ckpt_dir, ctx, hub, cfg.learner.resume_from)
+    state = maybe_resume(ckpt_dir, ctx, hub, cfg.learner.resume_from, model_dir)
     norm_guard = WeightNormGuard(cfg.learner.max_weight_norm_jump)
     norm_guard.last = weight_norm(ctx.model)  # the first step's jump counts too
     guards = (NonFiniteGuard(cfg.learner.max_nonfinite_steps), norm_guard)

@@ -24,9 +24,11 @@ def load_groups(path):
     return [Group(g["id"], i, 0, [Sample(**s) for s in g["samples"]]) for i, g in enumerate(raw)]
 
 
-def one_update(model_dir, groups, algo, lr, lora=None):
+def one_update(model_dir, groups, algo, lr, lora=None, ckpt_dir=None):
     """(loss summed over ranks, full weights) after one SGD update on ``groups``; ``lora``:
-    ``model.lora``'s fields (adapters on the policy, the merged weights returned)."""
+    ``model.lora``'s fields (adapters on the policy, the merged weights returned).
+    ``ckpt_dir``: then saved there as a checkpoint (adapter-only with ``lora``), loaded into a
+    fresh policy of other random adapters, and that policy's weights returned."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     torch.manual_seed(0)
     cfg = Config(model=ModelConfig(lora=LoraConfig(**lora))) if lora else None
@@ -40,8 +42,22 @@ def one_update(model_dir, groups, algo, lr, lora=None):
     loss = torch.tensor([metrics["loss"]], dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(loss)
+    if ckpt_dir is not None:
+        model = _reloaded(model, opt, model_dir, cfg, ckpt_dir)
     weights = {k: v.clone() for k, v in full_named_tensors(model)}
     return float(loss), weights
+
+
+def _reloaded(model, opt, model_dir, cfg, ckpt_dir):
+    """``model`` saved with ``opt`` at version 1 and loaded into a policy built afresh."""
+    from asyncrl.learner.state.checkpoint import load_checkpoint, save_checkpoint
+
+    path = save_checkpoint(ckpt_dir, 1, model, opt, {"version": 1}, model_dir, hf_export=False)
+    torch.manual_seed(1)  # other random lora_A: the load must replace them
+    fresh = build_policy(model_dir, cfg)
+    params = [p for p in fresh.parameters() if p.requires_grad]
+    load_checkpoint(path, fresh, torch.optim.SGD(params, lr=0.5))
+    return fresh
 
 
 def main():
@@ -51,7 +67,8 @@ def main():
     algo = AlgorithmConfig(**json.loads(Path(out, "algo.json").read_text()))
     lora_json = Path(out, "lora.json")
     lora = json.loads(lora_json.read_text()) if lora_json.is_file() else None
-    loss, weights = one_update(model_dir, load_groups(groups_json), algo, lr=0.5, lora=lora)
+    ckpt = Path(out, "ckpt") if lora else None  # adapter-only checkpoints, sharded
+    loss, weights = one_update(model_dir, load_groups(groups_json), algo, 0.5, lora, ckpt)
     if dist.get_rank() == 0:
         from safetensors.torch import save_file
 

@@ -71,9 +71,12 @@ def test_fsdp2_two_ranks_mask_truncated_rows_as_one_process(tiny_model, tmp_path
 
 def test_fsdp2_two_ranks_train_lora_adapters_as_one_process(tiny_model, tmp_path):
     """``model.lora``: frozen base weights and trainable adapters in the same FSDP2 units;
-    the merged weights after one update match one process's (asyncrl/learner/lora/)."""
+    the merged weights after one update match one process's (asyncrl/learner/lora/), also
+    after the two ranks saved an adapter-only checkpoint and loaded it into fresh adapters."""
     lora = {"rank": 4, "alpha": 8.0, "targets": ["q_proj", "v_proj", "down_proj"]}
     _two_ranks_match_one(tiny_model, tmp_path, AlgorithmConfig(), lora)
+    assert (tmp_path / "ckpt" / "checkpoints" / "step_000001" / "adapter").is_dir()
+    assert not (tmp_path / "ckpt" / "checkpoints" / "step_000001" / "hf").exists()
 
 
 def _two_ranks_match_one(tiny_model, tmp_path, algo: AlgorithmConfig, lora=None):

@@ -33,7 +33,9 @@ class LoraConfig:
 
     Off at ``rank=0`` (the default). The base weights are frozen; only the adapters are in
     the optimizer and its state. Weight syncs send the adapters alone (``sync=adapter``) or
-    the merged weights (``W + alpha/rank * B A``); the ``hf/`` export is the merged model."""
+    the merged weights (``W + alpha/rank * B A``). Checkpoints are adapter-only (the adapters,
+    their optimizer state and ``adapter/`` in PEFT's format; the base stays ``model.path``),
+    with the merged model as ``hf/`` on request (``export_merged``)."""
 
     rank: int = 0
     """Adapter rank r (0 = off, full fine-tuning); 1 .. 1024."""
@@ -49,6 +51,9 @@ class LoraConfig:
     version is its own LoRA adapter in vLLM, asyncrl/actors/engine/adapters.py) or
     ``merged`` (the whole model with the adapters merged in; for engines or models without
     vLLM LoRA support)."""
+    export_merged: bool = False
+    """Also write the merged model as ``hf/`` at every checkpoint (the base model's size):
+    for tools that load a plain HF model. ``adapter/`` is written either way."""
 
     def __post_init__(self) -> None:
         _require_finite(self, "model.lora")

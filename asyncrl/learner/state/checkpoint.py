@@ -1,6 +1,7 @@
 """Atomic checkpoints: DCP (sharded, for resume) + an HF safetensors export + state.json.
 
-Layout: ``<run_dir>/checkpoints/step_<V>/{dcp/, hf/, state.json, COMPLETE}``. A checkpoint is
+Layout: ``<run_dir>/checkpoints/step_<V>/{dcp/, hf/, state.json, COMPLETE}`` (with LoRA:
+``{dcp/, adapter/, state.json, COMPLETE}``, adapter-only, ``hf/`` on request). A checkpoint is
 written under ``.tmp-step_<V>``; once every file is fsynced, the ``COMPLETE`` marker (holding
 ``V``) is written and fsynced, the directory is renamed to ``step_<V>`` (one atomic rename) and
 the parent directory is fsynced. ``latest_checkpoint`` trusts only a ``step_<V>`` whose marker
@@ -85,9 +86,16 @@ def save_checkpoint(
     source_model_dir: str | Path,
     extra: dict[str, tuple[nn.Module, torch.optim.Optimizer]] | None = None,
     export_dtype: torch.dtype | None = None,
+    hf_export: bool = True,
 ) -> Path:
     """Collective: every rank calls it. Returns the final checkpoint directory.
-    ``export_dtype``: the HF export's (the training dtype); None keeps float32.
+    ``export_dtype``: the HF export's (the training dtype); None keeps float32. ``hf_export``:
+    write ``hf/`` (a LoRA run writes it on request only: ``model.lora.export_merged``).
+
+    With LoRA adapters on the policy (``model.lora``) the checkpoint is adapter-only: dcp/
+    holds the adapters and their optimizer state, not the frozen base (``adapter_only``),
+    and ``adapter/`` the adapters in PEFT's format; ``state`` should name the base
+    (asyncrl/learner/lora/base.py) for a resume to check.
 
     ``extra``: more (model, optimizer) pairs saved in the same DCP checkpoint under their
     name (e.g. ``{"critic": ...}``); only the policy is exported to ``hf/``. Raises
@@ -112,7 +120,8 @@ def save_checkpoint(
     try:
         dcp.save(_state_dicts(model, optimizer, extra), checkpoint_id=str(tmp / "dcp"))
         failpoint("checkpoint.after_dcp", version=version)
-        export_hf(model, tmp / "hf", source_model_dir, export_dtype)
+        if hf_export:
+            export_hf(model, tmp / "hf", source_model_dir, export_dtype)
         export_adapter(model, tmp / "adapter", source_model_dir)  # LoRA only
         failpoint("checkpoint.after_hf", version=version)
         if _rank() == 0:
@@ -431,20 +440,58 @@ def load_checkpoint(
     dcp.load(sd, checkpoint_id=str(path / "dcp"))
     pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
     for prefix, (m, o) in pairs.items():
-        set_state_dict(
-            m, o, model_state_dict=sd[f"{prefix}model"], optim_state_dict=sd[f"{prefix}optim"]
+        keys = set_state_dict(
+            m,
+            o,
+            model_state_dict=sd[f"{prefix}model"],
+            optim_state_dict=sd[f"{prefix}optim"],
+            options=_options(m),
         )
+        _check_loaded(m, keys)
     return json.loads((path / "state.json").read_text())
 
 
+def adapter_only(model: nn.Module) -> bool:
+    """Whether ``model`` carries LoRA adapters: then only its trainable parameters (the
+    adapters) are saved and loaded; the frozen base comes from ``model.path``."""
+    from asyncrl.learner.lora.adapters import adapted_layers
+
+    return bool(adapted_layers(model))
+
+
+def _options(model: nn.Module):
+    """DCP's state-dict options for ``model``: frozen parameters left out with adapters;
+    a load then is not strict (the base is absent), ``_check_loaded`` checks it instead."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = adapter_only(model)
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
+
+def _check_loaded(model: nn.Module, keys) -> None:
+    """A non-strict (adapter-only) load must still have set every trainable parameter:
+    ``keys`` (torch's missing/unexpected keys) may only miss frozen ones."""
+    if keys is None or not adapter_only(model):
+        return
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    missing = [k for k in keys.missing_keys if k not in frozen]
+    if missing or keys.unexpected_keys:
+        raise FatalError(
+            f"the checkpoint does not fit this model's adapters: missing {missing[:5]}, "
+            f"unexpected {list(keys.unexpected_keys)[:5]}; resume with the model.lora settings "
+            "(rank, targets) the run was trained with"
+        )
+
+
 def _state_dicts(model, optimizer, extra) -> dict:
-    """``{"model", "optim"}`` for the policy and ``{"<name>_model", "<name>_optim"}`` per extra."""
+    """``{"model", "optim"}`` for the policy and ``{"<name>_model", "<name>_optim"}`` per
+    extra; a model with adapters gives its trainable parameters only (``_options``)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
     out: dict = {}
     for prefix, (m, o) in pairs.items():
-        out[f"{prefix}model"], out[f"{prefix}optim"] = get_state_dict(m, o)
+        out[f"{prefix}model"], out[f"{prefix}optim"] = get_state_dict(m, o, options=_options(m))
     return out
 
 

@@ -15,7 +15,9 @@ import torch.distributed as dist
 from asyncrl.core.runtime.fatal import FatalError
 from asyncrl.core.runtime.faults import failpoint
 from asyncrl.learner.compute.step import StepContext
+from asyncrl.learner.lora.base import base_fingerprint, base_mismatch
 from asyncrl.learner.state.checkpoint import (
+    adapter_only,
     latest_good_checkpoint,
     load_checkpoint,
     prune_checkpoints,
@@ -45,15 +47,28 @@ def _extra_state(ctx: StepContext) -> dict:
     return {"critic": (ctx.critic.model, ctx.critic.optimizer)} if ctx.critic else {}
 
 
+@dataclass(frozen=True)
+class SaveOptions:
+    """How checkpoints are written (``learner.*``, ``model.*``)."""
+
+    keep: int = 0
+    """``learner.keep_checkpoints``: how many to keep (0: all)."""
+    export_dtype: torch.dtype | None = None
+    """The ``hf/`` export's dtype (the training dtype; None: float32)."""
+    hf_export: bool = True
+    """Write ``hf/``: always without LoRA, with it ``model.lora.export_merged``."""
+
+
 def save_run_checkpoint(
     run_dir,
     ctx: StepContext,
     state: LearnerState,
     model_dir,
     hub: CheckpointHub,
-    keep: int = 0,
-    export_dtype: torch.dtype | None = None,
+    opts: SaveOptions = SaveOptions(),
 ) -> None:
+    """Save ``state`` at its version, ack the groups it holds, prune beyond ``opts.keep``.
+    With LoRA the checkpoint names its base (``lora_base``), which a resume checks."""
     state.unacked = hub.trained_ids()
     # the ids of the groups this checkpoint contains: acked right after it is durable, and
     # acked again on resume in case the learner died in between (ack is idempotent)
@@ -66,6 +81,8 @@ def save_run_checkpoint(
         "trained_ids": state.unacked,
         "tallies": hub.tallies(),  # rank 0's summary totals, for a resume
     }
+    if adapter_only(ctx.model):  # the base is not in the checkpoint: name it
+        payload["lora_base"] = base_fingerprint(model_dir)
     save_checkpoint(
         run_dir,
         state.version,
@@ -74,16 +91,34 @@ def save_run_checkpoint(
         payload,
         model_dir,
         extra=_extra_state(ctx),
-        export_dtype=export_dtype,
+        export_dtype=opts.export_dtype,
+        hf_export=opts.hf_export,
     )
     failpoint("learner.before_ack", version=state.version)  # durable, groups not yet acked
     hub.ack_trained()
     if dist.get_rank() == 0:  # the new one is sealed: the oldest beyond keep can go
-        for old in prune_checkpoints(run_dir, keep, hub.say):
-            hub.say(f"removed checkpoint {old.name} (learner.keep_checkpoints={keep})")
+        for old in prune_checkpoints(run_dir, opts.keep, hub.say):
+            hub.say(f"removed checkpoint {old.name} (learner.keep_checkpoints={opts.keep})")
 
 
-def start_from(path: Path, ctx: StepContext, hub: CheckpointHub) -> LearnerState:
+def _load(path: Path, ctx: StepContext, model_dir: str) -> dict:
+    """Load checkpoint ``path`` into ``ctx``'s models and optimizers; its state.json. An
+    adapter-only checkpoint is refused unless ``model_dir`` is the base it was trained on."""
+    import json
+
+    saved = json.loads((path / "state.json").read_text())
+    problem = base_mismatch(saved.get("lora_base"), model_dir) if model_dir else None
+    if problem is not None:
+        raise FatalError(
+            f"checkpoint {path} holds LoRA adapters only, not their base model, and {problem}; "
+            "resume with the model.path (or model preset) that run trained from"
+        )
+    return load_checkpoint(path, ctx.model, ctx.optimizer, extra=_extra_state(ctx))
+
+
+def start_from(
+    path: Path, ctx: StepContext, hub: CheckpointHub, model_dir: str = ""
+) -> LearnerState:
     """``learner.resume_from``: another run's checkpoint as this run's start (weights,
     optimizer, version); checked first, on every rank (the path must be the same for all)."""
     problem = None
@@ -99,7 +134,7 @@ def start_from(path: Path, ctx: StepContext, hub: CheckpointHub) -> LearnerState
             f"learner.resume_from={path}: {problem or 'not seen by every learner rank'}; give "
             "a checkpoint directory .../checkpoints/step_<V> that every learner node sees"
         )
-    saved = load_checkpoint(path, ctx.model, ctx.optimizer, extra=_extra_state(ctx))
+    saved = _load(path, ctx, model_dir)
     hub.say(
         f"started from {path} (learner.resume_from) at version {saved['version']}; the "
         "other run's buffer state stays there"
@@ -133,14 +168,16 @@ def agreed_checkpoint(run_dir: str, rank: int, say=print) -> Path | None:
 
 
 def maybe_resume(
-    run_dir: str, ctx: StepContext, hub: CheckpointHub, resume_from: str = ""
+    run_dir: str, ctx: StepContext, hub: CheckpointHub, resume_from: str = "", model_dir: str = ""
 ) -> LearnerState:
+    """This run's newest checkpoint, else ``resume_from``'s, else version 0 (module
+    docstring). ``model_dir``: the base model, checked against an adapter-only checkpoint."""
     path = agreed_checkpoint(run_dir, ctx.rank, hub.say)
     if path is None and resume_from:
-        return start_from(Path(resume_from), ctx, hub)
+        return start_from(Path(resume_from), ctx, hub, model_dir)
     if path is None:
         return LearnerState()
-    saved = load_checkpoint(Path(path), ctx.model, ctx.optimizer, extra=_extra_state(ctx))
+    saved = _load(Path(path), ctx, model_dir)
     hub.say(f"resumed from {path} at version {saved['version']}")
     hub.ack_ids(saved.get("trained_ids", []))
     hub.restore_tallies(saved.get("tallies", {}))
