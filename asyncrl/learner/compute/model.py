@@ -16,6 +16,7 @@ model: ``load_sharded_hf_model`` reads each rank's shards only (learner/compute/
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from asyncrl.core.config.job import Config
+from asyncrl.core.config.learner import LoraConfig
 from asyncrl.learner.compute.logprobs import (  # re-exported: the learner's callers import them from here
     set_logprob_chunk_tokens,
     set_logprob_fused,
@@ -147,7 +149,7 @@ def load_sharded_hf_model(
     compute_dtype: str = "float32",
     trainable: bool = True,
     offload: bool = False,
-    adapt: Callable[[nn.Module], nn.Module] | None = None,
+    adapt: AdapterSpec | None = None,
 ) -> nn.Module:
     """``load_hf_model`` then ``shard_model(model, compute_dtype, offload=offload)``, without
     any rank holding the full model (learner/compute/sharded_load.py): built on the meta device,
@@ -157,34 +159,46 @@ def load_sharded_hf_model(
 
     A checkpoint that cannot be read shard by shard (no safetensors, or names transformers
     converts on load) is loaded whole on every rank, as before, and rank 0 prints why.
-    ``adapt`` (LoRA: ``asyncrl.learner.lora.adapters.add_adapters``) changes the model before
-    it is sharded; such a model is loaded whole on every rank too (its names are no longer the
-    checkpoint's)."""
+    ``adapt`` (LoRA: ``_adapter``) changes the model before it is sharded: built on meta too,
+    its base weights are read under the checkpoint's names (``base_name``) and its adapters
+    set to their starting values afterwards (``initial_adapter``, the same on every rank)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from asyncrl.learner.compute import sharded_load
 
     path = check_model_dir(model_dir)
     config = AutoConfig.from_pretrained(path)
-    checkpoint = None if adapt else sharded_load.open_streamable(path, config.model_type)
+    checkpoint = sharded_load.open_streamable(path, config.model_type)
     home = torch.device("cpu") if offload else device  # where the shards live
     if checkpoint is None:
         model = load_hf_model(path, dtype, attn).to(home).requires_grad_(trainable)
-        model = adapt(model) if adapt else model
+        model = adapt.add(model) if adapt else model
         return shard_model(model, compute_dtype, offload=offload)
 
     def construct() -> nn.Module:
         model = AutoModelForCausalLM.from_config(
             config, dtype=DTYPES[dtype], attn_implementation=attn
         )
-        return model.requires_grad_(trainable)
+        model.requires_grad_(trainable)
+        return adapt.add(model) if adapt else model
 
     shard = lambda m: shard_model(m, compute_dtype, offload=offload)  # noqa: E731
     model = sharded_load.build_sharded(construct, shard, home)
     with checkpoint:
-        sharded_load.load_local_shards(model, checkpoint)
+        sharded_load.load_local_shards(model, checkpoint, rename=_base_names(adapt))
+    if adapt:
+        sharded_load.fill_local(model, adapt.initial)
     model.config.use_cache = False
     return model
+
+
+def _base_names(adapt: AdapterSpec | None) -> Callable[[str], str | None] | None:
+    """The checkpoint's names of an adapted model's entries (None: a plain model's are)."""
+    if adapt is None:
+        return None
+    from asyncrl.learner.lora.adapters import base_name
+
+    return base_name
 
 
 def build_policy(
@@ -210,7 +224,7 @@ def build_policy(
     device = current_device()
     check_training_dtype(mc.dtype, device)
     attn_impl = attention_impl(mc.attn_implementation, mc.dtype, device, packed)
-    adapt = _adapter(mc.lora)
+    adapt = _adapter(mc.lora, cfg.seed)
     if fsdp_wanted(mc.dtype, offload):
         model = load_sharded_hf_model(
             model_dir, "float32", attn_impl, device, compute_dtype=mc.dtype, offload=offload,
@@ -218,7 +232,7 @@ def build_policy(
         )  # fmt: skip
     else:
         model = load_hf_model(model_dir, "float32", attn_impl).to(device)
-        model = adapt(model) if adapt else model
+        model = adapt.add(model) if adapt else model
     if mc.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if mc.compile:
@@ -235,18 +249,31 @@ ADAPTER_SYNC_ATTR = "_asyncrl_adapter_sync"
 """Set on a policy whose weight syncs send the adapters alone (``model.lora.sync=adapter``)."""
 
 
-def _adapter(lora) -> Callable[[nn.Module], nn.Module] | None:
-    """``model.lora``: the function that adds adapters to a loaded model (None when off)."""
-    if not lora.enabled:
-        return None
-    from asyncrl.learner.lora.adapters import add_adapters
+@dataclass(frozen=True)
+class AdapterSpec:
+    """``model.lora`` for a model being built: ``add`` puts the adapters on it, ``initial``
+    gives an adapter parameter's starting value by name and full shape (what a model sharded
+    on the meta device is filled with: ``load_sharded_hf_model``)."""
 
-    def adapt(model: nn.Module) -> nn.Module:
-        add_adapters(model, lora)
-        object.__setattr__(model, ADAPTER_SYNC_ATTR, lora.adapter_sync)
+    lora: LoraConfig
+    seed: int
+
+    def add(self, model: nn.Module) -> nn.Module:
+        from asyncrl.learner.lora.adapters import add_adapters
+
+        add_adapters(model, self.lora, self.seed)
+        object.__setattr__(model, ADAPTER_SYNC_ATTR, self.lora.adapter_sync)
         return model
 
-    return adapt
+    def initial(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        from asyncrl.learner.lora.adapters import initial_adapter
+
+        return initial_adapter(name, shape, self.seed) if ".lora_" in name else None
+
+
+def _adapter(lora: LoraConfig, seed: int) -> AdapterSpec | None:
+    """``model.lora``'s ``AdapterSpec`` (None when off)."""
+    return AdapterSpec(lora, seed) if lora.enabled else None
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

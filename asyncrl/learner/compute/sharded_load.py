@@ -168,16 +168,27 @@ def materialize(model: nn.Module, device: torch.device) -> None:
 
 
 def load_local_shards(
-    module: nn.Module, checkpoint: SafetensorsCheckpoint, prefix: str = ""
+    module: nn.Module,
+    checkpoint: SafetensorsCheckpoint,
+    prefix: str = "",
+    rename: Callable[[str], str | None] | None = None,
 ) -> None:
     """Fill every parameter and persistent buffer of ``module`` (its state-dict entries) from
     ``checkpoint[prefix + name]``: a DTensor gets only this rank's block, in its dtype.
+    ``rename``: the checkpoint's name of an entry, None for one no checkpoint has (LoRA's
+    adapters, ``fill_local``'s to set; asyncrl/learner/lora/adapters.py ``base_name``).
 
     Names tied to one tensor (a tied LM head) are read once, from whichever the file has.
     Every entry must be found, and every tensor of the file (under ``prefix``, when given)
     must be an entry, except those transformers also ignores (``_ignored_unexpected``);
     shapes must agree. All is checked before anything is read."""
     targets = _tied_groups(module)
+    if rename is not None:
+        targets = {
+            new: ([r for n in names if (r := rename(n)) is not None], tensor)
+            for name, (names, tensor) in targets.items()
+            if (new := rename(name)) is not None
+        }
     keys = {name: _key_in(checkpoint, prefix, names) for name, (names, _) in targets.items()}
     claimed = {prefix + n for names, _ in targets.values() for n in names}
     ignored = _ignored_unexpected(module)
@@ -200,6 +211,20 @@ def load_local_shards(
             local, index = _local_block(tensor)
             if local.numel():
                 local.copy_(checkpoint.read(keys[name], index))
+
+
+def fill_local(
+    module: nn.Module, value: Callable[[str, tuple[int, ...]], torch.Tensor | None]
+) -> None:
+    """Set each parameter ``name`` of ``module`` for which ``value(name, full shape)`` gives a
+    tensor (the whole parameter): a DTensor takes only this rank's block of it."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            full = value(name, tuple(p.shape))
+            if full is not None:
+                local, index = _local_block(p)
+                if local.numel():
+                    local.copy_(full[index])
 
 
 def _tied_groups(module: nn.Module) -> dict[str, tuple[list[str], torch.Tensor]]:

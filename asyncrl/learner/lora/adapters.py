@@ -11,8 +11,11 @@ starts equal to the base) are the only trainable parameters. Forward:
 
 from __future__ import annotations
 
+import math
+import zlib
 from typing import Any
 
+import torch
 from torch import nn
 
 from asyncrl.core.config.learner import LORA_TARGETS_ALL, LoraConfig
@@ -21,8 +24,11 @@ ADAPTER = "default"
 """peft's adapter name: parameters ``*.lora_A.default.weight`` / ``*.lora_B.default.weight``."""
 
 
-def add_adapters(model: nn.Module, lora: LoraConfig) -> nn.Module:
+def add_adapters(model: nn.Module, lora: LoraConfig, seed: int = 0) -> nn.Module:
     """``model`` with adapters on ``lora.targets``, every other parameter frozen; returns it.
+    The adapters start at ``initial_adapter(name, shape, seed)`` (a model on the meta device,
+    to be sharded and loaded, gets them after: ``initial_adapter`` is per name, so every rank
+    computes the same values for its shard).
 
     ValueError naming ``model.lora.targets`` when no linear layer matches, or when a target is
     not an ``nn.Linear`` (embeddings and convolutions would need other merge rules)."""
@@ -40,9 +46,32 @@ def add_adapters(model: nn.Module, lora: LoraConfig) -> nn.Module:
     except ValueError as e:
         raise ValueError(_no_match(model, targets, e)) from None
     _check_linear_only(model, targets)
-    for name, p in model.named_parameters():
-        p.requires_grad_(".lora_" in name)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.requires_grad_(".lora_" in name)
+            if ".lora_" in name and not p.is_meta:
+                p.copy_(initial_adapter(name, tuple(p.shape), seed))
     return model
+
+
+def initial_adapter(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The starting value of adapter parameter ``name`` (float32, CPU): ``lora_B`` zero, so the
+    adapted model starts equal to the base; ``lora_A`` uniform in ``+-1/sqrt(in)`` (peft's
+    ``kaiming_uniform_(a=sqrt(5))``), drawn from a generator seeded by ``seed`` and ``name``
+    alone: the same on every rank and in every load path, whatever the build order."""
+    if ".lora_B." in name:
+        return torch.zeros(shape)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    bound = 1.0 / math.sqrt(shape[-1])
+    return torch.empty(shape).uniform_(-bound, bound, generator=g)
+
+
+def base_name(name: str) -> str | None:
+    """The base checkpoint's name of the adapted model's state-dict entry ``name``
+    (``X.base_layer.weight`` -> ``X.weight``); None for an adapter (in no base checkpoint)."""
+    if ".lora_" in name:
+        return None
+    return name.replace(".base_layer.", ".")
 
 
 def adapted_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -1,6 +1,6 @@
 """Sharded loading (learner/compute/sharded_load.py). On 2 FSDP2 ranks (gloo), the policy, the
-reference (bfloat16) and the critic that ``build_*`` load shard by shard equal, bit for bit,
-the models the full load then ``fully_shard`` gives: every parameter and buffer, the forward
+policy with LoRA adapters, the reference (bfloat16) and the critic that ``build_*`` load shard
+by shard equal, bit for bit, the models the full load then ``fully_shard`` gives: every parameter and buffer, the forward
 log-probs and values. Checkpoints: float32 untied in one file; bfloat16 tied (the head read
 once) in a sharded index; a ``pytorch_model.bin`` (the full load, said). No rank wrote a
 tensor larger than one local shard, and the file's tensors were read once over the ranks,
@@ -75,8 +75,10 @@ def _rows(rank):
 def run_variant(model_dir: str, out: dict, reads: list) -> None:
     """The sharded and the full-then-shard load of the three models (collective)."""
     from asyncrl.core.config.job import AlgorithmConfig, Config, LearnerConfig, ModelConfig
+    from asyncrl.core.config.learner import LoraConfig
     from asyncrl.learner.compute.critic import build_critic, load_value_model, shard_value_model
     from asyncrl.learner.compute.model import (
+        AdapterSpec,
         build_policy,
         load_hf_model,
         shard_model,
@@ -100,6 +102,19 @@ def run_variant(model_dir: str, out: dict, reads: list) -> None:
     tensors |= {f"policy.old.{k}": v for k, v in _full_state(full).items()}
     for name, model in (("new", policy), ("old", full)):
         tensors[f"lp.policy.{name}"] = token_logprobs(model, ids, mask)[0].detach()
+
+    reads.clear()  # LoRA (model.lora): the base read shard by shard, the adapters set after
+    lora = Config(model=ModelConfig(lora=LoraConfig(rank=4, alpha=8.0)))
+    lora_new = build_policy(model_dir, lora)
+    out["lora_reads"] = list(reads)
+    lora_old = shard_model(AdapterSpec(lora.model.lora, lora.seed).add(load_hf_model(model_dir)))
+    for name, model in (("new", lora_new), ("old", lora_old)):
+        tensors |= {f"lora.{name}.{k}": v for k, v in _full_state(model).items()}
+        tensors[f"lp.lora.{name}"] = token_logprobs(model, ids, mask)[0].detach()
+    out["lora_a_moved"] = any(
+        ".lora_A." in n and p.full_tensor().abs().max().item() > 0
+        for n, p in lora_new.named_parameters()
+    )
 
     ref_new = build_reference(model_dir, Config(model=ModelConfig(dtype="bfloat16")))
     ref_old = shard_model(load_hf_model(model_dir, "bfloat16").requires_grad_(False)).eval()
@@ -156,7 +171,7 @@ def test_two_ranks_load_only_their_shards(checkpoints, tmp_path):
            *[checkpoints[v] for v in VARIANTS]]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("has no model.safetensors") == 3, proc.stdout  # bin: 3 models
+    assert proc.stdout.count("has no model.safetensors") == 4, proc.stdout  # bin: 4 models
     for variant in VARIANTS:
         ranks = [json.loads((tmp_path / f"{variant}.rank{r}.json").read_text()) for r in (0, 1)]
         got = [load_file(str(tmp_path / f"{variant}.rank{r}.safetensors")) for r in (0, 1)]
@@ -200,6 +215,11 @@ def _assert_streamed(ranks: list[dict], variant: str) -> None:
     for r in ranks:
         assert [n for _, n in r["reads"]] == [r["local_numel"][k] for k, _ in r["reads"]]
     assert sum(n for r in ranks for _, n in r["reads"]) == sum(full.values()) / 4, variant
+    # with adapters, the base is read the same way: each rank its blocks, each tensor once
+    assert sorted(x for r in ranks for x in r["lora_reads"]) == sorted(
+        x for r in ranks for x in r["reads"]
+    ), variant
+    assert all(r["lora_a_moved"] for r in ranks), "lora_A was left at zero (or uninitialised)"
 
 
 def _empty_policy(model_dir: Path):
