@@ -473,7 +473,7 @@ def _check_loaded(model: nn.Module, keys) -> None:
     ``keys`` (torch's missing/unexpected keys) may only miss frozen ones."""
     if keys is None or not adapter_only(model):
         return
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
     missing = [k for k in keys.missing_keys if k not in frozen]
     if missing or keys.unexpected_keys:
         raise FatalError(
@@ -491,7 +491,11 @@ def _state_dicts(model, optimizer, extra) -> dict:
     pairs = {"": (model, optimizer), **{f"{k}_": v for k, v in (extra or {}).items()}}
     out: dict = {}
     for prefix, (m, o) in pairs.items():
-        out[f"{prefix}model"], out[f"{prefix}optim"] = get_state_dict(m, o, options=_options(m))
+        msd, osd = get_state_dict(m, o, options=_options(m))
+        if adapter_only(m):  # a tied head is an alias DCP's frozen filter does not see
+            trained = {n for n, p in m.named_parameters(remove_duplicate=False) if p.requires_grad}
+            msd = {k: v for k, v in msd.items() if k in trained}
+        out[f"{prefix}model"], out[f"{prefix}optim"] = msd, osd
     return out
 
 
