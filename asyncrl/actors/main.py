@@ -137,8 +137,10 @@ async def _start_engine(cfg, actor_id: int, model_dir: str):
     return engine
 
 
-async def new_engine(cfg, actor_id: int, model_dir: str):
-    """vLLM (``actor.engine=vllm``) or the model-free simulator (``sim``)."""
+async def new_engine(cfg, actor_id: int, model_dir: str, lora: dict | None = None):
+    """vLLM (``actor.engine=vllm``) or the model-free simulator (``sim``). ``lora``: the
+    engine's LoRA options in place of the config's (``_lora_options``); ``{}`` = none
+    (``asyncrl eval``, which never syncs, passes its checkpoint's adapter or nothing)."""
     a = cfg.actor
     if a.engine == "sim":
         from asyncrl.actors.engine.sim import SimEngine
@@ -169,7 +171,7 @@ async def new_engine(cfg, actor_id: int, model_dir: str):
         max_num_seqs=engine_batch(cfg),
         cpu_start_method=a.cpu_start_method,
         engine_cpus=parse_cores(a.engine_cpus) or None,
-        **_lora_options(cfg),
+        **(_lora_options(cfg) if lora is None else lora),
     )
 
 

@@ -13,6 +13,8 @@ shows how far the adapters moved the model from the base).
 from __future__ import annotations
 
 import glob
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,18 +50,39 @@ def test_the_actor_samples_with_the_learners_adapted_weights_at_every_step(lora_
     s = read_summary(run_dir)
     sync = s["weight_sync"]
     assert sync["count"] >= 6 and sync["failures"] == 0, s
-    model_bytes = sum(
-        p.stat().st_size
-        for p in (run_dir / "checkpoints" / "step_000006" / "hf").glob("*.safetensors")
-    )
+    model_bytes = sum(p.stat().st_size for p in _base_dir(out).glob("*.safetensors"))
     assert sync["bytes"] / sync["count"] < 0.2 * model_bytes, (sync, model_bytes)  # adapters only
+
+
+def _base_dir(out: str) -> Path:
+    """The base model the run's actor served (its console names it)."""
+    return Path(out.split("starting the vLLM engine (", 1)[1].split(")", 1)[0])
+
+
+def test_the_checkpoint_is_adapter_only_and_names_its_base(lora_run):
+    run_dir, out = lora_run
+    step = run_dir / "checkpoints" / "step_000006"
+    assert not (step / "hf").exists(), "the merged export is written on request only"
+    adapter = step / "adapter"  # PEFT's format
+    assert sorted(p.name for p in adapter.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors"
+    ]  # fmt: skip
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(step / "dcp")).read_metadata().state_dict_metadata
+    weights = [k for k in keys if k.startswith("model.")]
+    assert weights and all(".lora_A." in k or ".lora_B." in k for k in weights), weights[:5]
+    manifest = (step / "manifest.json").read_text()
+    assert "adapter/adapter_model.safetensors" in manifest
+    base = json.loads((step / "state.json").read_text())["lora_base"]
+    assert Path(base["path"]) == _base_dir(out).resolve() and base["files"]
 
 
 def test_merged_syncs_serve_the_same_adapted_model(tmp_path):
     """``model.lora.sync=merged``: the whole model with the adapters merged in."""
     run_dir = tmp_path / "merged"
     proc = run_cli(["run", *MERGED, "learner.steps=3", "learner.checkpoint_every=3",
-                    f"run_dir={run_dir}"], timeout=600)  # fmt: skip
+                    "model.lora.export_merged=true", f"run_dir={run_dir}"], timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     records = read_metrics(run_dir)
     assert [r["version"] for r in records] == [1, 2, 3]
@@ -71,29 +94,23 @@ def test_merged_syncs_serve_the_same_adapted_model(tmp_path):
         for p in (run_dir / "checkpoints" / "step_000003" / "hf").glob("*.safetensors")
     )
     assert sync["bytes"] / sync["count"] >= model_bytes, (sync, model_bytes)  # the whole model
+    _check_merged_export(run_dir / "checkpoints" / "step_000003", proc.stdout + proc.stderr)
 
 
-def test_the_export_is_a_plain_model_the_adapters_moved(lora_run):
+def _check_merged_export(step: Path, out: str) -> None:
+    """``model.lora.export_merged``: ``hf/`` is a plain model (no adapter names) the adapters
+    moved away from the base, beside ``adapter/``."""
     from safetensors.torch import load_file
 
-    run_dir, out = lora_run
-    export = load_file(
-        glob.glob(str(run_dir / "checkpoints" / "step_000006" / "hf" / "*.safetensors"))[0]
-    )
+    export = load_file(glob.glob(str(step / "hf" / "*.safetensors"))[0])
     assert not [k for k in export if ".lora_" in k or ".base_layer." in k]
-    base_dir = out.split("starting the vLLM engine (", 1)[1].split(")", 1)[0]
-    base = load_file(glob.glob(f"{base_dir}/*.safetensors")[0])
+    base = load_file(glob.glob(f"{_base_dir(out)}/*.safetensors")[0])
     assert set(export) <= set(base)
     moved = max(float((export[k] - base[k]).abs().max()) for k in export)
     assert moved > 1e-3, moved
     untouched = [k for k in export if "embed" in k or "norm" in k]
     assert untouched and all(torch.equal(export[k], base[k]) for k in untouched)
-    adapter = run_dir / "checkpoints" / "step_000006" / "adapter"  # PEFT's format, beside hf/
-    assert sorted(p.name for p in adapter.iterdir()) == [
-        "adapter_config.json", "adapter_model.safetensors"
-    ]  # fmt: skip
-    manifest = (run_dir / "checkpoints" / "step_000006" / "manifest.json").read_text()
-    assert "adapter/adapter_model.safetensors" in manifest
+    assert (step / "adapter" / "adapter_model.safetensors").is_file()
 
 
 def test_a_resumed_run_restores_the_adapters_and_trains_on(lora_run):
@@ -106,3 +123,29 @@ def test_a_resumed_run_restores_the_adapters_and_trains_on(lora_run):
     assert [r["version"] for r in records][-2:] == [7, 8]
     for r in records[-2:]:  # the resumed adapters are what the actor samples with
         assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
+
+
+def test_eval_serves_a_lora_checkpoint_as_its_adapter_on_the_base(lora_run, tmp_path):
+    """``asyncrl eval --checkpoint`` of an adapter-only checkpoint: vLLM loads the base
+    (``model.path`` resolved from the run's settings) with ``adapter/`` as every request's
+    LoRARequest; another base is refused before an engine starts."""
+    run_dir, out = lora_run
+    step = run_dir / "checkpoints" / "step_000006"  # the resume test may add step_000008
+    quick = ["eval.max_prompts=4", "eval.n_samples=2"]
+    proc = run_cli(["eval", "--checkpoint", str(step), f"run_dir={tmp_path / 'eval'}",
+                    "experiment=chain", "model.sft_steps=50", *quick], timeout=300)  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-4000:]
+    assert f"LoRA adapter {step / 'adapter'} (rank 8) on the base model" in said, said[-3000:]
+    doc = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert (doc["checkpoint"], doc["version"], doc["adapter"]) == (
+        str(step), 6, str(step / "adapter")
+    )  # fmt: skip
+    assert doc["model"] == str(_base_dir(out).resolve()) and doc["complete"] is True
+    other = run_cli(["eval", "--checkpoint", str(step), f"run_dir={tmp_path / 'other'}",
+                     "experiment=tiny", "model.sft_steps=500", *quick], timeout=300)  # fmt: skip
+    said = other.stdout + other.stderr
+    assert other.returncode == 1, said[-4000:]
+    assert "belong to another base model" in other.stderr and str(step) in other.stderr, said
+    assert "starting the vLLM engine" not in said, said[-3000:]
+    assert not (tmp_path / "other" / "eval.json").exists()

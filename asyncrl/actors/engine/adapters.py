@@ -56,11 +56,13 @@ class Adapters:
             "adapter_config": {"r": self.rank, "lora_alpha": self.alpha},
         }
 
-    def publish(self, version: int) -> None:
-        """New requests run with ``version``'s adapter (its directory is written)."""
+    def publish(self, version: int, path: Path | None = None) -> None:
+        """New requests run with ``version``'s adapter (its directory is written). ``path``:
+        an adapter kept elsewhere (a LoRA checkpoint's ``adapter/``, which ``asyncrl eval``
+        serves as the checkpoint's version); it is outside ``root``, so never deleted here."""
         from vllm.lora.request import LoRARequest
 
-        path = self.dir_for(version)
+        path = path or self.dir_for(version)
         if not (path / ADAPTER_FILE).is_file():
             raise FileNotFoundError(f"adapter of version {version} missing: {path}")
         self.current, self.version = LoRARequest(f"v{version}", version + 1, str(path)), version

@@ -4,10 +4,12 @@ task's reward, without a learner, a buffer or Redis (command.py reads top to bot
     asyncrl eval [--checkpoint PATH] [--output FILE] [overrides]
      │ args.py        the run's Hydra config; data.val_files stand in for data.train_files
      │ checkpoint.py  --checkpoint: a step_<V> directory, its hf/ export or a run directory
-     │                (its newest complete checkpoint) -> the hf/ export and version V
+     │                (its newest complete checkpoint) -> the hf/ export and version V, or
+     │                a LoRA run's adapter/ (loaded on model.path, its base checked)
      │ inputs.py      reward fn, episode env/tools, model directory, validation prompts
      │                (launch/preflight.py's checks; nothing is started before they pass)
-     │ engine.py      one vLLM engine (actors/engine/), no weight sync, labelled version V
+     │ session.py     one vLLM engine (actors/engine/), no weight sync; a LoRA adapter
+     │                served as an actor serves one (actors/engine/adapters.py)
      │ scoring.py     eval.prompts_in_flight prompts at once through actors/validation.py's
      │                Validator.score_prompt (n samples, reward pool, multi-turn episodes);
      │                progress and the eval.timeout_s deadline; Ctrl-C/SIGTERM stops it

@@ -11,7 +11,11 @@ from pathlib import Path
 from asyncrl.core.config import cores
 from asyncrl.core.runtime import rundir
 from asyncrl.orchestration.evaluate.args import OUTPUT_NAME, default_run_dir
-from asyncrl.orchestration.evaluate.checkpoint import find_checkpoint, run_config_warnings
+from asyncrl.orchestration.evaluate.checkpoint import (
+    Checkpoint,
+    find_checkpoint,
+    run_config_warnings,
+)
 from asyncrl.orchestration.evaluate.inputs import check_inputs, validation_set
 from asyncrl.orchestration.evaluate.result import Outcome, build_result, summary_lines
 from asyncrl.orchestration.evaluate.stopping import EXIT_INTERRUPTED, StopSignals
@@ -39,12 +43,16 @@ def run_eval(cfg, checkpoint: str | None = None, output: str | None = None) -> i
 
     import_heavy_modules()  # a stop during torch's import takes effect after it
     model_dir = check_inputs(cfg, ckpt)
+    adapter = ckpt.adapter if ckpt else None
+    if adapter is not None:
+        say(f"LoRA adapter {adapter.path} (rank {adapter.rank}) on the base model {model_dir}")
     source, size = validation_set(cfg, model_dir, say)
-    outcome = asyncio.run(evaluate(cfg, model_dir, source, size))
+    outcome = asyncio.run(evaluate(cfg, model_dir, source, size, ckpt))
     about = {
         "model": str(Path(model_dir).resolve()),
         "checkpoint": str(ckpt.path) if ckpt else None,
         "version": ckpt.version if ckpt else 0,
+        "adapter": str(adapter.path) if adapter else None,
     }
     result = build_result(outcome, cfg, about)
     write_result(out, result, cfg)
@@ -58,16 +66,17 @@ def run_eval(cfg, checkpoint: str | None = None, output: str | None = None) -> i
     return EXIT_CODES[outcome.stopped]
 
 
-async def evaluate(cfg, model_dir: str, source, size: int) -> Outcome:
-    """Start the engine, score the set, stop everything; SIGINT/SIGTERM as stopping.py says
-    (``KeyboardInterrupt`` before anything is scored, ``Outcome.stopped`` after)."""
+async def evaluate(cfg, model_dir: str, source, size: int, ckpt: Checkpoint | None) -> Outcome:
+    """Start the engine (with ``ckpt``'s LoRA adapter, if it has one), score the set, stop
+    everything; SIGINT/SIGTERM as stopping.py says (``KeyboardInterrupt`` before anything is
+    scored, ``Outcome.stopped`` after)."""
     from asyncrl.orchestration.evaluate.scoring import score_prompts
     from asyncrl.orchestration.evaluate.session import open_session
 
     signals = StopSignals()
     stop = signals.requested.is_set
     with signals.starting():
-        session = await open_session(cfg, model_dir, source, size, say)
+        session = await open_session(cfg, model_dir, source, size, say, ckpt)
     with signals.scoring():
         try:
             if stop():  # a signal the start swallowed

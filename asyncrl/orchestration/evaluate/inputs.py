@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asyncrl.orchestration.evaluate.checkpoint import Checkpoint
+from asyncrl.orchestration.evaluate.checkpoint import Checkpoint, check_lora_base
 from asyncrl.orchestration.launch import preflight
 from asyncrl.orchestration.models.directory import check_model_dir
 
 
 def check_inputs(cfg, ckpt: Checkpoint | None) -> str:
     """The model directory to evaluate (``ckpt``'s export, else ``model.path`` resolved: the
-    demo built or reused), once the data's first record, ``task.reward_fn`` called with its
+    demo built or reused; for a checkpoint of LoRA adapters alone, that base once it is the one
+    they were trained on), once the data's first record, ``task.reward_fn`` called with its
     fields and ``episode.*`` check out; ``ValueError``/``FileNotFoundError`` naming the key
     and the fix otherwise."""
     if cfg.actor.engine != "vllm":
@@ -26,6 +27,10 @@ def check_inputs(cfg, ckpt: Checkpoint | None) -> str:
     preflight.check_episode(cfg)
     if ckpt is None:
         return preflight.resolve_model(cfg)
+    if ckpt.adapter is not None:  # LoRA adapters alone: vLLM loads them on model.path
+        base = preflight.resolve_model(cfg)
+        check_lora_base(ckpt, base)
+        return base
     check_model_dir(ckpt.hf, "--checkpoint")
     return str(ckpt.hf)
 

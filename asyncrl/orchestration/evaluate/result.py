@@ -35,8 +35,8 @@ class Outcome:
 
 
 def build_result(outcome: Outcome, cfg, about: dict) -> dict:
-    """The ``eval.json`` document: ``about`` (model, checkpoint, version), the settings, the
-    metrics (module docstring), every prompt's rewards and the logged samples."""
+    """The ``eval.json`` document: ``about`` (model, checkpoint, version, adapter), the
+    settings, the metrics (module docstring), every prompt's rewards and the logged samples."""
     e = cfg.eval
     records = [outcome.records[i] for i in sorted(outcome.records)]
     metrics = {k.removeprefix("val/"): v for k, v in summarize(records, e.pass_threshold).items()}

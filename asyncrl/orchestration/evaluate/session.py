@@ -5,6 +5,11 @@
 ``scorer`` of the actor it is given; an ``asyncrl.actors.groups.GroupMaker`` has exactly those
 (an actor's are its maker's), and builds the validation episodes of a multi-turn task
 (``eval_episodes``), so the evaluation scores a prompt as an actor validating would.
+
+A checkpoint of LoRA adapters alone (checkpoint.py ``Adapter``) is served as an actor serves
+an adapter-only sync (actors/engine/adapters.py): LoRA on at the adapter's rank, and every
+request with the one ``LoRARequest`` of the checkpoint's ``adapter/``, published as its
+version ``V`` (the engine is labelled ``V`` too, so no token counts as off-version).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ if TYPE_CHECKING:
     from asyncrl.actors.engine.protocol import Engine
     from asyncrl.actors.groups import GroupMaker
     from asyncrl.actors.validation import Validator
+    from asyncrl.orchestration.evaluate.checkpoint import Checkpoint
 
 EVAL_MAX_NUM_SEQS = 256
 """Most sequences in one engine batch when ``actor.max_num_seqs`` is 0 (vLLM's own default on
@@ -52,12 +58,32 @@ class Session:
             await self.engine.shutdown()
 
 
+def engine_lora(ckpt: Checkpoint | None) -> dict:
+    """The engine's LoRA options (``new_engine``'s ``lora``): for a checkpoint of adapters
+    alone, LoRA of the adapter's rank with that adapter published as the checkpoint's version
+    and the engine labelled with it; else none (an evaluation never syncs weights)."""
+    if ckpt is None or ckpt.adapter is None:
+        return {}
+    from asyncrl.actors.engine.adapters import Adapters
+
+    a = ckpt.adapter
+    adapters = Adapters(a.rank, a.alpha)  # its own (empty) root: the checkpoint is not touched
+    adapters.publish(ckpt.version, a.path)
+    return {
+        "adapters": adapters,
+        "lora_rank": a.rank,
+        "max_loras": 1,
+        "initial_version": ckpt.version,
+    }
+
+
 async def open_session(
-    cfg, model_dir: str, source, size: int, say: Callable[[str], None]
+    cfg, model_dir: str, source, size: int, say: Callable[[str], None], ckpt: Checkpoint | None
 ) -> Session:
     """Start the engine for ``model_dir`` (the actor's engine options, as actors/main.py starts
-    them, with the evaluation's batch), then the reward scorer and the group maker over
-    ``source``'s first ``size`` prompts. The reward scorer counts its errors in the session."""
+    them, with the evaluation's batch; ``ckpt``'s LoRA adapter on it, ``engine_lora``), then
+    the reward scorer and the group maker over ``source``'s first ``size`` prompts. The reward
+    scorer counts its errors in the session."""
     from transformers import AutoTokenizer
 
     from asyncrl.actors.groups import GroupMaker
@@ -72,7 +98,13 @@ async def open_session(
         counts[kind] = counts.get(kind, 0) + 1
 
     cfg.actor.max_num_seqs = eval_batch(cfg)
-    engine = await new_engine(cfg, 0, model_dir)  # prints "[actor 0] starting the vLLM engine"
+    lora = engine_lora(ckpt)
+    try:  # prints "[actor 0] starting the vLLM engine"
+        engine = await new_engine(cfg, 0, model_dir, lora)
+    except BaseException:
+        if "adapters" in lora:
+            lora["adapters"].close()
+        raise
     scorer = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

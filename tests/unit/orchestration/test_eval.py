@@ -21,6 +21,7 @@ from asyncrl.actors.rewards.scoring import RewardErrorRate, RewardScorer
 from asyncrl.actors.validation import Validator
 from asyncrl.core.config.job import Config
 from asyncrl.core.config.load import ConfigError, load_config
+from asyncrl.learner.lora.base import base_fingerprint
 from asyncrl.orchestration import cli
 from asyncrl.orchestration.evaluate.args import (
     VAL_AS_TRAIN,
@@ -28,12 +29,17 @@ from asyncrl.orchestration.evaluate.args import (
     eval_overrides,
     explain_config_error,
 )
-from asyncrl.orchestration.evaluate.checkpoint import find_checkpoint, run_config_warnings
+from asyncrl.orchestration.evaluate.checkpoint import (
+    check_lora_base,
+    find_checkpoint,
+    run_config_warnings,
+)
 from asyncrl.orchestration.evaluate.inputs import check_inputs, check_val_files
 from asyncrl.orchestration.evaluate.result import Outcome, build_result, summary_lines
 from asyncrl.orchestration.evaluate.scoring import score_prompts
-from asyncrl.orchestration.evaluate.session import EVAL_MAX_NUM_SEQS, eval_batch
+from asyncrl.orchestration.evaluate.session import EVAL_MAX_NUM_SEQS, engine_lora, eval_batch
 from asyncrl.orchestration.evaluate.stopping import StopSignals
+from asyncrl.orchestration.launch import preflight
 from tests.fakes.engines import Call, ScriptedEngine
 
 # -- the command line ----------------------------------------------------------------------------
@@ -140,8 +146,9 @@ def test_checkpoints_that_cannot_be_evaluated_are_refused_with_the_fix(tmp_path)
     with pytest.raises(FileNotFoundError) as e:
         find_checkpoint(str(run))
     text = str(e.value)
-    assert f"checkpoint {bare} has no HF export" in text
+    assert f"checkpoint {bare} has no HF export" in text and "no LoRA adapters" in text
     assert f"--checkpoint {run / 'checkpoints' / 'step_000001'}" in text  # one that has it
+    assert "model.lora.export_merged=true" in text  # why a LoRA run's may have no hf/
 
 
 def test_a_checkpoint_alone_without_an_export_is_told_to_resume(tmp_path):
@@ -167,6 +174,105 @@ def test_a_run_trained_on_another_task_is_warned_about(tmp_path):
     (run / "config.json").write_text(json.dumps(raw))
     (warning,) = run_config_warnings(find_checkpoint(str(step)), cfg)
     assert "task.name=file, this evaluation task.name=addition" in warning
+
+
+# -- LoRA checkpoints: adapter/ without hf/ ---------------------------------------------------------
+
+
+def _base(path, weights: bytes):
+    """A model directory as ``base_fingerprint`` reads it: its weight files."""
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def _lora_step(run, version, base, *, hf=False):
+    """A LoRA run's checkpoint (learner/state/checkpoint.py): adapter/ in PEFT's format, the
+    base's fingerprint in state.json, hf/ only when asked (``model.lora.export_merged``)."""
+    step = _step(run, version, hf=hf)
+    (step / "adapter").mkdir()
+    (step / "adapter" / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8.0}')
+    (step / "adapter" / "adapter_model.safetensors").write_bytes(b"adapters")
+    (step / "state.json").write_text(json.dumps({"lora_base": base_fingerprint(base)}))
+    return step
+
+
+def test_a_lora_checkpoint_without_hf_is_its_adapter_on_the_base(tmp_path):
+    base = _base(tmp_path / "base", b"base weights")
+    run = tmp_path / "run"
+    step = _lora_step(run, 3, base)
+    for text in (step, step / "adapter", run, run / "checkpoints"):
+        ckpt = find_checkpoint(str(text))
+        assert ckpt.adapter is not None, text
+        assert (ckpt.path, ckpt.version) == (step, 3)
+        assert (ckpt.adapter.path, ckpt.adapter.rank, ckpt.adapter.alpha) == (
+            step / "adapter",
+            4,
+            8.0,
+        )
+    merged = _lora_step(run, 6, base, hf=True)  # model.lora.export_merged=true
+    ckpt = find_checkpoint(str(run))
+    assert (ckpt.path, ckpt.adapter) == (merged, None)  # hf/, the merged model, preferred
+
+
+def test_a_lora_checkpoint_with_a_damaged_adapter_is_refused(tmp_path):
+    step = _lora_step(tmp_path / "run", 3, _base(tmp_path / "base", b"w"))
+    manifest = {"files": {"adapter/adapter_model.safetensors": {"bytes": 999, "xxh3": "0"}}}
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"LoRA adapter \(adapter/\) of .* is damaged .*trunc"):
+        find_checkpoint(str(step))
+    (step / "adapter" / "adapter_model.safetensors").unlink()
+    with pytest.raises(ValueError, match="adapter/adapter_model.safetensors is missing"):
+        find_checkpoint(str(step))
+    (step / "manifest.json").unlink()
+    (step / "adapter" / "adapter_model.safetensors").write_bytes(b"adapters")
+    (step / "adapter" / "adapter_config.json").write_text('{"lora_alpha": 8}')
+    with pytest.raises(ValueError, match="adapter_config.json cannot be read .* r and lora_alpha"):
+        find_checkpoint(str(step))
+
+
+def test_adapters_are_refused_on_another_base_before_the_engine_starts(tmp_path, monkeypatch):
+    base = _base(tmp_path / "base", b"the weights the run trained on")
+    other = _base(tmp_path / "other", b"another model's weights, longer")
+    ckpt = find_checkpoint(str(_lora_step(tmp_path / "run", 3, base)))
+    check_lora_base(ckpt, str(base))  # the base the run trained on: accepted
+    with pytest.raises(ValueError) as e:
+        check_lora_base(ckpt, str(other))
+    text = str(e.value)
+    assert f"--checkpoint {ckpt.path} holds LoRA adapters alone" in text
+    assert f"model.path ({other})" in text and f"model.path={base}" in text  # both bases
+    assert "Give the model.path or model preset the run trained from" in text
+    monkeypatch.setattr(preflight, "resolve_model", lambda cfg: str(other))
+    with pytest.raises(ValueError, match="belong to another base model"):
+        check_inputs(load_config([]), ckpt)  # the engine starts after check_inputs
+    monkeypatch.setattr(preflight, "resolve_model", lambda cfg: str(base))
+    assert check_inputs(load_config([]), ckpt) == str(base)  # the engine loads the base
+
+
+def test_a_lora_checkpoint_that_recorded_no_base_is_not_checked(tmp_path):
+    step = _lora_step(tmp_path / "run", 3, _base(tmp_path / "base", b"w"))
+    (step / "state.json").write_text("{}")
+    check_lora_base(find_checkpoint(str(step)), str(_base(tmp_path / "other", b"v")))
+
+
+def test_the_engine_serves_the_checkpoints_adapter_as_its_version(tmp_path):
+    pytest.importorskip("vllm", reason="LoRARequest is vLLM's")
+    step = _lora_step(tmp_path / "run", 3, _base(tmp_path / "base", b"w"))
+    options = engine_lora(find_checkpoint(str(step)))
+    adapters = options.pop("adapters")
+    assert options == {"lora_rank": 4, "max_loras": 1, "initial_version": 3}
+    with adapters.hold() as (lora, version):  # every request: the checkpoint's adapter
+        assert (lora.lora_name, lora.lora_int_id, lora.lora_path) == (
+            "v3",
+            4,
+            str(step / "adapter"),
+        )
+        assert version == 3
+    assert adapters.unused() == []
+    adapters.close()
+    assert not adapters.root.exists() and (step / "adapter" / "adapter_config.json").is_file()
+    assert engine_lora(None) == {}  # a plain model: no LoRA, whatever model.lora says
+    assert engine_lora(find_checkpoint(str(_step(tmp_path / "full", 2)))) == {}
 
 
 # -- the result ------------------------------------------------------------------------------------
