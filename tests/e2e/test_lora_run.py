@@ -1,8 +1,9 @@
 """``model.lora`` end to end: synchronous runs of the demo model with rank-8 adapters (real
 redis-server, a real vLLM actor, the learner). The main run is multi-turn (``experiment=chain``,
 two turns an episode), the actor receiving the adapters alone at every version
-(``model.lora.sync=adapter``, the default); then a resume of the same run, and a single-turn run
-syncing the merged model (``merged``).
+(``model.lora.sync=adapter``, the default), its checkpoints adapter-only; then a resume of the
+same run syncing the merged model (``merged``) and exporting it, and ``asyncrl eval`` of an
+adapter-only checkpoint.
 
 At ``mode=sync`` every group is sampled by the weights the learner trains from, so the
 behaviour log-probs (vLLM's) and the learner's must agree at every step, every turn included:
@@ -26,7 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 LORA = ["mode=sync", "model.lora.rank=8", "learner.lr=5e-3"]
 ARGS = ["experiment=chain", "model.sft_steps=50", *LORA, "learner.checkpoint_every=3",
         "learner.batch_groups=4", "eval.at_start=false", "eval.at_end=false", "eval.every=0"]  # fmt: skip
-MERGED = ["experiment=tiny", "model.sft_steps=500", *LORA, "model.lora.sync=merged"]
 
 
 @pytest.fixture(scope="module")
@@ -78,25 +78,6 @@ def test_the_checkpoint_is_adapter_only_and_names_its_base(lora_run):
     assert Path(base["path"]) == _base_dir(out).resolve() and base["files"]
 
 
-def test_merged_syncs_serve_the_same_adapted_model(tmp_path):
-    """``model.lora.sync=merged``: the whole model with the adapters merged in."""
-    run_dir = tmp_path / "merged"
-    proc = run_cli(["run", *MERGED, "learner.steps=3", "learner.checkpoint_every=3",
-                    "model.lora.export_merged=true", f"run_dir={run_dir}"], timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    records = read_metrics(run_dir)
-    assert [r["version"] for r in records] == [1, 2, 3]
-    for r in records:
-        assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
-    sync = read_summary(run_dir)["weight_sync"]
-    model_bytes = sum(
-        p.stat().st_size
-        for p in (run_dir / "checkpoints" / "step_000003" / "hf").glob("*.safetensors")
-    )
-    assert sync["bytes"] / sync["count"] >= model_bytes, (sync, model_bytes)  # the whole model
-    _check_merged_export(run_dir / "checkpoints" / "step_000003", proc.stdout + proc.stderr)
-
-
 def _check_merged_export(step: Path, out: str) -> None:
     """``model.lora.export_merged``: ``hf/`` is a plain model (no adapter names) the adapters
     moved away from the base, beside ``adapter/``."""
@@ -113,16 +94,21 @@ def _check_merged_export(step: Path, out: str) -> None:
     assert (step / "adapter" / "adapter_model.safetensors").is_file()
 
 
-def test_a_resumed_run_restores_the_adapters_and_trains_on(lora_run):
+def test_a_resumed_run_restores_the_adapters_and_trains_on_with_merged_syncs(lora_run):
+    """The resume syncs the merged model (``model.lora.sync=merged``: the whole model with
+    the adapters merged in, for engines without LoRA; what it sends is in
+    tests/unit/learner/test_lora.py) and exports it as ``hf/`` (``export_merged``)."""
     run_dir, _ = lora_run
-    again = run_cli(["run", *ARGS, "learner.steps=8", f"run_dir={run_dir}"], timeout=600)
+    merged = ["model.lora.sync=merged", "model.lora.export_merged=true"]
+    again = run_cli(["run", *ARGS, *merged, "learner.steps=8", f"run_dir={run_dir}"], timeout=600)
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-4000:]
     assert f"resumed from {run_dir / 'checkpoints' / 'step_000006'} at version 6" in out, out
     records = read_metrics(run_dir)
     assert [r["version"] for r in records][-2:] == [7, 8]
-    for r in records[-2:]:  # the resumed adapters are what the actor samples with
+    for r in records[-2:]:  # the resumed adapters, merged, are what the actor samples with
         assert abs(r["approx_kl_behave"]) < 1e-6 and r["is_weight_max"] < 1.001, r
+    _check_merged_export(run_dir / "checkpoints" / "step_000008", out)
 
 
 def test_eval_serves_a_lora_checkpoint_as_its_adapter_on_the_base(lora_run, tmp_path):

@@ -165,3 +165,15 @@ def test_adapters_train_the_same_with_gradient_checkpointing_and_packing(tiny_mo
             name,
             (got[name] - g).abs().max(),
         )
+
+
+def test_a_merged_sync_sends_the_whole_model_an_adapter_sync_the_adapters(tiny_model):
+    from asyncrl.learner.compute.model import sync_tensors
+    from asyncrl.learner.lora.peft_export import PEFT_PREFIX
+
+    base = set(load_hf_model(tiny_model).state_dict())
+    merged_policy = build_policy(tiny_model, _cfg(rank=4, sync="merged"))
+    assert {n for n, _ in sync_tensors(merged_policy)} == base  # under the base model's names
+    sent = {n for n, _ in sync_tensors(build_policy(tiny_model, _cfg(rank=4)))}
+    assert sent and all(n.startswith(PEFT_PREFIX) and ".lora_" in n for n in sent)
+    assert len(sent) == 2 * 2 * 7  # A and B of 7 projections in 2 layers
