@@ -28,6 +28,11 @@ atexit.register(shutil.rmtree, _VLLM_CACHE, True)
 # ignored signal stays ignored across exec, a handled one is reset to the default.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# A test run inside a Slurm job (srun pytest) must not hand that job's nodes, addresses and
+# id to the commands its tests start (asyncrl/orchestration/slurm/); the Slurm tests pass
+# their variables as a mapping.
+os.environ["ASYNCRL_SLURM"] = "0"
+
 # No pickle on our wires (asyncrl/core/net/wireguard.py): on in this process and, through the
 # environment, in every role a test starts; a test that trips it fails (below).
 os.environ.setdefault("ASYNCRL_FORBID_PICKLE", "1")

@@ -5,11 +5,15 @@ asyncrl launch buffer|learner|actors [ovr]   one role on this node group
 asyncrl status [overrides]                   buffer counters of a running job
 asyncrl eval [--checkpoint PATH] [overrides] score a model or checkpoint on the validation set
 asyncrl run|launch ROLE|eval --cfg [ovr]     print the composed config as YAML and exit
+
+Inside a Slurm job, ``launch`` and ``status`` take the keys the user did not set from Slurm's
+variables first (``slurm_overrides``; ``ASYNCRL_SLURM=0`` turns that off).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -101,10 +105,16 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from asyncrl.core.config.load import ConfigError, load_config
     from asyncrl.orchestration.evaluate.args import eval_overrides, explain_config_error
+    from asyncrl.orchestration.slurm.job import SlurmError
 
     evaluating = args.command == "eval"
     try:
-        cfg = load_config(eval_overrides(args.overrides) if evaluating else args.overrides)
+        overrides = [*args.overrides, *slurm_overrides(args)]
+    except SlurmError as e:  # the variable named, with the fix
+        print(f"asyncrl: Slurm: {e}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(eval_overrides(overrides) if evaluating else overrides)
     except ConfigError as e:
         message = explain_config_error(str(e)) if evaluating else str(e)
         print(f"asyncrl: config error: {message}", file=sys.stderr)
@@ -138,6 +148,20 @@ def _main(argv: list[str] | None) -> int:
     except (FileNotFoundError, ValueError, ConnectionError, TimeoutError, RuntimeError) as e:
         print(f"asyncrl: error: {e}", file=sys.stderr)
         return 1
+
+
+def slurm_overrides(args) -> list[str]:
+    """Inside a Slurm job, what ``asyncrl launch ROLE`` and ``asyncrl status`` take from Slurm
+    for the keys the user did not set (asyncrl/orchestration/slurm/fill.py), said on the
+    console (on stderr with ``--cfg``, whose stdout is the YAML); [] elsewhere."""
+    from asyncrl.orchestration.slurm.fill import from_environment
+
+    role = args.role if args.command == "launch" else args.command
+    taken = from_environment(os.environ, role, args.overrides)
+    out = sys.stderr if getattr(args, "cfg", False) else sys.stdout
+    for line in taken.lines:
+        print(line, file=out, flush=True)
+    return taken.overrides
 
 
 def secret_in_argv(overrides: list[str], cfg) -> str:

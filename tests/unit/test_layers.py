@@ -29,7 +29,15 @@ SUB = {
     "buffer": {".": 0, "service": 1},
     "learner": {"algo": 1, "lora": 1, "compute": 2, "state": 3, "weights": 3, "hub": 4, ".": 5},
     "actors": {"data": 1, "engine": 1, "episodes": 1, "rewards": 1, "weights": 1, ".": 2},
-    "orchestration": {"models": 1, "demo": 1, "placement": 2, "launch": 3, "evaluate": 4, ".": 5},
+    "orchestration": {
+        "models": 1,
+        "demo": 1,
+        "slurm": 1,
+        "placement": 2,
+        "launch": 3,
+        "evaluate": 4,
+        ".": 5,
+    },
 }
 MAX_MODULES = 15  # a folder a reader can hold
 

@@ -6,9 +6,11 @@ only code a config can name is ``task.reward_fn`` (loaded by ``asyncrl.actors.re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import typing
+from collections.abc import Iterator
 from dataclasses import is_dataclass
 from pathlib import Path
 
@@ -31,34 +33,58 @@ def _register_schema() -> None:
 
 def load_config(overrides: list[str] | None = None, config_dir: Path | None = None) -> Config:
     """Compose ``config.yaml`` with ``overrides`` (``key=value`` / ``group=option``)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
-    _register_schema()
-    GlobalHydra.instance().clear()
-    cdir = str((config_dir or CONFIG_DIR).resolve())
-    if problem := override_problem(list(overrides or [])):
-        raise ConfigError(problem)
-    try:
-        with initialize_config_dir(config_dir=cdir, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides or []))
-        raw = OmegaConf.to_container(cfg)
-        reject_targets(raw)
+    overrides = list(overrides or [])
+    raw = compose(overrides, config_dir)
+    with _explained(overrides, config_dir):
         # re-merge into the schema: `+key=value` appends bypass struct mode, this catches them
         checked = OmegaConf.merge(OmegaConf.structured(Config), raw)
         loaded = typing.cast(Config, OmegaConf.to_object(checked))  # a structured Config's object
-        return env_refs.remember(loaded, env_refs.find(raw))  # ${oc.env:..} stays out of files
+    return env_refs.remember(loaded, env_refs.find(raw))  # ${oc.env:..} stays out of files
+
+
+def compose(overrides: list[str] | None = None, config_dir: Path | None = None) -> dict:
+    """``config.yaml`` composed with ``overrides``, as nested dicts, before the schema's
+    ``__post_init__`` checks run and with ``${oc.env:..}`` unresolved: what the overrides and
+    the files they select give each key (``load_config`` validates it; the Slurm launch
+    compares it with the packaged defaults, ``compose([])``, to see which keys a user set)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    overrides = list(overrides or [])
+    _register_schema()
+    GlobalHydra.instance().clear()
+    if problem := override_problem(overrides):
+        raise ConfigError(problem)
+    cdir = str((config_dir or CONFIG_DIR).resolve())
+    try:
+        with _explained(overrides, config_dir), initialize_config_dir(cdir, version_base="1.3"):
+            raw = OmegaConf.to_container(hydra_compose(config_name="config", overrides=overrides))
+    finally:
+        GlobalHydra.instance().clear()
+    reject_targets(raw)
+    return typing.cast(dict, raw)
+
+
+@contextlib.contextmanager
+def _explained(overrides: list[str], config_dir: Path | None) -> Iterator[None]:
+    """Hydra's and OmegaConf's errors, and a schema check's ``ValueError``, as a
+    ``ConfigError`` whose message names the key and the fix."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
     except (HydraException, OmegaConfBaseException) as e:
-        typed = [o.partition("=")[0].lstrip("+~") for o in overrides or []]
-        message = _first_line(e, Path(cdir), _search_path(list(overrides or [])), typed)
+        typed = [o.partition("=")[0].lstrip("+~") for o in overrides]
+        cdir = (config_dir or CONFIG_DIR).resolve()
+        message = _first_line(e, cdir, _search_path(overrides), typed)
         raise ConfigError(f"{message}\n  ({KEYS_HINT})") from e
     except ValueError as e:  # dataclass __post_init__ validation
         raise ConfigError(str(e)) from e
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def override_problem(overrides: list[str]) -> str | None:
