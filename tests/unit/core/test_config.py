@@ -211,8 +211,19 @@ def test_help_lists_the_groups_and_an_unknown_key_points_at_what_lists_the_keys(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])
     out = capsys.readouterr().out
-    assert "experiment chain, smollm2_math, smollm2_tools, tiny" in out
+    assert "experiment chain, smollm2_math, smollm2_math_lora, smollm2_tools, tiny" in out
     assert "algorithm  dapo, dr_grpo, grpo" in out and "asyncrl run --cfg" in out
     with pytest.raises(ConfigError) as e:
         load_config(["learner.stpes=3"])
     assert "`asyncrl run --cfg` prints every key with its value" in str(e.value)
+
+
+def test_the_smollm2_lora_preset_is_smollm2_math_with_rank_8_adapters_and_their_rate():
+    lora, full = (
+        load_config(["experiment=smollm2_math_lora"]),
+        load_config(["experiment=smollm2_math"]),
+    )
+    assert (lora.model.lora.rank, lora.model.lora.sync, lora.learner.lr) == (8, "adapter", 3e-4)
+    assert full.model.lora.rank == 0 and full.learner.lr == 1e-5  # the model preset's rate
+    lora.model.lora, lora.learner.lr = full.model.lora, full.learner.lr
+    assert lora == full  # nothing else differs
