@@ -6,9 +6,9 @@
 Each run is a fresh process pinned to ``--core`` (the actor's situation in the demo: client,
 engine core and worker on one core) that imports the actor's engine module and starts one
 ``ActorEngine`` on the demo model with ``actor.cpu_start_method`` set to the method, then
-generates: a warm-up of 64 groups, then ``--rounds`` rounds of 256 groups (8 samples, up to 8
-tokens, 16 groups in flight, as the demo's actor). Runs alternate between the methods
-(fork spawn spawn fork ...) so machine noise hits both alike.
+generates: a warm-up of ``--warmup`` groups (64), then ``--rounds`` rounds of ``--groups``
+groups (256; 8 samples, up to 8 tokens, 16 groups in flight, as the demo's actor). Runs
+alternate between the methods (fork spawn spawn fork ...) so machine noise hits both alike.
 
 Per run: seconds from the process's start to the engine being ready (the import of vLLM
 included; the demo model is built or found once, before any run), seconds of the first 16
@@ -33,7 +33,7 @@ from benchmarks.common import REPO, RESULTS, mean_std, write_result
 _CHILD = "--child"
 
 
-def _child(method: str, core: int, rounds: int, model_dir: str) -> dict:
+def _child(method: str, core: int, rounds: int, model_dir: str, warmup: int, groups: int) -> dict:
     """One run (in its own process): start an engine by ``method``, time it, generate."""
     import asyncio
 
@@ -57,11 +57,11 @@ def _child(method: str, core: int, rounds: int, model_dir: str) -> dict:
         t = time.monotonic()
         await asyncio.gather(*(one(i) for i in range(16)))  # the first batch: one-time costs
         first = time.monotonic() - t
-        await asyncio.gather(*(one(i) for i in range(64)))  # warm-up
+        await asyncio.gather(*(one(i) for i in range(warmup)))
         rates = []
         for _ in range(rounds):
             t = time.monotonic()
-            outs = await asyncio.gather(*(one(i) for i in range(256)))
+            outs = await asyncio.gather(*(one(i) for i in range(groups)))
             tokens = sum(len(c.token_ids) for cs in outs for c in cs)
             rates.append(tokens / (time.monotonic() - t))
         await engine.shutdown()
@@ -73,9 +73,9 @@ def _child(method: str, core: int, rounds: int, model_dir: str) -> dict:
     return asyncio.run(run())
 
 
-def _one_run(method: str, core: int, rounds: int, model_dir: str) -> dict:
+def _one_run(method: str, core: int, rounds: int, model_dir: str, warmup: int, groups: int) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.parts.engine_start", _CHILD, method, str(core),
-           str(rounds), model_dir]  # fmt: skip
+           str(rounds), model_dir, str(warmup), str(groups)]  # fmt: skip
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -87,11 +87,14 @@ def _one_run(method: str, core: int, rounds: int, model_dir: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [_CHILD]:
-        print(json.dumps(_child(argv[1], int(argv[2]), int(argv[3]), argv[4])), flush=True)
+        child = _child(argv[1], int(argv[2]), int(argv[3]), argv[4], int(argv[5]), int(argv[6]))
+        print(json.dumps(child), flush=True)
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.parts.engine_start")
     p.add_argument("--runs", type=int, default=2, help="runs per method")
-    p.add_argument("--rounds", type=int, default=6, help="rounds of 256 groups per run")
+    p.add_argument("--rounds", type=int, default=6, help="rounds of --groups groups per run")
+    p.add_argument("--groups", type=int, default=256, help="groups per round")
+    p.add_argument("--warmup", type=int, default=64, help="groups of the warm-up")
     p.add_argument("--core", type=int, default=1, help="the core every run is pinned to")
     p.add_argument("--name", default="engine_start")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     order = [m for i in range(args.runs) for m in (("fork", "spawn"), ("spawn", "fork"))[i % 2]]
     runs = []
     for method in order:
-        runs.append(_one_run(method, args.core, args.rounds, model_dir))
+        runs.append(_one_run(method, args.core, args.rounds, model_dir, args.warmup, args.groups))
         r = runs[-1]
         rate = sum(r["tokens_per_s"]) / len(r["tokens_per_s"])
         print(f"[engine_start] {method}: ready {r['ready_s']:.1f} s, first 16 groups "

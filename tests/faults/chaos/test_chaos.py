@@ -47,7 +47,16 @@ from tests.faults.chaos.harness import (
     redis_pid,
     unmount,
 )
-from tests.faults.chaos.schedule import DISK_FULL, Plan, describe, draw, kills_of
+from tests.faults.chaos.schedule import (
+    DISK_FULL,
+    KILL,
+    STOP,
+    Plan,
+    concurrency,
+    describe,
+    draw,
+    kills_of,
+)
 from tests.faults.conftest import FULL
 from tests.multihost.conftest import hosts_factory as hosts_factory  # the fixture
 from tests.roles import Proc
@@ -55,12 +64,19 @@ from tests.roles import Proc
 pytestmark = [pytest.mark.faults, pytest.mark.redis, pytest.mark.slow]
 
 SIM = ("actor.engine=sim", "actor.sim_tokens_per_s=500", "experiment=tiny")
-DEFAULT_SEEDS = (11, 4, 22) if FULL else (11,)
-FAULTS_S = float(os.environ.get("ASYNCRL_CHAOS_SECONDS", 240.0 if FULL else 60.0))
+MAKE_TEST_SEED, MAKE_TEST_FAULTS_S = 40, 25.0
+"""``make test``'s schedule: 25 s of seed 40 hold 12 faults, up to 3 at once, among them a
+SIGSTOP and a SIGKILL of each actor, the learner rank and redis-server, each SIGSTOP clear of a
+restart (``test_make_tests_schedule_stops_and_kills_every_role``): every fault of a
+single-host run but the disk fill."""
+DEFAULT_SEEDS = (11, 4, 22) if FULL else (MAKE_TEST_SEED,)
+FAULTS_S = float(os.environ.get("ASYNCRL_CHAOS_SECONDS", 240.0 if FULL else MAKE_TEST_FAULTS_S))
 """How long faults keep starting (``ASYNCRL_CHAOS_SECONDS`` sets it)."""
 HEAL_S = 40.0
 """After the last fault may have started: its end (at most 12 s), then quiet training."""
 SILENCE_S = 45.0
+RESTART_S = 10.0
+"""Longer than a killed role is gone (a learner rank was back 3 s after its SIGKILL here)."""
 TIMEOUT_S = int(FAULTS_S + HEAL_S + 540)
 
 
@@ -109,10 +125,32 @@ class Job:
     """A launcher stopped with Ctrl-C at the end (the buffer's)."""
 
 
+def _single_host_plan(duration_s: float) -> Plan:
+    return Plan(duration_s=duration_s, disk_p=0.5)
+
+
+def test_make_tests_schedule_stops_and_kills_every_role():
+    """The short schedule of ``make test`` stops and kills every process of the job, some
+    faults at once (a shorter schedule, or another seed, must keep that). A stop within
+    ``RESTART_S`` of a kill of its target does not count: it finds no process while the
+    launcher restarts it (``not running (a restart under way)`` in the fault log)."""
+    schedule = draw(MAKE_TEST_SEED, _single_host_plan(MAKE_TEST_FAULTS_S))
+    killed: dict[str, float] = {}
+    landed = set()
+    for f in schedule:
+        if f.kind == KILL:
+            killed[f.target] = f.t_s
+        if f.kind == KILL or f.t_s - killed.get(f.target, -1e9) > RESTART_S:
+            landed.add((f.kind, f.target))
+    wanted = {(kind, target) for kind in (KILL, STOP) for target in Plan(1.0).processes}
+    assert wanted <= landed, (sorted(wanted - landed), describe(schedule))
+    assert concurrency(schedule) >= 3, describe(schedule)
+
+
 @pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("seed", _seeds(), ids=lambda s: f"seed{s}")
 def test_chaos_single_host(seed, tmp_path, roles):
-    schedule = draw(seed, Plan(duration_s=FAULTS_S, disk_p=0.5))
+    schedule = draw(seed, _single_host_plan(FAULTS_S))
     run_dir, ckpt = tmp_path / "run", tmp_path / "ckpt"
     no_disk = mount_small_disk(ckpt, 96)
     try:
