@@ -5,6 +5,7 @@ asyncrl launch buffer|learner|actors [ovr]   one role on this node group
 asyncrl status [overrides]                   buffer counters of a running job
 asyncrl eval [--checkpoint PATH] [overrides] score a model or checkpoint on the validation set
 asyncrl run|launch ROLE|eval --cfg [ovr]     print the composed config as YAML and exit
+asyncrl k8s render --image IMG --out DIR [ovr]  Kubernetes manifests of a job (writes YAML)
 
 Inside a Slurm job, ``launch`` and ``status`` take the keys the user did not set from Slurm's
 variables first (``slurm_overrides``; ``ASYNCRL_SLURM=0`` turns that off).
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="print the buffer counters of a job")
     status.add_argument("overrides", nargs="*", help=_OVERRIDES_HELP)
     add_eval_parser(sub, groups_help())
+    from asyncrl.orchestration.kubernetes.command import add_parser as add_k8s_parser
+
+    add_k8s_parser(sub, _OVERRIDES_HELP, groups_help())
     return p
 
 
@@ -103,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "k8s":  # writes files; composes each role's config itself
+        from asyncrl.orchestration.kubernetes.command import run as render_k8s
+
+        return render_k8s(args)
     from asyncrl.core.config.load import ConfigError, load_config
     from asyncrl.orchestration.evaluate.args import eval_overrides, explain_config_error
     from asyncrl.orchestration.slurm.job import SlurmError

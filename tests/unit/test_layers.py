@@ -33,6 +33,7 @@ SUB = {
         "models": 1,
         "demo": 1,
         "slurm": 1,
+        "kubernetes": 1,
         "placement": 2,
         "launch": 3,
         "evaluate": 4,

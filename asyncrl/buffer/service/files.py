@@ -1,12 +1,15 @@
 """What ``RedisServer`` (buffer/service/server.py) writes into and reads from its run directory's files,
 as pure functions: the ACL users of the config file (``ROLE_USERS``), its listening lines,
 the settings a restart takes over from the previous ``redis.conf`` (password, port, the ACL
-users' passwords), and the hint that names a damaged AOF and its fix in a startup error.
+users' passwords), the ACL users' passwords given as files (``read_passwords``), and the hint
+that names a damaged AOF and its fix in a startup error.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 from asyncrl.buffer.service.tls import TlsFiles
@@ -27,6 +30,47 @@ ROLE_USERS = {
     "learner": f"-@all {_COMMON} +@read +@write +@stream {_SCRIPTS} +xgroup|create {_NO_ADMIN}",
 }
 """ACL users the server creates besides ``default`` (admin); see ``RedisServer.url_for``."""
+
+PASSWORD = re.compile(r"[A-Za-z0-9._~-]{16,}")
+"""A password given in a file: URL-safe (it goes into the URLs as it is) and not short."""
+MAKE_PASSWORD = "openssl rand -hex 24 | tr -d '\\n' > FILE && chmod 600 FILE"
+"""How to make one, for messages."""
+
+
+def read_passwords(directory: str | os.PathLike) -> dict[str, str]:
+    """``{user: password}`` for each user of ``ROLE_USERS``, from the file of that name in
+    ``directory`` (``buffer.passwords_dir``; e.g. a Kubernetes Secret's volume). Each file must
+    be readable by its owner only and hold ``PASSWORD`` exactly: no newline, because clients
+    may build their URL from the same bytes (a Secret in an environment variable), and a
+    password that differs by a newline fails only there, far from its cause. Raises
+    ``ValueError`` naming the file and the fix; the message never quotes a password."""
+    out = {}
+    for user in ROLE_USERS:
+        path = Path(directory) / user
+        try:
+            mode = os.stat(path).st_mode
+            text = path.read_text()
+        except OSError as e:
+            raise ValueError(
+                f"{path} cannot be read ({e.strerror}); the directory needs one file per ACL "
+                f"user ({', '.join(ROLE_USERS)}), each holding that user's password"
+            ) from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ValueError(
+                f"{path} is readable by other users (mode {stat.S_IMODE(mode):o}); it holds a "
+                f"password: chmod 600 {path} (a Kubernetes Secret volume: defaultMode 0400, "
+                "and no fsGroup, which adds group read)"
+            )
+        if not PASSWORD.fullmatch(text):
+            trimmed = PASSWORD.fullmatch(text.rstrip("\r\n"))
+            what = "ends with a newline" if trimmed else "holds no valid password"
+            raise ValueError(
+                f"{path} {what}: it must hold the password only, at least 16 of the characters "
+                "A-Z a-z 0-9 . _ ~ - (the clients' URLs carry it as it is); make one with: "
+                f"{MAKE_PASSWORD}"
+            )
+        out[user] = text
+    return out
 
 
 def port_lines(port: int | None, tls: TlsFiles | None) -> list[str]:

@@ -20,12 +20,13 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -80,9 +81,13 @@ class RedisOptions:
     tls: TlsFiles | None = None
     """Serve TLS only (no plain port); the URLs are ``rediss://`` and carry the CA path
     clients verify the server with (buffer/service/tls.py)."""
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # a secret: not in a repr
     """The admin (``default`` user) password; None = the previous one in ``run_dir``, else a
     new ``secrets.token_urlsafe``."""
+    user_passwords: dict[str, str] = field(default_factory=dict, repr=False)  # secrets
+    """The ACL users' passwords by user (``ROLE_USERS``; ``files.read_passwords`` reads them
+    from ``buffer.passwords_dir``); a user not given keeps the previous one in ``run_dir``,
+    else gets a new ``secrets.token_urlsafe``."""
     maxmemory: str | None = None
     """Memory bound, e.g. ``"2gb"``; writes are refused (never keys evicted) beyond it."""
     appendfsync: str = "always"
@@ -99,6 +104,10 @@ class RedisOptions:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
+        if unknown := sorted(set(self.user_passwords) - set(ROLE_USERS)):
+            raise ValueError(
+                f"user_passwords: unknown users {unknown}; the users: {list(ROLE_USERS)}"
+            )
         if self.appendfsync not in ("always", "everysec"):
             raise ValueError(
                 f"appendfsync must be 'always' or 'everysec', got {self.appendfsync!r}"
@@ -139,7 +148,9 @@ class RedisServer:
         self._previous = read_previous_conf(self.conf_path)
         self.password = o.password or self._previous.get("requirepass") or secrets.token_urlsafe(24)
         self.user_passwords = {
-            user: self._previous.get(f"user:{user}") or secrets.token_urlsafe(24)
+            user: o.user_passwords.get(user)
+            or self._previous.get(f"user:{user}")
+            or secrets.token_urlsafe(24)
             for user in ROLE_USERS
         }
         self.port: int | None = None
@@ -309,7 +320,9 @@ class RedisServer:
             client = redis.Redis.from_url(self._local_url, socket_timeout=timeout_s)
             client.shutdown()
         except redis.RedisError:
-            proc.terminate()  # SIGTERM also makes redis flush the AOF and exit cleanly
+            # SIGINT makes redis flush the AOF and exit cleanly, as SIGTERM does; a server
+            # started through the lifeline's --hold-sigterm has SIGTERM blocked
+            proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

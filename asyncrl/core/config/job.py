@@ -91,6 +91,12 @@ class BufferConfig:
     """The learner's lease on the buffer (one learner per buffer, buffer/learner_claim.py),
     renewed every third of it: after a learner dies, or stalls (with Redis) this long,
     another run's learner may take the buffer; > 0."""
+    stop_grace_s: float = 20.0
+    """How long ``asyncrl launch buffer``, asked to stop (SIGTERM, Ctrl-C), keeps serving while
+    the job's learner holds its claim or actors hold their ids, so they stop cleanly first (a
+    last checkpoint, ``summary.json``, the ids released): a scheduler (``scancel``, a
+    Kubernetes pod deletion) signals every role at once. Keep it under the scheduler's grace
+    (Slurm's ``KillWait``, 30 s by default); >= 0, 0 = stop at once."""
     reconnect_s: float = 60.0
     """How long a role retries a lost Redis connection (a restarting server, a network
     partition between hosts) before it fails with the reason, > 0. Each retry is logged."""
@@ -104,6 +110,16 @@ class BufferConfig:
     max_deliveries: int = 3
     """A group handed to the learner this many times without a completed step (the learner
     crashed or was stopped each time) is dead-lettered as poison (``dropped_poison``); >= 1."""
+    port: int = 0
+    """The TCP port of the job's own Redis (``asyncrl launch buffer`` / ``asyncrl run``),
+    0..65535; 0 = a free one, which a restart in the same run directory reuses while it is
+    free. A fixed port is for a Service in front of it (Kubernetes, docs/multinode.md)."""
+    passwords_dir: str = ""
+    """A directory holding the passwords of the job's own Redis's ACL users, one file per user
+    named ``actor`` and ``learner``, each mode 0600 or stricter and holding the password only
+    (URL-safe characters, at least 16, no newline), e.g. a Kubernetes Secret mounted as a
+    volume. Read when the server starts; they replace the ones a restart would reuse from
+    ``redis.conf``. '' = generated (``secrets.token_urlsafe``), kept in the run directory."""
 
     def __post_init__(self) -> None:
         _require_finite(self, "buffer")
@@ -124,6 +140,8 @@ class BufferConfig:
         _bound(self, "buffer.max_deliveries", ge=1)
         _bound(self, "buffer.reconnect_s", gt=0)
         _bound(self, "buffer.claim_ttl_s", gt=0)
+        _bound(self, "buffer.stop_grace_s", ge=0)
+        _bound(self, "buffer.port", ge=0, le=65535, hint=" (0 = a free one)")
 
 
 @dataclass

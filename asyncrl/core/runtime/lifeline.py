@@ -2,7 +2,7 @@
 
 A role (learner, actor) or the private redis-server started by the launcher runs as
 
-    python -m asyncrl.core.runtime.lifeline --parent PID [--cores CORES] -- CMD [ARGS...]
+    python -m asyncrl.core.runtime.lifeline --parent PID [--cores CORES] [--hold-sigterm] -- CMD [ARGS...]
 
 which, before it ``exec``s CMD:
 
@@ -19,6 +19,12 @@ which, before it ``exec``s CMD:
    exits. The SIGTERM asks for a clean stop, but its Python handler cannot run while the
    main thread is blocked in C (a gloo collective, a socket read) until that call's own
    deadline (``learner.weight_sync_timeout_s``: 120 s); the watchdog bounds that.
+
+With ``--hold-sigterm`` (the private redis-server), CMD starts with SIGTERM blocked and gets
+SIGINT (a clean shutdown for Redis too) as its death signal: a scheduler that signals every
+process of a job at once (Slurm's ``scancel``, which reaches the processes of a step whatever
+their session) must not stop the buffer before the roles that still write to it; the launcher
+stops it itself (``SHUTDOWN``) once they let go (``buffer.stop_grace_s``).
 
 A role also writes every thread's stack to its log on ``kill -USR1 PID`` and goes on
 (``enable_stack_dumps``): where a role that went silent is waiting.
@@ -48,10 +54,14 @@ between SIGTERM and SIGKILL (``launcher._GRACE_S``); an orphan's SIGTERM came at
 moment as Redis's and the actors', so it gets a little more."""
 
 
-def child_cmd(cmd: list[str], cores: str = "", parent: int | None = None) -> list[str]:
-    """``cmd`` wrapped so that it dies with this process (and runs on ``cores``, if given)."""
+def child_cmd(
+    cmd: list[str], cores: str = "", parent: int | None = None, hold_sigterm: bool = False
+) -> list[str]:
+    """``cmd`` wrapped so that it dies with this process (and runs on ``cores``, if given;
+    with SIGTERM blocked and SIGINT as its death signal if ``hold_sigterm``)."""
     pid = os.getpid() if parent is None else parent
     pin = ["--cores", cores] if cores else []
+    hold = ["--hold-sigterm"] if hold_sigterm else []
     return [
         sys.executable,
         "-m",
@@ -59,6 +69,7 @@ def child_cmd(cmd: list[str], cores: str = "", parent: int | None = None) -> lis
         "--parent",
         str(pid),
         *pin,
+        *hold,
         "--",
         *cmd,
     ]
@@ -132,21 +143,29 @@ def catches_stack_signal(pid: int) -> bool:
     return bool(int(caught, 16) >> (STACK_SIGNAL - 1) & 1)
 
 
-def _parse(argv: list[str]) -> tuple[int, str, list[str]]:
-    usage = "usage: python -m asyncrl.core.runtime.lifeline --parent PID [--cores CORES] -- CMD [ARGS...]"
+def _parse(argv: list[str]) -> tuple[int, str, bool, list[str]]:
+    """(parent, cores, hold_sigterm, cmd) from the command line of the module docstring."""
+    usage = (
+        "usage: python -m asyncrl.core.runtime.lifeline --parent PID [--cores CORES] "
+        "[--hold-sigterm] -- CMD [ARGS...]"
+    )
     if "--" not in argv:
         sys.exit(usage)
     split = argv.index("--")
     opts, cmd = argv[:split], argv[split + 1 :]
+    hold = "--hold-sigterm" in opts
+    opts = [o for o in opts if o != "--hold-sigterm"]
     values = dict(zip(opts[::2], opts[1::2], strict=False))
     if not cmd or "--parent" not in values or set(values) - {"--parent", "--cores"}:
         sys.exit(usage)
-    return int(values["--parent"]), values.get("--cores", ""), cmd
+    return int(values["--parent"]), values.get("--cores", ""), hold, cmd
 
 
 def main(argv: list[str]) -> None:
-    parent, cores, cmd = _parse(argv)
-    die_with_parent()
+    parent, cores, hold, cmd = _parse(argv)
+    if hold:  # the mask survives exec; the program's own SIGTERM handler then never runs
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    die_with_parent(signal.SIGINT if hold else signal.SIGTERM)
     if os.getppid() != parent:  # the launcher died before prctl took effect
         sys.exit(f"asyncrl.core.runtime.lifeline: parent {parent} is gone; not starting {cmd[0]}")
     os.environ[ENV] = f"{parent}:{_start_time(parent)}"

@@ -16,7 +16,7 @@ from asyncrl.core.config.job import Config
 from asyncrl.core.config.load import ConfigError
 from asyncrl.core.runtime import rundir
 from asyncrl.core.runtime.lifeline import child_cmd
-from asyncrl.orchestration.launch.launcher import begin_shutdown
+from asyncrl.orchestration.launch.launcher import begin_shutdown, hurried
 
 if TYPE_CHECKING:
     from asyncrl.buffer.service.server import RedisServer
@@ -64,19 +64,38 @@ def role_url(url: str, server: RedisServer | None, role: str) -> str:
 
 
 def redis_server(cfg: Config, run_dir: Path) -> RedisServer:
-    """The private redis-server in ``run_dir/redis``; it dies with this process and holds the
-    run directory's lock while it lives."""
+    """The private redis-server in ``run_dir/redis``, on ``buffer.port`` (0: a free one), with
+    the ACL users' passwords of ``buffer.passwords_dir`` when it is set; it dies with this
+    process and holds the run directory's lock while it lives."""
     from asyncrl.buffer.service.server import RedisOptions, RedisServer
 
     net = cfg.network
-    options = RedisOptions(host=net.bind, advertise=net.advertise, tls=tls_files(cfg))
+    options = RedisOptions(
+        port=cfg.buffer.port,
+        host=net.bind,
+        advertise=net.advertise,
+        tls=tls_files(cfg),
+        user_passwords=given_passwords(cfg),
+    )
     return RedisServer(
         run_dir / "redis",
         options,
         key_prefix=cfg.buffer.name,
-        wrap=child_cmd,
+        wrap=lambda cmd: child_cmd(cmd, hold_sigterm=True),  # stopped by us, after the roles
         pass_fds=rundir.held_fds(),
     )
+
+
+def given_passwords(cfg: Config) -> dict[str, str]:
+    """The ACL users' passwords from ``buffer.passwords_dir`` ({} when unset: generated)."""
+    if not cfg.buffer.passwords_dir:
+        return {}
+    from asyncrl.buffer.service.files import read_passwords
+
+    try:
+        return read_passwords(cfg.buffer.passwords_dir)
+    except ValueError as e:
+        raise ConfigError(f"buffer.passwords_dir: {e}") from None
 
 
 def tls_files(cfg: Config) -> TlsFiles | None:
@@ -119,7 +138,37 @@ def serve_buffer(cfg: Config, run_dir: Path) -> int:
         print("[buffer] redis-server exited", flush=True)
         return 1
     except KeyboardInterrupt:
+        serve_until_released(server.url, cfg.buffer.name, cfg.buffer.stop_grace_s)
         return 0
     finally:
         begin_shutdown()
         server.stop()
+
+
+def serve_until_released(url: str, name: str, grace_s: float, poll_s: float = 0.5) -> None:
+    """Asked to stop: keep serving while the job's learner or actors hold buffer ``name``
+    (buffer/service/holders.py), at most ``grace_s`` (``buffer.stop_grace_s``) or until a second
+    Ctrl-C/SIGTERM, saying what it waits for and what was still held when it gave up."""
+    from asyncrl.buffer.connection import connect
+    from asyncrl.buffer.service.holders import holders
+
+    if grace_s <= 0:
+        return
+    client = connect(url)
+    deadline = time.monotonic() + grace_s
+    try:
+        held = holders(client, name)
+        if held:
+            print(f"[buffer] stop requested; serving until {' and '.join(held)} let go "
+                  f"(at most {grace_s:g}s, buffer.stop_grace_s; Ctrl-C again stops now)",
+                  flush=True)  # fmt: skip
+        while held and time.monotonic() < deadline and not hurried():
+            time.sleep(poll_s)
+            held = holders(client, name)
+    except Exception as e:  # the server died meanwhile: nothing left to serve
+        print(f"[buffer] could not read who holds the buffer ({e}); stopping", flush=True)
+        return
+    finally:
+        client.close()
+    if held:
+        print(f"[buffer] stopping while {' and '.join(held)} still hold(s) it", flush=True)

@@ -255,14 +255,30 @@ def begin_shutdown() -> None:
     _stopping.set()
 
 
+_first_signal_at: list[float] = []
+REPEATED_SIGTERM_S = 3.0
+"""A SIGTERM this soon after the first stop signal is the same request, not a hurry: Slurm
+signals every process of a step and ``srun`` forwards the signal it got too, so one ``scancel``
+reaches a launcher twice within milliseconds."""
+
+
 def on_stop_signal(signum: int, frame) -> None:
     """SIGINT/SIGTERM handler of a launcher: the first signal raises ``KeyboardInterrupt``
     (the job stops its roles, then its buffer); a signal while it is already stopping does
     not interrupt that shutdown (which would orphan the buffer) but cuts its grace period:
-    the roles get SIGKILL at once, and the buffer still gets its clean SHUTDOWN."""
+    the roles get SIGKILL at once, and the buffer still gets its clean SHUTDOWN. A SIGTERM
+    within ``REPEATED_SIGTERM_S`` of the first signal is taken as the same request."""
+    now = time.monotonic()
     if not _stopping.is_set():
         _stopping.set()
+        _first_signal_at[:] = [now]
         raise KeyboardInterrupt
+    if (
+        signum == signal.SIGTERM
+        and _first_signal_at
+        and now - _first_signal_at[0] < REPEATED_SIGTERM_S
+    ):
+        return
     if not _hurry.is_set():
         _hurry.set()
         os.write(2, b"[asyncrl] already stopping; killing the roles now (SIGKILL)\n")
@@ -289,6 +305,11 @@ def import_heavy_modules() -> None:
             signal.signal(s, handler)
     if held:
         on_stop_signal(held[0], None)
+
+
+def hurried() -> bool:
+    """Whether a second Ctrl-C/SIGTERM came while stopping (``on_stop_signal``)."""
+    return _hurry.is_set()
 
 
 def hurry() -> None:

@@ -37,6 +37,8 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "data.epochs": [(1, 0)],
     "buffer.reconnect_s": [(1e-3, 0.0)],
     "buffer.claim_ttl_s": [(1e-3, 0.0)],
+    "buffer.stop_grace_s": [(0.0, -1e-9)],
+    "buffer.port": [(0, -1), (65535, 65536)],
     "actor.num_actors": [(1, 0)],
     "actor.nnodes": [(1, 0)],
     "sampling.n_samples": [(2, 1)],

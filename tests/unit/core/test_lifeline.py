@@ -114,3 +114,53 @@ def test_a_role_writes_its_stacks_on_the_signal_and_goes_on(tmp_path):
     finally:
         role.kill()
         role.wait(10)
+
+
+# a launcher of a --hold-sigterm child that prints its SigBlk mask and waits for SIGINT
+HELD = (
+    "import signal, sys, time; "
+    "signal.signal(signal.SIGINT, lambda *_: (print('sigint', flush=True), sys.exit(0))); "
+    "blk = [l for l in open('/proc/self/status') if l.startswith('SigBlk:')][0].split()[1]; "
+    "print(int(blk, 16) >> (signal.SIGTERM - 1) & 1, flush=True); time.sleep(60)"
+)
+
+
+def test_hold_sigterm_blocks_sigterm_and_dies_with_its_parent_by_sigint(tmp_path):
+    """The private redis-server's wrapping: a SIGTERM (Slurm's scancel reaches every process
+    of a step) stays pending, and the launcher's death still stops it, by SIGINT."""
+    out = tmp_path / "child.out"
+    launcher_code = (
+        "import subprocess, sys, time; from asyncrl.core.runtime.lifeline import child_cmd; "
+        "p = subprocess.Popen(child_cmd([sys.executable, '-c', sys.argv[1]], hold_sigterm=True), "
+        "stdout=open(sys.argv[2], 'w')); print(p.pid, flush=True); time.sleep(60)"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", launcher_code, HELD, str(out)],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = 0
+    try:
+        child = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 20
+        while not out.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.read_text().split() == ["1"], out.read_text()  # SIGTERM blocked
+        os.kill(child, signal.SIGTERM)
+        time.sleep(0.5)
+        assert not _gone(child), "a held SIGTERM stopped the child"
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 10
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(child), "the child outlived its launcher"
+        assert out.read_text().split() == ["1", "sigint"], out.read_text()
+    finally:
+        launcher.kill()
+        if child and not _gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_hold_flag_is_parsed_anywhere_before_the_command():
+    assert lifeline._parse(["--parent", "7", "--hold-sigterm", "--", "x", "--hold-sigterm"]) == (
+        7, "", True, ["x", "--hold-sigterm"]
+    )  # fmt: skip
+    assert lifeline._parse(["--cores", "0", "--parent", "7", "--", "x"]) == (7, "0", False, ["x"])
