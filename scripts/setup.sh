@@ -20,6 +20,13 @@ if [ "$(id -u)" -eq 0 ] && ! { command -v ip && command -v ss; } >/dev/null 2>&1
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
 fi
+# The Slurm tests (tests/slurm) build a cluster from Debian's Slurm and munge in those
+# namespaces; root only too.
+if [ "$(id -u)" -eq 0 ] && ! { command -v slurmctld && command -v slurmd && command -v munged; } >/dev/null 2>&1; then
+  echo "[setup] installing Debian's slurm-wlm and munge for the Slurm tests"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+fi
 
 stamp="$VENV/.asyncrl-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then
