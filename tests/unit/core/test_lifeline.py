@@ -32,6 +32,16 @@ def _gone(pid: int) -> bool:
     return lifeline._start_time(pid) is None
 
 
+def _kill_and_wait_gone(launcher: subprocess.Popen, child: int, timeout_s: float = 10) -> bool:
+    """SIGKILL ``launcher``; whether ``child`` is gone within ``timeout_s`` after."""
+    launcher.kill()
+    launcher.wait(10)
+    deadline = time.monotonic() + timeout_s
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _gone(child)
+
+
 def test_a_role_that_ignores_sigterm_exits_soon_after_its_launcher_is_killed(tmp_path):
     err = tmp_path / "role.err"
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, ROLE, str(err)],
@@ -42,12 +52,7 @@ def test_a_role_that_ignores_sigterm_exits_soon_after_its_launcher_is_killed(tmp
         assert launcher.stdout.readline().strip() == "watching"  # the role's stdout: inherited
         time.sleep(1.5)  # past the grace: alive while the launcher is
         assert not _gone(role), "the role left while its launcher was alive"
-        launcher.kill()
-        launcher.wait(10)
-        deadline = time.monotonic() + 10
-        while not _gone(role) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _gone(role), "the role outlived its launcher by 10 s (grace 1 s)"
+        assert _kill_and_wait_gone(launcher, role), "the role outlived its launcher by 10 s"
         text = err.read_text()
         assert f"the launcher (PID {launcher.pid}) died" in text, text
         assert "time.sleep" in text or 'File "<string>"' in text, text  # its stack, dumped
@@ -146,12 +151,7 @@ def test_hold_sigterm_blocks_sigterm_and_dies_with_its_parent_by_sigint(tmp_path
         os.kill(child, signal.SIGTERM)
         time.sleep(0.5)
         assert not _gone(child), "a held SIGTERM stopped the child"
-        launcher.kill()
-        launcher.wait(10)
-        deadline = time.monotonic() + 10
-        while not _gone(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _gone(child), "the child outlived its launcher"
+        assert _kill_and_wait_gone(launcher, child), "the child outlived its launcher"
         assert out.read_text().split() == ["1", "sigint"], out.read_text()
     finally:
         launcher.kill()
