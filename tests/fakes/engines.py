@@ -5,6 +5,7 @@ a test that expects none fails if one happens."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -71,3 +72,35 @@ class ScriptedEngine:
 
     async def shutdown(self) -> None:
         pass
+
+
+class EngineCalls:
+    """An agent endpoint's ``CallEngine`` (asyncrl/actors/agents/server.py) over an ``Engine``
+    such as ``ScriptedEngine``: one completion per call, the call's fields passed on as
+    ``generate``'s arguments (so ``engine.calls`` shows what each call sampled with)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    async def complete(self, call):
+        out = await self.engine.generate(
+            call.prompt_ids, 1, call.max_tokens, call.temperature, call.seed, **call.options
+        )
+        return out[0]
+
+
+class HangingCalls:
+    """A ``CallEngine`` whose calls never finish: ``started`` is set when one begins,
+    ``cancelled`` counts the ones cancelled (the episode's end must cancel them)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.cancelled = 0
+
+    async def complete(self, call):
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise

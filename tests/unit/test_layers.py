@@ -28,7 +28,15 @@ SUB = {
     "core": {".": 0, "config": 1, "runtime": 2, "observe": 3, "net": 3, "weights": 3},
     "buffer": {".": 0, "service": 1},
     "learner": {"algo": 1, "lora": 1, "compute": 2, "state": 3, "weights": 3, "hub": 4, ".": 5},
-    "actors": {"data": 1, "engine": 1, "episodes": 1, "rewards": 1, "weights": 1, ".": 2},
+    "actors": {
+        "data": 1,
+        "engine": 1,
+        "episodes": 1,
+        "rewards": 1,
+        "weights": 1,
+        "agents": 2,
+        ".": 3,
+    },
     "orchestration": {
         "models": 1,
         "demo": 1,

@@ -1,0 +1,11 @@
+"""Agents that own their loop: an OpenAI-compatible endpoint on the actor, whose calls are
+recorded token for token as the run's samples (docs: notes spec 46; M1: the endpoint driven
+from tests, no config or workers yet).
+
+    messages  a request's messages checked, made canonical and hashed by prefix
+    policy    a call's sampling settings: the run's, whatever was asked (overrides counted)
+    record    one episode's calls: first / extend / fork / new, tokens from the record,
+              budgets, the segment exported
+    keys      per-episode API keys: mint, resolve by sha256, revoke (ended keys remembered)
+    server    ``AgentServer``: aiohttp on loopback, ``/v1/models``, ``/v1/chat/completions``
+"""

@@ -1,0 +1,254 @@
+"""The agent endpoint (asyncrl/actors/agents/server.py) as an agent sees it: the real aiohttp
+server on 127.0.0.1:0 and the real ``openai.AsyncOpenAI`` client, over a scripted engine
+(tests/fakes/engines.py) and the demo tokenizer. A tool call round trip (the returned message
+sent back extends the segment), wrong and ended keys (``AuthenticationError``), refused
+requests and spent budgets (``BadRequestError`` naming the field), the run's sampling in
+place of the call's, and an episode's end cancelling its call in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="openai comes with vLLM; install vllm to run")
+pytest.importorskip("aiohttp", reason="aiohttp comes with vLLM; install vllm to run")
+
+from asyncrl.actors.agents.policy import CallPolicy  # noqa: E402
+from asyncrl.actors.agents.record import AgentEpisode, CallLimits  # noqa: E402
+from asyncrl.actors.agents.server import AgentServer, ServerOptions  # noqa: E402
+from asyncrl.actors.engine.completions import Completion  # noqa: E402
+from asyncrl.actors.episodes.render import ChatRenderer  # noqa: E402
+from asyncrl.orchestration.demo.tokenizer import build_tokenizer  # noqa: E402
+from tests.fakes.engines import EngineCalls, HangingCalls, ScriptedEngine  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+TOK = build_tokenizer()
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculate",
+        "description": "evaluate an expression",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+QUESTION = [{"role": "user", "content": "what is 1+2?"}]
+CALL_TEXT = '<tool_call>{"name": "calculate", "arguments": {"expression": "1+2"}}</tool_call>'
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")  # as the agent workers will set it
+
+
+def turn(text: str, version: int = 0, finish: str = "stop") -> list[Completion]:
+    ids = TOK.encode(text, add_special_tokens=False)
+    return [Completion(ids, [-0.25] * len(ids), [version] * len(ids), finish)]
+
+
+LIMITS = CallLimits(max_calls=8, budget=400, context=2000)
+POLICY = CallPolicy(max_tokens=32, temperature=0.7, options={"top_p": 0.9})
+
+
+def episode(limits: CallLimits = LIMITS) -> AgentEpisode:
+    return AgentEpisode("ep7", {"prompt": "p"}, 1000, POLICY, limits)
+
+
+async def served(engine, test, ep=None):
+    """Run ``test(server, client, ep)`` against a started server with one open episode."""
+    server = AgentServer(engine, TOK)
+    url = await server.start()
+    ep = ep or episode()
+    client = openai.AsyncOpenAI(base_url=url, api_key=server.open(ep), timeout=20)
+    try:
+        return await test(server, client, ep)
+    finally:
+        await client.close()
+        await server.close()
+
+
+def run(engine, test, ep=None):
+    return asyncio.run(asyncio.wait_for(served(engine, test, ep), 40))
+
+
+def test_models_lists_the_policy_on_a_loopback_port():
+    async def test(server, client, ep):
+        assert server.base_url.startswith("http://127.0.0.1:") and server.base_url.endswith("/v1")
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["policy"]
+
+    run(EngineCalls(ScriptedEngine()), test)
+
+
+def test_a_tool_call_round_trip_extends_the_segment_with_the_runs_sampling():
+    engine = ScriptedEngine(turn(CALL_TEXT, version=2), turn("3", version=3))
+
+    async def test(server, client, ep):
+        msgs = list(QUESTION)
+        r = await client.chat.completions.create(
+            model="policy", messages=msgs, tools=[CALC], temperature=0.1, seed=5
+        )
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (tc,) = choice.message.tool_calls
+        assert (tc.id, tc.type, tc.function.name) == ("call_ep7_0_0", "function", "calculate")
+        assert json.loads(tc.function.arguments) == {"expression": "1+2"}
+        assert r.usage.completion_tokens == len(turn(CALL_TEXT)[0].token_ids)
+        msgs.append(choice.message)  # sent back as received (the client dumps the object)
+        msgs.append({"role": "tool", "tool_call_id": tc.id, "content": "3"})
+        r2 = await client.chat.completions.create(model="policy", messages=msgs, tools=[CALC])
+        assert (r2.choices[0].message.content, r2.choices[0].finish_reason) == ("3", "stop")
+        return ep
+
+    ep = run(EngineCalls(engine), test)
+    c1, c2 = engine.calls
+    seg = ep.export("last")
+    assert [c.kind for c in ep.calls] == ["first", "extend"] and len(ep.segments) == 1
+    r = ChatRenderer(TOK, [CALC])
+    ids1 = turn(CALL_TEXT)[0].token_ids
+    delta = r.delta_ids([{"role": "tool", "content": "3"}], ids1)
+    assert c1.prompt_ids == r.prompt_ids(QUESTION) and seg.traj.prompt_ids == c1.prompt_ids
+    assert c2.prompt_ids == c1.prompt_ids + ids1 + delta
+    assert seg.traj.versions == [2] * (len(ids1) + len(delta)) + [3]
+    # the run's sampling, the episode's seeds; what was asked otherwise is counted
+    assert (c1.temperature, c1.options, c1.max_tokens) == (0.7, {"top_p": 0.9}, 32)
+    assert (c1.seed, c2.seed) == (1000, 1001)
+    assert ep.calls[0].overrides == {"temperature": 0.1, "seed": 5}
+    assert (ep.calls[0].tool_calls, ep.calls[0].malformed) == (1, 0)
+
+
+def test_wrong_and_ended_keys_are_authentication_errors():
+    async def test(server, client, ep):
+        wrong = client.with_options(api_key="sk-asyncrl-not-a-key")
+        with pytest.raises(openai.AuthenticationError) as e:
+            await wrong.chat.completions.create(model="policy", messages=QUESTION)
+        assert e.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            await wrong.models.list()
+        assert server.end(ep.id, "done") is ep and ep.end == "done"
+        with pytest.raises(openai.AuthenticationError) as e:
+            await client.chat.completions.create(model="policy", messages=QUESTION)
+        assert e.value.code == "episode_ended" and "episode_ended: done" in str(e.value)
+        assert server.counts.refused == {"bad_key": 2, "ended": 1}
+
+    run(EngineCalls(ScriptedEngine()), test)
+
+
+def test_refused_requests_name_the_field_and_a_spent_budget_ends_the_episode():
+    engine = ScriptedEngine(turn("12345"))
+
+    async def test(server, client, ep):
+        for kwargs, param in (({"n": 2}, "n"), ({"stream": False, "logprobs": True}, "logprobs")):
+            with pytest.raises(openai.BadRequestError) as e:
+                await client.chat.completions.create(model="policy", messages=QUESTION, **kwargs)
+            assert e.value.param == param
+        image = [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": image}]
+            )
+        assert e.value.param == "messages[0].content[0]"
+        r = await client.chat.completions.create(model="other", messages=QUESTION)
+        assert r.choices[0].finish_reason == "length" and r.model == "policy"
+        assert engine.calls[0].max_tokens == 5  # the budget left
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.chat.completions.create(model="policy", messages=QUESTION)
+        assert e.value.code == "budget_exhausted" and ep.end == "max_tokens"
+        with pytest.raises(openai.AuthenticationError) as e:  # its key is revoked
+            await client.chat.completions.create(model="policy", messages=QUESTION)
+        assert "max_tokens" in str(e.value)
+        assert server.counts.model_other == 1
+        assert server.counts.refused == {
+            "n": 1,
+            "logprobs": 1,
+            "messages[0].content[0]": 1,
+            "budget_exhausted": 1,
+            "ended": 1,
+        }
+
+    engine.rounds[0][0].finish_reason = "length"
+    run(EngineCalls(engine), test, episode(CallLimits(8, 5, 2000)))
+
+
+def test_an_episodes_end_cancels_its_call_in_flight():
+    hanging = HangingCalls()
+
+    async def test(server, client, ep):
+        call = asyncio.ensure_future(
+            client.chat.completions.create(model="policy", messages=QUESTION)
+        )
+        await hanging.started.wait()
+        assert len(ep.inflight) == 1
+        server.end(ep.id, "agent_timeout")
+        with pytest.raises(openai.AuthenticationError) as e:
+            await call
+        assert "agent_timeout" in str(e.value)
+        assert hanging.cancelled == 1 and not ep.inflight
+        assert ep.calls[0].finish_reason == "abort" and ep.export() is None
+
+    run(hanging, test)
+
+
+def test_the_endpoint_binds_to_loopback_only():
+    with pytest.raises(ValueError, match="loopback"):
+        ServerOptions(bind="0.0.0.0")
+    with pytest.raises(ValueError, match="loopback"):
+        ServerOptions(bind="localhost")
+    assert ServerOptions(bind="::1").bind == "::1"
+    with pytest.raises(ValueError, match="hermes"):
+        ServerOptions(tool_parser="nope")
+
+
+def test_a_malformed_call_stays_in_the_content_and_is_counted():
+    bad = "<tool_call>{not json}</tool_call>"
+    engine = ScriptedEngine(turn(bad), turn(CALL_TEXT))
+
+    async def test(server, client, ep):
+        r = await client.chat.completions.create(model="policy", messages=QUESTION, tools=[CALC])
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == (bad, "stop")
+        assert r.choices[0].message.tool_calls is None
+        r = await client.chat.completions.create(
+            model="policy", messages=QUESTION, tools=[CALC], tool_choice="none"
+        )
+        assert r.choices[0].message.content == CALL_TEXT  # not parsed when told none
+        assert [(c.tool_calls, c.malformed) for c in ep.calls] == [(0, 1), (0, 0)]
+        assert [c.kind for c in ep.calls] == ["first", "new"]
+
+    run(EngineCalls(engine), test)
+
+
+def test_keys_resolve_by_hash_and_ended_ones_are_remembered_up_to_the_bound():
+    from asyncrl.actors.agents.keys import PREFIX, EndedKey, Keys, UnknownKey, key_hash
+
+    keys = Keys(ended=2)
+    minted = [keys.mint(f"e{i}") for i in range(3)]
+    key, h = minted[0]
+    assert key.startswith(PREFIX) and len(key) > len(PREFIX) + 40 and h == key_hash(key)
+    assert key not in repr(vars(keys))  # only hashes are kept
+    assert keys.resolve(key) == "e0"
+    for i, (_, h) in enumerate(minted):
+        keys.revoke(h, f"end{i}")
+    keys.revoke(minted[2][1], "later")  # the first end stays
+    with pytest.raises(EndedKey, match="end2"):
+        keys.resolve(minted[2][0])
+    with pytest.raises(UnknownKey):  # the oldest ended key is forgotten
+        keys.resolve(minted[0][0])
+    assert len(keys.ended) == 2 and not keys.live
+
+
+def test_a_taken_port_fails_the_start_and_leaves_nothing_open():
+    async def test():
+        first = AgentServer(EngineCalls(ScriptedEngine()), TOK)
+        url = await first.start()
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        second = AgentServer(EngineCalls(ScriptedEngine()), TOK, ServerOptions(port=port))
+        try:
+            with pytest.raises(OSError):
+                await second.start()
+            assert second._runner is None
+        finally:
+            await first.close()
+
+    asyncio.run(asyncio.wait_for(test(), 20))
