@@ -4,14 +4,17 @@ A job has ``actor.total`` actors (``num_actors`` per ``asyncrl launch actors``, 
 launches). Each id owns a prompt cursor (buffer/cursors.py), so two live actors with one id
 would break exactly-once. Each launch claims ``num_actors`` ids::
 
-    <buffer>:actor_id:<i>   = launch token, with a time-to-live (PX) the launch keeps renewing
+    <buffer>:actor_id:<i>        = launch token, with a time-to-live (PX) the launch keeps renewing
+    <buffer>:actor_id_last:<i>   = the last token that claimed id i (no time-to-live)
 
 Invariants:
 
 - An id is held by at most one token at a time (claim and renew are Lua scripts, atomic).
 - A launch claims its own ids back first: its token lives in its run directory
   (``actor_ids.token``, mode 0600), so a relaunch on the same run directory resumes the same
-  cursors at once.
+  cursors at once. Then the free ids it held last (``actor_id_last``), so after an outage
+  longer than ``ttl_s`` (a requeued Slurm job waiting to start again) launches that start
+  together in any order still get their own ids back; then any free id.
 - The ids of a launch that died come free after ``ttl_s`` without renewal; another launch
   may then take them and resumes their cursors (nothing is lost: a cursor's in-flight
   prompts are re-claimed by whoever holds the id). A launch that stops cleanly releases its
@@ -32,28 +35,31 @@ from asyncrl.core.runtime.rundir import write_atomic
 if TYPE_CHECKING:
     import redis
 
-# KEYS: the slot key of every id 0..n-1.  ARGV: token, count, ttl_ms.
-# Keeps (and refreshes) the ids this token holds, up to count, then takes free ones
-# (missing or released ""); releases held ids beyond count. Returns the ids held, ascending.
+# KEYS: the slot key of every id 0..n-1, then its last-holder key.  ARGV: token, count, ttl_ms.
+# Keeps (and refreshes) the ids this token holds, up to count, then takes free ones (missing
+# or released ""): first those this token held last, then any; releases held ids beyond
+# count. Returns the ids held, ascending.
 _CLAIM = """
 local token, count, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local n = #KEYS / 2
 local held = {}
-for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == token then
-    if #held < count then
-      redis.call('SET', key, token, 'PX', ttl)
-      table.insert(held, i - 1)
-    else
-      redis.call('SET', key, '', 'PX', 1)
-    end
+local function take(i)
+  redis.call('SET', KEYS[i], token, 'PX', ttl)
+  redis.call('SET', KEYS[n + i], token)
+  table.insert(held, i - 1)
+end
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) == token then
+    if #held < count then take(i) else redis.call('SET', KEYS[i], '', 'PX', 1) end
   end
 end
-for i, key in ipairs(KEYS) do
-  if #held >= count then break end
-  local v = redis.call('GET', key)
-  if v == false or v == '' then
-    redis.call('SET', key, token, 'PX', ttl)
-    table.insert(held, i - 1)
+for pass = 1, 2 do
+  for i = 1, n do
+    if #held >= count then break end
+    local v = redis.call('GET', KEYS[i])
+    if (v == false or v == '') and (pass == 2 or redis.call('GET', KEYS[n + i]) == token) then
+      take(i)
+    end
   end
 end
 table.sort(held)
@@ -108,9 +114,14 @@ class ActorIds:
     def _key(self, i: int) -> str:
         return f"{self.name}:actor_id:{i}"
 
+    def _last_key(self, i: int) -> str:
+        return f"{self.name}:actor_id_last:{i}"
+
     def claim(self, count: int) -> list[int]:
-        """Up to ``count`` ids for this token: the ones it held first, then free ones."""
+        """Up to ``count`` ids for this token: the ones it holds, then free ones it held last,
+        then other free ones."""
         keys = [self._key(i) for i in range(self.total)]
+        keys += [self._last_key(i) for i in range(self.total)]
         return [int(i) for i in self._claim(keys, [self.token, count, self.ttl_ms])]
 
     def renew(self, ids: list[int]) -> list[int]:

@@ -129,3 +129,20 @@ def test_launch_token_is_kept_in_a_private_file(tmp_path):
     token = launch_token(tmp_path)
     assert launch_token(tmp_path) == token and len(token) == 32
     assert os.stat(tmp_path / "actor_ids.token").st_mode & 0o777 == 0o600
+
+
+def test_launches_get_their_own_ids_back_after_their_leases_lapsed(redis_client, buffer_name):
+    """A requeued Slurm job may start again minutes after its launches lost their ids (their
+    leases lapsed meanwhile): whatever order they start in, each takes the ids it held last,
+    so its run directory's cursors stay its own; a launch new to the buffer takes the rest."""
+    a = _ids(redis_client, buffer_name, "A", ttl_s=0.05)
+    b = _ids(redis_client, buffer_name, "B", ttl_s=0.05)
+    assert a.claim(2) == [0, 1] and b.claim(2) == [2, 3]
+    time.sleep(0.1)  # both leases lapse
+    assert a.holders() == {}
+    assert b.claim(2) == [2, 3]  # B first this time: its own, not the lowest free ids
+    assert a.claim(2) == [0, 1]
+    time.sleep(0.1)
+    c = _ids(redis_client, buffer_name, "C")
+    assert c.claim(1) == [0]  # new: the lowest free id, whoever held it last
+    assert a.claim(2) == [1, 2]  # its own id 1, then another free one
