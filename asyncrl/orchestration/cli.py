@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     # First thing: Ctrl-C or SIGTERM at any moment (even while torch imports) ends the command
     # with a message, not a traceback, also when SIGINT was inherited as ignored (a job
     # started in the background by a shell, nohup, some CI runners). A second signal while the
-    # job stops hurries it instead of breaking the shutdown (launch/launcher.py on_stop_signal).
+    # job stops hurries it instead of breaking the shutdown (launch/stop_signals.py on_stop_signal).
     # The import is inside the try: a Ctrl-C that lands while it runs (a fresh clone compiles
     # its bytecode first) is Python's KeyboardInterrupt, and gets the same message.
     try:
-        from asyncrl.orchestration.launch.launcher import on_stop_signal
+        from asyncrl.orchestration.launch.stop_signals import on_stop_signal
 
         signal.signal(signal.SIGINT, on_stop_signal)
         signal.signal(signal.SIGTERM, on_stop_signal)

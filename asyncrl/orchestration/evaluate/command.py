@@ -39,7 +39,7 @@ def run_eval(cfg, checkpoint: str | None = None, output: str | None = None) -> i
             say(f"warning: {warning}")
     cores.resolve(cfg, sorted(os.sched_getaffinity(0)), both_sides=False)  # auto: unpinned
     out = result_path(cfg, output)
-    from asyncrl.orchestration.launch.launcher import import_heavy_modules
+    from asyncrl.orchestration.launch.stop_signals import import_heavy_modules
 
     import_heavy_modules()  # a stop during torch's import takes effect after it
     model_dir = check_inputs(cfg, ckpt)

@@ -16,7 +16,7 @@ from asyncrl.core.config.job import Config
 from asyncrl.core.config.load import ConfigError
 from asyncrl.core.runtime import rundir
 from asyncrl.core.runtime.lifeline import child_cmd
-from asyncrl.orchestration.launch.launcher import begin_shutdown, hurried
+from asyncrl.orchestration.launch.stop_signals import begin_shutdown, hurried
 
 if TYPE_CHECKING:
     from asyncrl.buffer.service.server import RedisServer

@@ -51,7 +51,7 @@ from asyncrl.core.net.endpoints import launcher_role
 from asyncrl.orchestration.launch import preflight
 from asyncrl.orchestration.launch.actor_ids import IdKeeper, interrupted
 from asyncrl.orchestration.launch.buffer_start import role_url, serve_buffer, start_buffer
-from asyncrl.orchestration.launch.launcher import import_heavy_modules, supervise
+from asyncrl.orchestration.launch.launcher import supervise
 from asyncrl.orchestration.launch.roles import (
     Started,
     serve_launcher_metrics,
@@ -68,6 +68,7 @@ from asyncrl.orchestration.launch.run_info import (
     say,
     write_run_info,
 )
+from asyncrl.orchestration.launch.stop_signals import import_heavy_modules
 
 BOTH_ROLES = ("learner", "actors")
 

@@ -44,6 +44,7 @@ from asyncrl.core.runtime import fatal, rundir
 from asyncrl.core.runtime.lifeline import ROLE_TREE_ENV, child_cmd, kill_tagged, tagged_env
 from asyncrl.core.runtime.rundir import describe_os_error
 from asyncrl.orchestration.launch.role_log import LineCut, LogLimits, RoleLog, parts
+from asyncrl.orchestration.launch.stop_signals import hurried
 
 _GRACE_S = 20.0
 _ROOT_GRACE_S = 5.0  # a role's own process stops its children first
@@ -246,78 +247,6 @@ def _without_torchrun_report(lines: list[str]) -> list[str]:
     return kept
 
 
-_hurry = threading.Event()
-_stopping = threading.Event()
-
-
-def begin_shutdown() -> None:
-    """The job is stopping: a Ctrl-C/SIGTERM from now on hurries it (``on_stop_signal``)."""
-    _stopping.set()
-
-
-_first_signal_at: list[float] = []
-REPEATED_SIGTERM_S = 3.0
-"""A SIGTERM this soon after the first stop signal is the same request, not a hurry: Slurm
-signals every process of a step and ``srun`` forwards the signal it got too, so one ``scancel``
-reaches a launcher twice within milliseconds."""
-
-
-def on_stop_signal(signum: int, frame) -> None:
-    """SIGINT/SIGTERM handler of a launcher: the first signal raises ``KeyboardInterrupt``
-    (the job stops its roles, then its buffer); a signal while it is already stopping does
-    not interrupt that shutdown (which would orphan the buffer) but cuts its grace period:
-    the roles get SIGKILL at once, and the buffer still gets its clean SHUTDOWN. A SIGTERM
-    within ``REPEATED_SIGTERM_S`` of the first signal is taken as the same request."""
-    now = time.monotonic()
-    if not _stopping.is_set():
-        _stopping.set()
-        _first_signal_at[:] = [now]
-        raise KeyboardInterrupt
-    if (
-        signum == signal.SIGTERM
-        and _first_signal_at
-        and now - _first_signal_at[0] < REPEATED_SIGTERM_S
-    ):
-        return
-    if not _hurry.is_set():
-        _hurry.set()
-        os.write(2, b"[asyncrl] already stopping; killing the roles now (SIGKILL)\n")
-
-
-def import_heavy_modules() -> None:
-    """Import torch and transformers with Ctrl-C/SIGTERM held until the imports finish, then
-    act on a signal that came meanwhile as ``on_stop_signal`` would.
-
-    A ``KeyboardInterrupt`` raised inside torch's import (its C++ extension initialising) can
-    abort the interpreter at exit (SIGABRT) or be lost in it, leaving the job running:
-    tests/faults/test_job_lifecycle.py caught both under load. The imports take a few
-    seconds, so a stop is deferred by that much at most.
-    """
-    held: list[int] = []
-    old = {
-        s: signal.signal(s, lambda n, _f: held.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    if held:
-        on_stop_signal(held[0], None)
-
-
-def hurried() -> bool:
-    """Whether a second Ctrl-C/SIGTERM came while stopping (``on_stop_signal``)."""
-    return _hurry.is_set()
-
-
-def hurry() -> None:
-    """Make ``stop_roles`` SIGKILL at once instead of waiting out its grace period (a second
-    Ctrl-C while the job is stopping)."""
-    _hurry.set()
-
-
 def stop_roles(roles: list[Role]) -> None:
     """Stop every live role: SIGTERM to each role's own process first (an actor shuts its
     vLLM engine down, torchrun stops its ranks, each in its own order); what a role leaves
@@ -338,7 +267,7 @@ def stop_roles(roles: list[Role]) -> None:
         send_signal(tree[0], signal.SIGTERM)
     start = time.monotonic()
     stages = [_TreeStop(tree) for tree in trees]
-    while any(s.alive for s in stages) and not _hurry.is_set():
+    while any(s.alive for s in stages) and not hurried():
         if time.monotonic() - start > _GRACE_S:
             break
         for stage in stages:

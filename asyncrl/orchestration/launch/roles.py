@@ -21,15 +21,10 @@ from asyncrl.core.config.job import Config
 from asyncrl.core.net.endpoints import register_endpoint
 from asyncrl.core.runtime.torchrun import free_port
 from asyncrl.orchestration.launch.actor_ids import IdKeeper
-from asyncrl.orchestration.launch.launcher import (
-    Role,
-    begin_shutdown,
-    show_progress,
-    spawn,
-    stop_roles,
-)
+from asyncrl.orchestration.launch.launcher import Role, show_progress, spawn, stop_roles
 from asyncrl.orchestration.launch.role_log import LogLimits
 from asyncrl.orchestration.launch.run_info import write_run_info
+from asyncrl.orchestration.launch.stop_signals import begin_shutdown
 from asyncrl.orchestration.placement.plan import NO_GPUS, Plan
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from importlib.abc import MetaPathFinder
 
 class CtrlC(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "asyncrl.orchestration.launch.launcher":
+        if name == "asyncrl.orchestration.launch.stop_signals":
             raise KeyboardInterrupt
         return None
 
