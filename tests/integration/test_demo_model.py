@@ -74,3 +74,32 @@ def test_warm_start_is_cached_by_its_arguments(tmp_path):
     assert prepare_demo_model(tmp_path, seed=1, log=lines.append, **kw) != first
     assert not list(tmp_path.glob(".tmp-demo-*"))  # temp dirs renamed or removed
     transformers.AutoModelForCausalLM.from_pretrained(first)
+
+
+def test_a_build_waits_for_another_process_building_the_same_model_and_reuses_it(tmp_path):
+    """A launch that finds the same warm start being built waits, saying so, and reuses what
+    the builder wrote instead of training it again (four parallel Slurm launches once each
+    built it)."""
+    import fcntl
+    import shutil
+    import threading
+
+    from asyncrl.orchestration.demo.warmstart import prepare_demo_model
+
+    kw = dict(sft_steps=2, batch_size=4, num_layers=1, hidden_size=32, log_every=1)
+    built = prepare_demo_model(tmp_path / "elsewhere", seed=0, log=lambda _: None, **kw)
+    cache, lines, result = tmp_path / "cache", [], []
+    cache.mkdir()
+    holder = (cache / f"{built.name}.lock").open("w")
+    fcntl.flock(holder, fcntl.LOCK_EX)  # "another process" is building it
+    thread = threading.Thread(
+        target=lambda: result.append(prepare_demo_model(cache, seed=0, log=lines.append, **kw))
+    )
+    thread.start()
+    thread.join(1.0)
+    assert thread.is_alive() and "another process building the demo model" in lines[0]
+    shutil.copytree(built, cache / built.name)  # the builder's rename
+    holder.close()
+    thread.join(30)
+    assert result == [cache / built.name]
+    assert not any("building demo model" in line for line in lines), lines

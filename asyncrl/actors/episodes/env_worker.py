@@ -45,6 +45,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asyncrl.actors.episodes.env import (
@@ -56,42 +57,7 @@ from asyncrl.actors.episodes.env import (
 from asyncrl.actors.episodes.tool_calls import ToolCall
 from asyncrl.actors.episodes.tools import ToolBox, tool_from_function
 
-THREADS = 256
-"""Most synchronous calls running at once (the default, cores + 4, would queue the 7th slow
-step of a 2-core machine behind the others)."""
 _TOOLBOX_TIMEOUT_S = 1e9  # the pool's deadline is the one that counts (EnvTimeout)
-
-
-@dataclasses.dataclass(eq=False)
-class _Call:
-    """One request being served: its task and the threads running its user code."""
-
-    what: str
-    task: asyncio.Task | None
-    threads: set[int] = dataclasses.field(default_factory=set)
-
-
-_CURRENT: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("call", default=None)
-
-
-class _TracingExecutor(concurrent.futures.ThreadPoolExecutor):
-    """Records which thread runs each request's user code (``where``); ``asyncio.to_thread``
-    submits from the request's task, whose context names the request."""
-
-    def submit(self, fn, /, *args, **kwargs):
-        call = _CURRENT.get()
-        if call is None:
-            return super().submit(fn, *args, **kwargs)
-
-        def traced():
-            me = threading.get_ident()
-            call.threads.add(me)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                call.threads.discard(me)
-
-        return super().submit(traced)
 
 
 @dataclasses.dataclass(eq=False)
@@ -102,46 +68,17 @@ class _Episode:
     tools_running: set[asyncio.Task] = dataclasses.field(default_factory=set)
 
 
-class Host:
+class Host(Served):
     """The episodes of one worker; ``handle(request)`` serves one request (a task each)."""
 
     def __init__(
         self, spec: str, env_cls: type, shared_tools: list, reply, kwargs: dict | None = None
     ) -> None:
-        self.spec, self.env_cls, self.shared_tools, self.reply = spec, env_cls, shared_tools, reply
+        super().__init__(reply)
+        self.spec, self.env_cls, self.shared_tools = spec, env_cls, shared_tools
         self.new_env = functools.partial(env_cls, **(kwargs or {}))  # episode.env_kwargs
         self.episodes: dict[str, _Episode] = {}
-        self.calls: dict[Any, _Call] = {}
-        self.abandoned: set[_Call] = set()
         self.ops = {"open": self.open, "step": self.step, "tool": self.tool, "close": self.close}
-
-    async def handle(self, req: dict) -> None:
-        rid = req.get("id")
-        if req.get("op") == "abandon":  # at once, from the loop: also the proof that it runs
-            try:
-                self.reply({"id": rid, **self.abandon(req.get("of"))})
-            except Exception as e:
-                self.reply({"id": rid, "where": f"(unknown: {type(e).__name__}: {e})"})
-            return
-        op = self.ops.get(str(req.get("op")))
-        call = _Call(f"{req.get('op')} of episode {req.get('episode')!r}", asyncio.current_task())
-        self.calls[rid] = call
-        _CURRENT.set(call)  # this task's own context
-        try:
-            if op is None:
-                raise ValueError(f"unknown op {req.get('op')!r}")
-            self.reply({"id": rid, **await op(req)}, call.what)
-        except Exception as e:
-            self.reply(
-                {
-                    "id": rid,
-                    "error": f"{type(e).__name__}: {e}",
-                    "traceback": traceback.format_exc(),
-                }
-            )
-        finally:
-            self.calls.pop(rid, None)
-            self.abandoned.discard(call)
 
     async def open(self, req: dict) -> dict:
         name = req["episode"]
@@ -189,15 +126,6 @@ class Host:
             await _run(getattr(ep.env, "close", None))
         return {"ok": True}
 
-    def abandon(self, call_id: Any) -> dict:
-        call = self.calls.get(call_id)
-        if call is not None:
-            self.abandoned.add(call)
-            where = f"{call.what}:\n{_stack_of(call)}"
-        else:
-            where = "(it had returned by then)\n"
-        return {"where": where, "stuck": len(self.abandoned)}
-
     def _episode(self, name: str) -> _Episode:
         if name not in self.episodes:
             raise ValueError(f"episode {name!r} is not open in this worker")
@@ -214,45 +142,11 @@ def _own_tools(env: Any, spec: str) -> list:
     return list(out)
 
 
-async def _run(fn, *args) -> Any:
-    """``fn(*args)``: awaited if async, else in a thread; an awaitable result is awaited."""
-    if fn is None:
-        return None
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    out = await asyncio.to_thread(fn, *args)
-    return await out if inspect.isawaitable(out) else out
-
-
 async def _close(env: Any) -> None:
     try:
         await _run(getattr(env, "close", None))
     except Exception:  # reset's error is the one to report
         traceback.print_exc()
-
-
-def _stack_of(call: _Call) -> str:
-    """The call's coroutine chain (innermost last), then each of its threads' stacks."""
-    lines: list[str] = []
-    obj: Any = call.task.get_coro() if call.task is not None else None
-    frames = []
-    while obj is not None:
-        frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None)
-        if frame is None:
-            break
-        frames.append(frame)
-        obj = getattr(obj, "cr_await", None) or getattr(obj, "gi_yieldfrom", None)
-    if frames:
-        summary = traceback.StackSummary.extract((f, f.f_lineno) for f in frames)
-        lines += ["coroutines:\n", *summary.format()]
-    current = sys._current_frames()
-    for ident in list(call.threads):
-        if ident in current:
-            stack = traceback.extract_stack(current[ident])
-            start = next((i + 1 for i, f in enumerate(stack) if f.name == "traced"), 0)
-            own = traceback.StackSummary.from_list(stack[start:])
-            lines += [f"thread {ident}:\n", *own.format()]
-    return "".join(lines) or "(no frame: between two awaits)\n"
 
 
 def _probe(x: int) -> int:
@@ -266,60 +160,18 @@ def _probe(x: int) -> int:
 
 def main(argv: list[str]) -> int:
     spec, tool_specs, stack_file, env_kwargs = argv
-    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # the environment's prints go to the actor's log, not into the replies
-    sys.stdout = sys.stderr
-    stacks = open(stack_file, "a")  # noqa: SIM115 (append: the pool empties it before a dump)
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
 
-    def reply(obj: dict, what: str = "") -> None:
-        try:
-            line = json.dumps(obj)
-        except (TypeError, ValueError) as e:
-            line = json.dumps(
-                {
-                    "id": obj.get("id"),
-                    "error": f"TypeError: environment {spec}: {what} returned a value that is "
-                    f"not JSON ({e}); return str, numbers, bools, None, lists and dicts",
-                    "traceback": "",
-                }
-            )
-        replies.write(line + "\n")
-        replies.flush()
-
-    try:
+    def build(reply: Reply) -> Host:
         kwargs = json.loads(env_kwargs)
         env_cls = load_environment(spec, kwargs)
         shared = load_tools(json.loads(tool_specs))
         ToolBox(shared)  # every shared tool's schema builds, now rather than at the first open
         if hasattr(env_cls, "tools"):  # schemas import torch (~2 s): before ready, not in open
             tool_from_function(_probe)
-    except Exception as e:  # ValueError naming the spec and the fix, or an import failure
-        reply({"error": f"{e}\n{traceback.format_exc()}"})
-        return 1
-    host = Host(spec, env_cls, shared, reply, kwargs)
-    reply({"ready": True})
-    asyncio.run(_serve(host))
-    return 0
+        return Host(spec, env_cls, shared, reply, kwargs)
 
+    return serve(f"environment {spec}", stack_file, build)
 
-async def _serve(host: Host) -> None:
-    loop = asyncio.get_running_loop()
-    loop.set_default_executor(_TracingExecutor(THREADS, thread_name_prefix="env"))
-    requests: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    def read() -> None:  # a thread: stdin is drained even while the loop is busy
-        for line in sys.stdin.buffer:
-            loop.call_soon_threadsafe(requests.put_nowait, line)
-        loop.call_soon_threadsafe(requests.put_nowait, None)
-
-    threading.Thread(target=read, name="env-requests", daemon=True).start()
-    tasks: set[asyncio.Task] = set()
-    while (line := await requests.get()) is not None:
-        task = asyncio.create_task(host.handle(json.loads(line)))  # a context of its own
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    os._exit(0)  # end of input; abandoned calls may still hold threads: do not wait for them
 
 
 if __name__ == "__main__":

@@ -51,27 +51,45 @@ def score_call(fn: RewardFn, prompt: str, completion: str, fields: dict | None =
         message = f"reward function raised {type(exc).__name__}{said}"
         return _failed("raised", message, "".join(traceback.format_exception(exc)))
 
-    def returned() -> str:  # only on a failure: naming the function is not free (~0.3 ms)
-        return f"{fn_name(fn)} returned {_short_repr(out)}"
+    try:
+        value, extras = check_score(out)
+    except ScoreError as e:  # only now: naming the function is not free (~0.3 ms)
+        return _failed(e.kind, str(e), f"{fn_name(fn)} returned {short_repr(out)}")
+    return Scored(value, extras=extras)
 
+
+class ScoreError(ValueError):
+    """A returned reward the learner cannot take; ``kind`` is one of ``missing_score``,
+    ``wrong_type``, ``non_finite``, ``out_of_range`` (``REWARD_ERROR_KINDS``), the message
+    says what was wrong and, where it helps, the fix."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def check_score(out: object) -> tuple[float, dict[str, float]]:
+    """``(reward, extras)`` of what a reward function (or an agent) returned: a number (not a
+    bool) or a dict with a number under ``"score"`` (its other numbers: ``reward_extras``);
+    finite, within +-``MAX_ABS_REWARD``. ``ScoreError`` otherwise. One rule for every scorer:
+    ``score_call`` and ``agents.spec.check_result``."""
     if isinstance(out, dict) and "score" not in out:
         keys = sorted(map(str, out))
-        message = f"reward dict has no 'score' key (keys: {keys})"
-        return _failed("missing_score", message, returned())
+        raise ScoreError("missing_score", f"reward dict has no 'score' key (keys: {keys})")
     value = out.get("score") if isinstance(out, dict) else out
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         message = f"reward is {type(value).__name__}, expected a float or a dict with 'score'"
-        return _failed("wrong_type", message, returned())
+        raise ScoreError("wrong_type", message)
     value = float(value)
     if not math.isfinite(value):
-        return _failed("non_finite", f"reward is not finite: {value}", returned())
+        raise ScoreError("non_finite", f"reward is not finite: {value}")
     if abs(value) > MAX_ABS_REWARD:
-        message = (
+        raise ScoreError(
+            "out_of_range",
             f"reward {value:g} is beyond +-{MAX_ABS_REWARD:g} (advantages and the loss would "
-            "overflow float32); return rewards on a small scale, e.g. 0..1"
+            "overflow float32); return rewards on a small scale, e.g. 0..1",
         )
-        return _failed("out_of_range", message, returned())
-    return Scored(value, extras=reward_extras(out) if isinstance(out, dict) else {})
+    return value, reward_extras(out) if isinstance(out, dict) else {}
 
 
 def reward_extras(result: dict) -> dict[str, float]:
@@ -100,6 +118,7 @@ def _failed(kind: str, message: str, detail: str = "") -> Scored:
     return Scored(0.0, kind, f"{kind}: {' '.join(message.split())[:500]}", detail)
 
 
-def _short_repr(value: object, limit: int = 200) -> str:
+def short_repr(value: object, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters (for messages about a returned value)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from asyncrl.actors.data.addition import CHAT_QUESTION
+from asyncrl.core.runtime.filelock import take_lock
 
 WARMSTART_VERSION = 5
 """Bump when the SFT recipe or the saved model directory changes so stale cached models are
@@ -52,6 +53,9 @@ SFT_LR = 1e-3
 SFT_BATCH = 64
 SFT_LABEL_SMOOTHING = 0.5
 """Weight of the uniform distribution over the 61 characters in the SFT target."""
+BUILD_WAIT_S = 1800.0
+"""How long a process waits for another building the same demo model (minutes on 2 cores when
+the CPUs are shared); past it, the error names the lock file."""
 _FIRST_CHAR_ID = (
     3  # ids 0..2 are PAD, EOS, UNK (asyncrl.orchestration.demo.tokenizer); smoothing skips them
 )
@@ -218,14 +222,10 @@ def prepare_demo_model(
 
     The directory is ``cache_dir/demo-<hash of the arguments>``; if it exists (it only ever
     appears complete, by rename) it is returned at once. About 45 s on one CPU core for the
-    default 500 steps; uses the calling process's torch thread setting.
+    default 500 steps; uses the calling process's torch thread setting. One process builds a
+    given model at a time (``<dir>.lock``): parallel launches wait for it, reported every 15 s
+    and at most ``BUILD_WAIT_S``, then reuse it.
     """
-    import torch
-
-    from asyncrl.actors.data.addition import AdditionSource
-    from asyncrl.orchestration.demo.model import demo_config, init_model, save_model_dir
-    from asyncrl.orchestration.demo.tokenizer import build_tokenizer
-
     args = dict(seed=seed, sft_steps=sft_steps, lr=lr, batch_size=batch_size)
     args.update(label_smoothing=label_smoothing, num_layers=num_layers, hidden_size=hidden_size)
     if chat_turns != 1:  # only then: the single-turn model keeps its directory
@@ -235,6 +235,25 @@ def prepare_demo_model(
     if (final / "config.json").is_file():
         return final
     cache.mkdir(parents=True, exist_ok=True)
+    with (cache / f"{final.name}.lock").open("w") as lock:
+        what = f"another process building the demo model {final.name} (lock {lock.name})"
+        take_lock(lock, what, log, BUILD_WAIT_S)
+        if not (final / "config.json").is_file():  # built while this process waited
+            _build(final, args, chat_turns, log_every, log)
+    return final
+
+
+def _build(
+    final: Path, args: dict, chat_turns: int, log_every: int, log: Callable[[str], None]
+) -> None:
+    """Build, warm-start and save the demo model of ``args`` at ``final`` (under its lock)."""
+    import torch
+
+    from asyncrl.actors.data.addition import AdditionSource
+    from asyncrl.orchestration.demo.model import demo_config, init_model, save_model_dir
+    from asyncrl.orchestration.demo.tokenizer import build_tokenizer
+
+    seed, num_layers, hidden_size = args["seed"], args["num_layers"], args["hidden_size"]
     t0 = time.time()
     log(f"warm start: building demo model {args} -> {final}")
     model = init_model(demo_config(num_layers=num_layers, hidden_size=hidden_size), seed=seed)
@@ -246,15 +265,15 @@ def prepare_demo_model(
             model,
             build_tokenizer(),
             source,
-            sft_steps,
-            lr,
-            batch_size,
-            label_smoothing,
+            args["sft_steps"],
+            args["lr"],
+            args["batch_size"],
+            args["label_smoothing"],
             log_every,
             log,
             chat_turns,
         )
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-demo-", dir=cache))
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-demo-", dir=final.parent))
     try:
         save_model_dir(model, tmp)
         meta = {**args, "final_loss": losses[-1] if losses else None, "version": WARMSTART_VERSION}
@@ -266,4 +285,3 @@ def prepare_demo_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"warm start: done in {time.time() - t0:.1f}s -> {final}")
-    return final

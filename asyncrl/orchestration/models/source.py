@@ -25,7 +25,6 @@ removes it).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import re
@@ -34,6 +33,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from asyncrl.core.runtime.filelock import take_lock
 
 PACKAGE_PREFIX = "package:"
 GGUF_FORMAT = 1
@@ -122,7 +123,9 @@ def convert_gguf(gguf: Path, cache_dir: str, say: Callable[[str], None] = print)
         return out
     root.mkdir(parents=True, exist_ok=True)
     with (root / f"{key}.lock").open("w") as lock:
-        _lock(lock, f"another process converting {gguf.name} (lock {lock.name})", say)
+        take_lock(
+            lock, f"another process converting {gguf.name} (lock {lock.name})", say, LOCK_WAIT_S
+        )
         if (out / ".complete").is_file():
             return out
         for stale in root.glob(f".{key}-*"):  # a killed conversion's half-written directory
@@ -139,28 +142,6 @@ def convert_gguf(gguf: Path, cache_dir: str, say: Callable[[str], None] = print)
             shutil.rmtree(tmp, ignore_errors=True)
         say(f"converted {gguf.name} in {time.monotonic() - start:.0f} s")
     return out
-
-
-def _lock(file, what: str, say: Callable[[str], None]) -> None:
-    """Take an exclusive ``flock`` on ``file``, waiting (reported, bounded) while it is held."""
-    from asyncrl.core.runtime.waiting import Wait
-
-    wait = None
-    while True:
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if wait is None:
-                wait = Wait(
-                    what,
-                    LOCK_WAIT_S,
-                    say,
-                    hint="remove the lock file if no process holds it (fuser LOCKFILE)",
-                )
-                wait.begin()
-            wait.check()
-            time.sleep(0.2)
 
 
 def check_gguf(path: Path) -> None:
