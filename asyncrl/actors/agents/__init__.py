@@ -1,6 +1,6 @@
 """Agents that own their loop: an OpenAI-compatible endpoint on the actor, whose calls are
 recorded token for token as the run's samples (docs: notes spec 46; M1: the endpoint driven
-from tests, no config or workers yet).
+from tests; M2 so far: the agents' worker processes, no config or actor wiring yet).
 
     messages  a request's messages checked, made canonical and hashed by prefix
     policy    a call's sampling settings: the run's, whatever was asked (overrides counted)
@@ -8,4 +8,8 @@ from tests, no config or workers yet).
               budgets, the segment exported
     keys      per-episode API keys: mint, resolve by sha256, revoke (ended keys remembered)
     server    ``AgentServer``: aiohttp on loopback, ``/v1/models``, ``/v1/chat/completions``
+    spec      the agent a user writes (a function, or a class per episode), loaded by spec and
+              its signature checked; ``call_agent``; ``check_result`` of what it returns
+    agent_worker  the worker process running agents (``EnvPool(..., module=AGENT_WORKER)``:
+              the environments' pool, deadlines and failures); ops open / run / close
 """

@@ -16,6 +16,8 @@
                 every call with a deadline; EnvTimeout / EnvError / EnvCrashed, counted
     env_process one worker process seen from the actor (JSON lines, reader/writer threads)
     env_worker  the worker process: many episodes on one asyncio loop, sync code in threads
+    worker_loop the serving loop of a worker process (this one and the agent worker): JSON
+                lines, a task per request, ``abandon`` answered from the loop
     runner      one episode: generate a turn -> tools or the environment's step -> the
                 template's tokens -> ...; every limit and failure ends it with a reason
     group       a prompt's n episodes at once -> scored ``Sample``s (the environment's reward,

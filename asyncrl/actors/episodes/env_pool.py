@@ -20,6 +20,10 @@ takes what the environment started with them). A worker holding ``_RETIRE_STUCK`
 that never returned (threads that cannot be stopped) is retired: it takes no new episode,
 and is killed when its last one leaves. ``shutdown()`` kills every worker and reaps it.
 
+The same pool hosts agents (``module="asyncrl.actors.agents.agent_worker"``: ``begin(id)``
+makes the episode's agent, ``call(id, "run", fields, "run")`` runs it), with the same
+deadlines, failures and counts.
+
 Invariant: an episode is open in at most one worker, and after any ``Env*`` exception from
 one of its calls the pool has forgotten it: ``close`` of it is a no-op, other calls raise.
 """
@@ -34,7 +38,7 @@ import time
 from collections.abc import Sequence
 
 from asyncrl.actors.episodes.env import StepResult
-from asyncrl.actors.episodes.env_process import EnvProcess, WorkerDied
+from asyncrl.actors.episodes.env_process import ENV_WORKER, EnvProcess, WorkerDied, worker_noun
 from asyncrl.actors.episodes.tool_calls import ToolCall
 from asyncrl.actors.episodes.tools import ToolResult
 from asyncrl.core.runtime.fatal import FatalError
@@ -87,9 +91,11 @@ class EnvPool:
     """``workers`` worker processes hosting the episodes of environment ``spec`` (a class,
     ``"module:Name"`` or ``"file.py:Name"``), each episode's tools being its own ``tools()``
     plus ``tool_specs`` (``"module:function"``); every call has the deadline ``timeout_s``;
-    each episode's environment is ``spec(**env_kwargs)`` (JSON values). See the module docstring. Workers start when first needed (or all at ``start()``).
+    each episode's environment is ``spec(**env_kwargs)`` (JSON values). See the module
+    docstring. Workers start when first needed (or all at ``start()``). ``module``: the worker
+    process's module (``env_process.ENV_WORKER``, or one speaking its protocol: the agents').
 
-    ``open``, ``step``, ``tool`` and ``close`` raise ``EnvTimeout``, ``EnvError`` and
+    ``open``, ``begin``, ``step``, ``tool``, ``call`` and ``close`` raise ``EnvTimeout``, ``EnvError`` and
     ``EnvCrashed`` (the episode is over), ``EnvWorkerError`` (fatal: a worker cannot load the
     spec), ``TypeError`` for values that are not JSON and ``ValueError`` for an episode that is
     not open (or already is, for ``open``)."""
@@ -101,11 +107,13 @@ class EnvPool:
         workers: int = 1,
         timeout_s: float = 30.0,
         env_kwargs: dict | None = None,
+        module: str = ENV_WORKER,
     ) -> None:
         if workers < 1 or not timeout_s > 0:
             raise ValueError(f"need workers >= 1 and timeout_s > 0, got {workers}, {timeout_s}")
         self.spec, self.tool_specs, self.timeout_s = spec, list(tool_specs), timeout_s
         self.env_kwargs = dict(env_kwargs or {})
+        self.module, self.noun = module, worker_noun(module)
         self.counters = EnvCounters()
         self._slots: list[EnvProcess | None] = [None] * workers
         self._used = [False] * workers  # the slot had a worker before: a start is a restart
@@ -127,6 +135,13 @@ class EnvPool:
     async def open(self, episode_id: str, row: dict) -> tuple[list[dict], list[dict]]:
         """Make the episode's environment and ``reset(row)`` it: its first messages and the
         schemas of its tools. On the least loaded worker, which hosts it until it ends."""
+        reply = await self.begin(episode_id, {"row": row}, "reset")
+        return reply["messages"], reply["tools"]
+
+    async def begin(self, episode_id: str, fields: dict | None = None, what: str = "open") -> dict:
+        """Pin the episode to the least loaded worker (started if need be), which hosts it
+        until it ends, and send it ``open`` with ``fields``: the worker's reply. ``open`` of
+        an environment is this; an agent's episode starts with it alone."""
         if episode_id in self._episodes:
             raise ValueError(f"episode {episode_id!r} is already open")
         self._lost.pop(episode_id, None)
@@ -135,30 +150,21 @@ class EnvPool:
         self._episodes[episode_id] = worker
         try:
             await self._started(worker)
-            reply = await self._call(episode_id, "open", {"row": row}, "reset")
         except BaseException:
             self._end(episode_id)
             raise
-        return reply["messages"], reply["tools"]
+        return await self.call(episode_id, "open", fields or {}, what)
 
     async def step(self, episode_id: str, message: dict) -> StepResult:
         """The environment's ``step(message)``, checked (``env.check_step_result``)."""
-        try:
-            reply = await self._call(episode_id, "step", {"message": message}, "step")
-        except BaseException:
-            self._end(episode_id)
-            raise
+        reply = await self.call(episode_id, "step", {"message": message}, "step")
         return StepResult(**reply["result"])
 
     async def tool(self, episode_id: str, call: ToolCall) -> ToolResult:
         """``call`` answered by the episode's tools; a tool's own failure is an answer
         (``ToolResult.error``), not an exception."""
         fields = {"call": {"name": call.name, "arguments": call.arguments}}
-        try:
-            reply = await self._call(episode_id, "tool", fields, f"tool {call.name}")
-        except BaseException:
-            self._end(episode_id)
-            raise
+        reply = await self.call(episode_id, "tool", fields, f"tool {call.name}")
         return ToolResult(**reply["result"])
 
     async def close(self, episode_id: str) -> None:
@@ -168,7 +174,7 @@ class EnvPool:
             self._lost.pop(episode_id, None)
             return
         try:
-            await self._call(episode_id, "close", {}, "close")
+            await self._send(episode_id, "close", {}, "close")
         finally:
             self._end(episode_id, send_close=False)
 
@@ -184,18 +190,30 @@ class EnvPool:
         for w in workers:
             w.join(max(0.0, deadline - time.monotonic()))
         for episode_id in self._episodes:
-            self._lost[episode_id] = "the environment pool was shut down"
+            self._lost[episode_id] = f"the {self.noun} pool was shut down"
         self._slots = [None] * len(self._slots)
         self._others, self._episodes = set(), {}
 
-    async def _call(self, episode_id: str, op: str, fields: dict, what: str) -> dict:
+    async def call(self, episode_id: str, op: str, fields: dict, what: str) -> dict:
+        """Send ``{"op": op, "episode": episode_id, **fields}`` to the episode's worker and
+        return its reply, within ``timeout_s``; ``what`` names the call in errors (``"step"``,
+        ``"run"``). Raises as the class docstring says; any exception (cancellation too) ends
+        the episode: the pool forgets it and its worker closes it once the call returns."""
+        try:
+            return await self._send(episode_id, op, fields, what)
+        except BaseException:
+            self._end(episode_id)
+            raise
+
+    async def _send(self, episode_id: str, op: str, fields: dict, what: str) -> dict:
+        """``call`` without ending the episode on a failure (``close`` ends it itself)."""
         worker = self._episodes.get(episode_id)
         if worker is None:
             if episode_id in self._lost:
                 raise EnvCrashed(self._lost.pop(episode_id))
             raise ValueError(f"episode {episode_id!r} is not open (never opened, or it ended)")
         if not worker.alive:
-            reason = worker.dead or "the environment worker process is gone"
+            reason = worker.dead or f"the {self.noun} worker process is gone"
             self._crashed(worker, reason)
             raise EnvCrashed(self._lost.pop(episode_id, reason))
         call_id = next(self._ids)
@@ -205,7 +223,7 @@ class EnvPool:
         except (TypeError, ValueError) as e:
             raise TypeError(
                 f"{what} of episode {episode_id!r}: {', '.join(fields)} must be JSON values for "
-                f"the environment's worker process ({e})"
+                f"the {self.noun}'s worker process ({e})"
             ) from None
         self.counters.calls += 1
         future = worker.send(call_id, line)
@@ -217,7 +235,7 @@ class EnvPool:
             where = await self._abandon(worker, call_id, episode_id)
             raise EnvTimeout(
                 f"{what} of episode {episode_id!r} did not return within timeout_s="
-                f"{self.timeout_s:g} s (environment {self.spec}); {where}"
+                f"{self.timeout_s:g} s ({self.noun} {self.spec}); {where}"
             ) from None
         except WorkerDied as e:
             self._crashed(worker, str(e))
@@ -242,7 +260,7 @@ class EnvPool:
             stacks = await worker.stacks()
             self._crashed(
                 worker,
-                f"the environment worker process (pid {worker.proc.pid}) was stuck: it did not "
+                f"the {self.noun} worker process (pid {worker.proc.pid}) was stuck: it did not "
                 f"answer within {_PING_S:g} s after a call overran its deadline (an async "
                 "method that blocks without awaiting?), so it was killed",
             )
@@ -259,35 +277,37 @@ class EnvPool:
     async def _started(self, worker: EnvProcess) -> None:
         """Wait until ``worker`` loaded the spec; ``EnvWorkerError`` (and it is killed) if not."""
         wait = asyncio.shield(asyncio.wrap_future(worker.ready))  # shared by concurrent opens
-        what = f"environment {self.spec} with tools {self.tool_specs}"
+        tools = f" with tools {self.tool_specs}" if self.tool_specs else ""
+        what = f"{self.noun} {self.spec}{tools}"
         try:
             reply = await asyncio.wait_for(wait, START_TIMEOUT_S)
         except asyncio.TimeoutError:
             self._drop(worker)
             raise EnvWorkerError(
-                f"an environment worker process did not load {what} within "
+                f"an {self.noun} worker process did not load {what} within "
                 f"{START_TIMEOUT_S:g} s; check what importing them does"
             ) from None
         except WorkerDied as e:
             self._drop(worker)
             raise EnvWorkerError(
-                f"an environment worker process for {what} exited before it was ready ({e}); "
+                f"an {self.noun} worker process for {what} exited before it was ready ({e}); "
                 "its output is in the actor's log"
             ) from None
         if "error" in reply:
             self._drop(worker)
-            raise EnvWorkerError(f"an environment worker process: {reply['error']}")
+            raise EnvWorkerError(f"an {self.noun} worker process: {reply['error']}")
 
     def _worker(self, slot: int) -> EnvProcess:
         """The worker of ``slot``, started if it has none (or a dead one)."""
         worker = self._slots[slot]
         if worker is not None and not worker.alive:
-            self._crashed(worker, worker.dead or "the environment worker process is gone")
+            self._crashed(worker, worker.dead or f"the {self.noun} worker process is gone")
             worker = None
         if worker is None:
             self.counters.restarts += self._used[slot]
             self._used[slot] = True
-            worker = self._slots[slot] = EnvProcess(self.spec, self.tool_specs, self.env_kwargs)
+            args = (self.spec, self.tool_specs, self.env_kwargs, self.module)
+            worker = self._slots[slot] = EnvProcess(*args)
         return worker
 
     def _load(self, slot: int) -> int:

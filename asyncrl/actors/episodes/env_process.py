@@ -1,6 +1,7 @@
 """One environment worker process, seen from the actor: ``python -m
-asyncrl.actors.episodes.env_worker`` under ``asyncrl.core.runtime.lifeline`` (it dies with the
-actor, however the actor dies), in a session of its own (a kill takes what the environment
+asyncrl.actors.episodes.env_worker`` (or another module speaking its protocol, ``module=``:
+``asyncrl.actors.agents.agent_worker``) under ``asyncrl.core.runtime.lifeline`` (it dies with
+the actor, however the actor dies), in a session of its own (a kill takes what the environment
 started with it), with the buffer's password removed from its environment.
 
 A reader thread turns reply lines into the futures of the calls in flight (matched by ``id``;
@@ -27,6 +28,17 @@ import time
 from asyncrl.core.runtime.lifeline import child_cmd, kill_tree, tagged_env, worker_stacks
 
 _SECRET_ENV = ("ASYNCRL_REDIS_URL",)  # the buffer's password: an environment needs none
+ENV_WORKER = "asyncrl.actors.episodes.env_worker"
+"""The environment worker's module; any worker module takes its argv (``SPEC TOOL_SPECS_JSON
+STACK_FILE KWARGS_JSON``) and speaks its JSON-line protocol."""
+
+
+def worker_noun(module: str) -> str:
+    """What a worker module hosts, for messages: ``environment`` for ``ENV_WORKER``, else the
+    module's last name without ``_worker`` (``agent_worker`` -> ``agent``)."""
+    if module == ENV_WORKER:
+        return "environment"
+    return module.rpartition(".")[2].removesuffix("_worker")
 
 
 class WorkerDied(Exception):
@@ -42,12 +54,19 @@ def settle(future: concurrent.futures.Future, result=None, error: BaseException 
 
 
 class EnvProcess:
-    """One worker process, its reader and writer threads and its calls in flight."""
+    """One worker process (``python -m module``), its reader and writer threads and its
+    calls in flight."""
 
-    def __init__(self, spec: str, tool_specs: list[str], env_kwargs: dict | None = None) -> None:
+    def __init__(
+        self,
+        spec: str,
+        tool_specs: list[str],
+        env_kwargs: dict | None = None,
+        module: str = ENV_WORKER,
+    ) -> None:
         fd, self.stack_path = tempfile.mkstemp(prefix="asyncrl-env-stack-")
         os.close(fd)
-        module = "asyncrl.actors.episodes.env_worker"
+        self.noun = worker_noun(module)
         args = [spec, json.dumps(tool_specs), self.stack_path, json.dumps(env_kwargs or {})]
         cmd = [sys.executable, "-m", module, *args]
         env, self.tag = tagged_env({k: v for k, v in os.environ.items() if k not in _SECRET_ENV})
@@ -140,7 +159,7 @@ class EnvProcess:
         code = self.proc.wait()
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         with self._lock:
-            self.dead = f"the environment worker process (pid {self.proc.pid}) died: {how}"
+            self.dead = f"the {self.noun} worker process (pid {self.proc.pid}) died: {how}"
             pending, self._pending = list(self._pending.values()), {}
         error = WorkerDied(self.dead)
         settle(self.ready, error=error)

@@ -1,8 +1,9 @@
 """An environment worker process:
-``python -m asyncrl.actors.episodes.env_worker SPEC TOOL_SPECS_JSON STACK_FILE``.
+``python -m asyncrl.actors.episodes.env_worker SPEC TOOL_SPECS_JSON STACK_FILE KWARGS_JSON``.
 
 Started by ``asyncrl.actors.episodes.env_pool``. It loads the environment class by ``SPEC``
-and the shared tools by ``TOOL_SPECS_JSON`` (a JSON list of ``"module:function"``), then hosts
+(each episode's instance is ``Name(**KWARGS_JSON)``: ``episode.env_kwargs``) and the shared
+tools by ``TOOL_SPECS_JSON`` (a JSON list of ``"module:function"``), then hosts
 many episodes at once, one environment instance each, on an asyncio loop. JSON lines on
 stdin/stdout (no pickle), replies in any order, matched by ``id``::
 
@@ -27,25 +28,18 @@ at once, and ``close`` waits for them. Synchronous methods and tools run in thre
 (``asyncio.to_thread``), so a slow step holds up no other episode. The reply channel is a
 private copy of stdout: fd 1 points at stderr, so the environment's prints land in the
 actor's log. ``SIGUSR1`` appends every thread's stack to ``STACK_FILE`` (``faulthandler``): the
-pool's view of a worker whose loop is stuck. The worker exits at end of input.
+pool's view of a worker whose loop is stuck. The worker exits at end of input. The serving
+loop, ``abandon`` and the reply channel are ``worker_loop``'s (shared with the agent worker).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
 import dataclasses
-import faulthandler
 import functools
-import inspect
 import json
-import os
-import signal
 import sys
-import threading
 import traceback
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asyncrl.actors.episodes.env import (
@@ -56,6 +50,7 @@ from asyncrl.actors.episodes.env import (
 )
 from asyncrl.actors.episodes.tool_calls import ToolCall
 from asyncrl.actors.episodes.tools import ToolBox, tool_from_function
+from asyncrl.actors.episodes.worker_loop import Reply, Served, call_user, serve
 
 _TOOLBOX_TIMEOUT_S = 1e9  # the pool's deadline is the one that counts (EnvTimeout)
 
@@ -84,13 +79,13 @@ class Host(Served):
         name = req["episode"]
         if name in self.episodes:
             raise ValueError(f"episode {name!r} is already open")
-        env = await _run(self.new_env)
+        env = await call_user(self.new_env)
         try:
             box = ToolBox([*_own_tools(env, self.spec), *self.shared_tools], _TOOLBOX_TIMEOUT_S)
             ep = self.episodes[name] = _Episode(env, box)
             async with ep.lock:
                 where = f"environment {self.spec}: reset"
-                messages = check_messages(await _run(env.reset, req["row"]), where, False)
+                messages = check_messages(await call_user(env.reset, req["row"]), where, False)
         except BaseException:
             self.episodes.pop(name, None)
             await _close(env)
@@ -100,7 +95,7 @@ class Host(Served):
     async def step(self, req: dict) -> dict:
         ep = self._episode(req["episode"])
         async with ep.lock:
-            result = await _run(ep.env.step, req["message"])
+            result = await call_user(ep.env.step, req["message"])
         checked = check_step_result(result, f"environment {self.spec}: step")
         return {"result": dataclasses.asdict(checked)}
 
@@ -123,7 +118,7 @@ class Host(Served):
             if ep.tools_running:
                 await asyncio.wait(list(ep.tools_running))
             self.episodes.pop(req["episode"], None)
-            await _run(getattr(ep.env, "close", None))
+            await call_user(getattr(ep.env, "close", None))
         return {"ok": True}
 
     def _episode(self, name: str) -> _Episode:
@@ -144,7 +139,7 @@ def _own_tools(env: Any, spec: str) -> list:
 
 async def _close(env: Any) -> None:
     try:
-        await _run(getattr(env, "close", None))
+        await call_user(getattr(env, "close", None))
     except Exception:  # reset's error is the one to report
         traceback.print_exc()
 
@@ -171,7 +166,6 @@ def main(argv: list[str]) -> int:
         return Host(spec, env_cls, shared, reply, kwargs)
 
     return serve(f"environment {spec}", stack_file, build)
-
 
 
 if __name__ == "__main__":

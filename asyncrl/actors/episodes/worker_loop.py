@@ -75,7 +75,7 @@ class Served:
     Invariant: ``calls`` holds the requests being served, ``abandoned`` those of them the
     pool gave up on; a request leaves both when it returns, however it returns."""
 
-    def __init__(self, reply) -> None:
+    def __init__(self, reply: Reply) -> None:
         self.reply = reply
         self.calls: dict[Any, _Call] = {}
         self.abandoned: set[_Call] = set()
@@ -178,7 +178,7 @@ def reply_channel(who: str, stack_file: str) -> Reply:
     ``stack_file``. A reply that is not JSON goes out as an error naming ``who`` (``"environment
     x.py:Env"``) and the call."""
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
+    os.dup2(2, 1)  # the user code's prints go to the actor's log, not into the replies
     sys.stdout = sys.stderr
     stacks = open(stack_file, "a")  # noqa: SIM115 (append: the pool empties it before a dump)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
@@ -203,7 +203,7 @@ def reply_channel(who: str, stack_file: str) -> Reply:
 
 async def _serve(host: Served) -> None:
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(_TracingExecutor(THREADS, thread_name_prefix="env"))
+    loop.set_default_executor(_TracingExecutor(THREADS, thread_name_prefix="user"))
     requests: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     def read() -> None:  # a thread: stdin is drained even while the loop is busy
@@ -211,7 +211,7 @@ async def _serve(host: Served) -> None:
             loop.call_soon_threadsafe(requests.put_nowait, line)
         loop.call_soon_threadsafe(requests.put_nowait, None)
 
-    threading.Thread(target=read, name="env-requests", daemon=True).start()
+    threading.Thread(target=read, name="requests", daemon=True).start()
     tasks: set[asyncio.Task] = set()
     while (line := await requests.get()) is not None:
         task = asyncio.create_task(host.handle(json.loads(line)))  # a context of its own
