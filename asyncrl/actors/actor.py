@@ -342,6 +342,8 @@ class Actor:
         out = {**asdict(self.state), "time_s": self.clock.totals()}
         if self.groups.episodes is not None:  # multi-turn: how the episodes ended
             out["episodes"] = self.groups.episodes.counts.to_dict()
+        if self.groups.agents is not None:  # episode.agent: what the agents and endpoint did
+            out["agents"] = self.groups.agents.counts.to_dict()
         return out
 
     async def make_group(self, index: int, generated: Callable[[], None] = lambda: None) -> Group:

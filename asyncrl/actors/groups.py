@@ -1,17 +1,28 @@
 """Prompt -> group: an actor's ``n_samples`` whole completions of one prompt, scored, as one
 ``asyncrl.core.types.Group`` (what the actor commits to the buffer). With ``episode.env`` or
 ``episode.tools`` set each sample is a multi-turn episode instead
-(``asyncrl.actors.episodes.group.EpisodeGroups``)."""
+(``asyncrl.actors.episodes.group.EpisodeGroups``); with ``episode.agent`` set, an episode
+the user's agent runs in a worker process, calling this actor's engine through an
+OpenAI-compatible endpoint (asyncrl/actors/agents/)::
+
+    GroupMaker.make -> EpisodeGroups.run -> n x AgentRun (agents/runner.py)
+        -> EnvPool (module=AGENT_WORKER): the agent, given base_url and a key
+             -> HTTP -> AgentServer (on this loop) -> ActorCalls -> generate_whole
+        -> the exported segment -> Sample
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.actors.engine.protocol import Engine
 from asyncrl.core.config.job import Config
 from asyncrl.core.types import Group, Sample
+
+if TYPE_CHECKING:
+    from asyncrl.actors.agents.runner import AgentRun
 
 MAX_RESUBMITS = 10
 """update_mode=abort: a request cut by more syncs than this is an error."""
@@ -29,6 +40,9 @@ class GroupMaker:
         self.activity = None
         """Multi-turn: the episodes' model requests and environment calls in flight
         (``asyncrl.actors.episodes.activity.Activity``; the actor's clock reads it)."""
+        self.agents: AgentRun | None = None
+        """``episode.agent``: the agents' endpoint, pool and counts
+        (``asyncrl.actors.agents.runner.AgentRun``); None without."""
         # multi-turn: the training episodes and validation's (eval's sampling); None without
         self.episodes, self.eval_episodes = (
             episode_groups(cfg, self) if cfg.episode.enabled else (None, None)
@@ -81,8 +95,17 @@ class GroupMaker:
         ]
         return Group(group_id, index, self.actor_id, samples)
 
+    async def start(self) -> None:
+        """Start the agent endpoint (``episode.agent``; a no-op without) and say where."""
+        if self.agents is not None:
+            url = await self.agents.server.start()
+            print(f"[actor {self.actor_id}] agent endpoint on {url}", flush=True)
+
     async def close(self) -> None:
-        """Stop the environment processes of multi-turn episodes (a no-op without)."""
+        """Stop the agent endpoint first (its episodes end, their calls are cancelled), then
+        the environment or agent processes of multi-turn episodes (a no-op without)."""
+        if self.agents is not None:
+            await self.agents.server.close()
         if self.episodes is not None:
             await self.episodes.host.shutdown()
 
@@ -91,7 +114,9 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     """The multi-turn episode makers of ``maker``'s engine, tokenizer and scorer, for training
     and for validation (eval's sampling; the same environments): an environment pool
     (``episode.env_workers`` processes), the chat renderer of each tool set, the tool-call
-    parser and the limits (asyncrl/actors/episodes/)."""
+    parser and the limits (asyncrl/actors/episodes/). An agent's: ``agent_groups``."""
+    if cfg.episode.agent:
+        return agent_groups(cfg, maker)
     from asyncrl.actors.episodes.activity import Activity, CountedHost
     from asyncrl.actors.episodes.env import TOOLS_ONLY
     from asyncrl.actors.episodes.env_pool import EnvPool
@@ -145,6 +170,75 @@ def episode_groups(cfg: Config, maker: GroupMaker):
     )  # fmt: skip
     ev = cfg.eval  # validation samples as it does one completion: greedy for one sample
     return groups, groups.with_turn(turn(0.0 if ev.n_samples == 1 else ev.temperature, {}))
+
+
+def agent_groups(cfg: Config, maker: GroupMaker):
+    """The episode makers of an agent (``episode.agent``), for training and for validation
+    (eval's sampling; the same endpoint, workers and counts): the agents' worker processes
+    (``episode.env_workers``, each run under ``episode.agent_timeout_s``), the endpoint over
+    this actor's engine (``ActorCalls``; started by ``GroupMaker.start``), the calls' limits
+    (``max_turns`` calls, the episode budget, the engine's context). Sets ``maker.agents``."""
+    from asyncrl.actors.agents.agent_worker import AGENT_WORKER
+    from asyncrl.actors.agents.policy import CallPolicy
+    from asyncrl.actors.agents.record import CallLimits
+    from asyncrl.actors.agents.runner import AgentCounts, AgentRun
+    from asyncrl.actors.agents.server import AgentServer, ServerOptions
+    from asyncrl.actors.data.tasks import max_model_len
+    from asyncrl.actors.episodes.activity import Activity
+    from asyncrl.actors.episodes.env_pool import EnvPool
+    from asyncrl.actors.episodes.failures import FailureGuard
+    from asyncrl.actors.episodes.group import EpisodeGroups
+
+    e, s = cfg.episode, cfg.sampling
+    maker.activity = activity = Activity()
+    pool = EnvPool(
+        e.agent, [], e.env_workers, e.agent_timeout_s, dict(e.agent_kwargs), module=AGENT_WORKER
+    )
+    options = ServerOptions(e.agent_model, e.agent_bind, e.agent_port, e.tool_parser)
+    server = AgentServer(ActorCalls(maker, activity), maker.tokenizer, options)
+    limits = CallLimits(e.max_turns, e.token_budget(s.max_tokens), max_model_len(cfg))
+    say = lambda text: print(f"[actor {maker.actor_id}] {text}", flush=True)  # noqa: E731
+    counts = AgentCounts(server.counts)
+    maker.agents = run = AgentRun(
+        server, pool, CallPolicy.train(s), limits, counts, e.agent_export, activity, say
+    )
+    guard = FailureGuard(e.max_env_failure_frac, e.env_failure_window, f"episode.agent={e.agent}")
+    version = lambda: maker.engine.version  # noqa: E731
+    groups = EpisodeGroups(
+        pool,
+        None,
+        None,
+        maker.scorer.score_all,
+        version,
+        maker.tokenizer.eos_token_id,
+        say=say,
+        guard=guard,
+        runner=run,
+    )
+    return groups, groups.with_runner(run.with_policy(CallPolicy.eval(s, cfg.eval)))
+
+
+class ActorCalls:
+    """The agent endpoint's ``CallEngine`` (asyncrl/actors/agents/server.py) on the actor's
+    engine: one whole completion per call (``generate_whole`` with n=1: a cut by an
+    ``abort`` update is resubmitted), counted as ``generating`` while it runs. Cancelling
+    ``complete`` cancels the engine's request."""
+
+    def __init__(self, maker: GroupMaker, activity) -> None:
+        self.maker, self.activity = maker, activity
+
+    async def complete(self, call):
+        with self.activity.running("generating"):
+            out = await generate_whole(
+                self.maker.engine,
+                call.prompt_ids,
+                1,
+                call.max_tokens,
+                call.temperature,
+                call.seed,
+                **call.options,
+            )
+        return out[0]
 
 
 async def generate_whole(

@@ -50,6 +50,11 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     data_identity.check(buffer, data_identity.identity(cfg, prompts), say)
     engine = await _start_engine(cfg, actor_id, model_dir)
     actor = Actor(cfg, actor_id, model_dir, buffer, engine, prompts, reward_fn)
+    try:
+        await actor.groups.start()  # episode.agent: its endpoint listens before any episode
+    except BaseException:
+        await engine.shutdown()
+        raise
     freeze_startup_heap()  # what the engine's start built, too (asyncrl/core/runtime/heap.py)
     validator = _validator(cfg, actor, model_dir, say)
     _serve_metrics(cfg, actor, buffer)
@@ -78,7 +83,7 @@ async def run(cfg, actor_id: int, model_dir: str, url: str) -> int:
     finally:
         client.close()
         actor.scorer.close()  # kills reward worker processes (and a call stuck in one)
-        await actor.groups.close()  # and the environment processes of multi-turn episodes
+        await actor.groups.close()  # the agent endpoint, then environment / agent processes
         await engine.shutdown()
     return _report(cfg, actor, failed, say)
 

@@ -43,12 +43,18 @@ EPISODE_ENDS: tuple[str, ...] = (
     "max_tokens",
     "env_timeout",
     "env_error",
+    "agent_error",
+    "agent_timeout",
+    "no_call",
 )
-"""Why an episode ended (``Sample.episode_end``; stored as int8 codes, index in this tuple):
-``done`` the environment (or the single turn) ended it; ``length`` the last model turn hit
-``sampling.max_tokens``; ``max_turns`` / ``max_tokens`` a limit of the episode cut it;
-``env_timeout`` an environment step or tool overran its deadline; ``env_error`` the
-environment raised or its process died."""
+"""Why an episode ended (``Sample.episode_end``; stored as int8 codes, index in this tuple, so
+new kinds are appended, never inserted): ``done`` the environment (or the single turn, or an
+agent that returned) ended it; ``length`` the last model turn hit ``sampling.max_tokens``;
+``max_turns`` / ``max_tokens`` a limit of the episode cut it; ``env_timeout`` an environment
+step or tool overran its deadline; ``env_error`` the environment raised or its process died;
+``agent_error`` an agent (``episode.agent``) raised, returned what is no reward, or its process
+died; ``agent_timeout`` it overran ``episode.agent_timeout_s``; ``no_call`` it returned
+without calling the model (its sample is a placeholder that trains nothing)."""
 TRUNCATED_ENDS: tuple[str, ...] = EPISODE_ENDS[1:]
 """The ends that cut an episode short: the learner treats such a sample as truncated
 (``algorithm.truncated``), as a completion cut at the length limit."""

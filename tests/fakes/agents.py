@@ -6,6 +6,7 @@ inside ``chats``, which calls the endpoint)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import threading
@@ -97,3 +98,89 @@ async def chats(row, *, base_url, api_key, model):
     seen |= {"content": content, "no_proxy": os.environ.get("no_proxy", "")}
     Path(row["out"]).write_text(json.dumps(seen))
     return {"score": float(content == row["expect"])}
+
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculate",
+        "description": "evaluate a sum",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
+
+
+async def plays(row, *, base_url, api_key, model):
+    """Plays the part ``row["part"]`` against the endpoint with the plain ``openai`` client
+    (one spec for many kinds of episode, so a test starts one worker pool):
+
+    ``answers``       one call with ``row["messages"]`` (and ``row["create"]``'s keywords);
+                      returns ``row["result"]`` (None: the task's reward_fn scores)
+    ``uses_tools``    calls with the calculator until a reply calls no tool, running each
+                      call itself (the returned message sent back as received); returns 1.0
+                      if the last answer is ``row["answer"]``
+    ``until_refused`` calls "again" until the endpoint refuses (a budget spent); then
+                      returns ``row["result"]``, or raises if ``row["reraise"]``
+    ``calls_then_raises``  one call, then raises
+    any other         the agent of that name in this file (no call to the endpoint)
+    """
+    import openai
+
+    part = row["part"]
+    if part not in ("answers", "uses_tools", "until_refused", "calls_then_raises"):
+        fn = globals()[part]
+        given = {"base_url": base_url, "api_key": api_key, "model": model}
+        names = inspect.signature(fn).parameters
+        return await fn(row, **{k: v for k, v in given.items() if k in names or "kw" in names})
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=20)
+    try:
+        return await _PARTS[part](client, model, row)
+    finally:
+        await client.close()
+
+
+async def _answers(client, model, row):
+    create = row.get("create") or {}  # what else the call asks (temperature, ...)
+    await client.chat.completions.create(model=model, messages=row["messages"], **create)
+    return row.get("result")
+
+
+async def _uses_tools(client, model, row):
+    msgs = list(row["messages"])
+    for _ in range(4):
+        r = await client.chat.completions.create(model=model, messages=msgs, tools=[CALC])
+        message = r.choices[0].message
+        msgs.append(message)
+        if not message.tool_calls:
+            return float((message.content or "").strip() == row["answer"])
+        for tc in message.tool_calls:
+            a, b = json.loads(tc.function.arguments)["expression"].split("+")
+            msgs.append({"role": "tool", "tool_call_id": tc.id, "content": str(int(a) + int(b))})
+    return 0.0
+
+
+async def _until_refused(client, model, row):
+    import openai
+
+    msgs = list(row["messages"])
+    try:
+        while True:
+            r = await client.chat.completions.create(model=model, messages=msgs)
+            msgs += [r.choices[0].message, {"role": "user", "content": "again"}]
+    except openai.BadRequestError:
+        if row.get("reraise"):
+            raise
+    return row.get("result")
+
+
+async def _calls_then_raises(client, model, row):
+    await client.chat.completions.create(model=model, messages=row["messages"])
+    raise RuntimeError("the agent broke after its first call")
+
+
+_PARTS = {
+    "answers": _answers,
+    "uses_tools": _uses_tools,
+    "until_refused": _until_refused,
+    "calls_then_raises": _calls_then_raises,
+}

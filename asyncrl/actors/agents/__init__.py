@@ -1,6 +1,6 @@
 """Agents that own their loop: an OpenAI-compatible endpoint on the actor, whose calls are
-recorded token for token as the run's samples (docs: notes spec 46; M1: the endpoint driven
-from tests; M2 so far: the agents' worker processes, no config or actor wiring yet).
+recorded token for token as the run's samples (``episode.agent``; wired into the actor by
+``asyncrl.actors.groups.agent_groups``).
 
     messages  a request's messages checked, made canonical and hashed by prefix
     policy    a call's sampling settings: the run's, whatever was asked (overrides counted)
@@ -12,4 +12,6 @@ from tests; M2 so far: the agents' worker processes, no config or actor wiring y
               its signature checked; ``call_agent``; ``check_result`` of what it returns
     agent_worker  the worker process running agents (``EnvPool(..., module=AGENT_WORKER)``:
               the environments' pool, deadlines and failures); ops open / run / close
+    runner    one episode: key, the agent's run in its worker, the end, the segment exported
+              as an ``episodes.runner.Episode``; ``AgentCounts`` (``actor<i>.json`` ``agents``)
 """

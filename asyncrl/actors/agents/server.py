@@ -214,8 +214,9 @@ class AgentServer:
         return plan
 
     async def _generate(self, ep: AgentEpisode, plan: Plan) -> Completion | None:
-        """The completion, or None when the episode's end cancelled it (the call is then
-        abandoned, nothing recorded). Kept in ``ep.inflight`` while it runs."""
+        """The completion, or None when the episode ended while it ran (it is then cancelled
+        or, finished just before, dropped: abandoned, nothing recorded, so an exported
+        episode never grows). Kept in ``ep.inflight`` while it runs."""
         s = plan.settings
         call = EngineCall(plan.prompt_ids, plan.max_new, s.temperature, ep.seed_of(plan), s.options)
         task = asyncio.ensure_future(self.engine.complete(call))
@@ -227,9 +228,10 @@ class AgentServer:
             if not task.done():  # this handler was cancelled: the request goes with it
                 task.cancel()
                 ep.abandon(plan)
-        if task.cancelled() or task.exception() is not None:
+        ended = task.cancelled() or ep.end is not None
+        if ended or task.exception() is not None:
             ep.abandon(plan)
-        return None if task.cancelled() else task.result()
+        return None if ended else task.result()
 
     def _reply(self, c: Completion, body: dict[str, Any], ids: str) -> Reply:
         """The assistant message of ``c``: with tools (and ``tool_choice`` not ``none``) the

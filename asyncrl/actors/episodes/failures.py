@@ -6,7 +6,8 @@ episodes (a dead sandbox service, a bug in ``step``) would train a run on placeh
 hours. ``FailureGuard.add`` looks at the last ``episode.env_failure_window`` episodes of an
 actor and raises ``EnvFailureRate`` (the actor exits non-zero; the launcher does not restart
 it) once more than ``episode.max_env_failure_frac`` of them failed, naming the environment, the
-first failure and the fix.
+first failure and the fix. An agent (``episode.agent``) is guarded the same way: its failures
+are ``agent_error``, ``agent_timeout`` and ``no_call`` (it returned without calling the model).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 from asyncrl.core.runtime.error_window import ErrorWindow
 from asyncrl.core.runtime.fatal import FatalError
 
-FAILED_ENDS = ("env_timeout", "env_error")
-"""The ends that count as the environment's failures."""
+FAILED_ENDS = ("env_timeout", "env_error", "agent_error", "agent_timeout", "no_call")
+"""The ends that count as the environment's (or the agent's) failures."""
 
 
 class EnvFailureRate(FatalError):
@@ -29,7 +30,8 @@ class FailureGuard:
     """``add(end, error)`` per finished episode; raises ``EnvFailureRate`` when more than
     ``frac`` of the last ``size`` episodes ended in ``FAILED_ENDS`` (``ErrorWindow``'s
     invariant: before ``size`` episodes the missing ones count as successes; 1.0 never trips).
-    ``what`` names the environment in the message (``episode.env=...``)."""
+    ``what`` names the environment in the message (``episode.env=...``, or
+    ``episode.agent=...``: then the message speaks of the agent and its timeout)."""
 
     frac: float
     size: int
@@ -50,18 +52,22 @@ class FailureGuard:
 
     def message(self) -> str:
         w = self.window
+        agent = self.what.startswith("episode.agent")
+        noun = "agent" if agent else "environment"
+        timeout = "episode.agent_timeout_s" if agent else "episode.env_timeout_s"
+        slow = "it" if agent else "its step"
+        fix = f"Fix the {noun} (a timeout: make {slow} faster or raise {timeout})"
+        ends = "/".join(FAILED_ENDS[2:] if agent else FAILED_ENDS[:2])
         if w.fast:
             return (
-                f"the environment ({self.what}) ended each of the first {w.first} episodes the "
-                f"same way; first: {self.first}. Fix the environment (a timeout: make its step "
-                "faster or raise episode.env_timeout_s), or set "
-                "episode.max_env_failure_frac=1.0 to never fail on environment failures"
+                f"the {noun} ({self.what}) ended each of the first {w.first} episodes the "
+                f"same way; first: {self.first}. {fix}, or set "
+                f"episode.max_env_failure_frac=1.0 to never fail on {noun} failures"
             )
         return (
-            f"the environment ({self.what}) ended {w.errors} of the last {w.size} episodes "
-            f"with env_timeout/env_error ({w.errors / w.size:.0%}, more than "
+            f"the {noun} ({self.what}) ended {w.errors} of the last {w.size} episodes "
+            f"with {ends} ({w.errors / w.size:.0%}, more than "
             f"episode.max_env_failure_frac={self.frac:g} of episode.env_failure_window="
-            f"{w.size}); first: {self.first}. Fix the environment (a timeout: make its step "
-            "faster or raise episode.env_timeout_s), or raise episode.max_env_failure_frac "
-            "(1.0 = never fail on environment failures)"
+            f"{w.size}); first: {self.first}. {fix}, or raise episode.max_env_failure_frac "
+            f"(1.0 = never fail on {noun} failures)"
         )

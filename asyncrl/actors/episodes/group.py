@@ -1,5 +1,6 @@
 """Prompt -> ``n`` episodes at once -> scored ``Sample``s: the multi-turn side of
-``asyncrl.actors.groups.GroupMaker`` (``episode.env`` or ``episode.tools`` set).
+``asyncrl.actors.groups.GroupMaker`` (``episode.env``, ``episode.tools`` or ``episode.agent``
+set; an agent's episodes are run by its own ``runner``, asyncrl/actors/agents/runner.py).
 
 The ``n`` episodes of a prompt run concurrently (``runner.run_episode``); each becomes one
 ``Sample`` whose response holds every turn (``loss_mask`` 1 on the model's tokens). Its reward
@@ -18,7 +19,7 @@ import asyncio
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,10 @@ from asyncrl.actors.episodes.failures import FAILED_ENDS as _FAILED_ENDS
 from asyncrl.actors.episodes.failures import FailureGuard
 from asyncrl.actors.episodes.runner import EnvHost, Episode, Limits, Turn, run_episode
 from asyncrl.core.types import MAX_REWARD_EXTRAS, Sample
+
+Runner = Callable[[str, dict, int], Awaitable[Episode]]
+"""``runner(episode_id, row, seed) -> Episode``: one episode run to its end (an agent's:
+asyncrl/actors/agents/runner.py); the default is ``run_episode`` on the group's host."""
 
 
 @dataclass
@@ -73,11 +78,14 @@ class EpisodeGroups:
     ``score(prompt_text, texts, fields)`` is the task's reward scorer
     (``RewardScorer.score_all``); ``version()`` the engine's weight version now (the
     placeholder of an episode with no tokens carries it); ``eos_id`` the placeholder token.
+    ``host`` holds the episodes' worker processes (``shutdown()`` at the end); ``turn`` and
+    ``limits`` drive ``run_episode``, unless a ``runner`` runs each episode instead (an
+    agent's: then they are None).
     """
 
     host: EnvHost
-    turn: Turn
-    limits: Limits
+    turn: Turn | None
+    limits: Limits | None
     score: Callable[..., Any]
     version: Callable[[], int]
     eos_id: int
@@ -87,6 +95,8 @@ class EpisodeGroups:
     guard: FailureGuard | None = None
     """Fails the run once too many recent episodes failed (``failures.py``); None = never.
     Shared with ``with_turn``'s copy: validation's episodes count too."""
+    runner: Runner | None = None
+    """Runs each episode in place of ``run_episode(host, turn, limits, ...)``."""
 
     async def samples(self, prompt, group_id: str, seed: int, n: int) -> list[Sample]:
         """``n`` episodes of ``prompt`` (an ``asyncrl.actors.data.prompt.Prompt``) at once,
@@ -100,13 +110,11 @@ class EpisodeGroups:
         row = {**prompt.fields, "prompt": prompt.text}
         if prompt.messages is not None:  # a chat prompt: the episode starts from its messages
             row["messages"] = [dict(m) for m in prompt.messages]
+        runner = self.runner if self.runner is not None else self._run_episode
         runs = [  # each episode's row says which of the n it is (per-episode determinism)
-            run_episode(
-                self.host, self.turn, self.limits, f"{group_id}:{j}",
-                {**row, "episode": j, "group_id": group_id}, seed + j * 1009,
-            )
+            runner(f"{group_id}:{j}", {**row, "episode": j, "group_id": group_id}, seed + j * 1009)
             for j in range(n)
-        ]  # fmt: skip
+        ]
         episodes = list(await asyncio.gather(*runs))
         for e in episodes:
             self.counts.add(e)
@@ -121,6 +129,15 @@ class EpisodeGroups:
         """The same environments and limits, generating with ``turn`` (validation's sampling)
         and counting apart."""
         return dataclasses.replace(self, turn=turn, counts=EpisodeCounts())
+
+    def with_runner(self, runner: Runner) -> EpisodeGroups:
+        """The same host, each episode run by ``runner`` (validation's), counting apart."""
+        return dataclasses.replace(self, runner=runner, counts=EpisodeCounts())
+
+    async def _run_episode(self, episode_id: str, row: dict, seed: int) -> Episode:
+        if self.turn is None or self.limits is None:
+            raise ValueError("EpisodeGroups without a runner needs a turn and limits")
+        return await run_episode(self.host, self.turn, self.limits, episode_id, row, seed)
 
     async def _scored(self, prompt, episodes: list[Episode]) -> list[Sample]:
         ask = [

@@ -263,8 +263,8 @@ def _check_roles(cfg: Config) -> None:
         not (cfg.episode.enabled and cfg.algorithm.overlong_frac > 0),
         "algorithm.overlong_frac > 0 penalizes one completion's length against "
         "sampling.max_tokens, which is per turn in a multi-turn episode (episode.env / "
-        "episode.tools set); turn it off (0) and use algorithm.truncated for episodes cut "
-        "by a limit",
+        "episode.tools / episode.agent set); turn it off (0) and use algorithm.truncated for "
+        "episodes cut by a limit",
     )
     _require(
         not cfg.learner.share_gpu

@@ -254,7 +254,7 @@ def _first_line(
     return text.splitlines()[0] if text else type(e).__name__
 
 
-FREE_DICTS = ("episode.env_kwargs",)
+FREE_DICTS = ("episode.env_kwargs", "episode.agent_kwargs")
 """Dict fields whose keys are the user's own (Hydra adds a key only with a leading '+')."""
 
 REMOVED_KEYS = {

@@ -110,6 +110,7 @@ async def open_session(
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         scorer = RewardScorer(load_reward_fn(cfg.task.reward_fn), cfg.task, say, count)
         maker = GroupMaker(cfg, 0, engine, source, tokenizer, scorer)
+        await maker.start()  # episode.agent: its endpoint
     except BaseException:
         if scorer is not None:
             scorer.close()

@@ -138,8 +138,12 @@ def check_reward_fn(cfg: Config) -> None:
 def check_episode(cfg: Config) -> None:
     """Import ``episode.env`` and ``episode.tools`` and build each tool's schema, so a wrong
     name, a class without ``reset``/``step`` or a tool without type hints and docstring fails
-    at once with the key named (each actor's environment workers load them again)."""
+    at once with the key named (each actor's environment workers load them again); or load
+    ``episode.agent`` with ``episode.agent_kwargs`` (``check_agent``)."""
     if not cfg.episode.enabled:
+        return
+    if cfg.episode.agent:
+        check_agent(cfg)
         return
     from asyncrl.actors.episodes.env import load_environment, load_tools
     from asyncrl.actors.episodes.tools import tool_from_function
@@ -154,6 +158,25 @@ def check_episode(cfg: Config) -> None:
             tool_from_function(fn)
     except ValueError as e:
         raise ValueError(f"episode.tools: {e}") from e
+
+
+def check_agent(cfg: Config) -> None:
+    """Load ``episode.agent`` as its workers will (``agents.spec.load_agent``: the name, the
+    signature, ``agent_kwargs`` against it), and find aiohttp, which serves its endpoint and
+    comes with vLLM only."""
+    import importlib.util
+
+    from asyncrl.actors.agents.spec import load_agent
+
+    try:
+        load_agent(cfg.episode.agent, dict(cfg.episode.agent_kwargs))
+    except ValueError as e:
+        raise ValueError(f"episode.agent: {e}") from e
+    if importlib.util.find_spec("aiohttp") is None:
+        raise ValueError(
+            "episode.agent: the agent endpoint needs aiohttp, which is installed with vLLM "
+            "(pip install -e '.[cpu]' or '.[gpu]'); install it, or pip install aiohttp"
+        )
 
 
 def warn_model_settings(cfg: Config, detect: Callable[[], tuple[str, ...]] | None = None) -> None:

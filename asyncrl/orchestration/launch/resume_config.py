@@ -52,6 +52,10 @@ HARMLESS = (
     "episode.env_workers",
     "episode.max_env_failure_frac",
     "episode.env_failure_window",
+    "episode.agent_timeout_s",
+    "episode.agent_bind",
+    "episode.agent_port",
+    "episode.agent_model",
 )
 """Exceptions inside ``MEANING``: more epochs keep every earlier prompt index; the reward's
 execution settings do not change its values."""

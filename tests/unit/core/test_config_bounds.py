@@ -50,6 +50,8 @@ BOUNDS: dict[str, list[tuple[float, float]]] = {
     "episode.env_workers": [(1, 0), (64, 65)],
     "episode.max_env_failure_frac": [(0.0, -1e-9), (1.0, 1.000001)],
     "episode.env_failure_window": [(1, 0)],
+    "episode.agent_timeout_s": [(1e-6, 0.0)],
+    "episode.agent_port": [(0, -1), (65535, 65536)],
     "actor.max_inflight": [(1, 0)],
     "actor.max_num_seqs": [(0, -1)],
     "actor.kv_cache_gib": [(0.0, -1e-9)],

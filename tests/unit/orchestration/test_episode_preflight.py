@@ -1,5 +1,6 @@
-"""``asyncrl run`` checks ``episode.env`` and ``episode.tools`` before any process starts: a
-wrong name, a class without ``step`` or a tool without a schema fails naming the key."""
+"""``asyncrl run`` checks ``episode.env`` and ``episode.tools`` (or ``episode.agent``) before
+any process starts: a wrong name, a class without ``step``, a tool without a schema or an
+agent of the wrong signature fails naming the key."""
 
 from __future__ import annotations
 
@@ -64,3 +65,20 @@ def test_env_kwargs_need_an_env_and_a_plus_to_add_keys():
         load_config(["experiment=chain", "episode.env_kwargs.level=2"])
     cfg = load_config(["experiment=chain", "+episode.env_kwargs={level: 2, names: [a, b]}"])
     assert cfg.episode.env_kwargs == {"level": 2, "names": ["a", "b"]}
+
+
+def test_an_agent_is_loaded_before_anything_starts(tmp_path):
+    from tests.fakes.agents import spec_of
+
+    check_episode(load_config([f"episode.agent={spec_of('returns_float')}"]))
+    check_episode(
+        load_config([f"episode.agent={spec_of('Counter')}", "+episode.agent_kwargs.start=2"])
+    )
+    path = tmp_path / "mine.py"
+    path.write_text("async def solve(row):\n    return 1.0\n")
+    with pytest.raises(ValueError, match=r"^episode\.agent: .*does not take base_url and api_key"):
+        check_episode(load_config([f"episode.agent={path}:solve"]))
+    with pytest.raises(ValueError, match=r"^episode\.agent: .*cannot take episode.agent_kwargs"):
+        check_episode(
+            load_config([f"episode.agent={spec_of('Counter')}", "+episode.agent_kwargs.stop=1"])
+        )

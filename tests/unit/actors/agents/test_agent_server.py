@@ -252,3 +252,34 @@ def test_a_taken_port_fails_the_start_and_leaves_nothing_open():
             await first.close()
 
     asyncio.run(asyncio.wait_for(test(), 20))
+
+
+def test_a_completion_that_finishes_as_its_episode_ends_is_not_recorded():
+    class EndsFirst:
+        """Answers, and the episode ends right after: before the endpoint's handler resumes
+        (the call in flight is done by then: nothing left to cancel)."""
+
+        server: AgentServer
+
+        async def complete(self, call):
+            asyncio.get_running_loop().call_soon(self.server.end, "ep7", "agent_timeout")
+            return turn("3")[0]
+
+    engine = EndsFirst()
+
+    async def test():
+        server = engine.server = AgentServer(engine, TOK)
+        url = await server.start()
+        ep = episode()
+        client = openai.AsyncOpenAI(base_url=url, api_key=server.open(ep), timeout=20)
+        try:
+            with pytest.raises(openai.AuthenticationError, match="agent_timeout"):
+                await client.chat.completions.create(model="policy", messages=QUESTION)
+        finally:
+            await client.close()
+            await server.close()
+        return ep
+
+    ep = asyncio.run(asyncio.wait_for(test(), 20))
+    assert ep.calls[0].finish_reason == "abort" and ep.export() is None
+    assert ep.tokens == 0 and not ep.segments[0].busy
