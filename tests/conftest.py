@@ -128,3 +128,18 @@ def smollm2_dir() -> str:
 
     model = load_config(["model=smollm2"]).model  # the GGUF file that `make setup` installs
     return str(resolve_model_path(model.path, model.cache_dir))
+
+
+def pytest_configure(config):
+    """Under xdist, keep the queue in collection order (``--no-loadscope-reorder``): the
+    collection is ordered longest file first below (tests/schedule.py says why)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest file first (tests/schedule.py), on the controller and every worker alike."""
+    from tests.schedule import load_costs, longest_first
+
+    order = longest_first([item.nodeid for item in items], load_costs())
+    items[:] = [items[i] for i in order]

@@ -160,8 +160,9 @@ def test_ctrl_c_with_a_reward_sleeping_30s_exits_within_seconds(tmp_path, roles,
     assert not alive, f"reward worker processes outlived the run: {alive}"
     # formerly ~21 s (the actor's loop sat in the reward; the launcher's grace, then
     # SIGKILL); now the actor stops at once, killing its reward worker processes (process)
-    # or leaving its stuck reward threads behind (thread)
-    assert took < 10, f"Ctrl-C took {took:.1f} s\n{proc.tail()}"
+    # or leaving its stuck reward threads behind (thread). 4-6 s alone, 10.4 s once in a
+    # loaded CI: the bound sits between that and the old path's ~21 s
+    assert took < 15, f"Ctrl-C took {took:.1f} s\n{proc.tail()}"
     actor_log = (run_dir / "actor0.log").read_text()
     assert re.search(r"^\[actor 0\] done: ", actor_log, re.M), "the actor did not exit itself"
 

@@ -215,7 +215,7 @@ def test_real_run_reports_an_imbalance_and_summary_says_the_ledger_did_not_balan
     needs_full_stack()
     run_dir, name = tmp_path / "run", "ledgerjob"
     launcher = Launcher(
-        roles, "run", "experiment=tiny", "learner.steps=30", "learner.checkpoint_every=2",
+        roles, "run", "experiment=tiny", "learner.steps=10", "learner.checkpoint_every=5",
         "learner.nproc=1", "actor.engine=sim", "metrics_port=0", f"buffer.name={name}",
         f"run_dir={run_dir}",
     )  # fmt: skip

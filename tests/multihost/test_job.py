@@ -104,7 +104,7 @@ def test_actor_host_killed_then_relaunched_loses_and_doubles_nothing(cluster):
     again there (same run directory: same ids, same prompt cursors)."""
     roles, hosts = cluster.roles, cluster.hosts
     cluster.start_buffer()
-    learners = cluster.start_learner("learner.steps=60", "learner.weight_sync_timeout_s=10",
+    learners = cluster.start_learner("learner.steps=30", "learner.weight_sync_timeout_s=10",
                                      "buffer.lease_ttl_s=5")  # fmt: skip
     slow = ["actor.sim_tokens_per_s=300", "buffer.lease_ttl_s=5"]
     first = cluster.start_actors(*slow)
@@ -120,8 +120,8 @@ def test_actor_host_killed_then_relaunched_loses_and_doubles_nothing(cluster):
     assert first.poll() is not None
     summary = cluster.summary()
     check_conservation(summary)
-    assert summary["final_version"] == 60 and summary["max_trained_staleness"] <= 1
-    assert summary["groups_trained"] == 60 * 4
+    assert summary["final_version"] == 30 and summary["max_trained_staleness"] <= 1
+    assert summary["groups_trained"] == 30 * 4
     stats = cluster.actor_stats()
     assert sorted(stats) == [0, 1] and all(s["duplicates"] == 0 for s in stats.values()), stats
     out = relaunched.output()
@@ -148,7 +148,7 @@ def test_partitioned_actor_host_is_reported_and_the_job_carries_on_after_the_hea
     failpoints = {"ASYNCRL_FAILPOINTS": f"learner.after_read=trace:{reads}@0,{hold}"}
     cluster.start_buffer(f"buffer.tls_dir={cluster.tmp / 'tls'}")
     assert cluster.url_file("actor").read_text().startswith("rediss://actor:")
-    learners = cluster.start_learner("learner.steps=80", f"learner.weight_sync_timeout_s={sync_s}",
+    learners = cluster.start_learner("learner.steps=45", f"learner.weight_sync_timeout_s={sync_s}",
                                      f"buffer.lease_ttl_s={ttl}", "buffer.max_staleness=2",
                                      env=failpoints)  # fmt: skip
     actors = cluster.start_actors("actor.sim_tokens_per_s=300", f"buffer.lease_ttl_s={ttl}",
@@ -162,7 +162,7 @@ def test_partitioned_actor_host_is_reported_and_the_job_carries_on_after_the_hea
     cluster.wait_job(learners, actors, 400)
     summary = cluster.summary()
     check_conservation(summary)
-    assert summary["final_version"] == 80 and summary["max_trained_staleness"] <= 2
+    assert summary["final_version"] == 45 and summary["max_trained_staleness"] <= 2
     assert summary["weight_sync"]["failures"] >= 1, summary["weight_sync"]  # reported, retried
     learner_log, actor_log = learners[0].output(), actors.output()
     assert "weight sync" in learner_log and "failed" in learner_log, learner_log[-3000:]

@@ -109,7 +109,7 @@ def stray_processes(slurm: SlurmCluster) -> dict[str, list[str]]:
 def test_a_job_whose_first_node_dies_is_requeued_resumes_and_trains_to_the_end(
     slurm, demo_model, tmp_path
 ):
-    steps = 40
+    steps = 24
     job = submit(slurm, tmp_path, f"learner.steps={steps}", "learner.checkpoint_every=5")
     wait_line(slurm, job, "step   12 ", 300)  # past the checkpoint at version 10
 
