@@ -117,10 +117,15 @@ def test_a_job_whose_first_node_dies_is_requeued_resumes_and_trains_to_the_end(
     # (SlurmdTimeout), stops the job's steps on the other nodes and requeues the job.
     slurm.kill_node("n1")
     slurm.wait_for(lambda: slurm.node_state("n1").startswith("down"), "n1 to be DOWN", 120)
-    slurm.restart_node("n1")
+    # n1's slurmd starts again only after the requeue. Started before it, it got the order to
+    # end the first start's steps and SIGKILLed the job's steps KillWait later: once that hit
+    # the second start's learner (the same job and step ids), begun meanwhile because
+    # StartTime=now skips Slurm's BeginTime (~2 min after a requeue, which leaves room).
     slurm.wait_state(job.id, {"PENDING"}, 120)
     assert slurm.job(job.id)["Restarts"] == "1", slurm.job(job.id)
-    slurm.check(["scontrol", "update", f"JobId={job.id}", "StartTime=now"])  # skip BeginTime
+    slurm.restart_node("n1")
+    slurm.wait_for(lambda: not slurm.node_state("n1").startswith("down"), "n1 back", 120)
+    slurm.check(["scontrol", "update", f"JobId={job.id}", "StartTime=now"])
 
     state = slurm.wait_state(job.id, ENDED, 600)
     text = job.text()
