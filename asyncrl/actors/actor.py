@@ -105,15 +105,14 @@ class Actor:
         prompts,
         reward_fn,
     ):
-        from transformers import AutoTokenizer
-
         from asyncrl.actors.rewards.scoring import RewardScorer
+        from asyncrl.core.tokenizer import load_tokenizer
 
         self.cfg = cfg
         self.state = ActorState(actor_id)
         self.buffer = buffer
         scorer = RewardScorer(reward_fn, cfg.task, self._say, self._count_reward_error)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir)
         self.groups = GroupMaker(cfg, actor_id, engine, prompts, tokenizer, scorer)
         self._tasks: dict[asyncio.Task, str] = {}  # group task -> its lease
         self._version_changed = asyncio.Event()

@@ -97,7 +97,7 @@ class FileSource:
     def from_config(cls, cfg, model_dir: str, log=print, split: str = "train") -> FileSource:
         """The ``train`` (``data.train_files``, ``data.epochs``) or ``val`` split (one epoch,
         file order) of ``cfg``, tokenized with ``model_dir``'s tokenizer."""
-        from transformers import AutoTokenizer
+        from asyncrl.core.tokenizer import load_tokenizer
 
         d, train = cfg.data, split == "train"
         files_key = "data.train_files" if train else "data.val_files"
@@ -106,7 +106,7 @@ class FileSource:
         template = load_template(d.prompt_template) if d.prompt_template else None
         return cls(
             rows,
-            AutoTokenizer.from_pretrained(model_dir),
+            load_tokenizer(model_dir),
             max_prompt_length=d.max_prompt_length,
             epochs=d.epochs if train else 1,
             seed=cfg.task.seed,

@@ -105,11 +105,10 @@ def check_generated_lengths(cfg, model_dir: str, source) -> None:
     only adds tokens, so a prompt this finds too long is too long)."""
     if source.end is not None:  # file data: too-long prompts are dropped at load, counted
         return
-    from transformers import AutoTokenizer
-
     from asyncrl.actors.data.datafile import DataError
+    from asyncrl.core.tokenizer import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     prompts = [source.get(i).text for i in range(GENERATED_CHECKED)]
     longest = max(len(tokenizer(p)["input_ids"]) for p in prompts)
     limit = cfg.data.max_prompt_length

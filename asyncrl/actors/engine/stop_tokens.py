@@ -82,12 +82,12 @@ def generation_eos_ids(model_dir: str | Path) -> int | list[int] | None:
 def model_stop_token_ids(model_dir: str | Path) -> list[int]:
     """The stop token ids of the model in ``model_dir``: generation config EOS ids, the
     tokenizer's EOS and its chat template's end-of-turn token (those it has)."""
-    from transformers import AutoTokenizer
+    from asyncrl.core.tokenizer import load_tokenizer
 
     tokenizer = None
     # without its files transformers 5 still builds a tokenizer (an empty one, "EOS" id 0)
     if any((Path(model_dir) / name).is_file() for name in _TOKENIZER_FILES):
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        tokenizer = load_tokenizer(model_dir)
     tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
     end_of_turn = chat_end_of_turn(tokenizer) if tokenizer is not None else None
     return union_stop_ids(generation_eos_ids(model_dir), tokenizer_eos, end_of_turn)

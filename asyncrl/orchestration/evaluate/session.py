@@ -84,13 +84,12 @@ async def open_session(
     them, with the evaluation's batch; ``ckpt``'s LoRA adapter on it, ``engine_lora``), then
     the reward scorer and the group maker over ``source``'s first ``size`` prompts. The reward
     scorer counts its errors in the session."""
-    from transformers import AutoTokenizer
-
     from asyncrl.actors.groups import GroupMaker
     from asyncrl.actors.main import new_engine
     from asyncrl.actors.rewards.loading import load_reward_fn
     from asyncrl.actors.rewards.scoring import RewardScorer
     from asyncrl.actors.validation import Validator
+    from asyncrl.core.tokenizer import load_tokenizer
 
     counts: dict[str, int] = {}
 
@@ -107,7 +106,7 @@ async def open_session(
         raise
     scorer = None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir)
         scorer = RewardScorer(load_reward_fn(cfg.task.reward_fn), cfg.task, say, count)
         maker = GroupMaker(cfg, 0, engine, source, tokenizer, scorer)
         await maker.start()  # episode.agent: its endpoint

@@ -47,10 +47,10 @@ def check_tokenizer(path: Path, key: str, vocab_size: int) -> None:
             f"{key}={str(path)!r} has no tokenizer ({', '.join(_TOKENIZER_FILES)}: none "
             "there); copy the model's tokenizer files next to config.json"
         )
-    from transformers import AutoTokenizer
+    from asyncrl.core.tokenizer import load_tokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path))
+        tok = load_tokenizer(path)
     except Exception as e:  # transformers' own errors: the message is what matters
         raise ValueError(f"{key}={str(path)!r}: its tokenizer cannot be loaded: {e}") from None
     if len(tok) > vocab_size:
