@@ -42,6 +42,7 @@ from asyncrl.actors.episodes.group import EpisodeGroups  # noqa: E402
 from asyncrl.actors.groups import ActorCalls, GroupMaker  # noqa: E402
 from asyncrl.core.config.load import load_config  # noqa: E402
 from asyncrl.orchestration.demo.warmstart import prepare_demo_model  # noqa: E402
+from tests.integration.forced import check_teacher_forced  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(180)]
 
@@ -238,19 +239,7 @@ def test_the_samples_are_what_the_policy_would_sample_teacher_forced(served, gro
     _, made = groups
     samples = [s for *_, ss in made for s in ss]
 
-    async def score():
-        return await asyncio.gather(
-            *(engine.logprobs_of(s.prompt_ids, s.completion_ids) for s in samples)
-        )
-
-    forced = loop.run_until_complete(score())
-    model_tokens = 0
-    for s, lps in zip(samples, forced, strict=True):
-        for m, sampled, teacher in zip(s.loss_mask, s.behavior_logprobs, lps, strict=True):
-            if m:
-                model_tokens += 1
-                assert abs(sampled - teacher) <= TOL
-    assert model_tokens == sum(s.model_tokens for s in samples) > 0
+    check_teacher_forced(engine, samples, loop, TOL)
 
 
 def test_an_edited_context_is_a_new_segment_and_the_first_is_counted_dropped(served, groups):

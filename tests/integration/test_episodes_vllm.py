@@ -30,6 +30,7 @@ from asyncrl.buffer.redis_buffer import ReplayBuffer  # noqa: E402
 from asyncrl.core.config.load import load_config  # noqa: E402
 from asyncrl.learner.compute.batch import collate  # noqa: E402
 from asyncrl.orchestration.demo.warmstart import prepare_demo_model  # noqa: E402
+from tests.integration.forced import check_teacher_forced  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -73,19 +74,7 @@ def test_every_model_token_was_sampled_from_the_tokens_trained(made, loop):
     _, engine, _, groups = made
     samples = [s for g in groups for s in g.samples]
 
-    async def score():
-        return await asyncio.gather(
-            *(engine.logprobs_of(s.prompt_ids, s.completion_ids) for s in samples)
-        )
-
-    forced = loop.run_until_complete(score())
-    model_tokens = 0
-    for s, lps in zip(samples, forced, strict=True):
-        for m, sampled, teacher in zip(s.loss_mask, s.behavior_logprobs, lps, strict=True):
-            if m:
-                model_tokens += 1
-                assert abs(sampled - teacher) <= TOL
-    assert model_tokens == sum(s.model_tokens for s in samples) > 0
+    check_teacher_forced(engine, samples, loop, TOL)
 
 
 def test_the_tokens_between_turns_are_the_templates_and_are_masked(made):

@@ -27,7 +27,7 @@ from typing import Any
 from asyncrl.actors.episodes.worker_loop import call_user
 from asyncrl.actors.rewards.calls import ScoreError, check_score, short_repr
 from asyncrl.actors.rewards.loading import fn_name
-from asyncrl.core.runtime.specs import load_object
+from asyncrl.core.runtime.specs import check_constructor, load_object
 
 KEYWORDS = ("base_url", "api_key", "model")
 """What an agent is called with besides the row; the first two are required."""
@@ -167,18 +167,9 @@ def _check_class(cls: type, spec: str, kwargs: dict) -> None:
     close = getattr(cls, "close", None)
     if close is not None and not callable(close):
         raise ValueError(f"agent spec {spec!r}: {cls.__qualname__}.close is not a method")
-    try:
-        sig = inspect.signature(cls)
-    except (TypeError, ValueError):  # a signature Python cannot read: the first episode tells
-        return
-    try:
-        sig.bind(**kwargs)
-    except TypeError as e:
-        raise ValueError(
-            f"agent spec {spec!r}: {cls.__qualname__}{sig} cannot take "
-            f"episode.agent_kwargs={kwargs} ({e}); give the keyword arguments its __init__ "
-            "takes (each episode's agent is Name(**agent_kwargs))"
-        ) from None
+    check_constructor(cls, kwargs, f"agent spec {spec!r}", "episode.agent_kwargs",
+                      "give the keyword arguments its __init__ takes (each episode's agent "
+                      "is Name(**agent_kwargs))")  # fmt: skip
 
 
 def _unbound_run(cls: type, run: Callable[..., Any]) -> Callable[..., Any]:

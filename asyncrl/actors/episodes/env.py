@@ -26,12 +26,12 @@ checks here run there, and name the environment and the fix when a return value 
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from asyncrl.core.runtime.specs import check_constructor
 from asyncrl.core.runtime.specs import load_object as _load
 
 Messages = list[dict[str, Any]]
@@ -82,23 +82,9 @@ def load_environment(spec: str, kwargs: dict | None = None) -> type:
             "method; an environment defines reset(self, row) -> messages and step(self, "
             "message) -> StepResult or (messages, reward, done, info)"
         )
-    _check_kwargs(cls, spec, kwargs or {})
+    check_constructor(cls, kwargs or {}, f"environment spec {spec!r}", "episode.env_kwargs",
+                      "give the keyword arguments its __init__ takes")  # fmt: skip
     return cls
-
-
-def _check_kwargs(cls: type, spec: str, kwargs: dict) -> None:
-    """``cls(**kwargs)`` binds (not called: building an environment may start things)."""
-    try:
-        sig = inspect.signature(cls)
-    except (TypeError, ValueError):  # a signature Python cannot read: the first episode tells
-        return
-    try:
-        sig.bind(**kwargs)
-    except TypeError as e:
-        raise ValueError(
-            f"environment spec {spec!r}: {cls.__qualname__}{sig} cannot take "
-            f"episode.env_kwargs={kwargs} ({e}); give the keyword arguments its __init__ takes"
-        ) from e
 
 
 def load_tools(specs: Sequence[str]) -> list[Callable[..., Any]]:

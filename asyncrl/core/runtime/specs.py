@@ -72,3 +72,22 @@ def load_file(spec: str, kind: str, path: Path, share: bool = False) -> Any:
     if not share:
         sys.modules.pop(name, None)
     return module
+
+
+def check_constructor(cls: type, kwargs: dict, what: str, key: str, fix: str) -> None:
+    """``cls(**kwargs)`` binds (not called: making one may start things); else a
+    ``ValueError`` naming ``what`` (``"environment spec 'x.py:Env'"``), the signature, the
+    config ``key`` that gave ``kwargs``, why, and ``fix``. A signature Python cannot read
+    passes (the first instance tells)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(**kwargs)
+    except TypeError as e:
+        raise ValueError(
+            f"{what}: {cls.__qualname__}{sig} cannot take {key}={kwargs} ({e}); {fix}"
+        ) from e
