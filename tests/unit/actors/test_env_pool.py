@@ -25,6 +25,7 @@ from asyncrl.actors.episodes.env_pool import (
 )
 from asyncrl.actors.episodes.tool_calls import ToolCall
 from asyncrl.core.runtime.fatal import FatalError
+from tests.fakes.pools import drive
 
 ENVS = '''
 import asyncio, os, subprocess, sys, time
@@ -149,18 +150,6 @@ def _gone(pid: int, within: float = 5.0) -> bool:
     return not _running(pid)
 
 
-def _run(pool: EnvPool, body):
-    """``body(pool)`` on a fresh event loop; the pool is shut down whatever happens."""
-
-    async def main():
-        try:
-            return await body(pool)
-        finally:
-            await pool.shutdown()
-
-    return asyncio.run(main())
-
-
 def test_a_two_step_episode_whose_environment_prints(envs, tmp_path):
     closed = tmp_path / "closed"
 
@@ -171,7 +160,7 @@ def test_a_two_step_episode_whose_environment_prints(envs, tmp_path):
         return opened, steps
 
     pool = EnvPool(f"{envs}:Echo", workers=1, timeout_s=5.0)
-    (messages, tools), (first, second) = _run(pool, body)
+    (messages, tools), (first, second) = drive(pool, body)
     assert messages == [{"role": "user", "content": "go"}] and tools == []
     pid = first.info["pid"]
     assert first == StepResult([{"role": "user", "content": "turn 1"}], 0.5, False, {"pid": pid})
@@ -186,7 +175,7 @@ def test_env_kwargs_reach_the_constructor_of_every_episode(envs):
         return opened, await pool.step("b", _say("x"))
 
     pool = EnvPool(f"{envs}:Levels", timeout_s=5.0, env_kwargs={"level": 3, "names": ["x", "y"]})
-    opened, step = _run(pool, body)
+    opened, step = drive(pool, body)
     assert [m for m, _ in opened] == [[{"role": "user", "content": "level 3 x y"}]] * 2
     assert step.reward == 3.0
 
@@ -200,7 +189,7 @@ def test_env_kwargs_the_constructor_does_not_take_are_refused_naming_them(envs):
     with pytest.raises(ValueError, match="missing a required argument: 'level'"):
         load_environment(f"{envs}:Levels")
     with pytest.raises(EnvWorkerError, match="cannot take episode.env_kwargs"):
-        _run(EnvPool(f"{envs}:Levels", timeout_s=5.0, env_kwargs={"levle": 3}), _started)
+        drive(EnvPool(f"{envs}:Levels", timeout_s=5.0, env_kwargs={"levle": 3}), _started)
 
 
 async def _started(pool):
@@ -212,7 +201,7 @@ def test_async_environment_methods(envs):
         messages, _ = await pool.open("a", {"prompt": "go"})
         return messages, await pool.step("a", _say("sleep 0.01"))
 
-    messages, step = _run(EnvPool(f"{envs}:AsyncEcho", timeout_s=5.0), body)
+    messages, step = drive(EnvPool(f"{envs}:AsyncEcho", timeout_s=5.0), body)
     assert messages == [
         {"role": "system", "content": "async"},
         {"role": "user", "content": "go"},
@@ -232,7 +221,7 @@ def test_many_episodes_on_two_workers_sleep_at_once(envs):
         steps = await asyncio.gather(*(pool.step(n, _say("sleep 0.5")) for n in names))
         return steps, time.monotonic() - t0
 
-    steps, took = _run(EnvPool(f"{envs}:Echo", workers=2, timeout_s=5.0), body)
+    steps, took = drive(EnvPool(f"{envs}:Echo", workers=2, timeout_s=5.0), body)
     pids = [s.info["pid"] for s in steps]
     assert sorted(pids.count(p) for p in set(pids)) == [10, 10], "not spread over 2 workers"
     assert took < 0.9, f"20 steps of 0.5 s on 2 workers took {took:.2f} s: they did not overlap"
@@ -250,7 +239,7 @@ def test_a_slow_step_holds_up_no_other_episode_of_its_worker(envs, env):
         took = time.monotonic() - t0
         return (await slow).info["pid"], fast.info["pid"], took
 
-    slow_pid, fast_pid, took = _run(EnvPool(f"{envs}:{env}", workers=1, timeout_s=5.0), body)
+    slow_pid, fast_pid, took = drive(EnvPool(f"{envs}:{env}", workers=1, timeout_s=5.0), body)
     assert slow_pid == fast_pid
     assert took < 0.4, f"a fast step waited {took:.2f} s behind a slow one"
 
@@ -276,7 +265,7 @@ def test_a_step_that_hangs_times_out_and_the_worker_goes_on(envs, env, hang, whe
         return e.value, took, await pool.step("other", _say("x"))
 
     pool = EnvPool(f"{envs}:{env}", workers=1, timeout_s=0.5)
-    error, took, other = _run(pool, body)
+    error, took, other = drive(pool, body)
     assert 0.5 <= took < 1.0, f"the timeout took {took:.2f} s"
     assert str(error).startswith(
         "step of episode 'stuck' did not return within timeout_s=0.5 s (environment "
@@ -301,7 +290,7 @@ def test_a_step_that_raises_ends_its_episode_with_the_message(envs):
         return e.value
 
     pool = EnvPool(f"{envs}:Echo", timeout_s=5.0)
-    error = _run(pool, body)
+    error = drive(pool, body)
     assert str(error) == "step: ValueError: no such move: raise"
     assert 'in step\n    raise ValueError("no such move: raise")' in error.traceback
     assert pool.counters.errors == 2
@@ -321,7 +310,7 @@ def test_a_worker_that_dies_fails_its_episodes_and_a_new_one_takes_the_next(envs
         return first, crashed.value, bystander.value, later
 
     pool = EnvPool(f"{envs}:Echo", workers=1, timeout_s=5.0)
-    first, crashed, bystander, later = _run(pool, body)
+    first, crashed, bystander, later = drive(pool, body)
     assert str(crashed) == f"the environment worker process (pid {first}) died: exit code 3"
     assert str(bystander) == str(crashed)
     assert later.reward == 0.5 and later.info["pid"] != first
@@ -343,7 +332,7 @@ def test_a_worker_whose_loop_blocks_is_killed(envs, monkeypatch):
         return first, timeout.value, (await pool.step("later", _say("x"))).info["pid"]
 
     pool = EnvPool(f"{envs}:AsyncEcho", workers=1, timeout_s=0.3)
-    first, timeout, later = _run(pool, body)
+    first, timeout, later = drive(pool, body)
     assert "its worker was stuck and was killed; its threads were:" in str(timeout)
     assert "in step" in str(timeout)  # faulthandler's dump: the loop blocked in step
     assert later != first and _gone(first)
@@ -362,7 +351,7 @@ def test_a_worker_holding_stuck_calls_is_retired_and_replaced(envs):
         return first, results, (await pool.step("later", _say("x"))).info["pid"]
 
     pool = EnvPool(f"{envs}:Echo", workers=1, timeout_s=0.3)
-    first, results, later = _run(pool, body)
+    first, results, later = drive(pool, body)
     assert all(isinstance(r, EnvTimeout) for r in results), results
     assert later != first and _gone(first), "the retired worker was not replaced and killed"
     assert (pool.counters.restarts, pool.counters.crashes) == (1, 0)
@@ -380,7 +369,7 @@ def test_tools_answer_and_their_errors_come_back_as_text(envs):
         return schemas, results, await pool.step("t", _say("done"))
 
     pool = EnvPool(f"{envs}:WithTools", [f"{envs}:divide"], timeout_s=5.0)
-    schemas, results, step = _run(pool, body)
+    schemas, results, step = drive(pool, body)
     assert [s["function"]["name"] for s in schemas] == ["note", "divide"]
     assert [(r.content, r.error) for r in results[:2]] == [("noted 1", None), ("0.25", None)]
     assert results[2].error == "raised"
@@ -394,7 +383,7 @@ def test_tools_only_in_a_worker(envs):
         messages, _ = await pool.open("t", {"prompt": "2+2?"})
         return messages, await pool.step("t", _say("4"))
 
-    messages, step = _run(EnvPool(TOOLS_ONLY, timeout_s=5.0), body)
+    messages, step = drive(EnvPool(TOOLS_ONLY, timeout_s=5.0), body)
     assert messages == [{"role": "user", "content": "2+2?"}]
     assert step == StepResult([], None, True, {})
 
@@ -417,7 +406,7 @@ def test_a_bad_spec_is_a_fatal_error_naming_the_spec_and_the_fix(envs, spec, too
         return e.value
 
     pool = EnvPool(spec, tools)
-    error = _run(pool, body)
+    error = drive(pool, body)
     assert isinstance(error, FatalError)
     assert str(error).startswith("an environment worker process: ")
     assert expected.format(envs=envs) in str(error)

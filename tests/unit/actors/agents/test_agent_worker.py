@@ -24,6 +24,7 @@ from asyncrl.actors.episodes.env_pool import (
     EnvWorkerError,
 )
 from tests.fakes.agents import spec_of
+from tests.fakes.pools import drive
 
 pytestmark = pytest.mark.timeout(60)
 URL, KEY = "http://127.0.0.1:9/v1", "sk-asyncrl-test"
@@ -40,18 +41,6 @@ async def run(pool: EnvPool, episode_id: str, row: dict | None = None) -> dict:
     reply = await pool.call(episode_id, "run", fields, "run")
     await pool.close(episode_id)
     return reply["result"]
-
-
-def drive(pool: EnvPool, body):
-    """``body(pool)`` on a fresh event loop; the pool is shut down whatever happens."""
-
-    async def main():
-        try:
-            return await body(pool)
-        finally:
-            await pool.shutdown()
-
-    return asyncio.run(main())
 
 
 def test_results_come_back_checked_from_every_kind_of_agent(tmp_path):
