@@ -57,6 +57,7 @@ QUESTIONS = [
     "Write one word that rhymes with cat.",
 ]
 N, MAX_TOKENS = 2, 32  # samples per prompt, tokens per completion
+VAL_ROWS = 3  # calculator problems each example's episodes are compared on
 LR = 1e-4  # AdamW's first step moves every weight by ~lr: visible in the log-probs
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 FP32_TOL = 2e-4  # max |vLLM - learner|, float32 both sides (measured: module docstring)
@@ -64,9 +65,10 @@ BF16_MEAN_TOL, BF16_MAX_TOL = 0.15, 1.0  # either side bfloat16 (measured: modul
 
 
 def start_engine(loop, model_dir: str, dtype: str) -> ActorEngine:
-    """An actor's engine on ``model_dir``; 96 MiB of KV cache = 2,176 tokens of this model."""
+    """An actor's engine on ``model_dir``; 96 MiB of KV cache = 2,176 tokens of this model.
+    1024 tokens of context hold the calculator examples' episodes (832: ``max_model_len``)."""
     start = ActorEngine.start(
-        model_dir, dtype=dtype, max_model_len=512, kv_cache_bytes=96 << 20, seed=0, cpu_bind="auto"
+        model_dir, dtype=dtype, max_model_len=1024, kv_cache_bytes=96 << 20, seed=0, cpu_bind="auto"
     )
     return loop.run_until_complete(start)
 
@@ -120,6 +122,59 @@ def test_the_converted_gguf_is_smollm2_135m(smollm2_dir, tokenizer, prompts):
         text = tokenizer.decode(p)
         assert text.startswith("<|im_start|>system\n") and question in text
         assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def calculator_episodes(engine, loop, tokenizer, smollm2_dir) -> dict[str, list]:
+    """Validation's greedy episodes of the first ``VAL_ROWS`` calculator problems at version
+    0, as each example's actor makes them (``GroupMaker.eval_episodes``, real worker
+    processes): ``smollm2_tools`` (asyncrl's tool runner) and ``smollm2_agent``
+    (examples/smollm2_agent's agent with the ``openai`` client, through the actor's endpoint).
+    ``{experiment: [(episodes, samples) per problem]}``."""
+    from asyncrl.actors.data.tasks import build_val_source
+    from asyncrl.actors.groups import GroupMaker
+    from asyncrl.actors.rewards.loading import load_reward_fn
+    from asyncrl.actors.rewards.scoring import RewardScorer
+    from asyncrl.core.config.load import load_config
+
+    made = {}
+    for name in ("smollm2_tools", "smollm2_agent"):
+        cfg = load_config([f"experiment={name}", f"eval.max_prompts={VAL_ROWS}"])
+        source = build_val_source(cfg, smollm2_dir, log=lambda _: None)
+        scorer = RewardScorer(load_reward_fn(cfg.task.reward_fn), cfg.task, print)
+        maker = GroupMaker(cfg, 0, engine, None, tokenizer, scorer)
+
+        async def run(maker=maker, source=source):
+            await maker.start()
+            runs = [
+                maker.eval_episodes.run(source.get(i), f"val:{i}", i, 1) for i in range(VAL_ROWS)
+            ]
+            return await asyncio.wait_for(asyncio.gather(*runs), 240)
+
+        try:
+            made[name] = loop.run_until_complete(run())
+        finally:
+            loop.run_until_complete(maker.close())
+            scorer.close()
+    return made
+
+
+def test_the_agent_example_trains_the_tokens_the_tool_runner_would(calculator_episodes, tokenizer):
+    """SmolLM2's chat template behind the agent endpoint: examples/smollm2_agent's agent (its
+    own loop: call, run the calculator, call again, its own reward) gives, greedy, the very
+    samples asyncrl's tool runner gives on the same problems: the prompt with the tools
+    section the endpoint writes into the system message, the model's turns as sampled, the
+    template's tokens around the tool's answer (mask 0) and the same reward."""
+    tools, agent = calculator_episodes["smollm2_tools"], calculator_episodes["smollm2_agent"]
+    turns = []
+    for (_, [t]), (_, [a]) in zip(tools, agent, strict=True):
+        assert "<tools>" in tokenizer.decode(t.prompt_ids)  # the schema, in the system message
+        assert a.prompt_ids == t.prompt_ids
+        assert a.completion_ids == t.completion_ids and a.loss_mask == t.loss_mask
+        assert a.behavior_logprobs == pytest.approx(t.behavior_logprobs, abs=1e-4)
+        assert (a.reward, a.turns, a.episode_end) == (t.reward, t.turns, t.episode_end)
+        turns.append(a.turns)
+    assert max(turns) >= 2, f"no problem got past its tool call: turns {turns}"
 
 
 def sample_groups(engine, loop, prompts, seed: int) -> list[Group]:
