@@ -72,7 +72,10 @@ def test_a_pretrained_model_paces_by_window_and_sync_mode_sets_capacity_over_it(
         (["learner.lr=-1"], "learner.lr must be > 0"),
         (["learner.lr=1e30"], "learner.lr must be > 0 and <= 1 (AdamW moves each weight"),
         (["algorithm=nope"], "algorithm=nope: no such algorithm preset (options: dapo,"),
-        (["experiment=nonexistent"], "no such experiment preset (options: chain, smollm2_agent, smollm2_math"),
+        (
+            ["experiment=nonexistent"],
+            "no such experiment preset (options: chain, smollm2_agent, smollm2_math",
+        ),
         (["model=smolm2"], "did you mean 'smollm2'?"),
         (["learner.stpes=10"], "unknown config key 'learner.stpes'; did you mean 'learner.steps'"),
         (["mode=sync", "buffer.max_staleness=2"], "mode=sync requires"),
@@ -211,7 +214,10 @@ def test_help_lists_the_groups_and_an_unknown_key_points_at_what_lists_the_keys(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])
     out = capsys.readouterr().out
-    assert "experiment chain, smollm2_agent, smollm2_math, smollm2_math_lora, smollm2_tools, tiny" in out
+    assert (
+        "experiment chain, smollm2_agent, smollm2_math, smollm2_math_lora, smollm2_tools, tiny"
+        in out
+    )
     assert "algorithm  dapo, dr_grpo, grpo" in out and "asyncrl run --cfg" in out
     with pytest.raises(ConfigError) as e:
         load_config(["learner.stpes=3"])
