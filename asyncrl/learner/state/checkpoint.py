@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -33,34 +32,9 @@ from torch import nn
 from asyncrl.core.runtime.fatal import FatalError
 from asyncrl.core.runtime.faults import failpoint
 from asyncrl.learner.compute.finite import NonFiniteError, nonfinite_models
+from asyncrl.learner.state.complete import MARKER, complete_version, latest_checkpoint
 from asyncrl.learner.state.export import export_adapter, export_hf
 from asyncrl.learner.state.export import rank as _rank
-
-_MARKER = "COMPLETE"
-_STEP = re.compile(r"step_([0-9]+)")
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """Newest complete checkpoint under ``run_dir/checkpoints`` (None if there is none).
-
-    Complete = named ``step_<V>`` with a ``COMPLETE`` marker that says ``V`` (written last,
-    after every other file is durable). Temporary (``.tmp-*``) and trashed (``.old-*``)
-    directories of interrupted saves are never candidates."""
-    root = Path(run_dir) / "checkpoints"
-    done = [(v, p) for p in root.glob("step_*") if (v := complete_version(p)) is not None]
-    return max(done)[1] if done else None
-
-
-def complete_version(path: Path) -> int | None:
-    """``V`` if ``path`` is ``step_<V>`` with a marker saying ``V``, else None."""
-    m = _STEP.fullmatch(path.name)
-    if m is None:
-        return None
-    try:
-        marker = (path / _MARKER).read_text().strip()
-    except OSError:
-        return None
-    return int(m.group(1)) if marker == str(int(m.group(1))) else None
 
 
 def _barrier() -> None:
@@ -132,7 +106,7 @@ def save_checkpoint(
         write_manifest(tmp)
         _fsync_tree(tmp)
         failpoint("checkpoint.before_marker", version=version)
-        _write_durably(tmp / _MARKER, str(version))
+        _write_durably(tmp / MARKER, str(version))
         failpoint("checkpoint.before_rename", version=version)
         if final.exists():  # a same-version leftover: move it aside atomically, then delete
             trash = root / f".old-{final.name}"
@@ -161,7 +135,7 @@ def _xxh3(path: Path) -> str:
 
 
 def _files(root: Path) -> list[Path]:
-    skip = {_MARKER, MANIFEST}
+    skip = {MARKER, MANIFEST}
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in skip)
 
 

@@ -217,6 +217,7 @@ def prepare_demo_model(
     log_every: int = 100,
     log: Callable[[str], None] = print,
     chat_turns: int = 1,
+    build: bool = True,
 ) -> Path:
     """Build the demo model, warm-start it with ``sft_steps`` of SFT, save it; return its dir.
 
@@ -224,7 +225,9 @@ def prepare_demo_model(
     appears complete, by rename) it is returned at once. About 45 s on one CPU core for the
     default 500 steps; uses the calling process's torch thread setting. One process builds a
     given model at a time (``<dir>.lock``): parallel launches wait for it, reported every 15 s
-    and at most ``BUILD_WAIT_S``, then reuse it.
+    and at most ``BUILD_WAIT_S``, then reuse it. ``build=False``: the directory, built or
+    not, building nothing (the launcher asks whether it must build: only then does it need
+    torch).
     """
     args = dict(seed=seed, sft_steps=sft_steps, lr=lr, batch_size=batch_size)
     args.update(label_smoothing=label_smoothing, num_layers=num_layers, hidden_size=hidden_size)
@@ -232,7 +235,7 @@ def prepare_demo_model(
         args["chat_turns"] = chat_turns
     cache = Path(cache_dir)
     final = cache / f"demo-{warmstart_key(**args)}"
-    if (final / "config.json").is_file():
+    if (final / "config.json").is_file() or not build:
         return final
     cache.mkdir(parents=True, exist_ok=True)
     with (cache / f"{final.name}.lock").open("w") as lock:

@@ -59,7 +59,7 @@ def shape(config_path: Path) -> dict:
 
 def check_resume_from(cfg: Config, model_dir: str, say=print) -> None:
     """``learner.resume_from`` against this run and ``model_dir`` (module docstring)."""
-    from asyncrl.learner.state.checkpoint import latest_checkpoint
+    from asyncrl.learner.state.complete import latest_checkpoint  # no torch in the launcher
 
     path_text = cfg.learner.resume_from
     if not path_text:

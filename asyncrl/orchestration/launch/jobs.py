@@ -81,7 +81,8 @@ def run_local(cfg: Config) -> int:
     say(f"[asyncrl] run dir {run_dir}\n[asyncrl] {core_split(cfg)}")
     if pinned:
         say(f"[asyncrl] {pinned}")
-    import_heavy_modules()  # a stop during torch's import takes effect after it
+    # a stop during torch's import takes effect after it
+    import_heavy_modules(preflight.heavy_modules(cfg, BOTH_ROLES))
     model_dir = preflight.check_inputs(cfg, BOTH_ROLES, plan)  # before any process starts
     job = Started()
     try:
@@ -111,7 +112,7 @@ def launch_role(cfg: Config, role: str) -> int:
         return serve_buffer(cfg, run_dir)
     preflight.check_buffer_url(cfg, role)
     start_buffer(cfg, run_dir)  # checks that the URL answers and may touch buffer.name's keys
-    import_heavy_modules()
+    import_heavy_modules(preflight.heavy_modules(cfg, (role,)))
     model_dir = preflight.check_inputs(cfg, (role,), plan)
     write_run_info(run_dir, model_dir=model_dir, cores=core_split(cfg))
     url = cfg.buffer.url

@@ -119,6 +119,26 @@ def check_inputs(cfg: Config, roles: Collection[str], plan: Plan) -> str:
     return model_dir
 
 
+def heavy_modules(cfg: Config, roles: Collection[str]) -> tuple[str, ...]:
+    """The heavy modules ``check_inputs(cfg, roles, ...)`` may import, for the launcher to
+    import first with the stop signals held (stop_signals.py ``import_heavy_modules``).
+
+    torch is skipped only where every check runs code known not to import it: the demo model
+    already built (its tokenizer loads through its named class, not ``AutoTokenizer``, whose
+    import pulls torch in) and asyncrl's own reward function and episode code. Building the
+    demo model, another model (a GGUF conversion, ``AutoTokenizer``) or a user's module
+    (which may import torch) gets both, as every launch did before. transformers comes with
+    a tokenizer: the actors' data is checked with the model's."""
+    code = [cfg.task.reward_fn] if "actors" in roles else []  # what check_inputs imports
+    if "actors" in roles and cfg.episode.enabled:
+        code += [cfg.episode.env, *cfg.episode.tools, cfg.episode.agent]
+    ours = all(spec.startswith("asyncrl.") for spec in code if spec)
+    built = cfg.model.path == "demo" and (demo_model(cfg, build=False) / "config.json").is_file()
+    if not (ours and built):
+        return ("torch", "transformers")
+    return ("transformers",) if "actors" in roles else ()
+
+
 def check_reward_fn(cfg: Config) -> None:
     """Import ``task.reward_fn`` and check that it can be called as ``fn(prompt, completion,
     **fields)`` with the task's fields, so a wrong name or signature fails at once with the
@@ -196,22 +216,23 @@ def resolve_model(cfg: Config, weights: bool = True) -> str:
     asyncrl/orchestration/models/source.py), checked (its weight files too when ``weights``:
     not for simulated actors, which read only the config)."""
     if cfg.model.path == "demo":
-        from asyncrl.orchestration.demo.warmstart import prepare_demo_model
-
-        return str(
-            prepare_demo_model(
-                cfg.model.cache_dir,
-                seed=cfg.seed,
-                sft_steps=cfg.model.sft_steps,
-                chat_turns=cfg.model.sft_chat_turns,
-            )
-        )
+        return str(demo_model(cfg))
     from asyncrl.orchestration.models.source import resolve_model_path
 
     say = lambda text: print(f"[asyncrl] {text}", flush=True)  # noqa: E731
     path = resolve_model_path(cfg.model.path, cfg.model.cache_dir, say)
     check_model_dir(path, "model.path", weights)  # asyncrl/orchestration/models/directory.py
     return str(path.resolve())
+
+
+def demo_model(cfg: Config, build: bool = True) -> Path:
+    """The demo model's directory, built (the warm start) unless it is or ``build`` is False."""
+    from asyncrl.orchestration.demo.warmstart import prepare_demo_model
+
+    m = cfg.model
+    return prepare_demo_model(
+        m.cache_dir, seed=cfg.seed, sft_steps=m.sft_steps, chat_turns=m.sft_chat_turns, build=build
+    )
 
 
 def check_data(cfg: Config, model_dir: str) -> None:

@@ -7,10 +7,12 @@ Process-wide state: one launcher per process.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 
 _hurry = threading.Event()
 _stopping = threading.Event()
@@ -50,22 +52,25 @@ def on_stop_signal(signum: int, frame) -> None:
         os.write(2, b"[asyncrl] already stopping; killing the roles now (SIGKILL)\n")
 
 
-def import_heavy_modules() -> None:
-    """Import torch and transformers with Ctrl-C/SIGTERM held until the imports finish, then
-    act on a signal that came meanwhile as ``on_stop_signal`` would.
+def import_heavy_modules(names: Sequence[str] = ("torch", "transformers")) -> None:
+    """Import ``names`` with Ctrl-C/SIGTERM held until the imports finish, then act on a
+    signal that came meanwhile as ``on_stop_signal`` would.
 
     A ``KeyboardInterrupt`` raised inside torch's import (its C++ extension initialising) can
     abort the interpreter at exit (SIGABRT) or be lost in it, leaving the job running:
     tests/faults/test_job_lifecycle.py caught both under load. The imports take a few
-    seconds, so a stop is deferred by that much at most.
+    seconds, so a stop is deferred by that much at most. A launcher names only what its
+    checks will import (preflight.py ``heavy_modules``): torch alone costs it ~2 CPU-s.
     """
+    if not names:
+        return
     held: list[int] = []
     old = {
         s: signal.signal(s, lambda n, _f: held.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+        for name in names:
+            importlib.import_module(name)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
