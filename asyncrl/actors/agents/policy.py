@@ -12,7 +12,8 @@ counted by name in ``CallSettings.overrides``:
     seed                              episode seed + call index     counted when given
     penalties, logit_bias, min_p, response_format, guided_*, tool_choice required / named
                                       ignored: they change the distribution  counted
-    n > 1, stream, logprobs, top_logprobs                  refused (400 naming the field)
+    n > 1, top_logprobs > 0, stream_options not an object   refused (400 naming the field)
+    stream, logprobs                  served from the record (server.py, reply_format.py)
 
 The budget and context left cap ``max_tokens`` further; that is the episode's
 (``record.AgentEpisode.plan``).
@@ -44,8 +45,8 @@ NEUTRAL: dict[str, Any] = {
 """Parameters that change the sampled distribution, ignored; a value other than its neutral
 one (or None) is counted as an override."""
 
-REFUSED = ("stream", "logprobs", "top_logprobs")
-"""Served from the record in M3; until then a truthy value is refused."""
+REFUSED = ("top_logprobs",)
+"""Not recorded (the engine samples without alternatives): a truthy value is refused."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ class CallPolicy:
 
     def resolve(self, body: dict[str, Any]) -> CallSettings:
         """The settings of the request ``body`` (see the module docstring); ``Refused``
-        naming the field for ``n > 1``, ``stream``, ``logprobs`` or a bad ``max_tokens``."""
+        naming the field for ``n > 1``, ``top_logprobs``, a bad ``stream_options`` or a bad
+        ``max_tokens``."""
         _refuse(body)
         overrides: dict[str, Any] = {}
         _sampling(self, body, overrides)
@@ -117,7 +119,10 @@ def _refuse(body: dict[str, Any]) -> None:
         raise Refused("n", f"n={n}: one completion per call (call again for another sample)")
     for name in REFUSED:
         if body.get(name):
-            raise Refused(name, f"{name}: not served by this endpoint yet; leave it unset")
+            raise Refused(name, f"{name}: not served by this endpoint; leave it unset")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise Refused("stream_options", 'stream_options: an object, e.g. {"include_usage": true}')
 
 
 def _sampling(policy: CallPolicy, body: dict[str, Any], overrides: dict[str, Any]) -> None:

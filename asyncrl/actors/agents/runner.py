@@ -105,6 +105,7 @@ class AgentCounts:
             "overridden": dict(s.overridden),
             "model_other": s.model_other,
             "retries": s.retries,
+            "streamed": s.streamed,
             "segments": self.segments,
             "segments_dropped": self.segments_dropped,
             "model_tokens_dropped": self.model_tokens_dropped,

@@ -1,5 +1,5 @@
 """``AgentServer``: an OpenAI-compatible endpoint on an actor's own loop, for agents that own
-their loop and call the policy as a chat model (non-streaming ``/v1/chat/completions`` and
+their loop and call the policy as a chat model (``/v1/chat/completions``, streamed or not, and
 ``/v1/models``).
 
     POST /v1/chat/completions  Bearer key -> the episode (401 unknown / ended)
@@ -7,7 +7,8 @@ their loop and call the policy as a chat model (non-streaming ``/v1/chat/complet
         -> AgentEpisode.plan (first / extend / fork / new; 400 when a budget is spent)
         -> CallEngine.complete (a task the episode's end cancels)
         -> the reply (tool_calls in OpenAI's format when tools were given and the text has
-           calls) -> AgentEpisode.record -> 200
+           calls) -> AgentEpisode.record -> 200, the body (``stream: true``: the reply as
+           server-sent events, reply_format.py)
 
 aiohttp (``web.AppRunner(app, handle_signals=False, access_log=None)`` on a ``SockSite``: it
 leaves the actor's signal handlers alone) is installed only alongside vLLM, so it is imported
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 from asyncrl.actors.agents.keys import EndedKey, Keys, UnknownKey
 from asyncrl.actors.agents.messages import Refused, openai_tool_calls, read_messages
 from asyncrl.actors.agents.record import AgentEpisode, Plan, Renderers, Reply
+from asyncrl.actors.agents.reply_format import logprobs_content, sse_body, stream_chunks
 from asyncrl.actors.engine.completions import Completion
 from asyncrl.actors.episodes.tool_calls import get_parser
 
@@ -83,13 +85,16 @@ class ServerOptions:
 class ServerCounts:
     """What the endpoint did: calls by kind, refusals by reason (``bad_key``, ``ended``, a
     budget's code, else the refused field: ``n``, ``stream``, ...), overrides by parameter,
-    calls naming another model, calls the client retried (``x-stainless-retry-count``)."""
+    calls naming another model, calls the client retried (``x-stainless-retry-count``),
+    calls answered as a stream."""
 
     calls: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)
     overridden: Counter = field(default_factory=Counter)
     model_other: int = 0
     retries: int = 0
+    streamed: int = 0
+    """Calls answered as a stream (``stream: true``)."""
 
 
 class AgentServer:
@@ -183,7 +188,12 @@ class AgentServer:
         reply = self._reply(c, body, f"call_{ep.id}_{plan.call.index}")
         ep.record(plan, c, reply)
         self.counts.calls[plan.call.kind] += 1
-        return _json(self._completion(ep, plan, c, reply))
+        out = self._completion(ep, plan, c, reply, bool(body.get("logprobs")))
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self.counts.streamed += 1
+            return await _stream(request, stream_chunks(out, usage))
+        return _json(out)
 
     def _episode(self, request: Any) -> AgentEpisode | Any:
         """The episode of the request's key, or the 401 response that says why not."""
@@ -247,11 +257,15 @@ class AgentServer:
             message["tool_calls"] = openai_tool_calls(parsed.calls, ids)
         return Reply(text, message, len(parsed.calls), len(parsed.malformed))
 
-    def _completion(self, ep: AgentEpisode, plan: Plan, c: Completion, reply: Reply) -> dict:
-        """The ``chat.completion`` body of a recorded call."""
+    def _completion(
+        self, ep: AgentEpisode, plan: Plan, c: Completion, reply: Reply, logprobs: bool
+    ) -> dict:
+        """The ``chat.completion`` body of a recorded call (with the sampled tokens'
+        log-probs when asked)."""
         finish = "tool_calls" if reply.tool_calls and c.finish_reason == "stop" else c.finish_reason
         n_prompt, n_out = len(plan.prompt_ids), len(c.token_ids)
-        choice = {"index": 0, "message": reply.message, "finish_reason": finish, "logprobs": None}
+        lps = logprobs_content(self.tokenizer, c.token_ids, c.logprobs) if logprobs else None
+        choice = {"index": 0, "message": reply.message, "finish_reason": finish, "logprobs": lps}
         return {
             "id": f"chatcmpl-{ep.id}-{plan.call.index}",
             "object": "chat.completion",
@@ -270,6 +284,19 @@ def _json(body: dict[str, Any], status: int = 200) -> Any:
     from aiohttp import web
 
     return web.json_response(body, status=status)
+
+
+async def _stream(request: Any, events: list[dict[str, Any]]) -> Any:
+    """``events`` as a ``text/event-stream`` response (reply_format.py ``sse_body``)."""
+    from aiohttp import web
+
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    await response.write(sse_body(events))
+    await response.write_eof()
+    return response
 
 
 def _error(status: int, message: str, code: str, param: str | None) -> Any:

@@ -95,12 +95,17 @@ def test_neutral_values_of_ignored_parameters_are_not_counted():
 
 
 @pytest.mark.parametrize(
-    "field,value", [("n", 2), ("stream", True), ("logprobs", True), ("top_logprobs", 3)]
+    "field,value", [("n", 2), ("top_logprobs", 3), ("stream_options", "include_usage")]
 )
-def test_n_stream_and_logprobs_are_refused_naming_the_field(field, value):
+def test_n_top_logprobs_and_bad_stream_options_are_refused_naming_the_field(field, value):
     with pytest.raises(Refused) as e:
         TRAIN.resolve({field: value})
     assert e.value.param == field and field in str(e.value)
+
+
+def test_stream_and_logprobs_are_served_and_change_no_setting():
+    asked = {"stream": True, "stream_options": {"include_usage": True}, "logprobs": True}
+    assert TRAIN.resolve(asked) == TRAIN.resolve({})
 
 
 def test_a_policy_out_of_range_is_refused():

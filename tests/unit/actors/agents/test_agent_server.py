@@ -140,7 +140,10 @@ def test_refused_requests_name_the_field_and_a_spent_budget_ends_the_episode():
     engine = ScriptedEngine(turn("12345"))
 
     async def test(server, client, ep):
-        for kwargs, param in (({"n": 2}, "n"), ({"stream": False, "logprobs": True}, "logprobs")):
+        for kwargs, param in (
+            ({"n": 2}, "n"),
+            ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
+        ):
             with pytest.raises(openai.BadRequestError) as e:
                 await client.chat.completions.create(model="policy", messages=QUESTION, **kwargs)
             assert e.value.param == param
@@ -162,7 +165,7 @@ def test_refused_requests_name_the_field_and_a_spent_budget_ends_the_episode():
         assert server.counts.model_other == 1
         assert server.counts.refused == {
             "n": 1,
-            "logprobs": 1,
+            "top_logprobs": 1,
             "messages[0].content[0]": 1,
             "budget_exhausted": 1,
             "ended": 1,
@@ -170,6 +173,51 @@ def test_refused_requests_name_the_field_and_a_spent_budget_ends_the_episode():
 
     engine.rounds[0][0].finish_reason = "length"
     run(EngineCalls(engine), test, episode(CallLimits(8, 5, 2000)))
+
+
+def test_a_streamed_reply_is_the_whole_reply_as_chunks_and_extends_when_sent_back():
+    """``stream: true``: the chunks carry the reply the plain body would (text, tool calls,
+    finish reason, the sampled log-probs, usage when asked); the reply the ``openai``
+    client's stream accumulator builds from them, sent back, extends its segment as a plain
+    reply does."""
+    engine = ScriptedEngine(*[turn(CALL_TEXT, version=2)] * 2, turn("3", version=3))
+
+    async def test(server, client, ep):
+        stream = await client.chat.completions.create(
+            model="policy", messages=QUESTION, tools=[CALC], stream=True, logprobs=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = [c async for c in stream]
+        assert {c.object for c in chunks} == {"chat.completion.chunk"}
+        assert len({c.id for c in chunks}) == 1 and chunks[-1].choices == []
+        assert chunks[-1].usage.completion_tokens == len(turn(CALL_TEXT)[0].token_ids)
+        deltas = [c.choices[0] for c in chunks if c.choices]
+        assert [d.finish_reason for d in deltas] == [None, None, "tool_calls"]
+        assert deltas[0].delta.role == "assistant" and deltas[0].delta.content is None
+        lps = deltas[0].logprobs.content
+        assert [t.logprob for t in lps] == [-0.25] * len(turn(CALL_TEXT)[0].token_ids)
+        assert "".join(t.token for t in lps) == TOK.decode(turn(CALL_TEXT)[0].token_ids)
+        (tc,) = deltas[1].delta.tool_calls
+        assert (tc.index, tc.id, tc.function.name) == (0, "call_ep7_0_0", "calculate")
+        async with client.chat.completions.stream(  # the client's own accumulator
+            model="policy", messages=QUESTION, tools=[CALC]
+        ) as s:
+            final = await s.get_final_completion()
+        reply = final.choices[0].message
+        assert reply.tool_calls[0].function.arguments == tc.function.arguments
+        msgs = [*QUESTION, reply, {"role": "tool", "tool_call_id": tc.id, "content": "3"}]
+        stream = await client.chat.completions.create(
+            model="policy", messages=msgs, tools=[CALC], stream=True
+        )
+        chunks = [c async for c in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "3"
+        assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage is None
+        assert server.counts.streamed == 3
+        return ep
+
+    ep = run(EngineCalls(engine), test)
+    assert [c.kind for c in ep.calls] == ["first", "new", "extend"]  # the same question twice
+    assert ep.export("last").calls == [1, 2]  # the second call's chain: extended
 
 
 def test_an_episodes_end_cancels_its_call_in_flight():
