@@ -121,6 +121,7 @@ class Actor:
         self.metrics = ActorMetrics(
             {"buffer_name": cfg.buffer.name, "actor_id": actor_id}, self.clock
         )
+        self._watch_tallies()
         self._inflight = 0
         self._paused = False
         self._blocked = "idle"
@@ -333,6 +334,16 @@ class Actor:
         m.tokens.inc(tokens)
         m.reward_errors.inc(errors)
         m.group_seconds.observe(seconds)
+
+    def _watch_tallies(self) -> None:
+        """Episodes' and agents' counts as Prometheus counters (read at scrape time)."""
+        from asyncrl.core.observe.tallies import AGENT_TALLY, EPISODE_TALLY
+
+        episodes, agents = self.groups.episodes, self.groups.agents
+        if episodes is not None:
+            self.metrics.watch(EPISODE_TALLY, lambda: episodes.counts.to_dict())
+        if agents is not None:
+            self.metrics.watch(AGENT_TALLY, lambda: agents.counts.to_dict())
 
     def stats(self) -> dict:
         """What this actor did, for ``<run_dir>/actor<i>.json`` (benchmarks read it)."""

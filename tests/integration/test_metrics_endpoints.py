@@ -27,6 +27,7 @@ from asyncrl.core.observe.metrics import (
     role_port,
     serve,
 )
+from asyncrl.core.observe.tallies import AGENT_TALLY, EPISODE_TALLY
 from asyncrl.core.runtime.torchrun import free_port
 from asyncrl.orchestration.status import render_status, scrape
 
@@ -133,10 +134,28 @@ def test_actor_and_launcher_endpoints_export_documented_names():
     actor.tokens.inc(17)
     actor.sync_seconds.observe(0.1)
     actor.group_seconds.observe(0.2)
+    episodes = {"episodes": 3, "ends": {"done": 2, "env_error": 1}, "turns": 5, "tool_calls": 2,
+                "tool_errors": 1, "env_failures": ["env_error: boom"]}  # fmt: skip
+    agents = {"episodes": 4, "ends": {"done": 4}, "calls": {"first": 4, "extend": 3},
+              "refused": {"bad_key": 1}, "overridden": {"temperature": 2}, "streamed": 1,
+              "reasons": ["..."]}  # fmt: skip
+    actor.watch(EPISODE_TALLY, lambda: episodes)
+    actor.watch(AGENT_TALLY, lambda: agents)
     a = scrape(f"127.0.0.1:{serve(actor.registry, free_port())}")
     assert missing_names(a, "actor") == []
     assert undocumented(a, "actor") == []
     assert a[("asyncrl_actor_tokens_generated_total", ())] == 17
+    assert a[("asyncrl_actor_episodes_total", ())] == 3
+    assert a[("asyncrl_actor_episode_ends_total", (("end", "env_error"),))] == 1
+    assert a[("asyncrl_actor_episode_ends_total", (("end", "max_turns"),))] == 0  # always shown
+    assert a[("asyncrl_actor_agent_calls_total", (("kind", "extend"),))] == 3
+    assert a[("asyncrl_actor_agent_calls_total", (("kind", "new"),))] == 0
+    assert a[("asyncrl_actor_agent_refused_total", (("reason", "bad_key"),))] == 1
+    assert a[("asyncrl_actor_agent_overridden_total", (("param", "temperature"),))] == 2
+    assert a[("asyncrl_actor_agent_retries_total", ())] == 0  # absent from the dict: 0
+    episodes["ends"]["done"] += 1  # read at each scrape
+    a = scrape(f"127.0.0.1:{serve(actor.registry, free_port())}")
+    assert a[("asyncrl_actor_episode_ends_total", (("end", "done"),))] == 3
     info = [lb for n, lb in a if n == "asyncrl_process_info"][0]
     assert dict(info)["role"] == "actor" and dict(info)["actor_id"] == "3"
 

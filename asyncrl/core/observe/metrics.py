@@ -37,6 +37,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from asyncrl.core.observe.tallies import Tally, TallyCollector
+
 disable_created_metrics()  # no *_created series: they double every counter's output
 
 DEFAULT_HOST = "127.0.0.1"
@@ -293,6 +295,11 @@ class ActorMetrics:
         self.group_seconds = _h(r, "asyncrl_actor_group_seconds", "Generate+reward, one group.")
         self.sync_seconds = _h(r, "asyncrl_actor_weight_sync_seconds", "Paused for one update.")
         r.register(_ClockCollector("asyncrl_actor_time_seconds", "Time by state.", clock))
+
+    def watch(self, tally: Tally, read: Callable[[], dict]) -> None:
+        """Export ``read()`` (the actor's episode or agent counts) as ``tally``'s counters,
+        read at every scrape (tallies.py)."""
+        self.registry.register(TallyCollector(tally, read))
 
 
 class LauncherMetrics:
