@@ -52,9 +52,20 @@ def exported_name(name: str, kind: str) -> str:
     return {"histogram": f"{name}_count", "info": f"{name}"}.get(kind, name)
 
 
-def missing_names(samples: dict, process: str) -> list[str]:
+TALLIED = {
+    f"{name}_total"
+    for tally in (EPISODE_TALLY, AGENT_TALLY)
+    for name, *_ in (*tally.counters.values(), *tally.labeled.values())
+}
+"""The actor's episode and agent counters: exported only by a run with episodes or an agent."""
+
+
+def missing_names(
+    samples: dict, process: str, skip: set[str] | frozenset = frozenset()
+) -> list[str]:
+    """Documented names of ``process`` the scrape lacks (``skip``: those not required)."""
     names = {n for n, _ in samples}
-    want = [exported_name(n, k) for n, k in documented()[process]]
+    want = [exported_name(n, k) for n, k in documented()[process] if n not in skip]
     return [n for n in want if n not in names]
 
 
