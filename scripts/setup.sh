@@ -33,8 +33,9 @@ if [ -f "$stamp" ]; then
   exit 0
 fi
 # the tests read back what each experiment tracker writes: install all three; bench: TRL for
-# tests/e2e/test_vs_trl_schema.py; gguf: model=smollm2 (below) and GGUF files as model.path
-EXTRAS=cpu,dev,tensorboard,wandb,mlflow,bench,gguf
+# tests/e2e/test_vs_trl_schema.py; gguf: model=smollm2 (below) and GGUF files as model.path;
+# agents: the OpenAI Agents SDK for examples/smollm2_agent/agents_sdk.py and its tests
+EXTRAS=cpu,dev,tensorboard,wandb,mlflow,bench,gguf,agents
 echo "[setup] creating $VENV and installing asyncrl[$EXTRAS] (first time: a few minutes)"
 if ! "$PYTHON" -c "import ensurepip, venv" >/dev/null 2>&1; then  # Debian splits venv out
   echo "[setup] installing Debian's python3-venv"

@@ -25,7 +25,9 @@ or an input embedding left at version 0 a mean of 4e-2 or 5e-3 (float32 only res
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,7 @@ QUESTIONS = [
 ]
 N, MAX_TOKENS = 2, 32  # samples per prompt, tokens per completion
 VAL_ROWS = 3  # calculator problems each example's episodes are compared on
+AGENTS_SDK = "examples/smollm2_agent/agents_sdk.py:agent"
 LR = 1e-4  # AdamW's first step moves every weight by ~lr: visible in the log-probs
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 FP32_TOL = 2e-4  # max |vLLM - learner|, float32 both sides (measured: module docstring)
@@ -124,13 +127,32 @@ def test_the_converted_gguf_is_smollm2_135m(smollm2_dir, tokenizer, prompts):
         assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
 
 
+CALCULATOR_RUNS = {
+    "smollm2_tools": ["experiment=smollm2_tools"],
+    "smollm2_agent": ["experiment=smollm2_agent"],
+    "agents_sdk": ["experiment=smollm2_agent", f"episode.agent={AGENTS_SDK}"],
+}
+"""The calculator runs compared: asyncrl's tool runner, examples/smollm2_agent's agent on the
+``openai`` client and the same agent on the OpenAI Agents SDK (skipped without it)."""
+
+
+@dataclass
+class CalculatorRun:
+    """One run's validation episodes: ``[(episodes, samples) per problem]``, and what its
+    agent endpoint counted (``AgentCounts.to_dict()``; ``{}`` for the tool runner)."""
+
+    episodes: list
+    counts: dict
+
+
 @pytest.fixture(scope="module")
-def calculator_episodes(engine, loop, tokenizer, smollm2_dir) -> dict[str, list]:
+def calculator_episodes(engine, loop, tokenizer, smollm2_dir) -> dict[str, CalculatorRun]:
     """Validation's greedy episodes of the first ``VAL_ROWS`` calculator problems at version
-    0, as each example's actor makes them (``GroupMaker.eval_episodes``, real worker
-    processes): ``smollm2_tools`` (asyncrl's tool runner) and ``smollm2_agent``
-    (examples/smollm2_agent's agent with the ``openai`` client, through the actor's endpoint).
-    ``{experiment: [(episodes, samples) per problem]}``."""
+    0, as each run's actor makes them (``GroupMaker.eval_episodes``, real worker processes),
+    by ``CALCULATOR_RUNS`` name: the tool runner's, and each agent's through the actor's
+    endpoint (``agents_sdk`` only where the SDK is installed)."""
+    from importlib.util import find_spec
+
     from asyncrl.actors.data.tasks import build_val_source
     from asyncrl.actors.groups import GroupMaker
     from asyncrl.actors.rewards.loading import load_reward_fn
@@ -138,8 +160,10 @@ def calculator_episodes(engine, loop, tokenizer, smollm2_dir) -> dict[str, list]
     from asyncrl.core.config.load import load_config
 
     made = {}
-    for name in ("smollm2_tools", "smollm2_agent"):
-        cfg = load_config([f"experiment={name}", f"eval.max_prompts={VAL_ROWS}"])
+    for name, overrides in CALCULATOR_RUNS.items():
+        if name == "agents_sdk" and find_spec("agents") is None:
+            continue
+        cfg = load_config([*overrides, f"eval.max_prompts={VAL_ROWS}"])
         source = build_val_source(cfg, smollm2_dir, log=lambda _: None)
         scorer = RewardScorer(load_reward_fn(cfg.task.reward_fn), cfg.task, print)
         maker = GroupMaker(cfg, 0, engine, None, tokenizer, scorer)
@@ -152,7 +176,9 @@ def calculator_episodes(engine, loop, tokenizer, smollm2_dir) -> dict[str, list]
             return await asyncio.wait_for(asyncio.gather(*runs), 240)
 
         try:
-            made[name] = loop.run_until_complete(run())
+            episodes = loop.run_until_complete(run())
+            counts = maker.agents.counts.to_dict() if maker.agents is not None else {}
+            made[name] = CalculatorRun(episodes, counts)
         finally:
             loop.run_until_complete(maker.close())
             scorer.close()
@@ -165,7 +191,8 @@ def test_the_agent_example_trains_the_tokens_the_tool_runner_would(calculator_ep
     samples asyncrl's tool runner gives on the same problems: the prompt with the tools
     section the endpoint writes into the system message, the model's turns as sampled, the
     template's tokens around the tool's answer (mask 0) and the same reward."""
-    tools, agent = calculator_episodes["smollm2_tools"], calculator_episodes["smollm2_agent"]
+    tools = calculator_episodes["smollm2_tools"].episodes
+    agent = calculator_episodes["smollm2_agent"].episodes
     turns = []
     for (_, [t]), (_, [a]) in zip(tools, agent, strict=True):
         assert "<tools>" in tokenizer.decode(t.prompt_ids)  # the schema, in the system message
@@ -175,6 +202,53 @@ def test_the_agent_example_trains_the_tokens_the_tool_runner_would(calculator_ep
         assert (a.reward, a.turns, a.episode_end) == (t.reward, t.turns, t.episode_end)
         turns.append(a.turns)
     assert max(turns) >= 2, f"no problem got past its tool call: turns {turns}"
+    counts = calculator_episodes["smollm2_agent"].counts
+    assert counts["calls"] == {"first": VAL_ROWS, "extend": sum(turns) - VAL_ROWS}
+    assert (counts["refused"], counts["overridden"], counts["model_other"]) == ({}, {}, 0)
+
+
+def test_the_agents_sdk_example_trains_the_agent_examples_turns_on_another_prompt(
+    calculator_episodes, tokenizer
+):
+    """examples/smollm2_agent/agents_sdk.py, the same agent on the OpenAI Agents SDK, through
+    the same endpoint. Its prompt is not the tool runner's: the SDK writes every function tool
+    as ``{"name", "description", "parameters", "strict"}``, so transformers' schema (the tool
+    runner's, the ``openai`` agent's) loses its ``"return"`` and gains ``"strict": false``,
+    and the endpoint renders tools as sent (vLLM keeps ``strict`` too): the one line of the
+    system message that holds the schema differs, nothing else (SmolLM2's template renders a
+    role and a content, so the ``tool_call_id`` the SDK gives each worked example's tool
+    message is not read). Greedy, the model's turns and the template's tokens between them
+    came out the same on these problems (measured: the log-probs, conditioned on another
+    prompt, differ by up to 0.1 nats, so they are not compared), and so did the rewards. The
+    endpoint refused and overrode nothing (the SDK sends ``model``, ``messages`` and ``tools``
+    only) and each reply the SDK sent back extended its call."""
+    if "agents_sdk" not in calculator_episodes:
+        pytest.skip("needs the OpenAI Agents SDK: pip install -e .[agents] (make test installs it)")
+    from asyncrl.actors.episodes.env import load_tools
+    from asyncrl.actors.episodes.tools import ToolBox
+
+    tools = Path(__file__).resolve().parents[2] / "examples/smollm2_tools/tools.py"
+    (schema,) = ToolBox(load_tools([f"{tools}:calculate"])).schemas()  # the tool runner's
+    sent = {k: v for k, v in schema["function"].items() if k != "return"}
+    theirs = json.dumps(schema, ensure_ascii=False)
+    ours = json.dumps(
+        {"type": "function", "function": {**sent, "strict": False}}, ensure_ascii=False
+    )
+    plain, sdk = calculator_episodes["smollm2_agent"], calculator_episodes["agents_sdk"]
+    turns = []
+    for (_, [p]), (_, [s]) in zip(plain.episodes, sdk.episodes, strict=True):
+        assert theirs in tokenizer.decode(p.prompt_ids)
+        assert tokenizer.decode(s.prompt_ids) == tokenizer.decode(p.prompt_ids).replace(
+            theirs, ours
+        )
+        assert s.completion_ids == p.completion_ids and s.loss_mask == p.loss_mask
+        assert (s.reward, s.turns, s.episode_end) == (p.reward, p.turns, p.episode_end)
+        turns.append(s.turns)
+    assert max(turns) >= 2, f"no problem got past its tool call: turns {turns}"
+    counts = sdk.counts
+    assert counts["calls"] == {"first": VAL_ROWS, "extend": sum(turns) - VAL_ROWS}
+    assert (counts["refused"], counts["overridden"], counts["model_other"]) == ({}, {}, 0)
+    assert counts["segments_dropped"] == 0 and counts["causes"] == {}
 
 
 def sample_groups(engine, loop, prompts, seed: int) -> list[Group]:
