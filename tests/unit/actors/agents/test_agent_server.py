@@ -21,19 +21,12 @@ from asyncrl.actors.agents.server import AgentServer, ServerOptions  # noqa: E40
 from asyncrl.actors.engine.completions import Completion  # noqa: E402
 from asyncrl.actors.episodes.render import ChatRenderer  # noqa: E402
 from asyncrl.orchestration.demo.tokenizer import build_tokenizer  # noqa: E402
+from tests.fakes.agents import CALC  # noqa: E402
 from tests.fakes.engines import EngineCalls, HangingCalls, ScriptedEngine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
 TOK = build_tokenizer()
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculate",
-        "description": "evaluate an expression",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-    },
-}
 QUESTION = [{"role": "user", "content": "what is 1+2?"}]
 CALL_TEXT = '<tool_call>{"name": "calculate", "arguments": {"expression": "1+2"}}</tool_call>'
 
