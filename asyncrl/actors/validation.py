@@ -148,7 +148,8 @@ class Validator:
         seed = (self.cfg.seed * 1_000_003 + prompt.index) % (2**31)
         group_id = f"val:{version}:{prompt.index}"
         n = self.cfg.eval.n_samples
-        episodes, samples = await self.episodes.run(prompt, group_id, seed, n)
+        episodes, every = await self.episodes.run(prompt, group_id, seed, n)
+        samples = [s for s in every if s.part == 0]  # one per episode (agent_export=all: more)
         extras: dict[str, list[float]] = {}
         for s in samples:
             per = {
@@ -167,7 +168,7 @@ class Validator:
             "lengths": [s.model_tokens for s in samples],
             "extras": extras,
             "errors": sum(1 for s in samples if s.reward_error),
-            "off_version": sum(1 for s in samples if _off(s, version)),
+            "off_version": sum(1 for s in every if _off(s, version)),
         }
         if with_text:
             text = conversation_text(episodes[0])

@@ -19,13 +19,16 @@ Wire format (Arrow IPC *stream* format, exactly one record batch, one row per sa
     tool_calls         int32            tool calls the model made, >= 0
     tool_errors        int32            of those, answered with an error: 0..tool_calls
     episode_end        int8             index into ``asyncrl.core.types.EPISODE_ENDS``
+    part               int16            ``Sample.part``: 0 an episode's sample, k >= 1 its
+                                        k-th other call chain, right after part k-1
 
 Group-level fields live in the schema metadata (not as constant columns: they are scalars
 of the group, and metadata keeps them out of the per-row buffers)::
 
-    asyncrl.schema_version  "3". Older versions, written before their columns existed,
+    asyncrl.schema_version  "4". Older versions, written before their columns existed,
                             are still decoded, so a buffer kept across an upgrade stays
-                            readable: "2" without the five episode columns (a one-turn
+                            readable: "3" without ``part`` (every row part 0), "2"
+                            without the five episode columns too (a one-turn
                             episode: mask all 1, 1 turn, 0 calls, "done"), "1" without
                             reward_extras too ({} extras)
     asyncrl.group_id        non-empty utf-8 string
@@ -57,7 +60,7 @@ from asyncrl.core.types import (
     episode_problem,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 """64 MiB: 5x a large group (64 samples x 16k tokens x 13 bytes/token is ~13 MiB)."""
 
@@ -79,13 +82,19 @@ SCHEMA = pa.schema(
         pa.field("tool_calls", pa.int32()),
         pa.field("tool_errors", pa.int32()),
         pa.field("episode_end", pa.int8()),
+        pa.field("part", pa.int16()),
     ]
 )
 """The exact column schema (metadata aside) every payload ``encode_group`` writes has."""
-_SCHEMAS = {"3": SCHEMA, "2": pa.schema(list(SCHEMA)[:8]), "1": pa.schema(list(SCHEMA)[:7])}
+_SCHEMAS = {
+    "4": SCHEMA,
+    "3": pa.schema(list(SCHEMA)[:13]),
+    "2": pa.schema(list(SCHEMA)[:8]),
+    "1": pa.schema(list(SCHEMA)[:7]),
+}
 """The column schema each readable ``asyncrl.schema_version`` must have."""
-_ONE_TURN = {"turns": 1, "tool_calls": 0, "tool_errors": 0, "episode_end": 0}
-"""A version 1 or 2 row's episode columns (loss_mask: all ones)."""
+_ONE_TURN = {"turns": 1, "tool_calls": 0, "tool_errors": 0, "episode_end": 0, "part": 0}
+"""A version 1 or 2 row's episode columns (loss_mask: all ones); a version 3 row's part."""
 
 
 class PayloadError(ValueError):
@@ -131,6 +140,7 @@ def encode_group(group: Group) -> bytes:
         [s.tool_calls for s in ss],
         [s.tool_errors for s in ss],
         [EPISODE_ENDS.index(s.episode_end) for s in ss],
+        [s.part for s in ss],
     ]
     arrays = [pa.array(col, type=f.type) for col, f in zip(columns, SCHEMA, strict=True)]
     meta = {"asyncrl.schema_version": str(SCHEMA_VERSION), "asyncrl.group_id": group.group_id}
@@ -180,7 +190,11 @@ def decode_group(
     for i, items in enumerate(extras):
         if reason := _extras_problem(items):
             raise PayloadError(f"row {i}: {reason}")
-    return Group(samples=[_sample(cols, i, extras[i]) for i in range(rows)], **meta)
+    samples = [_sample(cols, i, extras[i]) for i in range(rows)]
+    try:
+        return Group(samples=samples, **meta)
+    except ValueError as e:  # parts out of order (asyncrl.core.types.episode_index)
+        raise PayloadError(str(e)) from None
 
 
 def _sample(cols: dict[str, list], i: int, extras: list) -> Sample:
@@ -201,6 +215,7 @@ def _sample(cols: dict[str, list], i: int, extras: list) -> Sample:
             tool_calls=cols["tool_calls"][i],
             tool_errors=cols["tool_errors"][i],
             episode_end=EPISODE_ENDS[cols["episode_end"][i]],
+            part=cols["part"][i],
         )
     except ValueError as e:
         raise PayloadError(f"row {i}: {e}") from None
@@ -299,7 +314,7 @@ def _check_schema(schema: pa.Schema) -> dict:
     expected = _SCHEMAS.get(version) if version is not None else None
     if expected is None:
         raise PayloadError(
-            f"schema version is {version!r}, expected {str(SCHEMA_VERSION)!r} (or '2', '1')"
+            f"schema version is {version!r}, expected {str(SCHEMA_VERSION)!r} (or '3', '2', '1')"
         )
     if not schema.remove_metadata().equals(expected):
         missing = [n for n in expected.names if n not in schema.names]

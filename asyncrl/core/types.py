@@ -106,6 +106,11 @@ class Sample:
     """Of those, the calls that answered an error (<= ``tool_calls``)."""
     episode_end: str = "done"
     """One of ``EPISODE_ENDS``: why the episode ended."""
+    part: int = 0
+    """0: an episode's sample (its trajectory; a group has one per episode). k >= 1: the
+    episode's k-th other call chain (an agent's calls that did not extend it, kept under
+    ``episode.agent_export=all``): it follows its episode's part k-1 in the group and shares
+    its reward and ``episode_end``; the learner trains it with the episode's advantage."""
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:
@@ -137,12 +142,33 @@ def episode_problem(s: Sample) -> str:
         return f"tool_errors ({s.tool_errors}) exceeds tool_calls ({s.tool_calls})"
     if s.episode_end not in EPISODE_ENDS:
         return f"episode_end {s.episode_end!r} not in {EPISODE_ENDS}"
+    if not isinstance(s.part, int) or s.part < 0:
+        return f"part is {s.part!r}, expected an int >= 0"
     return ""
+
+
+def episode_index(samples: list[Sample]) -> list[int]:
+    """[R] the episode of each sample, counted from 0 in order (a part 0 opens the next),
+    so ``max + 1`` is the episode count; ValueError when a part k >= 1 does not follow its
+    episode's part k-1 (the order ``Group`` keeps)."""
+    out, episode, last = [], -1, -1
+    for i, s in enumerate(samples):
+        if s.part == 0:
+            episode += 1
+        elif episode < 0:
+            raise ValueError(f"sample 0 is part {s.part}: a group opens with an episode's part 0")
+        elif s.part != last + 1:
+            raise ValueError(f"sample {i} is part {s.part} after part {last}: parts go 0, 1, ...")
+        out.append(episode)
+        last = s.part
+    return out
 
 
 @dataclass
 class Group:
-    """One prompt with ``n`` completions: the atomic unit of the buffer.
+    """One prompt with ``n`` completions: the atomic unit of the buffer. Under
+    ``episode.agent_export=all`` an episode may have several samples (``Sample.part``):
+    then ``samples`` holds more than ``n`` rows, ``episodes`` the ``n`` part-0 ones.
 
     ``group_id`` is deterministic (``f"{actor_id}:{prompt_index}"`` by default) so that a
     commit is idempotent: committing the same id twice stores it once.
@@ -158,6 +184,10 @@ class Group:
     def __post_init__(self) -> None:
         if not self.samples:
             raise ValueError(f"group {self.group_id!r} has no samples")
+        try:
+            episode_index(self.samples)
+        except ValueError as e:
+            raise ValueError(f"group {self.group_id!r}: {e}") from None
         versions = [v for s in self.samples for v in s.token_versions]
         if self.version_min < 0 and versions:
             self.version_min = min(versions)
@@ -165,9 +195,15 @@ class Group:
             self.version_max = max(versions)
 
     @property
+    def episodes(self) -> list[Sample]:
+        """[n] each episode's sample (part 0): what rewards, advantages and episode metrics
+        count (the other parts share their episode's reward)."""
+        return [s for s in self.samples if s.part == 0]
+
+    @property
     def rewards(self) -> list[float]:
-        """[n] reward of each sample."""
-        return [s.reward for s in self.samples]
+        """[n] reward of each episode (its part 0's)."""
+        return [s.reward for s in self.episodes]
 
     @property
     def num_tokens(self) -> int:

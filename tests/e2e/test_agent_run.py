@@ -2,7 +2,9 @@
 ``openai`` client) owns the episodes end to end on the demo model: real redis-server, a real
 vLLM actor serving the agent endpoint, agent worker processes, the learner. Every group holds
 each way an agent episode ends (answered, raised, no call, past its deadline), with
-``episode.max_env_failure_frac=1`` so the failures do not stop the run."""
+``episode.max_env_failure_frac=1`` so the failures do not stop the run, and one episode of two
+call chains (a sub-agent's call first), trained whole under ``episode.agent_export=all``:
+its second chain is a sample of its own sharing the episode's reward."""
 
 import json
 from pathlib import Path
@@ -20,6 +22,7 @@ ARGS = [
     f"sampling.n_samples={N}", "model.sft_chat_turns=2",  # the chat model the chain tests use
     f"episode.agent={AGENT}:agent", "episode.env_workers=1", "episode.agent_timeout_s=2",
     "episode.max_env_failure_frac=1", "episode.max_tokens=96", "data.max_prompt_length=80",
+    "episode.agent_export=all",
 ]  # fmt: skip
 FAILED = ("agent_error", "no_call", "agent_timeout")
 
@@ -48,6 +51,8 @@ def test_every_step_trains_the_agents_episodes_and_counts_how_they_ended(agent_r
         for end in FAILED:  # one episode of each group's N
             assert ends.get(end, 0) == pytest.approx(1 / N), (end, ends)
         assert ends.get("done", 0) + ends.get("length", 0) == pytest.approx(3 / N)
+        # the sub-agent's chain is a row of its own: 7 rows for each group's 6 episodes
+        assert r["samples_per_episode"] == pytest.approx((N + 1) / N)
 
 
 def test_the_summary_counts_each_end_and_the_ledger_balances(agent_run):
@@ -59,8 +64,9 @@ def test_the_summary_counts_each_end_and_the_ledger_balances(agent_run):
         trained + s["groups_dropped_stale"] + s["groups_dropped_invalid"]
         + s["groups_dropped_poison"] + s["groups_dropped_uniform"] + s["groups_still_buffered"]
     )  # fmt: skip
-    by_end = s["episodes"]["by_end"]
+    by_end = s["episodes"]["by_end"]  # episodes, not rows
     assert sum(by_end.values()) == trained * N
+    assert s["trained_totals"]["samples"] == trained * (N + 1)
     for end in FAILED:
         assert by_end[end] == trained, (end, by_end)
     assert by_end.get("done", 0) + by_end.get("length", 0) == 3 * trained
@@ -82,8 +88,9 @@ def test_the_actor_counts_the_agents_calls_and_failures(agent_run):
     # one calls once; the others never
     answered = ends.get("done", 0) + ends.get("length", 0)
     calls = agents["calls"]
-    assert set(calls) == {"first", "extend"}, calls
+    assert set(calls) == {"first", "new", "extend"}, calls  # new: the sub-agent's chain first
     assert calls["first"] >= answered + ends["agent_error"] and calls["extend"] >= answered
-    assert answered + ends["agent_error"] <= agents["segments"] <= calls["first"]
-    assert agents["segments_dropped"] == 0
+    assert calls["new"] >= episodes["parts"] >= STEPS * GROUPS
+    assert answered + ends["agent_error"] <= agents["segments"] <= calls["first"] + calls["new"]
+    assert agents["segments_dropped"] == 0 and episodes["parts_dropped"] == 0
     assert not set(agents["refused"]) - {"ended"} and agents["retries"] == 0, agents

@@ -122,12 +122,15 @@ async def plays(row, *, base_url, api_key, model):
     ``until_refused`` calls "again" until the endpoint refuses (a budget spent); then
                       returns ``row["result"]``, or raises if ``row["reraise"]``
     ``calls_then_raises``  one call, then raises
+    ``with_subagent`` asks a sub-agent first (a fresh conversation, ``row["sub"]``, with
+                      the calculator if ``row["sub_tools"]``), then plays ``uses_tools``:
+                      two call chains in one episode
     any other         the agent of that name in this file (no call to the endpoint)
     """
     import openai
 
     part = row["part"]
-    if part not in ("answers", "uses_tools", "until_refused", "calls_then_raises"):
+    if part not in _PARTS:
         fn = globals()[part]
         given = {"base_url": base_url, "api_key": api_key, "model": model}
         names = inspect.signature(fn).parameters
@@ -178,8 +181,16 @@ async def _calls_then_raises(client, model, row):
     raise RuntimeError("the agent broke after its first call")
 
 
+async def _with_subagent(client, model, row):
+    sub = [{"role": "user", "content": row.get("sub", "what is 2+2?")}]
+    tools = {"tools": [CALC]} if row.get("sub_tools") else {}
+    await client.chat.completions.create(model=model, messages=sub, **tools)
+    return await _uses_tools(client, model, row)
+
+
 _PARTS = {
     "answers": _answers,
+    "with_subagent": _with_subagent,
     "uses_tools": _uses_tools,
     "until_refused": _until_refused,
     "calls_then_raises": _calls_then_raises,

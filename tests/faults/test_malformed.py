@@ -108,7 +108,7 @@ def gen_bit_flips_in_header(rng: random.Random, gid: str) -> Case:
 
 
 def gen_schema_version(rng: random.Random, gid: str) -> Case:
-    version = rng.choice(["0", "4", "", "1.0", "01", "999"])
+    version = rng.choice(["0", "5", "", "1.0", "01", "999"])
     batch = _with_meta(_batch(rng, gid), schema_version=version)
     if rng.random() < 0.3:
         batch = _with_meta(batch, schema_version=None)

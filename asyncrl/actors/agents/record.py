@@ -42,8 +42,8 @@ from asyncrl.actors.engine.completions import Completion
 from asyncrl.actors.episodes.render import ChatRenderer
 from asyncrl.actors.episodes.trajectory import Trajectory
 
-EXPORT_MODES = ("last", "longest", "first")
-"""``episode.agent_export``: the segment trained (``all``: M4, rows per group > n)."""
+EXPORT_MODES = ("last", "longest", "first", "all")
+"""``episode.agent_export``: the segments trained (``AgentEpisode.exported``)."""
 
 
 @dataclass(frozen=True)
@@ -276,11 +276,11 @@ class AgentEpisode:
             task.cancel()
 
     def export(self, mode: str = "last") -> Segment | None:
-        """The segment trained (one per episode until M4): ``last`` holds the last recorded
-        call, ``longest`` the most model tokens (the earliest of equals), ``first`` the first
-        with a call; None when no call was recorded."""
+        """The segment trained first (its episode's ``Sample.part`` 0): ``last`` (and
+        ``all``) holds the last recorded call, ``longest`` the most model tokens (the earliest
+        of equals), ``first`` the first with a call; None when no call was recorded."""
         if mode not in EXPORT_MODES:
-            raise ValueError(f"export mode {mode!r}: one of {EXPORT_MODES} ('all' is for M4)")
+            raise ValueError(f"export mode {mode!r}: one of {EXPORT_MODES}")
         done = [s for s in self.segments if s.calls]
         if not done:
             return None
@@ -289,6 +289,15 @@ class AgentEpisode:
         if mode == "longest":
             return max(done, key=lambda s: s.traj.model_tokens)
         return max(done, key=lambda s: s.calls[-1])
+
+    def exported(self, mode: str = "last") -> list[Segment]:
+        """Every segment trained: ``export(mode)`` first, then (``all`` only) the other
+        segments with a recorded call, by their first call; [] when none was recorded."""
+        first = self.export(mode)
+        if first is None:
+            return []
+        others = [s for s in self.segments if s.calls and s is not first] if mode == "all" else []
+        return [first, *sorted(others, key=lambda s: s.calls[0])]
 
     def _ends(self, refused: Refused) -> Refused:
         if refused.end is not None:

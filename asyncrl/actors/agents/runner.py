@@ -7,7 +7,8 @@ agent episodes did (``AgentCounts``, ``actor<i>.json`` ``agents``).
             deadline (episode.agent_timeout_s); the agent's calls reach the endpoint meanwhile
     close   the key revoked and the calls in flight cancelled (AgentServer.end), nothing
             recorded after; then the agent's close() in its worker
-    export  the segment trained (episode.agent_export) -> an episodes.runner.Episode
+    export  the segments trained (episode.agent_export) -> an episodes.runner.Episode
+            (under ``all`` its ``others`` hold the call chains after the first)
 
 How it ends (``asyncrl.core.types.EPISODE_ENDS``) and its reward (``Episode.reward``: None =
 ``task.reward_fn`` scores the last answer, in ``episodes.group.EpisodeGroups``)::
@@ -78,7 +79,7 @@ class AgentCounts:
     tool_calls: int = 0
     malformed: int = 0
 
-    def add(self, ep: AgentEpisode, exported: Segment | None, end: str, cause: str, why: str):
+    def add(self, ep: AgentEpisode, exported: list[Segment], end: str, cause: str, why: str):
         """Count one ended episode; ``cause`` '' for one that did not fail."""
         self.ends[end] += 1
         if cause:
@@ -86,7 +87,7 @@ class AgentCounts:
             if len(self.reasons) < MAX_REASONS:
                 self.reasons.append(f"{cause}: {why}")
         recorded = [s for s in ep.segments if s.calls]
-        dropped = [s for s in recorded if s is not exported]
+        dropped = [s for s in recorded if all(s is not e for e in exported)]
         self.segments += len(recorded)
         self.segments_dropped += len(dropped)
         self.model_tokens_dropped += sum(s.traj.model_tokens for s in dropped)
@@ -197,16 +198,21 @@ async def _run(run: AgentRun, ep: AgentEpisode, key: str) -> _Outcome:
 def _finish(run: AgentRun, ep: AgentEpisode, out: _Outcome) -> Episode:
     """End the episode at the endpoint and export it, without an await from the end's
     choice to the export (so no call is recorded in between); counted."""
-    seg = ep.export(run.export)
+    segs = ep.exported(run.export)
+    seg = segs[0] if segs else None
     end, cause, error = _end_of(ep, seg, out)
     _end(run.server, ep, end)
     reward: float | None = 0.0
     info: dict = {}
     if out.result is not None and end != "no_call":
         reward, info = out.result.score, dict(out.result.extras)  # None: reward_fn scores
-    run.counts.add(ep, seg, end, cause, error)
+    run.counts.add(ep, segs, end, cause, error)
     _tell_overrides(run, ep)
-    return _episode(ep, None if end == "no_call" else seg, end, reward, info, error)
+    if end == "no_call":
+        return _episode(ep, None, end, reward, info, error)
+    episode = _episode(ep, seg, end, reward, info, error)
+    episode.others = [_episode(ep, s, end, reward, info, error) for s in segs[1:]]
+    return episode
 
 
 def _end_of(ep: AgentEpisode, seg: Segment | None, out: _Outcome) -> tuple[str, str, str]:

@@ -3,7 +3,9 @@
 set; an agent's episodes are run by its own ``runner``, asyncrl/actors/agents/runner.py).
 
 The ``n`` episodes of a prompt run concurrently (``runner.run_episode``); each becomes one
-``Sample`` whose response holds every turn (``loss_mask`` 1 on the model's tokens). Its reward
+``Sample`` whose response holds every turn (``loss_mask`` 1 on the model's tokens), followed
+by one per other call chain an agent's episode kept (``Episode.others``, ``Sample.part`` 1,
+2, ...; ``episode.agent_export=all``) with the same reward. Its reward
 is the environment's (the sum of its steps' rewards; an ``info``'s numbers become the sample's
 ``reward_extras``), or, when the environment gave none, ``task.reward_fn`` on the last answer,
 scored for all such episodes of the group at once. An episode the environment ended
@@ -45,6 +47,10 @@ class EpisodeCounts:
     tool_errors: int = 0
     env_failures: list[str] = field(default_factory=list)
     """The first few reasons an environment ended an episode (``env_timeout``/``env_error``)."""
+    parts: int = 0
+    """An agent's other call chains made samples (``episode.agent_export=all``)."""
+    parts_dropped: int = 0
+    """Other call chains not trained: their prompts share no first token with the group's."""
 
     @property
     def failures(self) -> int:
@@ -68,6 +74,8 @@ class EpisodeCounts:
             "tool_calls": self.tool_calls,
             "tool_errors": self.tool_errors,
             "env_failures": list(self.env_failures),
+            "parts": self.parts,
+            "parts_dropped": self.parts_dropped,
         }
 
 
@@ -150,16 +158,39 @@ class EpisodeGroups:
         )
         by_index = dict(zip(ask, scored, strict=True))
         prompt_ids = _common_prefix([e.trajectory.prompt_ids for e in episodes if e.trajectory])
+        others = [self._others(e, prompt_ids) for e in episodes]
+        prompts = [t.trajectory.prompt_ids for o in others for t in o if t.trajectory]
+        prompt_ids = _common_prefix([prompt_ids, *prompts]) if prompt_ids else prompt_ids
         samples = []
         for i, e in enumerate(episodes):
             s = by_index.get(i)
             reward = s.value if s else (e.reward or 0.0)
             error, extras = (s.reason, s.extras) if s else ("", _numbers(e.info))
-            samples.append(self._sample(e, prompt_ids, reward, error, extras))
+            for k, part in enumerate([e, *others[i]]):  # an agent's other call chains follow
+                samples.append(self._sample(part, prompt_ids, reward, error, extras, k))
         return samples
 
+    def _others(self, e: Episode, prompt_ids: list[int]) -> list[Episode]:
+        """``e.others`` whose prompts open with the group prompt's first token (a group has
+        one prompt: a chain sharing no token with it cannot be a row of the group); the
+        others are counted in ``parts_dropped`` and told (the first, then the 10th, ...)."""
+        first = prompt_ids[:1]
+        kept = [o for o in e.others if o.trajectory and o.trajectory.prompt_ids[:1] == first]
+        dropped = len(e.others) - len(kept)
+        self.counts.parts += len(kept)
+        if dropped:
+            self.counts.parts_dropped += dropped
+            n = self.counts.parts_dropped
+            if n == dropped or str(n).rstrip("0") == "1":
+                self.say(
+                    f"{n} call chain(s) of agent episodes not trained so far: their prompts "
+                    "share no first token with their group's (a sub-agent rendered through "
+                    "another chat template?); counted as episodes.parts_dropped"
+                )
+        return kept
+
     def _sample(
-        self, e: Episode, prompt_ids: list[int], reward: float, error: str, extras
+        self, e: Episode, prompt_ids: list[int], reward: float, error: str, extras, part: int = 0
     ) -> Sample:
         """One episode as a ``Sample`` of the group prompt ``prompt_ids``: what its own first
         prompt holds beyond it (an environment may open each episode differently) leads its
@@ -185,6 +216,7 @@ class EpisodeGroups:
             tool_calls=e.tool_calls,
             tool_errors=e.tool_errors,
             episode_end=e.end,
+            part=part,
         )
 
 

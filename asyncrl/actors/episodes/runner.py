@@ -77,6 +77,9 @@ class Episode:
     """The last step's ``info``."""
     opening: int = 0
     """How many of ``trajectory.messages`` are the first messages (``reset``'s)."""
+    others: list[Episode] = field(default_factory=list)
+    """An agent's other call chains (``episode.agent_export=all``), each with its own
+    trajectory, sharing this one's end and reward: samples ``part`` 1, 2, ... of it."""
 
 
 @dataclass

@@ -22,7 +22,7 @@ TOOL_PARSERS = ("hermes",)
 """The names ``episode.tool_parser`` takes, repeated from asyncrl/actors/episodes/tool_calls.py
 ``PARSERS`` so the CLI validates a config without importing actor code (a test checks they
 match)."""
-AGENT_EXPORTS = ("last", "longest", "first")
+AGENT_EXPORTS = ("last", "longest", "first", "all")
 """The names ``episode.agent_export`` takes, repeated from asyncrl/actors/agents/record.py
 ``EXPORT_MODES`` (a test checks they match)."""
 
@@ -84,8 +84,9 @@ class EpisodeConfig:
     """Longest one agent episode may run (> 0 s), its calls to the model included; past it
     the episode ends as ``agent_timeout``, counted."""
     agent_export: str = "last"
-    """Which of an episode's call chains is trained (one per episode): ``last`` (holding its
-    last call), ``longest`` (most model tokens) or ``first``."""
+    """Which of an episode's call chains is trained: ``last`` (holding its last call),
+    ``longest`` (most model tokens) or ``first``, one per episode; ``all``: every one, each a
+    sample of its own sharing the episode's reward (``Sample.part``), the last one first."""
     agent_bind: str = "127.0.0.1"
     """The address the agent endpoint listens on: a loopback address only (its per-episode
     keys travel in clear, and the agents run beside the actor)."""
@@ -149,11 +150,6 @@ class EpisodeConfig:
         )
         _bound(self, "episode.agent_timeout_s", gt=0)
         _bound(self, "episode.agent_port", ge=0, le=65535, hint=" (0 = a free port)")
-        _require(
-            self.agent_export != "all",
-            "episode.agent_export=all (every call chain of an episode trained) is not built "
-            f"yet; give one of {', '.join(AGENT_EXPORTS)}",
-        )
         _require(
             self.agent_export in AGENT_EXPORTS,
             f"episode.agent_export={self.agent_export!r}: give one of {', '.join(AGENT_EXPORTS)}",

@@ -8,8 +8,7 @@ whitens over the whole batch). ``gae`` is the exception: per-token rewards, valu
 ``[B, T]`` in, ``(advantages, returns) [B, T]`` out. No estimator keeps a gradient.
 
 Helpers: :func:`all_equal_groups` (DAPO dynamic sampling), :func:`overlong_penalty` (DAPO soft
-overlong punishment), :func:`kl_penalized_rewards` (KL to the reference as a reward penalty),
-:func:`place_at_last_token`, :func:`to_token_level`, and the clipped critic loss
+overlong punishment), :func:`place_at_last_token`, :func:`to_token_level`, and the clipped critic loss
 :func:`value_loss`.
 """
 
@@ -180,12 +179,6 @@ def overlong_penalty(
 
 
 @torch.no_grad()
-def kl_penalized_rewards(rewards: Tensor, kl: Tensor, loss_mask: Tensor, kl_coef: float) -> Tensor:
-    """Sequence rewards ``[B]`` minus ``kl_coef * sum_t kl [B, T]`` over masked tokens (KL as a
-    reward penalty, before the advantage; ``kl`` from ``asyncrl.learner.algo.losses.kl_penalty``)."""
-    return rewards - kl_coef * torch.where(loss_mask != 0, kl, 0).sum(-1)
-
-
 def place_at_last_token(seq_rewards: Tensor, loss_mask: Tensor) -> Tensor:
     """``[B]`` -> ``[B, T]``: each reward at its row's last masked token, 0 elsewhere (and an
     all-masked row gets nothing)."""

@@ -7,6 +7,12 @@ same grid ``asyncrl.learner.compute.model.token_logprobs`` returns, so masks and
 A multi-turn episode is one row like any other: its template/environment tokens (the sample's
 ``loss_mask`` 0) are in the row, so the model sees them as context, but out of the loss mask,
 with no behaviour log-prob and no version (never trained, never judged for staleness).
+
+Rows and episodes: ``rewards`` is per episode ``[G, n]``; ``episode [B]`` maps each row to its
+episode's flat index ``g * n + i``. Without ``Sample.part`` > 0 (one row per episode) that is
+the row's own index; under ``episode.agent_export=all`` an episode's other call chains are
+rows of their own that share its index, so B > G * n, and ``collate`` pads B to a multiple
+of ``multiple`` (minibatches x ranks) with rows that train nothing (``episode`` -1).
 """
 
 from __future__ import annotations
@@ -16,12 +22,13 @@ from dataclasses import dataclass, fields
 import torch
 import torch.distributed as dist
 
-from asyncrl.core.types import TRUNCATED_ENDS, Group, Sample
+from asyncrl.core.types import TRUNCATED_ENDS, Group, Sample, episode_index
 
 
 @dataclass
 class Batch:
-    """B rows = all samples of the step's groups, in group order (G groups x n samples)."""
+    """B rows = all samples of the step's groups, in group order (G groups x n episodes,
+    with an episode's other parts and padding rows: see the module docstring)."""
 
     input_ids: torch.Tensor
     """[B, L] int64, right-padded with 0."""
@@ -41,6 +48,10 @@ class Batch:
     (``finish_reason == "length"``) or its episode by a limit or a failure (``episode_end`` in
     ``TRUNCATED_ENDS``), else 0.0. ``algorithm.truncated`` (keep/mask/penalize) treats both
     alike (``asyncrl.learner.algo.truncation``)."""
+    episode: torch.Tensor
+    """[B] int64, the row's episode ``g * n + i`` (its reward ``rewards.view(-1)[episode]``);
+    -1 on a padding row (no tokens trained). Non-decreasing over the real rows, each
+    episode's part 0 first."""
 
     @property
     def num_rows(self) -> int:
@@ -56,17 +67,20 @@ class Batch:
         return Batch(**{**per_row, "rewards": self.rewards})
 
 
-def collate(groups: list[Group]) -> Batch:
-    """Pad all samples of ``groups`` into one ``Batch``. Groups must share the same n.
+def collate(groups: list[Group], multiple: int = 1) -> Batch:
+    """Pad all samples of ``groups`` into one ``Batch``, its rows padded to a multiple of
+    ``multiple`` (module docstring). Groups must share the same n (episodes).
 
     Only the model tokens (``Sample.loss_mask`` 1) enter ``loss_mask``, ``behavior_logprobs``
     and ``token_versions``; the other completion tokens are context only."""
-    n = len(groups[0].samples)
-    if any(len(g.samples) != n for g in groups):
-        raise ValueError("all groups of a step must have the same number of samples")
+    n = len(groups[0].episodes)
+    if any(len(g.episodes) != n for g in groups):
+        raise ValueError("all groups of a step must have the same number of episodes")
     samples = [s for g in groups for s in g.samples]
+    episode = [g * n + i for g, grp in enumerate(groups) for i in episode_index(grp.samples)]
+    pad = -len(samples) % multiple
     length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    b = len(samples)
+    b = len(samples) + pad
     input_ids = torch.zeros(b, length, dtype=torch.long)
     attention = torch.zeros(b, length, dtype=torch.long)
     loss_mask = torch.zeros(b, length - 1)
@@ -82,9 +96,11 @@ def collate(groups: list[Group]) -> Batch:
         loss_mask[i, span] = mask.float()
         behavior[i, span] = torch.where(mask, torch.tensor(s.behavior_logprobs), 0.0)
         versions[i, span] = torch.where(mask, torch.tensor(s.token_versions), -1)
+    attention[len(samples) :, 0] = 1  # a padding row: one token of context, none trained
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-    truncated = torch.tensor([float(_cut_short(s)) for s in samples])
-    return Batch(input_ids, attention, loss_mask, behavior, versions, rewards, truncated)
+    truncated = torch.tensor([float(_cut_short(s)) for s in samples] + [0.0] * pad)
+    rows = torch.tensor(episode + [-1] * pad, dtype=torch.long)
+    return Batch(input_ids, attention, loss_mask, behavior, versions, rewards, truncated, rows)
 
 
 def _cut_short(s: Sample) -> bool:
@@ -122,6 +138,7 @@ _DTYPE_OF = {
     "token_versions": torch.long,
     "rewards": torch.float32,
     "truncated": torch.float32,
+    "episode": torch.long,
 }
 
 

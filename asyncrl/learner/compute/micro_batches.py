@@ -79,6 +79,7 @@ class MicroBatch:
             self.tokens(rows.token_versions),
             rows.rewards,
             rows.truncated[self.index],
+            rows.episode[self.index],
         )
 
 

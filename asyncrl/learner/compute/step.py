@@ -232,6 +232,7 @@ def _targets(ctx: StepContext, batch: Batch, shards: list[_Shard]):
         kl=kl,
         max_tokens=ctx.max_tokens,
         truncated=batch.truncated,
+        episode=batch.episode,
     )
 
 
@@ -320,15 +321,18 @@ def batch_metrics(batch: Batch, version: int, max_staleness: int | None = None) 
     m = batch.loss_mask != 0
     tokens = m.sum().clamp(min=1)
     stale = torch.where(m, version - batch.token_versions, 0)
-    lengths = m.sum(-1).float()
+    real = batch.episode >= 0  # padding rows (episode.agent_export=all) are no samples
+    lengths = m[real].sum(-1).float()
     out = {
         "groups": float(batch.rewards.shape[0]),
         "staleness_token_mean": float(stale.sum() / tokens),
         "response_len_mean": float(lengths.mean()),
         "response_len_max": float(lengths.max()),
         "response_len_p95": float(torch.quantile(lengths, 0.95)),
-        "response/clip_ratio": clip_ratio(batch.truncated),
+        "response/clip_ratio": clip_ratio(batch.truncated[real]),
     }
+    if int(real.sum()) != batch.rewards.numel():  # an episode trained as several rows
+        out["samples_per_episode"] = float(real.sum()) / batch.rewards.numel()
     if max_staleness is not None:
         masked = masked_stale(batch.loss_mask, batch.token_versions, version, max_staleness)
         out["tokens_masked_stale"] = float(masked)

@@ -239,7 +239,7 @@ class Hub:
         self.feed.mark_trained(entries)
         stale = [staleness(v, e.group.version_min) for e in entries]
         groups = [e.group for e in entries]
-        samples = [s for g in groups for s in g.samples]
+        samples = [s for g in groups for s in g.episodes]  # an episode's other parts share it
         reward = sum(s.reward for s in samples) / len(samples)
         fields = {
             "step": state.version - 1,

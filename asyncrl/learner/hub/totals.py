@@ -72,10 +72,10 @@ class RunTotals:
                             self.token_staleness[k] = self.token_staleness.get(k, 0) + 1
         _add(self.trained, groups)
         _count_lengths(self.lengths["trained"], groups)
-        for g in groups:
-            for s in g.samples:
+        for g in groups:  # per episode: an episode's other parts share its reward and end
+            for s in g.episodes:
                 self.reward_errors.add(s.reward_error, g.group_id)
-            self.episodes.add(g.samples)
+            self.episodes.add(g.episodes)
 
     def count_sync(self, nbytes: int, seconds: float) -> None:
         self.sync["count"] += 1

@@ -66,12 +66,13 @@ def _columns(group: Group) -> dict[str, list]:
         "tool_calls": [s.tool_calls for s in ss],
         "tool_errors": [s.tool_errors for s in ss],
         "episode_end": [EPISODE_ENDS.index(s.episode_end) for s in ss],
+        "part": [s.part for s in ss],
     }
 
 
 def _meta(group: Group) -> dict[str, str]:
     return {
-        "asyncrl.schema_version": "3",
+        "asyncrl.schema_version": "4",
         "asyncrl.group_id": group.group_id,
         "asyncrl.prompt_index": str(group.prompt_index),
         "asyncrl.actor_id": str(group.actor_id),
@@ -147,7 +148,14 @@ def _empty_rows(c: dict, m: dict) -> None:
 
 
 REJECTIONS = {
-    "wrong schema version": (_set_meta("asyncrl.schema_version", "4"), "schema version is '4'"),
+    "wrong schema version": (_set_meta("asyncrl.schema_version", "5"), "schema version is '5'"),
+    "v3 with part": (_set_meta("asyncrl.schema_version", "3"), "schema mismatch"),
+    "negative part": (_set("part", 1, -1), "row 1: Sample.part is -1"),
+    "part 1 first": (
+        _set("part", 0, 1),
+        "sample 0 is part 1: a group opens with an episode's part 0",
+    ),
+    "part 2 after 0": (_set("part", 1, 2), "sample 1 is part 2 after part 0"),
     "v1 with extras": (_set_meta("asyncrl.schema_version", "1"), "schema mismatch"),
     "v2 with episodes": (_set_meta("asyncrl.schema_version", "2"), "schema mismatch"),
     "missing loss_mask": (_drop("loss_mask"), "missing column(s) ['loss_mask']"),
@@ -250,7 +258,7 @@ def test_version_1_payloads_still_decode_without_extras() -> None:
     """Groups written before reward extras existed (a buffer kept across an upgrade)."""
     g = _group()
     columns, meta = _columns(g), _meta(g) | {"asyncrl.schema_version": "1"}
-    for name in ["reward_extras", *EPISODE_COLUMNS]:
+    for name in ["reward_extras", *EPISODE_COLUMNS, "part"]:
         del columns[name]
     decoded = decode_group(_payload(columns, meta), vocab_size=VOCAB)
     g.samples[0].reward_extras = {}
@@ -259,7 +267,7 @@ def test_version_1_payloads_still_decode_without_extras() -> None:
 
 def _version_2(group: Group) -> bytes:
     """``group`` encoded as ``encode_group`` did before the episode columns (schema 2)."""
-    schema = pa.schema([f for f in SCHEMA if f.name not in EPISODE_COLUMNS])
+    schema = pa.schema([f for f in SCHEMA if f.name not in [*EPISODE_COLUMNS, "part"]])
     meta = _meta(group) | {"asyncrl.schema_version": "2"}
     columns = {f.name: col for f, col in zip(SCHEMA, _columns(group).values(), strict=True)}
     arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
@@ -377,3 +385,27 @@ def test_encode_rejects_malformed_group() -> None:
     odd = Group("0:1", 1, 0, [Sample([1], [2], [-1.0], [0], 0.0, finish_reason="eos")])
     with pytest.raises(ValueError, match="finish_reason 'eos'"):
         encode_group(odd)
+
+
+def _version_3(group: Group) -> bytes:
+    """``group`` encoded as ``encode_group`` did before ``Sample.part`` (schema 3)."""
+    columns = _columns(group)
+    del columns["part"]
+    return _payload(columns, _meta(group) | {"asyncrl.schema_version": "3"})
+
+
+def test_version_3_payloads_still_decode_one_sample_per_episode() -> None:
+    g = _group()
+    decoded = decode_group(_version_3(g), vocab_size=VOCAB)
+    assert decoded == g and [s.part for s in decoded.samples] == [0, 0]
+
+
+def test_an_episode_of_several_parts_round_trips() -> None:
+    """``episode.agent_export=all``: an episode's other call chains follow it (part 1, 2);
+    the group's rewards and episodes are per episode."""
+    g = _group()
+    extra = [Sample([1, 2, 3], [8, 9], [-0.5, -0.25], [3, 3], 1.0, part=k) for k in (1, 2)]
+    g = Group(g.group_id, g.prompt_index, g.actor_id, [g.samples[0], *extra, g.samples[1]])
+    decoded = decode_group(encode_group(g), vocab_size=VOCAB)
+    assert decoded == g and [s.part for s in decoded.samples] == [0, 1, 2, 0]
+    assert decoded.rewards == [1.0, 0.0] and len(decoded.episodes) == 2

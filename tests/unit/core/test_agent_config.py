@@ -14,7 +14,7 @@ def test_the_defaults_leave_agents_off_and_an_agent_turns_episodes_on():
     assert (e.agent, e.agent_kwargs, e.agent_timeout_s, e.agent_export) == ("", {}, 300.0, "last")
     assert (e.agent_bind, e.agent_port, e.agent_model) == ("127.0.0.1", 0, "policy")
     assert not e.enabled and EpisodeConfig(agent="my_agents:solve").enabled
-    assert EpisodeConfig(agent="a.py:Agent", agent_bind="::1", agent_export="longest").enabled
+    assert EpisodeConfig(agent="a.py:Agent", agent_bind="::1", agent_export="all").enabled
 
 
 @pytest.mark.parametrize(
@@ -23,8 +23,7 @@ def test_the_defaults_leave_agents_off_and_an_agent_turns_episodes_on():
         ({"agent": "a.py:run", "env": "e.py:Env"}, r"episode\.agent='a\.py:run' with episode\.env"),
         ({"agent": "a.py:run", "tools": ["t.py:f"]}, "an agent runs its own loop and tools"),
         ({"agent_kwargs": {"x": 1}}, "agent_kwargs=.* is set but episode.agent is not"),
-        ({"agent": "a.py:run", "agent_export": "all"}, "agent_export=all .* is not built yet"),
-        ({"agent": "a.py:run", "agent_export": "best"}, "give one of last, longest, first"),
+        ({"agent": "a.py:run", "agent_export": "best"}, "give one of last, longest, first, all"),
         ({"agent": "a.py:run", "agent_bind": "0.0.0.0"}, "agent_bind='0.0.0.0': .* loopback"),
         ({"agent_bind": "localhost"}, r"loopback address only \(127\.0\.0\.1 or ::1\)"),
         ({"agent": "solve"}, r"episode\.agent='solve' must be 'module:Name'"),

@@ -13,7 +13,6 @@ from asyncrl.learner.algo.advantages import (
     dr_grpo,
     gae,
     grpo,
-    kl_penalized_rewards,
     overlong_penalty,
     place_at_last_token,
     reinforce_pp,
@@ -171,12 +170,6 @@ def test_reward_placement_and_broadcast():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
     close(place_at_last_token(t([2.0, 3.0, 4.0]), mask), [[0, 2, 0], [0, 0, 3], [0, 0, 0]])
     close(to_token_level(t([[1.0, 2.0, 3.0]]), mask), [[1, 1, 0], [2, 2, 2], [0, 0, 0]])
-
-
-def test_kl_penalized_rewards():
-    kl = t([[0.1, 0.2, 9.0], [0.3, 7.0, 7.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    close(kl_penalized_rewards(t([1.0, 2.0]), kl, mask, 0.5), [1 - 0.15, 2 - 0.15])
 
 
 def test_estimators_carry_no_gradient_and_registry():

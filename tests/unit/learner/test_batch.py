@@ -40,7 +40,7 @@ def test_collate_masked_tokens_are_exactly_the_completions():
 
 
 def test_collate_rejects_ragged_group_sizes():
-    with pytest.raises(ValueError, match="same number of samples"):
+    with pytest.raises(ValueError, match="same number of episodes"):
         collate([_group("a", [1], [[2], [3]], [0, 1]), _group("b", [1], [[2]], [0])])
 
 

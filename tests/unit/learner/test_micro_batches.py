@@ -59,7 +59,10 @@ def _rows(lengths: list[int], width: int) -> Batch:
     ids = torch.arange(b * width).reshape(b, width) % 31 + 1
     ids = ids * attn
     loss = attn[:, 1:].float()
-    return Batch(ids, attn, loss, -loss, loss.long() - 1, torch.zeros(1, b), torch.zeros(b))
+    episode = torch.arange(b)
+    return Batch(
+        ids, attn, loss, -loss, loss.long() - 1, torch.zeros(1, b), torch.zeros(b), episode
+    )
 
 
 def test_plans_cover_every_row_once_and_trim_to_the_longest():

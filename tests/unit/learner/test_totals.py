@@ -28,6 +28,10 @@ class G:
     samples: list = field(default_factory=lambda: [S(), S("raised: boom")])
     num_tokens: int = 7
 
+    @property
+    def episodes(self) -> list:
+        return self.samples
+
 
 def _steps(t: RunTotals, steps) -> None:
     for i, stale in steps:

@@ -280,5 +280,57 @@ def test_the_first_call_asking_for_each_overridden_parameter_is_told_once():
     assert {(c.temperature, tuple(c.options)) for c in calls} == {(0.7, ())}
 
 
+@pytest.mark.parametrize("export", ["all", "last"])
+def test_all_trains_every_call_chain_as_a_part_sharing_the_episodes_reward(export):
+    """A sub-agent's call (a conversation of its own, offered the calculator too, so its
+    prompt opens as the main chain's), then the main chain (a tool call and its answer):
+    under ``all`` both chains are samples, the main one (holding the last call) first, the
+    sub-agent's as its part 1 with the same reward; under ``last`` one is."""
+
+    async def test(s: Setup):
+        s.run.export = export
+        p = prompt("with_subagent", sub_tools=True)
+        episodes, samples = await s.groups.run(p, "g", 0, 2)
+        return episodes, samples, s.run.counts.to_dict(), s.groups.counts
+
+    episodes, samples, counts, episode_counts = drive(test)
+    assert counts["calls"] == {"first": 2, "new": 2, "extend": 2}
+    assert counts["segments"] == 4 and all(x.prompt_ids == samples[0].prompt_ids for x in samples)
+    if export == "last":
+        assert [x.part for x in samples] == [0, 0] and counts["segments_dropped"] == 2
+        return
+    assert [x.part for x in samples] == [0, 1, 0, 1] and counts["segments_dropped"] == 0
+    assert (episode_counts.parts, episode_counts.parts_dropped) == (2, 0)
+    assert [x.reward for x in samples] == [1.0] * 4
+    assert [(x.turns, x.tool_calls, x.episode_end) for x in samples[:2]] == [
+        (2, 1, "done"),
+        (1, 1, "done"),
+    ]
+    sub = samples[1]
+    lead = sub.loss_mask.index(1)  # its own prompt beyond the group's, masked
+    assert "2+2" in TOK.decode(sub.completion_ids[:lead])
+    assert "2+2" in TOK.decode(sub.completion_ids[lead:])  # its calculator call
+    assert len(episodes) == 2 and len(episodes[0].others) == 1
+
+
+def test_a_chain_sharing_no_first_token_with_the_group_is_dropped_and_counted():
+    """The demo template opens a prompt with tools with ``<tools>``: a sub-agent called
+    without them shares no token with the group's prompt, so its chain is not trained."""
+
+    async def test(s: Setup):
+        s.run.export = "all"
+        _, samples = await s.groups.run(prompt("with_subagent"), "g", 0, 2)
+        return samples, s.groups.counts, s.told
+
+    samples, counts, told = drive(test)
+    assert [x.part for x in samples] == [0, 0] and [x.reward for x in samples] == [1.0, 1.0]
+    assert (counts.parts, counts.parts_dropped) == (0, 2)
+    assert told == [
+        "1 call chain(s) of agent episodes not trained so far: their prompts share no first "
+        "token with their group's (a sub-agent rendered through another chat template?); "
+        "counted as episodes.parts_dropped"
+    ]
+
+
 def test_the_configs_export_modes_are_the_records():
     assert AGENT_EXPORTS == EXPORT_MODES

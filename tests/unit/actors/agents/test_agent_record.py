@@ -217,7 +217,7 @@ def test_a_prompt_over_the_context_is_refused(tok):
     assert (e.value.code, ep2.end) == ("context_length_exceeded", "max_tokens")
 
 
-def test_export_picks_the_last_longest_or_first_segment(tok):
+def test_export_picks_the_last_longest_or_first_segment_or_all(tok):
     ep, rs = episode(), Renderers(tok)
     assert ep.export("last") is None
     _, reply = call(ep, rs, QUESTION, turn(tok, "3333"))  # segment 0: 4 model tokens
@@ -226,8 +226,11 @@ def test_export_picks_the_last_longest_or_first_segment(tok):
     ep.abandon(plan)  # segment 2: never recorded, never exported
     assert ep.export("last") is ep.segments[1]
     assert ep.export("longest") is ep.export("first") is ep.segments[0]
-    with pytest.raises(ValueError, match="M4"):
-        ep.export("all")
+    assert ep.export("all") is ep.segments[1]  # all: the last one first, then the others
+    assert ep.exported("all") == [ep.segments[1], ep.segments[0]]
+    assert ep.exported("longest") == [ep.segments[0]] and episode().exported("all") == []
+    with pytest.raises(ValueError, match="export mode 'best'"):
+        ep.export("best")
 
 
 def test_another_tool_set_does_not_match(tok):
