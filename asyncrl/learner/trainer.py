@@ -254,8 +254,8 @@ def _step(loop: _Loop, groups: list | None) -> None:
     the weight sync, the step's log and a checkpoint, each when due."""
     cfg, hub, state = loop.cfg, loop.hub, loop.state
     failpoint("learner.after_read", version=state.version, groups=_ids(groups))
-    rows = cfg.algorithm.minibatches * loop.ctx.world  # extra parts pad to a split
-    batch = broadcast_batch(_collate(groups, rows)).to(current_device())
+    split = (cfg.algorithm.minibatches, loop.ctx.world)  # episodes' extra rows pad to it
+    batch = broadcast_batch(_collate(groups, *split)).to(current_device())
     metrics, problem = _train_step(loop.ctx, cfg, batch, state.version, loop.guards)
     state.version += 1
     state.groups_trained += batch.rewards.shape[0]
@@ -297,10 +297,10 @@ def _train_step(
     return metrics, problem or norm_guard.check(version, metrics["weight_norm"])
 
 
-def _collate(groups: list | None, multiple: int):
-    """Rank 0's batch, its rows a multiple of ``multiple``; None on the other ranks
-    (``broadcast_batch`` fills it in there)."""
-    return None if groups is None else collate(groups, multiple)
+def _collate(groups: list | None, minibatches: int, world: int):
+    """Rank 0's batch, each minibatch padded to a multiple of ``world`` rows; None on the
+    other ranks (``broadcast_batch`` fills it in there)."""
+    return None if groups is None else collate(groups, minibatches, world)
 
 
 def _untrained(cfg: Config, hub: LearnerHub, rank: int, elapsed_s: float) -> Exception:

@@ -11,8 +11,8 @@ with no behaviour log-prob and no version (never trained, never judged for stale
 Rows and episodes: ``rewards`` is per episode ``[G, n]``; ``episode [B]`` maps each row to its
 episode's flat index ``g * n + i``. Without ``Sample.part`` > 0 (one row per episode) that is
 the row's own index; under ``episode.agent_export=all`` an episode's other call chains are
-rows of their own that share its index, so B > G * n, and ``collate`` pads B to a multiple
-of ``multiple`` (minibatches x ranks) with rows that train nothing (``episode`` -1).
+rows of their own that share its index, so B > G * n, and ``collate`` pads each minibatch to
+a multiple of the ranks with rows that train nothing (``episode`` -1; ``row_order``).
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ class Batch:
         return Batch(**{**per_row, "rewards": self.rewards})
 
 
-def collate(groups: list[Group], multiple: int = 1) -> Batch:
-    """Pad all samples of ``groups`` into one ``Batch``, its rows padded to a multiple of
-    ``multiple`` (module docstring). Groups must share the same n (episodes).
+def collate(groups: list[Group], minibatches: int = 1, world: int = 1) -> Batch:
+    """Pad all samples of ``groups`` into one ``Batch`` of ``minibatches`` minibatches, each
+    a multiple of ``world`` rows (module docstring). Groups must share the same n (episodes).
 
     Only the model tokens (``Sample.loss_mask`` 1) enter ``loss_mask``, ``behavior_logprobs``
     and ``token_versions``; the other completion tokens are context only."""
@@ -78,15 +78,21 @@ def collate(groups: list[Group], multiple: int = 1) -> Batch:
         raise ValueError("all groups of a step must have the same number of episodes")
     samples = [s for g in groups for s in g.samples]
     episode = [g * n + i for g, grp in enumerate(groups) for i in episode_index(grp.samples)]
-    pad = -len(samples) % multiple
+    order = row_order(len(samples), minibatches, world)
     length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    b = len(samples) + pad
+    b = len(order)
     input_ids = torch.zeros(b, length, dtype=torch.long)
     attention = torch.zeros(b, length, dtype=torch.long)
     loss_mask = torch.zeros(b, length - 1)
     behavior = torch.zeros(b, length - 1)
     versions = torch.full((b, length - 1), -1, dtype=torch.long)
-    for i, s in enumerate(samples):
+    truncated = torch.zeros(b)
+    rows = torch.full((b,), -1, dtype=torch.long)
+    for i, k in enumerate(order):
+        if k < 0:  # a padding row: one token of context, none trained
+            attention[i, 0] = 1
+            continue
+        s = samples[k]
         p, c = len(s.prompt_ids), len(s.completion_ids)
         input_ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
         attention[i, : p + c] = 1
@@ -96,11 +102,24 @@ def collate(groups: list[Group], multiple: int = 1) -> Batch:
         loss_mask[i, span] = mask.float()
         behavior[i, span] = torch.where(mask, torch.tensor(s.behavior_logprobs), 0.0)
         versions[i, span] = torch.where(mask, torch.tensor(s.token_versions), -1)
-    attention[len(samples) :, 0] = 1  # a padding row: one token of context, none trained
+        truncated[i], rows[i] = float(_cut_short(s)), episode[k]
     rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)
-    truncated = torch.tensor([float(_cut_short(s)) for s in samples] + [0.0] * pad)
-    rows = torch.tensor(episode + [-1] * pad, dtype=torch.long)
     return Batch(input_ids, attention, loss_mask, behavior, versions, rewards, truncated, rows)
+
+
+def row_order(count: int, minibatches: int = 1, world: int = 1) -> list[int]:
+    """The sample in each batch row (-1: padding): ``count`` samples in order, cut into
+    ``minibatches`` runs of ``ceil(count / minibatches)`` (the last shorter), each padded to
+    the same multiple of ``world``. Which samples share a minibatch does not depend on
+    ``world``, so every world size makes the same updates; without padding to do (``count``
+    a multiple of ``minibatches * world``) row ``i`` is sample ``i``."""
+    per = -(-count // minibatches)
+    size = -(-per // world) * world
+    order = []
+    for m in range(minibatches):
+        run = list(range(m * per, min((m + 1) * per, count)))
+        order += run + [-1] * (size - len(run))
+    return order
 
 
 def _cut_short(s: Sample) -> bool:

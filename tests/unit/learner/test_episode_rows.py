@@ -11,7 +11,7 @@ from asyncrl.core.types import Group, Sample
 from asyncrl.learner.algo.advantages import grpo
 from asyncrl.learner.algo.episodes import first_rows, per_episode, row_episodes, to_rows
 from asyncrl.learner.algo.targets import compute_targets
-from asyncrl.learner.compute.batch import collate
+from asyncrl.learner.compute.batch import collate, row_order
 from asyncrl.learner.compute.model import build_policy
 from asyncrl.learner.compute.step import StepContext, batch_metrics, train_on_batch
 
@@ -45,17 +45,29 @@ def test_index_helpers():
 
 
 def test_collate_maps_rows_to_episodes_and_pads():
-    batch = collate(_groups(), multiple=4)
+    batch = collate(_groups(), world=4)
     assert batch.rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]
     assert batch.episode.tolist() == [0, 0, 1, 2, 2, 2, 3, -1]
     pad = batch.rows(slice(7, 8))
     assert pad.attention_mask.sum() == 1 and pad.loss_mask.sum() == 0
     assert collate(_groups()).num_rows == 7  # no padding asked for
-    assert collate(_groups(), multiple=7).num_rows == 7
+    assert collate(_groups(), world=7).num_rows == 7
+
+
+def test_each_minibatch_holds_the_same_samples_whatever_the_ranks():
+    """17 samples in 2 minibatches: 9 and 8 on one rank, padded to 10 and 10 on two."""
+    one, two = row_order(17, 2, 1), row_order(17, 2, 2)
+    assert one == [*range(9), *range(9, 17), -1]
+    assert two == [*range(9), -1, *range(9, 17), -1, -1]
+    for m in range(2):  # minibatch m: the same samples
+        assert [k for k in one[9 * m : 9 * m + 9] if k >= 0] == [
+            k for k in two[10 * m : 10 * m + 10] if k >= 0
+        ]
+    assert row_order(16, 2, 2) == list(range(16)) and row_order(7, 1, 1) == list(range(7))
 
 
 def test_every_row_gets_its_episodes_advantage():
-    batch = collate(_groups(), multiple=4)
+    batch = collate(_groups(), world=4)
     t = compute_targets(AlgorithmConfig(advantage="grpo"), batch.rewards, batch.loss_mask,
                         episode=batch.episode)  # fmt: skip
     expected = to_rows(grpo(batch.rewards).reshape(-1), batch.episode)
@@ -85,7 +97,7 @@ def test_shaping_counts_an_episode_once_over_its_rows():
 
 
 def test_a_critic_ends_each_row_with_its_episodes_reward():
-    batch = collate(_groups(), multiple=4)
+    batch = collate(_groups(), world=4)
     algo = AlgorithmConfig(advantage="gae", gamma=1.0, lam=1.0, whiten=False)
     values = torch.zeros_like(batch.loss_mask)
     t = compute_targets(algo, batch.rewards, batch.loss_mask, values=values,
@@ -102,20 +114,20 @@ def test_padding_rows_change_no_loss_and_metrics_count_samples(tiny_model):
     torch.set_num_threads(1)
     algo = AlgorithmConfig(advantage="grpo", aggregation="seq_mean_token_mean")
     out = []
-    for multiple in (1, 8):
+    for world in (1, 8):
         torch.manual_seed(0)
         model = build_policy(tiny_model)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         ctx = StepContext(model, opt, algo, 0, 1, 1.0, max_tokens=5)
-        out.append(train_on_batch(ctx, collate(_groups(), multiple)))
+        out.append(train_on_batch(ctx, collate(_groups(), world=world)))
     assert out[0]["loss"] == pytest.approx(out[1]["loss"], rel=1e-5)
     assert out[0]["grad_norm"] == pytest.approx(out[1]["grad_norm"], rel=1e-5)
     with pytest.raises(ValueError, match="7 rows do not split into 2 minibatches"):
         ctx.algo = AlgorithmConfig(minibatches=2)
         train_on_batch(ctx, collate(_groups()))
     ctx.algo = AlgorithmConfig(minibatches=2)
-    assert train_on_batch(ctx, collate(_groups(), 2))["nonfinite_updates"] == 0
-    m = batch_metrics(collate(_groups(), 8), version=0)
+    assert train_on_batch(ctx, collate(_groups(), minibatches=2))["nonfinite_updates"] == 0
+    m = batch_metrics(collate(_groups(), world=8), version=0)
     assert m["samples_per_episode"] == pytest.approx(7 / 4)
     assert m["response_len_mean"] == pytest.approx(11 / 7)  # the padding row is no sample
     assert "samples_per_episode" not in batch_metrics(collate(_one()), 0)

@@ -1,6 +1,8 @@
 """With a critic and a reference model, 2 FSDP2 ranks (gloo) make exactly the update one
 process makes on the same batch: the rows each rank holds are gathered back into the
-batch-wide GAE, KL penalty and whitening, and the critic's loss scale matches the policy's.
+batch-wide GAE, KL penalty and whitening, and the critic's loss scale matches the policy's;
+also with an episode of two rows (``Sample.part``: ``episode.agent_export=all``), whose odd
+row count the batch pads for two ranks.
 
 Run by pytest; the same file is the torchrun script (``__main__``).
 """
@@ -25,10 +27,27 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[3]))  # tests.random_groups, under torchrun too
 from test_step_critic import _batch, critic_config  # noqa: E402
 
+from asyncrl.core.types import Group, Sample  # noqa: E402
+from asyncrl.learner.compute.batch import collate  # noqa: E402
+from tests.random_groups import random_groups  # noqa: E402
+
+
+def _parts_batch(minibatches: int, world: int):
+    """``_batch``'s groups, the first sample's episode with a second row (part 1): 17 rows,
+    each minibatch padded for ``world`` ranks, as the trainer pads."""
+    groups = random_groups(4, 4, 0, 32)
+    first = groups[0].samples[0]
+    other = Sample(first.prompt_ids, [3, 4, 5], [-1.0, -2.0, -0.5], [0, 0, 0], first.reward,
+                   part=1)  # fmt: skip
+    groups[0] = Group("g0", 0, 0, [first, other, *groups[0].samples[1:]])
+    return collate(groups, minibatches, world)
+
 
 def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
-    """(policy weights, critic weights) after one step with SGD (lr 0.5, no grad clipping)."""
+    """(policy weights, critic weights) after one step with SGD (lr 0.5, no grad clipping);
+    ``preset`` ``ppo+parts``: ppo on ``_parts_batch``."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    preset, parts = preset.removesuffix("+parts"), preset.endswith("+parts")
     algo = load_config([f"algorithm={preset}"]).algorithm
     torch.manual_seed(0)
     model = build_policy(model_dir)
@@ -40,13 +59,13 @@ def one_step(model_dir: str, preset: str) -> tuple[dict, dict]:
                       max_tokens=5)  # fmt: skip
     if algo.advantage != "gae":
         ctx.critic = None
-    train_on_batch(ctx, _batch())
+    train_on_batch(ctx, _parts_batch(algo.minibatches, world) if parts else _batch())
     policy = {k: v.clone() for k, v in full_named_tensors(model)}
     values = {k: v.clone() for k, v in full_named_tensors(critic.model)}
     return policy, values
 
 
-@pytest.mark.parametrize("preset", ["ppo", "reinforce_pp"])
+@pytest.mark.parametrize("preset", ["ppo", "reinforce_pp", "ppo+parts"])
 def test_two_ranks_match_one_process(tiny_model, tmp_path, preset):
     from safetensors.torch import load_file
 
@@ -65,7 +84,7 @@ def test_two_ranks_match_one_process(tiny_model, tmp_path, preset):
         torch.testing.assert_close(got[name], ref, rtol=1e-4, atol=1e-5, msg=name)
     moved = max(float((policy[k] - init[k]).abs().max()) for k in init)
     assert moved > 1e-3, "the policy did not move: the comparison would be vacuous"
-    if preset == "ppo":
+    if preset.startswith("ppo"):
         got = load_file(str(tmp_path / "critic.safetensors"))
         for name, ref in values.items():
             torch.testing.assert_close(got[name], ref, rtol=1e-4, atol=1e-5, msg=name)
