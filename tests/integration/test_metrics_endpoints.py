@@ -146,7 +146,8 @@ def test_actor_and_launcher_endpoints_export_documented_names():
     actor.sync_seconds.observe(0.1)
     actor.group_seconds.observe(0.2)
     episodes = {"episodes": 3, "ends": {"done": 2, "env_error": 1}, "turns": 5, "tool_calls": 2,
-                "tool_errors": 1, "env_failures": ["env_error: boom"]}  # fmt: skip
+                "tool_errors": 1, "env_failures": ["env_error: boom"], "parts": 4,
+                "parts_dropped": 1}  # fmt: skip
     agents = {"episodes": 4, "ends": {"done": 4}, "calls": {"first": 4, "extend": 3},
               "refused": {"bad_key": 1}, "overridden": {"temperature": 2}, "streamed": 1,
               "reasons": ["..."]}  # fmt: skip
@@ -158,6 +159,7 @@ def test_actor_and_launcher_endpoints_export_documented_names():
     assert a[("asyncrl_actor_tokens_generated_total", ())] == 17
     assert a[("asyncrl_actor_episodes_total", ())] == 3
     assert a[("asyncrl_actor_episode_ends_total", (("end", "env_error"),))] == 1
+    assert a[("asyncrl_actor_episode_parts_dropped_total", ())] == 1
     assert a[("asyncrl_actor_episode_ends_total", (("end", "max_turns"),))] == 0  # always shown
     assert a[("asyncrl_actor_agent_calls_total", (("kind", "extend"),))] == 3
     assert a[("asyncrl_actor_agent_calls_total", (("kind", "new"),))] == 0

@@ -34,6 +34,11 @@ EPISODE_TALLY = Tally(
         "turns": ("asyncrl_actor_episode_turns", "Model turns of the ended training episodes."),
         "tool_calls": ("asyncrl_actor_episode_tool_calls", "Tool calls the model made."),
         "tool_errors": ("asyncrl_actor_episode_tool_errors", "Tool calls answered an error."),
+        "parts": ("asyncrl_actor_episode_parts", "Agents' other call chains made samples."),
+        "parts_dropped": (
+            "asyncrl_actor_episode_parts_dropped",
+            "Agents' other call chains not trained: no prompt token shared with the group's.",
+        ),
     },
     {"ends": ("asyncrl_actor_episode_ends", "Training episodes by end.", "end", EPISODE_ENDS)},
 )
