@@ -9,7 +9,9 @@ A multi-turn episode is one ``Sample`` (a single-turn completion is an episode o
 ``prompt_ids`` is the first rendered prompt, ``completion_ids`` everything after it, the model
 turns and between them the tokens the chat template adds for tool/environment messages and
 the next generation prompt; ``loss_mask`` tells the two apart (1 = sampled by the model and
-trained, 0 = template/environment, never trained).
+trained, 0 = template/environment, never trained). An agent's episode may keep several call
+chains (``episode.agent_export=all``): each is a ``Sample`` of its own, ``part`` 1, 2, ...
+after the episode's part 0, with its reward.
 
 Versions: the learner's policy version ``V`` is the number of optimizer steps applied.
 Every completion token is tagged with the version of the weights that sampled it
