@@ -8,8 +8,8 @@ whitens over the whole batch). ``gae`` is the exception: per-token rewards, valu
 ``[B, T]`` in, ``(advantages, returns) [B, T]`` out. No estimator keeps a gradient.
 
 Helpers: :func:`all_equal_groups` (DAPO dynamic sampling), :func:`overlong_penalty` (DAPO soft
-overlong punishment), :func:`place_at_last_token`, :func:`to_token_level`, and the clipped critic loss
-:func:`value_loss`.
+overlong punishment), :func:`place_at_last_token`, :func:`to_token_level`, and the clipped
+critic loss :func:`value_loss`. Rows that share an episode: ``asyncrl.learner.algo.episodes``.
 """
 
 from __future__ import annotations
@@ -178,7 +178,6 @@ def overlong_penalty(
     return penalty * ((start - lengths.to(dtype)) / cache_len).clamp(-1.0, 0.0)
 
 
-@torch.no_grad()
 def place_at_last_token(seq_rewards: Tensor, loss_mask: Tensor) -> Tensor:
     """``[B]`` -> ``[B, T]``: each reward at its row's last masked token, 0 elsewhere (and an
     all-masked row gets nothing)."""

@@ -12,10 +12,11 @@ import torch
 from torch import Tensor
 
 
-def row_episodes(episode: Tensor | None, rows: int) -> Tensor:
-    """``[B]`` int64 episode of each row: ``episode`` as given, or (None) each row its own."""
+def row_episodes(episode: Tensor | None, rows: int, device: torch.device | None = None) -> Tensor:
+    """``[B]`` int64 episode of each row: ``episode`` as given, or (None) each row its own
+    (on ``device``: where the batch's tensors are)."""
     if episode is None:
-        return torch.arange(rows)
+        return torch.arange(rows, device=device)
     if episode.shape != (rows,):
         raise ValueError(f"episode must be [{rows}], got {tuple(episode.shape)}")
     return episode.long()

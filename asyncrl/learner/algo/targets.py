@@ -104,7 +104,7 @@ def compute_targets(
     mask = loss_mask != 0
     seq_rewards = rewards.reshape(-1).to(torch.float32)  # [E]
     count = seq_rewards.shape[0]
-    ep = row_episodes(episode, mask.shape[0])
+    ep = row_episodes(episode, mask.shape[0], mask.device)
     if truncated is not None:
         mode, value = algo.truncated, algo.truncated_reward
         cut = truncated[first_rows(ep, count)]
